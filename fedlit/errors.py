@@ -1,0 +1,33 @@
+"""fedlit's own errors: bad configuration, bad input files, bad checkpoints, faults of a run.
+
+The ``fedlit`` command prints these as one line naming the option or file and the fix (exit code 2). Any other
+exception (raised by user code: a custom strategy's ``aggregate``, a custom module's ``training_step``) keeps its
+full traceback. Each class also derives from the built-in exception it refines, so ``except ValueError`` still
+catches a configuration error.
+"""
+
+from __future__ import annotations
+
+
+class FedlitError(Exception):
+    """Base class of the errors fedlit reports as one clear line."""
+
+
+class ConfigError(FedlitError, ValueError):
+    """A recipe or command-line setting is invalid (names the key, the value and what is allowed)."""
+
+
+class DataError(FedlitError, ValueError):
+    """An input file or data split is unusable (names the file and row, or the client)."""
+
+
+class CheckpointError(FedlitError, ValueError):
+    """A checkpoint cannot be read, or does not belong to the run that resumes it."""
+
+
+class RunDirError(FedlitError, ValueError):
+    """A run folder is taken by another run, locked by a live one, or cannot be written."""
+
+
+class NonFiniteError(FedlitError, RuntimeError):
+    """Every client of a round produced a non-finite update: the run stops, its last good checkpoint kept."""
