@@ -49,7 +49,7 @@ def overhead(rounds: int, clients: int, repeats: int = 3) -> dict[str, float]:
 
     def federated() -> None:
         for server_round in range(1, rounds + 1):
-            updates = [federation._fit_client(server_round, c)[0] for c in data.client_ids]
+            updates = [federation.fit_client(server_round, c).update for c in data.client_ids]
             federation.strategy.aggregate(server_round, updates)
 
     def plain() -> None:
@@ -88,7 +88,7 @@ def memory(num_clients: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as out:
         federation = Federation(module, data, FedAvg(), rounds=1, local_steps=1, out_dir=out, progress_bar=False)
         federation.setup()
-        updates = [federation._fit_client(1, c)[0] for c in data.client_ids]
+        updates = [federation.fit_client(1, c).update for c in data.client_ids]
         federation.strategy.aggregate(1, updates)
         personal = federation.store.nbytes(data.client_ids[0])
         frozen = sum(t.numel() * t.element_size() for t in module.named_tensors("frozen").values())

@@ -10,21 +10,23 @@
             load k from the store; received = strategy.configure_client(...) copied into the model
             on_client_fit_start; local training (training_step, fabric.backward, optimizer step, Lightning
             hook names on the callbacks); update = k's shared tensors + extras; on_client_fit_end; save k
+        quarantine non-finite updates (and, with on_client_error=skip, clients that raised)
         on_before_aggregate; strategy.aggregate(server_round, updates)
-        evaluation (validation and test, per client), logging, checkpoint
-        on_round_end
+        evaluation (validation and test, per client), logging
+        on_round_end; checkpoint
     on_fit_end
 
-One live module is trained; every client's own tensors live in the :class:`~fedlit.store.ClientStore`. Each
-client's local training re-seeds the global and data-loader RNGs from ``(seed, round, client)``, so a run does
-not depend on client order and a resumed run continues exactly.
+One live module is trained; every client's personal tensors live in the :class:`~fedlit.store.ClientStore`.
+Each client's local training re-seeds the global and data-loader RNGs from ``(seed, round, client)``, so a run
+does not depend on client order and a resumed run continues exactly. The phases live in :mod:`fedlit.loop`:
+a client's turn in :mod:`~fedlit.loop.local`, evaluation and the report in :mod:`~fedlit.loop.evaluate`,
+checkpoints and resume checks in :mod:`~fedlit.loop.state`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import resource
 import time
 import warnings
@@ -36,15 +38,17 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import TensorBoardLogger
 from lightning.pytorch import Callback
-from torch import Tensor
 from tqdm.auto import tqdm
 
-from fedlit.checkpoint import LAST, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from fedlit.checkpoint import LAST, load_checkpoint
 from fedlit.data import FederatedDataModule
-from fedlit.evaluation import EvaluationHistory, markdown_table, summarize
+from fedlit.errors import ConfigError, FedlitError, NonFiniteError
+from fedlit.evaluation import EvaluationHistory
+from fedlit.loop import evaluate as evaluation
+from fedlit.loop import local, state
 from fedlit.module import FederatedModule
 from fedlit.store import ClientStore
-from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.base import Strategy
 from fedlit.strategies.functional import state_nbytes
 
 
@@ -79,6 +83,10 @@ class Federation:
         store_device: Where the client store keeps tensors.
         progress_bar: Show a progress bar over rounds and clients.
         config: The resolved run configuration, saved with the run and logged as hyperparameters.
+        on_client_error: ``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of
+            the round with a warning (recorded in the results and TensorBoard).
+        min_clients: The fewest clients whose updates a round needs to aggregate (after skipped and quarantined
+            ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
     """
 
     def __init__(
@@ -104,16 +112,21 @@ class Federation:
         store_device: str = "cpu",
         progress_bar: bool = True,
         config: Mapping[str, Any] | None = None,
+        on_client_error: Literal["raise", "skip"] = "raise",
+        min_clients: int = 1,
     ) -> None:
         problems = []
         for key, value, low in (("rounds", rounds, 1), ("local_epochs", local_epochs, 1),
-                                ("eval_every", eval_every, 1), ("checkpoint_every", checkpoint_every, 1)):
+                                ("eval_every", eval_every, 1), ("checkpoint_every", checkpoint_every, 1),
+                                ("min_clients", min_clients, 1)):
             if value < low:
                 problems.append(f"federation.{key}={value} must be >= {low}")
         if local_steps is not None and local_steps < 1:
             problems.append(f"federation.local_steps={local_steps} must be >= 1 (or null for local_epochs)")
         if optimizer_state not in ("reset", "persist"):
             problems.append(f"federation.optimizer_state={optimizer_state!r} is not one of ['reset', 'persist']")
+        if on_client_error not in ("raise", "skip"):
+            problems.append(f"federation.on_client_error={on_client_error!r} is not one of ['raise', 'skip']")
         if isinstance(clients_per_round, float) and not 0 < clients_per_round <= 1:
             problems.append(f"federation.clients_per_round={clients_per_round}: a fraction must be in (0, 1]")
         if isinstance(clients_per_round, int) and clients_per_round < 1:
@@ -122,12 +135,13 @@ class Federation:
         if known and selection_metric not in known:
             problems.append(f"federation.selection_metric={selection_metric!r} is not one of {sorted(known)}")
         if problems:
-            raise ValueError("Invalid federation settings: " + "; ".join(problems) + ".")
+            raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
         self.module, self.datamodule, self.strategy = module, datamodule, strategy
         self.rounds, self.clients_per_round = rounds, clients_per_round
         self.local_epochs, self.local_steps = local_epochs, local_steps
         self.optimizer_state, self.eval_every, self.seed = optimizer_state, eval_every, seed
         self.checkpoint_every, self.progress_bar = checkpoint_every, progress_bar
+        self.on_client_error, self.min_clients = on_client_error, min_clients
         self.out_dir = Path(out_dir)
         self.config = dict(config or {})
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
@@ -137,10 +151,11 @@ class Federation:
         self.store = ClientStore(store_device)
         self.history = EvaluationHistory(selection_metric, module.higher_is_better)
         self.server_round = 0
-        self.comm = {"upload_bytes": 0, "download_bytes": 0}
+        self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
+        self.faults: list[dict[str, Any]] = []
+        self.identity: dict[str, Any] = {}
         self._wrapped: Any = None
         self._active_hooks: set[str] = set()
-        self._frozen_fingerprint = ""
 
     # -------------------------------------------------------------------------------------------- set-up
     @property
@@ -155,10 +170,10 @@ class Federation:
         """
         if self._wrapped is not None:
             if ckpt_path is not None:
-                self._restore(load_checkpoint(ckpt_path))
+                state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             return
         if self.fabric.world_size > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"federation.devices={self.fabric.world_size}: sharding clients over several devices or nodes is "
                 "not implemented yet (every rank would train every client). Use devices: 1; several clients "
                 "still share one device."
@@ -171,12 +186,13 @@ class Federation:
             warnings.warn(f"{self.strategy!r} shares no tensor: every client will train alone.", stacklevel=2)
         self._wrapped = self.fabric.setup_module(self.module)
         self._active_hooks = _overridden_hooks(self.fabric._callbacks)
-        self._frozen_fingerprint = _fingerprint(self.module.named_tensors("frozen"))
-        self.store.set_initial(self.module.named_tensors("shared", "personal"))
+        self.identity = state.identity(self)
+        self.store.set_initial(self.module.named_tensors("personal"))
         self.strategy.initialize(self.module.named_tensors("shared"), self.client_ids,
                                  {c: v["train"] for c, v in self.datamodule.class_counts().items()})
         if ckpt_path is not None:
-            self._restore(load_checkpoint(ckpt_path))
+            state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
+            state.record_resume(self, self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "manifest.json").write_text(json.dumps(self.datamodule.manifest()))
         (self.out_dir / "class_counts.json").write_text(json.dumps(self.datamodule.class_counts(), indent=1))
@@ -192,7 +208,7 @@ class Federation:
             problems.append(f"federation.clients_per_round={count} but the data has only "
                             f"{len(self.client_ids)} clients")
         if problems:
-            raise ValueError("Model and data do not fit: " + "; ".join(problems) + ".")
+            raise ConfigError("Model and data do not fit: " + "; ".join(problems) + ".")
 
     def _num_selected(self) -> int:
         n = len(self.client_ids)
@@ -206,7 +222,7 @@ class Federation:
     def fit(self, ckpt_path: str | Path | None = None) -> dict[str, Any]:
         """Run the remaining rounds (all of them, or those after ``ckpt_path``) and return the test results."""
         self.setup(ckpt_path)
-        self._save_config()
+        state.save_config(self)
         self._log_class_counts()
         self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
         bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
@@ -237,17 +253,27 @@ class Federation:
         start = time.perf_counter()
         self.server_round = server_round
         self.fabric.call("on_round_start", trainer=self, pl_module=self.module, server_round=server_round)
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "select", server_round))
+        generator = torch.Generator().manual_seed(self.derive_seed("select", server_round))
         selected = self.strategy.select_clients(server_round, self.client_ids, self._num_selected(), generator)
-        updates, log = [], {}
+        updates, log, faults = [], {}, []
         upload = download = 0
         for client_id in selected:
             bar.set_postfix_str(f"client {client_id}", refresh=False)
-            update, received_bytes = self._fit_client(server_round, client_id)
+            turn = self._client_turn(server_round, client_id)
+            if isinstance(turn, str):
+                faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
+                continue
+            update = turn.update
+            upload += state_nbytes(update.state) + state_nbytes(update.extras)
+            download += turn.download_bytes
+            log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
+            if turn.problem is not None:
+                faults.append({"round": server_round, "client": client_id, "kind": "non-finite",
+                               "detail": turn.problem})
+                log[f"client/{client_id}/train/quarantined"] = 1.0
+                continue
             updates.append(update)
-            sent = state_nbytes(update.state) + state_nbytes(update.extras)
-            upload, download = upload + sent, download + received_bytes
-            log[f"client/{client_id}/train/loss"] = update.metrics.get("loss", math.nan)
+        self._check_round(server_round, selected, updates, faults)
         train_seconds = time.perf_counter() - start
         self.fabric.call("on_before_aggregate", trainer=self, pl_module=self.module, server_round=server_round,
                          updates=updates)
@@ -255,17 +281,17 @@ class Federation:
         aggregate_seconds = time.perf_counter() - start - train_seconds
         self.comm["upload_bytes"] += upload
         self.comm["download_bytes"] += download
-        losses = [u.metrics["loss"] for u in updates if "loss" in u.metrics]
+        losses = [u.metrics["loss"] for u in updates]
         if losses:
             log["server/train/loss_mean"] = sum(losses) / len(losses)
         log.update({"comm/upload_bytes": upload, "comm/download_bytes": download,
                     "comm/upload_bytes_cumulative": self.comm["upload_bytes"],
                     "comm/download_bytes_cumulative": self.comm["download_bytes"],
-                    "comm/clients": len(selected)})
+                    "comm/clients": len(selected), "server/train/clients_left_out": len(faults)})
         metrics: dict[str, float] = {}
         if server_round % self.eval_every == 0 or server_round == self.rounds:
             eval_start = time.perf_counter()
-            metrics = self._evaluate_round(server_round)
+            metrics = evaluation.evaluate_round(self, server_round)
             log.update(metrics)
             log["system/eval_seconds"] = time.perf_counter() - eval_start
         log.update({"system/train_seconds": train_seconds, "system/aggregate_seconds": aggregate_seconds,
@@ -274,243 +300,78 @@ class Federation:
                     "system/store_mb": self.store.nbytes() / 2**20,
                     "system/trainable_parameters": self.module.num_trainable_parameters()})
         self.fabric.log_dict(log, step=server_round)
-        if server_round % self.checkpoint_every == 0 or server_round == self.rounds:
-            self.save_checkpoint(self.out_dir / "checkpoints" / LAST)
         self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
                          metrics=metrics)
+        if server_round % self.checkpoint_every == 0 or server_round == self.rounds:
+            self.save_checkpoint(self.out_dir / "checkpoints" / LAST)
+
+    def _client_turn(self, server_round: int, client_id: str) -> local.ClientTurn | str:
+        """The client's turn; with ``on_client_error="skip"``, a description of what it raised instead."""
+        if self.on_client_error == "raise":
+            return local.fit_client(self, server_round, client_id)
+        try:
+            return local.fit_client(self, server_round, client_id)
+        except Exception as err:  # noqa: BLE001  (skip means: any failure of one client's turn)
+            detail = f"{type(err).__name__}: {err}"
+            warnings.warn(f"Round {server_round}: client {client_id!r} raised {detail}; it is left out of this "
+                          "round (federation.on_client_error=skip).", stacklevel=2)
+            return detail
+
+    def _check_round(self, server_round: int, selected: list[str], updates: list[Any],
+                     faults: list[dict[str, Any]]) -> None:
+        """Warn about each left-out client; stop when too few updates remain (the last checkpoint is kept)."""
+        self.faults.extend(faults)
+        for fault in faults:
+            if fault["kind"] == "non-finite":
+                warnings.warn(f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
+                              f"out of aggregation ({fault['detail']}).", stacklevel=3)
+        if len(updates) >= min(self.min_clients, len(selected)):
+            return
+        checkpoint = self.out_dir / "checkpoints" / LAST
+        kept = (f"the last good checkpoint {checkpoint} is kept"
+                if checkpoint.is_file() else "no checkpoint was written yet")
+        detail = "; ".join(f"{f['client']}: {f['detail']}" for f in faults[:4])
+        if faults and all(f["kind"] == "non-finite" for f in faults) and not updates:
+            raise NonFiniteError(
+                f"Round {server_round}: every client's update is non-finite ({detail}); nothing is aggregated and "
+                f"no result is published; {kept}. The local training diverged: lower model.init_args.lr, or check "
+                "the inputs for NaN/Inf.")
+        raise FedlitError(
+            f"Round {server_round}: only {len(updates)} of {len(selected)} clients gave a usable update "
+            f"(federation.min_clients={self.min_clients}; {detail}); {kept}.")
 
     # ------------------------------------------------------------------------------------ local training
-    def _call(self, hook: str, **kwargs: Any) -> None:
+    def call(self, hook: str, **kwargs: Any) -> None:
         """``fabric.call`` for per-step hooks, skipped when no callback (nor the module) overrides ``hook``:
         Fabric inspects every callback's signature on each call, a measurable cost at every batch."""
         if hook in self._active_hooks:
             self.fabric.call(hook, **kwargs)
 
-    def _load_client(self, client_id: str, received: Mapping[str, Tensor]) -> None:
-        """Put ``client_id``'s stored tensors, then what the server sent, into the live module (in place)."""
-        live = self.module.named_tensors("shared", "personal")
-        self.store.load_into(client_id, live)
-        unknown = sorted(set(received) - set(live))
-        if unknown:
-            raise KeyError(f"{self.strategy!r} sent tensors that are not shared or personal: {unknown[:5]}")
-        with torch.no_grad():
-            for name, tensor in received.items():
-                live[name].copy_(tensor)
+    def derive_seed(self, *parts: Any) -> int:
+        """The seed of one random stream of this run (``"train"``, round, client...)."""
+        return derive_seed(self.seed, *parts)
 
-    def _fit_client(self, server_round: int, client_id: str) -> tuple[ClientUpdate, int]:
-        module, fabric = self.module, self.fabric
-        received = self.strategy.configure_client(server_round, client_id)
-        received_extras = self.strategy.configure_client_extras(server_round, client_id)
-        self._load_client(client_id, received)
-        client_state = self.store.extra(client_id, self.strategy.state_key)
-        torch.manual_seed(derive_seed(self.seed, "train", server_round, client_id))
-        loader = self.datamodule.train_dataloader(
-            client_id, torch.Generator().manual_seed(derive_seed(self.seed, "data", server_round, client_id)))
-        optimizer = self._optimizer(client_id)
-        hook_args = {"trainer": self, "pl_module": module}
-        fabric.call("on_client_fit_start", **hook_args, server_round=server_round, client_id=client_id,
-                    received=received, received_extras=received_extras, client_state=client_state)
-        module.set_train_mode()
-        steps, loss_sum, seen = 0, 0.0, 0
-        max_steps = self.local_steps if self.local_steps is not None else math.inf
-        epoch = 0
-        while (epoch < self.local_epochs or self.local_steps is not None) and steps < max_steps:
-            self._call("on_train_epoch_start", **hook_args)
-            for batch_idx, batch in enumerate(loader):
-                batch = fabric.to_device(batch)
-                self._call("on_train_batch_start", **hook_args, batch=batch, batch_idx=batch_idx)
-                out = self._wrapped.training_step(batch, batch_idx)
-                loss = out["loss"] if isinstance(out, Mapping) else out
-                loss_sum, seen = loss_sum + float(loss.detach()), seen + 1
-                loss = self.strategy.training_loss(module, loss, batch, out)
-                self._call("on_before_backward", **hook_args, loss=loss)
-                fabric.backward(loss)
-                self._call("on_after_backward", **hook_args)
-                self._unscale_gradients(optimizer)
-                self._call("on_before_optimizer_step", **hook_args, optimizer=optimizer)
-                optimizer.step()
-                self._call("on_before_zero_grad", **hook_args, optimizer=optimizer)
-                optimizer.zero_grad(set_to_none=True)
-                self._call("on_train_batch_end", **hook_args, outputs=out, batch=batch, batch_idx=batch_idx)
-                steps += 1
-                if steps >= max_steps:
-                    break
-            if seen == 0:
-                raise ValueError(f"Client {client_id!r} has no training batch: its train split is empty.")
-            self._call("on_train_epoch_end", **hook_args)
-            epoch += 1
-        update = ClientUpdate(
-            client_id=client_id,
-            num_examples=self.datamodule.num_examples(client_id, "train"),
-            state={n: t.detach().to(self.store.device, copy=True)
-                   for n, t in module.named_tensors("shared").items()},
-            metrics={"loss": loss_sum / max(seen, 1), "steps": float(steps)},
-        )
-        fabric.call("on_client_fit_end", **hook_args, server_round=server_round, client_id=client_id,
-                    update=update, client_state=client_state)
-        self.store.save_from(client_id, module.named_tensors("shared", "personal"))
-        if self.optimizer_state == "persist":
-            self.store.set_optimizer_state(client_id, optimizer.state_dict())
-        return update, state_nbytes(received) + state_nbytes(received_extras)
-
-    def _unscale_gradients(self, optimizer: Any) -> None:
-        """Under 16-bit mixed precision, unscale the gradients before ``on_before_optimizer_step`` (as
-        Lightning's Trainer does), so hooks that read or add to gradients (SCAFFOLD) see true values; the
-        scaler's ``step`` then skips its own unscaling."""
-        scaler = getattr(self.fabric.strategy.precision, "scaler", None)
-        if scaler is not None and scaler.is_enabled():
-            scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
-
-    def _optimizer(self, client_id: str) -> Any:
-        optimizer = self.module.configure_optimizers()
-        if isinstance(optimizer, Mapping) or isinstance(optimizer, (list, tuple)):
-            raise ValueError(
-                f"{type(self.module).__name__}.configure_optimizers must return one optimizer: learning-rate "
-                "schedulers are not supported in local training yet."
-            )
-        if self.optimizer_state == "persist" and self.store.optimizer_state(client_id) is not None:
-            optimizer.load_state_dict(self.store.optimizer_state(client_id))
-        return self.fabric.setup_optimizers(optimizer)
+    def fit_client(self, server_round: int, client_id: str) -> local.ClientTurn:
+        """Train one client for one round (:func:`fedlit.loop.local.fit_client`)."""
+        return local.fit_client(self, server_round, client_id)
 
     # ---------------------------------------------------------------------------------------- evaluation
     def evaluate_client(self, server_round: int, client_id: str, split: str) -> dict[str, float]:
         """Metrics of ``client_id`` on ``split`` with its personal state and what the strategy gives it."""
-        loader = (self.datamodule.val_dataloader(client_id) if split == "val"
-                  else self.datamodule.test_dataloader(client_id))
-        if loader is None:
-            return {}
-        self._load_client(client_id, self.strategy.configure_evaluate(server_round, client_id))
-        self.module.eval()
-        self.module.reset_metrics()
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
-                self._wrapped.validation_step(self.fabric.to_device(batch), batch_idx)
-        return self.module.compute_metrics()
-
-    def _evaluate_round(self, server_round: int) -> dict[str, float]:
-        log: dict[str, float] = {}
-        for split in ("val", "test"):
-            per_client = {c: self.evaluate_client(server_round, c, split) for c in self.client_ids}
-            per_client = {c: m for c, m in per_client.items() if m}
-            if not per_client:
-                continue
-            self.history.add(server_round, split, per_client)
-            if split == "test":
-                continue  # recorded for the final report only: nothing is chosen or shown per round on test
-            weights = {c: self.datamodule.num_examples(c, split) for c in per_client}
-            for client_id, values in per_client.items():
-                log.update({f"client/{client_id}/{split}/{m}": v for m, v in values.items()})
-            summary = summarize(per_client, weights, self.module.higher_is_better)
-            log.update({f"server/{split}/{k}": v for k, v in summary.items()})
-        return log
+        return evaluation.evaluate_client(self, server_round, client_id, (split,))[0].get(split, {})
 
     def evaluate(self, split: str, ckpt_path: str | Path) -> dict[str, Any]:
         """Evaluate the checkpoint's state on every client's ``split`` (``val`` or ``test``); print the table."""
         self.setup(ckpt_path)
-        per_client = {c: self.evaluate_client(self.server_round, c, split) for c in self.client_ids}
-        per_client = {c: m for c, m in per_client.items() if m}
-        if not per_client:
-            raise ValueError(f"The data set has no {split!r} split to evaluate.")
-        weights = {c: self.datamodule.num_examples(c, split) for c in per_client}
-        result = {"round": self.server_round, "clients": per_client,
-                  "summary": summarize(per_client, weights, self.module.higher_is_better)}
-        print(markdown_table(f"{split} of {ckpt_path}", result, list(self.module.higher_is_better)))
-        return result
+        return evaluation.evaluate_checkpoint(self, split, ckpt_path)
 
     def report(self) -> dict[str, Any]:
         """Print and save (Markdown, JSON, TensorBoard) the final per-client test results."""
-        weights = {c: self.datamodule.num_examples(c, "test") for c in self.client_ids}
-        results = self.history.results("test", weights)
-        results["comm"] = dict(self.comm)
-        metrics = list(self.module.higher_is_better)
-        sections = [f"# Results: {self.strategy!r}\n"]
-        best = self.history.best_round()
-        if "last" in results:
-            sections.append(markdown_table("Test, last round", results["last"], metrics))
-        if "best" in results:
-            sections.append(markdown_table(
-                f"Test at the best mean validation {self.history.selection_metric}", results["best"], metrics))
-        elif best is None:
-            sections.append("_No validation split: the best-validation round is not defined._\n")
-        sections.append(f"Communication: {self.comm['upload_bytes']:,} bytes up, "
-                        f"{self.comm['download_bytes']:,} bytes down.\n")
-        text = "\n".join(sections)
-        print(text)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "results.md").write_text(text)
-        (self.out_dir / "results.json").write_text(json.dumps(results, indent=1))
-        final: dict[str, float] = {}
-        for key, split_key in (("last", "test"), ("best", "test_at_best_val")):
-            if key in results:
-                for client_id, values in results[key]["clients"].items():
-                    final.update({f"client/{client_id}/{split_key}/{m}": v for m, v in values.items()})
-                final.update({f"server/{split_key}/{m}": v for m, v in results[key]["summary"].items()})
-        if final and self.history.last_round is not None:
-            self.fabric.log_dict(final, step=self.history.last_round)
-            hp_metrics = {f"hparams/{k.split('/', 1)[1]}": v for k, v in final.items() if k.startswith("server/")}
-            for logger in self.fabric.loggers:
-                logger.log_hyperparams(_flatten(self.config) or {"strategy": repr(self.strategy)},
-                                       metrics=hp_metrics)
-        for logger in self.fabric.loggers:
-            logger.finalize("success")
-        return results
+        return evaluation.report(self)
 
-    # --------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Write everything needed to continue this run exactly."""
-        payload = {
-            "server_round": self.server_round,
-            "strategy": self.strategy.state_dict(),
-            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks[1:]},
-            "store": self.store.state_dict(),
-            "history": self.history.state_dict(),
-            "comm": dict(self.comm),
-            "rng": rng_state(),
-            "roles": dict(self.module.parameter_roles()),
-            "frozen_fingerprint": self._frozen_fingerprint,
-            "manifest": json.dumps(self.datamodule.manifest(), sort_keys=True),
-        }
-        path = save_checkpoint(path, payload)
-        self._save_config(path.parent)
-        return path
-
-    def _restore(self, payload: Mapping[str, Any]) -> None:
-        manifest = json.dumps(self.datamodule.manifest(), sort_keys=True)
-        if payload["manifest"] != manifest:
-            raise ValueError("ckpt_path: the checkpoint was made with another data partition (manifest differs). "
-                             "Resume with the same data settings and seed, or start a new run.")
-        if payload["roles"] != dict(self.module.parameter_roles()):
-            raise ValueError("ckpt_path: the checkpoint was made with other parameter roles (model or strategy "
-                             "changed). Resume with the same model and strategy settings.")
-        if payload["frozen_fingerprint"] != self._frozen_fingerprint:
-            raise ValueError("ckpt_path: the frozen tensors differ from the checkpoint's (other pretrained weights, or "
-                             "a randomly initialized backbone built without the same seed). Resume with the same "
-                             "model weights and seed.")
-        self.server_round = int(payload["server_round"])
-        self.strategy.load_state_dict(payload["strategy"])
-        for cb in self.callbacks[1:]:
-            if cb.state_key in payload["callbacks"]:
-                cb.load_state_dict(payload["callbacks"][cb.state_key])
-        self.store.load_state_dict(payload["store"])
-        self.history.load_state_dict(payload["history"])
-        self.comm = dict(payload["comm"])
-        set_rng_state(payload["rng"])
-
-    def _save_config(self, folder: Path | None = None) -> None:
-        if self.config:
-            folder = folder or self.out_dir
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "config.json").write_text(json.dumps(self.config, indent=1, default=str))
-
-
-def _fingerprint(tensors: Mapping[str, Tensor]) -> str:
-    """A SHA-256 of the frozen tensors (names, shapes, bytes): checkpoints hold no backbone, so a resumed run must
-    rebuild the very same one."""
-    digest = hashlib.sha256()
-    for name, tensor in tensors.items():
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+        """Write everything needed to continue this run exactly (:func:`fedlit.loop.state.save`)."""
+        return state.save(self, path)
 
 
 def _overridden_hooks(callbacks: list[Any]) -> set[str]:
@@ -533,16 +394,3 @@ def _peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{name}."))
-        elif isinstance(value, (int, float, str, bool)) or value is None:
-            flat[name] = "None" if value is None else value
-        else:
-            flat[name] = str(value)
-    return flat

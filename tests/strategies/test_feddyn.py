@@ -124,7 +124,9 @@ def test_two_rounds_communication_and_the_server_mean_of_h(tmp_path):
     model_bytes = sum(t.numel() * t.element_size() for t in shared.values())
     param_bytes = sum(p.numel() * p.element_size() for _, p in federation.module.shared_parameters())
     # 2 clients x 2 rounds: up theta_k (as FedAvg); down theta_cld + theta_srv's parameters (the anchor)
-    assert federation.comm == {"upload_bytes": 4 * model_bytes, "download_bytes": 4 * (model_bytes + param_bytes)}
+    # evaluation: all 3 clients download the model they evaluate with (theta_srv by default) in each of 2 rounds
+    assert federation.comm == {"upload_bytes": 4 * model_bytes, "download_bytes": 4 * (model_bytes + param_bytes),
+                               "eval_download_bytes": 6 * model_bytes}
     # the server's hbar is the mean over all N clients of the h_k each client keeps
     strategy, key = federation.strategy, federation.strategy.state_key
     hs = [federation.store.extra(c, key).get("h") for c in federation.client_ids]

@@ -1,0 +1,7 @@
+"""The phases of :class:`~fedlit.federation.Federation`'s round, one file each.
+
+- :mod:`fedlit.loop.local`: one client's turn (load its state, local training under the run's precision,
+  finiteness checks, the upload).
+- :mod:`fedlit.loop.evaluate`: per-client evaluation of a round, and the final report.
+- :mod:`fedlit.loop.state`: checkpoints (what they hold, what a resume must match) and the run's configuration.
+"""

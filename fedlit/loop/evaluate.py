@@ -1,0 +1,147 @@
+"""The evaluation phase: every client's model on its own validation and test splits, and the final report.
+
+Each evaluated client downloads what :meth:`~fedlit.strategies.base.Strategy.configure_evaluate` gives it (once per
+evaluated round, for both splits); those bytes are counted as ``comm/eval_download_bytes``, beside the training
+traffic. Validation metrics are logged per round; test metrics are recorded for the final report only (nothing
+is chosen or shown per round on test).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedlit.evaluation import markdown_table, summarize
+from fedlit.loop.local import load_client
+from fedlit.strategies.functional import state_nbytes
+
+if TYPE_CHECKING:
+    from fedlit.federation import Federation
+
+SPLITS = ("val", "test")
+
+
+def evaluate_client(fed: Federation, server_round: int, client_id: str, splits: tuple[str, ...] = SPLITS,
+                    ) -> tuple[dict[str, dict[str, float]], int]:
+    """``client_id``'s metrics on each of ``splits`` that it has (personal tensors + what the strategy gives it),
+    and the bytes it downloaded for that (0 when it has none of the splits)."""
+    loaders = {s: fed.datamodule.val_dataloader(client_id) if s == "val" else fed.datamodule.test_dataloader(client_id)
+               for s in splits}
+    loaders = {s: loader for s, loader in loaders.items() if loader is not None}
+    if not loaders:
+        return {}, 0
+    received = fed.strategy.configure_evaluate(server_round, client_id)
+    load_client(fed, client_id, received)
+    precision = fed.fabric.strategy.precision
+    fed.module.eval()
+    metrics = {}
+    for split, loader in loaders.items():
+        fed.module.reset_metrics()
+        with torch.no_grad():
+            for batch_idx, batch in enumerate(loader):
+                batch = precision.convert_input(fed.fabric.to_device(batch))
+                with fed.fabric.autocast():
+                    fed.module.validation_step(batch, batch_idx)
+        metrics[split] = fed.module.compute_metrics()
+    return metrics, state_nbytes(received)
+
+
+def evaluate_round(fed: Federation, server_round: int) -> dict[str, float]:
+    """Evaluate every client, record the round in the history; the validation scalars to log."""
+    per_split: dict[str, dict[str, dict[str, float]]] = {s: {} for s in SPLITS}
+    download = 0
+    for client_id in fed.client_ids:
+        metrics, received = evaluate_client(fed, server_round, client_id)
+        download += received
+        for split, values in metrics.items():
+            if values:
+                per_split[split][client_id] = values
+    fed.comm["eval_download_bytes"] = fed.comm.get("eval_download_bytes", 0) + download
+    log: dict[str, float] = {"comm/eval_download_bytes": download,
+                             "comm/eval_download_bytes_cumulative": fed.comm["eval_download_bytes"]}
+    for split, per_client in per_split.items():
+        if not per_client:
+            continue
+        fed.history.add(server_round, split, per_client)
+        if split == "test":
+            continue
+        weights = {c: fed.datamodule.num_examples(c, split) for c in per_client}
+        for client_id, values in per_client.items():
+            log.update({f"client/{client_id}/{split}/{m}": v for m, v in values.items()})
+        summary = summarize(per_client, weights, fed.module.higher_is_better)
+        log.update({f"server/{split}/{k}": v for k, v in summary.items()})
+    return log
+
+
+def evaluate_checkpoint(fed: Federation, split: str, ckpt_path: str | Path) -> dict[str, Any]:
+    """Every client's ``split`` (``val`` or ``test``) with the checkpoint's state; prints the table."""
+    per_client = {}
+    for client_id in fed.client_ids:
+        metrics, _ = evaluate_client(fed, fed.server_round, client_id, (split,))
+        if metrics.get(split):
+            per_client[client_id] = metrics[split]
+    if not per_client:
+        raise ValueError(f"The data set has no {split!r} split to evaluate.")
+    weights = {c: fed.datamodule.num_examples(c, split) for c in per_client}
+    result = {"round": fed.server_round, "clients": per_client,
+              "summary": summarize(per_client, weights, fed.module.higher_is_better)}
+    print(markdown_table(f"{split} of {ckpt_path}", result, list(fed.module.higher_is_better)))
+    return result
+
+
+def report(fed: Federation) -> dict[str, Any]:
+    """Print and save (Markdown, JSON, TensorBoard) the final per-client test results."""
+    weights = {c: fed.datamodule.num_examples(c, "test") for c in fed.client_ids}
+    results = fed.history.results("test", weights)
+    results["comm"] = dict(fed.comm)
+    if fed.faults:
+        results["faults"] = fed.faults
+    metrics = list(fed.module.higher_is_better)
+    sections = [f"# Results: {fed.strategy!r}\n"]
+    if "last" in results:
+        sections.append(markdown_table("Test, last round", results["last"], metrics))
+    if "best" in results:
+        sections.append(markdown_table(
+            f"Test at the best mean validation {fed.history.selection_metric}", results["best"], metrics))
+    elif fed.history.best_round() is None:
+        sections.append("_No validation split: the best-validation round is not defined._\n")
+    sections.append(f"Communication: {fed.comm['upload_bytes']:,} bytes up, {fed.comm['download_bytes']:,} bytes "
+                    f"down in training; {fed.comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n")
+    if fed.faults:
+        lines = [f"- round {f['round']}, client {f['client']}: {f['kind']} ({f['detail']})" for f in fed.faults]
+        sections.append("Clients left out of aggregation:\n\n" + "\n".join(lines) + "\n")
+    text = "\n".join(sections)
+    print(text)
+    fed.out_dir.mkdir(parents=True, exist_ok=True)
+    (fed.out_dir / "results.md").write_text(text)
+    (fed.out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    final: dict[str, float] = {}
+    for key, split_key in (("last", "test"), ("best", "test_at_best_val")):
+        if key in results:
+            for client_id, values in results[key]["clients"].items():
+                final.update({f"client/{client_id}/{split_key}/{m}": v for m, v in values.items()})
+            final.update({f"server/{split_key}/{m}": v for m, v in results[key]["summary"].items()})
+    if final and fed.history.last_round is not None:
+        fed.fabric.log_dict(final, step=fed.history.last_round)
+        hp_metrics = {f"hparams/{k.split('/', 1)[1]}": v for k, v in final.items() if k.startswith("server/")}
+        for logger in fed.fabric.loggers:
+            logger.log_hyperparams(_flatten({k: v for k, v in fed.config.items() if k != "resumed"}) or {"strategy": repr(fed.strategy)}, metrics=hp_metrics)
+    for logger in fed.fabric.loggers:
+        logger.finalize("success")
+    return results
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            flat[name] = "None" if value is None else value
+        else:
+            flat[name] = str(value)
+    return flat
