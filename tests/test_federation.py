@@ -34,9 +34,10 @@ def test_two_rounds_fedavg_writes_results_checkpoint_and_tensorboard(tmp_path):
             "system/peak_memory_mb", "server/test/accuracy_mean", "client/c1/test/f1"} <= tags
     # nothing is shown per round on test: only the final value at the last round
     assert [e.step for e in events.Scalars("server/test/accuracy_mean")] == [2]
-    # pinned loss curve of this 2-round run (seed 0): changes only if the loop's math changes
+    # pinned loss curve of this 2-round run (seed 0): changes only if the loop's math changes. The tolerance is
+    # far below the gap to the nearest other strategy's curve (FedProx(mu=0.5) gives 0.95444 in round 2)
     losses = [e.value for e in events.Scalars("server/train/loss_mean")]
-    assert losses == pytest.approx([1.1030, 0.9528], abs=2e-3)
+    assert losses == pytest.approx([1.10297, 0.95283], abs=2e-5)
 
 
 def test_communication_is_counted_from_the_exchanged_tensors(tmp_path):
