@@ -86,7 +86,12 @@ def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn
                 bad = f"training loss {value} at step {steps + 1}"
                 break
             loss_sum, seen = loss_sum + value, seen + 1
-            loss = strategy.training_loss(module, loss, batch, out)
+            total = strategy.training_loss(module, loss, batch, out)
+            if total is not loss and not math.isfinite(float(total.detach())):
+                bad = (f"training loss {float(total.detach())} at step {steps + 1} "
+                       f"(after {type(strategy).__name__}.training_loss)")
+                break
+            loss = total
             fed.call("on_before_backward", **hook_args, loss=loss)
             fabric.backward(loss)
             fed.call("on_after_backward", **hook_args)
