@@ -54,3 +54,18 @@ def test_state_dict_round_trip_with_optimizer_and_extras():
     assert other.tensors("a")["w"].tolist() == [1, 1]
     assert other.optimizer_state("a")["state"][0]["momentum_buffer"].tolist() == [1, 1]
     assert other.extra("a", "SCAFFOLD")["c_i"].tolist() == [3, 3]
+
+
+def test_a_federation_stores_only_personal_tensors_per_client(tmp_path):
+    from fedlit import FedAvg, RoleRule
+    from tests.conftest import make_federation
+
+    # backbone shared, head personal: the store must hold N x head, never a copy of the shared backbone
+    federation = make_federation(tmp_path, FedAvg(), rounds=1,
+                                 roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")])
+    federation.fit()
+    head_bytes = (3 * 8 + 3) * 4  # TinyMLP's 8 features -> 3 classes: weight 3x8 + bias 3, float32
+    for client in ("c0", "c1", "c2"):
+        assert set(federation.store.tensors(client)) == {"head.weight", "head.bias"}
+        assert federation.store.nbytes(client) == head_bytes
+    assert federation.store.nbytes() == 4 * head_bytes  # 3 clients + the template of untrained clients
