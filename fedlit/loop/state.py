@@ -26,6 +26,9 @@ from fedlit.errors import CheckpointError
 if TYPE_CHECKING:
     from fedlit.federation import Federation
 
+#: The parts of a recipe that define the experiment (``out_dir``, ``ckpt_path`` and ``callbacks`` may differ).
+SECTIONS = ("model", "data", "strategy", "federation")
+
 #: Federation settings that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
                        "store_device", "on_client_error", "min_clients"})
@@ -41,7 +44,7 @@ def identity(fed: Federation) -> dict[str, Any]:
         "roles": dict(fed.module.parameter_roles()),
         "frozen_fingerprint": fingerprint(fed.module.named_tensors("frozen")),
         "manifest": json.dumps(fed.datamodule.manifest(), sort_keys=True),
-        "config": json.dumps({k: v for k, v in fed.config.items() if k != "resumed"}, sort_keys=True, default=str),
+        "config": json.dumps({k: fed.config[k] for k in SECTIONS if k in fed.config}, sort_keys=True, default=str),
     }
 
 
