@@ -8,7 +8,7 @@ from fedlit.module import FederatedModule
 from fedlit.roles import RoleRule
 from fedlit.strategies import FedProx, FedPxN
 from fedlit.strategies.aggregators import MedianAggregator
-from tests.conftest import assert_resume_is_exact, make_federation
+from tests.conftest import make_federation
 
 
 class LinNorm(FederatedModule):
@@ -95,13 +95,39 @@ def test_frozen_normalization_is_never_pulled():
     assert strategy.state_dict()["norm_initial"] == {}
 
 
+def with_distinct_norm(federation):
+    """TinyMLP's BatchNorm1d(8) set to values that neither its initialization (weight 1, bias 0) nor training
+    produce, so that the initial values the strategy keeps can be told from any other capture."""
+    bn = federation.module.backbone[1]
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 1.5, 8))
+        bn.bias.copy_(torch.linspace(-0.3, 0.4, 8))
+    return federation
+
+
 def test_runs_keep_the_initial_norm_values_and_resume_exactly(tmp_path):
-    straight, _ = assert_resume_is_exact(tmp_path, lambda: FedPxN(mu=0.5, prox_on_norm_initial=True))
-    initial = straight.strategy.state_dict()["norm_initial"]
-    # TinyMLP's BatchNorm1d(8) as built: weight 1, bias 0; still so after 4 rounds (the server never moves them)
-    assert set(initial) == {"backbone.1.weight", "backbone.1.bias"}
-    assert torch.equal(initial["backbone.1.weight"], torch.ones(8))
-    assert torch.equal(initial["backbone.1.bias"], torch.zeros(8))
+    def strategy():
+        return FedPxN(mu=0.5, prox_on_norm_initial=True)
+
+    initial = {"backbone.1.weight": torch.linspace(0.5, 1.5, 8), "backbone.1.bias": torch.linspace(-0.3, 0.4, 8)}
+    straight = with_distinct_norm(make_federation(tmp_path / "straight", strategy(), rounds=4))
+    straight_results = straight.fit()
+    with_distinct_norm(make_federation(tmp_path / "resumed", strategy(), rounds=2)).fit()
+    # The resumed run's live model holds BatchNorm's own initialization (weight 1, bias 0): the values before
+    # round 1 can only come from the checkpoint.
+    resumed = make_federation(tmp_path / "resumed", strategy(), rounds=4)
+    resumed_results = resumed.fit(ckpt_path=tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for federation in (straight, resumed):
+        kept = federation.strategy.state_dict()["norm_initial"]
+        assert kept.keys() == initial.keys()
+        assert all(torch.equal(kept[n], initial[n]) for n in initial)
+    # After 4 rounds every client's normalization parameters have moved away from those values: a strategy that
+    # took them at any later time (a round's start, a resume) would keep other values.
+    for client in straight.client_ids:
+        trained = straight.store.tensors(client)
+        assert all((trained[n] - initial[n]).abs().max() > 1e-3 for n in initial)
+    # and the proximal term pulled toward the same anchor in both runs
+    assert resumed_results["last"] == straight_results["last"]
     # The default run keeps nothing of the sort and shares no normalization tensor.
     paper = make_federation(tmp_path / "paper", FedPxN(), rounds=1)
     paper.fit()
