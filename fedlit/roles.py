@@ -15,6 +15,26 @@ first or last layers by depth); the last rule that matches a name wins. Buffers 
 role of the parameters of the module that owns them, so running statistics follow their layer and are never
 silently dropped; a buffer of a module without parameters follows the rules by its own name. A strategy may then
 refine the result (FedBN makes normalization layers personal) through :meth:`ParameterRoles.with_roles`.
+
+Normalization layers (what FedBN, SiloBN and FedPxN keep local) are found by :func:`is_norm_module`, because
+transformers encoders define their own norm classes as plain ``nn.Module`` (``T5LayerNorm``, ``LlamaRMSNorm``,
+SAM's ``LayerNorm2d``, timm's ``RmsNorm``). A module is a normalization layer when
+
+1. it is an instance of :data:`NORM_TYPES` (torch's BatchNorm, InstanceNorm, GroupNorm, LayerNorm,
+   LocalResponseNorm, RMSNorm and their subclasses), or
+2. its class name ends in the CamelCase word ``Norm`` or ``Normalization``, optionally followed by ``1d``,
+   ``2d`` or ``3d`` (``T5LayerNorm``, ``LlamaRMSNorm``, ``RmsNorm``, ``LayerNorm2d``), and its own parameters
+   are scalars or vectors of one length, or
+3. its only parameters are a 1-D ``weight`` and optionally a 1-D ``bias`` of the same length, and its
+   attribute name says norm (a ``_``/digit-separated word that is ``ln``, ``bn``, ``gn`` or ends in ``norm``
+   or ``norms``: ``ln_f``, ``norm1``, ``layer_norm``, ``input_layernorm``, ``LayerNorm``, ``norms.0``) or its
+   class name holds the word ``Norm`` (``RMSNormGated``, ``NormLayer``).
+
+Rules 2 and 3 apply only to modules that hold parameters or buffers themselves and none in their submodules, and
+never to linear, convolution, embedding, attention or recurrent layers, nor to weight/spectral normalization
+(reparametrizations of a weight, not normalization layers). So LoRA matrices, DoRA magnitude vectors, LayerScale
+(a 1-D ``gamma``), bias-only modules and heads are never normalization. The parameters and buffers a
+normalization layer owns directly are normalization tensors (:meth:`ParameterRoles.is_norm`).
 """
 
 from __future__ import annotations
@@ -38,6 +58,84 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.LocalResponseNorm,
     nn.RMSNorm,
 )
+
+#: Layers that are never normalization, whatever their name (rules 2 and 3 of :func:`is_norm_module`).
+NOT_NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Linear,
+    nn.Bilinear,
+    nn.modules.conv._ConvNd,  # Conv*, ConvTranspose*
+    nn.Embedding,
+    nn.EmbeddingBag,
+    nn.MultiheadAttention,
+    nn.RNNBase,  # RNN, LSTM, GRU
+    nn.PReLU,
+)
+
+# Rule 2: the class name's last CamelCase word is Norm or Normalization (case-aware: "Enorm" is not one).
+_NORM_CLASS = re.compile(r"(?:Norm|Normalization)(?:[123][dD])?$")
+# Weight and spectral normalization reparametrize a weight; they are not normalization layers.
+_REPARAM_CLASS = re.compile(r"(?:Weight|Spectral)Norm$")
+# Rule 3: the class name holds the CamelCase word Norm (not "Normal", "Normalize").
+_NORM_WORD_CLASS = re.compile(r"Norm(?![a-z])")
+_NORM_ATTR_WORDS = frozenset({"ln", "bn", "gn"})
+
+
+def _attribute_says_norm(name: str) -> bool:
+    """Whether the last non-numeric part of a qualified module name says norm (``encoder.ln_f``, ``norms.0``)."""
+    parts = [p for p in name.split(".") if p and not p.isdigit()]
+    if not parts:
+        return False
+    words = [w for w in re.split(r"[_\d]+", parts[-1].lower()) if w]
+    return any(w in _NORM_ATTR_WORDS or w.removesuffix("s").endswith(("norm", "normalization")) for w in words)
+
+
+def is_norm_module(module: nn.Module, name: str = "") -> bool:
+    """Whether ``module`` is a normalization layer (its tensors are what FedBN, SiloBN and FedPxN keep local).
+
+    A module is a normalization layer when (see the module docstring for the reasons):
+
+    1. it is an instance of :data:`NORM_TYPES`; or, for a module that holds parameters or buffers itself, none in
+       its submodules, and is not one of :data:`NOT_NORM_TYPES` nor a weight/spectral normalization:
+    2. its class name ends in ``Norm`` or ``Normalization`` (optionally ``1d``/``2d``/``3d``) and its own
+       parameters are scalars or vectors of one length (``T5LayerNorm``, ``LlamaRMSNorm``, ``LayerNorm2d``); or
+    3. its parameters are exactly a 1-D ``weight`` and optionally a 1-D ``bias`` of the same length, and its
+       attribute name (the last non-numeric part of ``name``) has a word ``ln``, ``bn``, ``gn`` or one ending
+       in ``norm`` or ``norms`` (``ln_f``, ``norm1``, ``layer_norm``, ``post_attention_layernorm``,
+       ``norms.0``), or its class name holds the word ``Norm``.
+
+    A Linear, a convolution, an embedding, LoRA matrices, timm's ``LayerScale`` (a 1-D ``gamma``) or a bias-only
+    module is never a normalization layer.
+
+    Args:
+        module: The module to classify.
+        name: Its qualified name in the model (``encoder.block.0.layer.0.layer_norm``); ``""`` checks the class
+            and structure only.
+
+    Returns:
+        True for a normalization layer.
+    """
+    if isinstance(module, NORM_TYPES):
+        return True
+    class_name = type(module).__name__
+    if isinstance(module, NOT_NORM_TYPES) or _REPARAM_CLASS.search(class_name):
+        return False
+    params = dict(module.named_parameters(recurse=False))
+    has_buffers = next(module.named_buffers(recurse=False), None) is not None
+    if not (params or has_buffers):
+        return False
+    for child in module.children():
+        if next(child.parameters(), None) is not None or next(child.buffers(), None) is not None:
+            return False
+    if _NORM_CLASS.search(class_name):
+        if any(p.ndim > 1 for p in params.values()):
+            return False
+        return len({p.shape[0] for p in params.values() if p.ndim == 1}) <= 1
+    weight, bias = params.get("weight"), params.get("bias")
+    if weight is None or weight.ndim != 1 or set(params) - {"weight", "bias"}:
+        return False
+    if bias is not None and bias.shape != weight.shape:
+        return False
+    return _attribute_says_norm(name) or _NORM_WORD_CLASS.search(class_name) is not None
 
 
 @dataclass(frozen=True)
@@ -131,7 +229,7 @@ class ParameterRoles(Mapping[str, str]):
             prefix = f"{module_name}." if module_name else ""
             own_params = [prefix + n for n, _ in sub.named_parameters(recurse=False)]
             own_buffers = [prefix + n for n, _ in sub.named_buffers(recurse=False)]
-            if isinstance(sub, NORM_TYPES):
+            if is_norm_module(sub, module_name):
                 norm.update(own_params + own_buffers)
             if own_params:
                 # Buffers (running statistics) follow the layer they belong to.
@@ -160,7 +258,7 @@ class ParameterRoles(Mapping[str, str]):
         return name in self._buffers
 
     def is_norm(self, name: str) -> bool:
-        """Whether ``name`` belongs to a normalization layer (BatchNorm, GroupNorm, LayerNorm...)."""
+        """Whether ``name`` is a parameter or buffer of a normalization layer (see :func:`is_norm_module`)."""
         return name in self._norm
 
     def with_roles(self, updates: Mapping[str, str]) -> ParameterRoles:
