@@ -4,11 +4,12 @@ import math
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 from torch import nn
 
 from fedlit.roles import ParameterRoles
-from fedlit.strategies import ClientUpdate, FedAdagrad, FedAdam, FedAvg, FedYogi
-from tests.conftest import assert_resume_is_exact
+from fedlit.strategies import ClientUpdate, FedAdagrad, FedAdam, FedYogi
+from tests.conftest import assert_resume_is_exact, make_federation
 
 
 def updates(*states, counts):
@@ -29,21 +30,48 @@ def test_fedadam_one_step_by_hand():
     assert strategy.v["w"].tolist() == pytest.approx([0.0049, 0.000625], rel=1e-12)
 
 
-def test_fedyogi_two_steps_by_hand():
-    strategy = FedYogi(eta=0.1, tau=0.01, beta_1=0.9, beta_2=0.99)
+# Three server steps from x = 0 with one client, eta = 0.1, tau = 0.01, beta_1 = 0.9, beta_2 = 0.99, no bias
+# correction. The client moves the model by Delta = 1, then 0.05, then 0.5:
+#   m_1 = 0.1 * 1 = 0.1;  m_2 = 0.9 * 0.1 + 0.1 * 0.05 = 0.095;  m_3 = 0.9 * 0.095 + 0.1 * 0.5 = 0.1355
+# Adam     v_t = 0.99 v + 0.01 Delta^2:            0.01,  0.0099 + 0.000025 = 0.009925,
+#                                                   0.99 * 0.009925 + 0.0025 = 0.01232575
+# Yogi     v_t = v - 0.01 Delta^2 sign(v - Delta^2): 0 + 0.01 = 0.01 (v < Delta^2: grows, as Adam's),
+#                                                   0.01 - 0.000025 = 0.009975 (v > Delta^2: shrinks),
+#                                                   0.009975 + 0.0025 = 0.012475 (v < Delta^2: grows)
+# Adagrad  v_t = v + Delta^2:                       1,  1.0025,  1.2525
+# and x_t = x_{t-1} + 0.1 m_t / (sqrt(v_t) + 0.01).
+HAND_M = [0.1, 0.095, 0.1355]
+HAND_V = {
+    "FedAdam": [0.01, 0.009925, 0.01232575],
+    "FedYogi": [0.01, 0.009975, 0.012475],
+    "FedAdagrad": [1.0, 1.0025, 1.2525],
+}
+RULES = {"FedAdam": FedAdam, "FedYogi": FedYogi, "FedAdagrad": FedAdagrad}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_three_server_steps_by_hand(rule):
+    kwargs = {"eta": 0.1, "tau": 0.01, "beta_1": 0.9}
+    strategy = RULES[rule](**kwargs) if rule == "FedAdagrad" else RULES[rule](**kwargs, beta_2=0.99)
     strategy.initialize({"w": torch.tensor([0.0], dtype=torch.float64)}, ["a"])
-    # round 1: Delta = 1; m = 0.1; v = 0 - 0.01 * 1 * sign(0 - 1) = 0.01; x = 0.1 * 0.1 / (0.1 + 0.01) = 1 / 11
-    x1 = strategy.aggregate(1, updates({"w": [1.0]}, counts=[5]))["w"].item()
-    assert x1 == pytest.approx(1 / 11, rel=1e-12)
-    # round 2: Delta = 0.05, Delta^2 = 0.0025; v - Delta^2 = 0.0075 > 0, so v = 0.01 - 0.01 * 0.0025 = 0.009975
-    # (Adam would give 0.99 * 0.01 + 0.01 * 0.0025 = 0.009925); m = 0.9 * 0.1 + 0.1 * 0.05 = 0.095
-    x2 = strategy.aggregate(2, updates({"w": [x1 + 0.05]}, counts=[5]))["w"].item()
-    assert strategy.v["w"].item() == pytest.approx(0.009975, rel=1e-12)
-    assert strategy.m["w"].item() == pytest.approx(0.095, rel=1e-12)
-    assert x2 == pytest.approx(1 / 11 + 0.1 * 0.095 / (math.sqrt(0.009975) + 0.01), rel=1e-12)
+    x = 0.0
+    for server_round, (delta, m, v) in enumerate(zip([1.0, 0.05, 0.5], HAND_M, HAND_V[rule], strict=True), 1):
+        upload = strategy.global_state["w"].item() + delta
+        out = strategy.aggregate(server_round, updates({"w": [upload]}, counts=[5]))["w"].item()
+        x = x + 0.1 * m / (math.sqrt(v) + 0.01)
+        assert strategy.m["w"].item() == pytest.approx(m, rel=1e-12), server_round
+        assert strategy.v["w"].item() == pytest.approx(v, rel=1e-12), server_round
+        assert out == pytest.approx(x, rel=1e-12), server_round
 
 
-def test_fedadagrad_accumulates_squared_deltas():
+def test_the_hand_worked_rules_differ_where_the_test_can_see_it():
+    # Adam and Yogi agree after round 1 (v starts at 0) and differ from round 2 on, in both of Yogi's branches
+    assert HAND_V["FedAdam"][0] == HAND_V["FedYogi"][0]
+    for t in (1, 2):
+        assert abs(HAND_V["FedAdam"][t] - HAND_V["FedYogi"][t]) > 1e-6 * HAND_V["FedAdam"][t]
+
+
+def test_fedadagrad_without_momentum():
     strategy = FedAdagrad(eta=0.1, tau=0.01, beta_1=0.0)
     strategy.initialize({"w": torch.tensor([0.0], dtype=torch.float64)}, ["a"])
     # round 1: Delta = 0.3, v = 0.09, m = Delta: x = 0.1 * 0.3 / (0.3 + 0.01)
@@ -121,18 +149,67 @@ def test_constructors_name_bad_options():
                                "bias_correction=False)")
 
 
-def test_fedopt_differs_from_fedavg_in_a_real_run(tmp_path):
-    from tests.conftest import make_federation
+class Recorder(Callback):
+    """The server model each round's clients received and the uploads the strategy aggregated."""
 
-    adam = make_federation(tmp_path / "adam", FedAdam(eta=0.05), rounds=1)
-    adam.fit()
-    avg = make_federation(tmp_path / "avg", FedAvg(), rounds=1)
-    avg.fit()
-    a, b = adam.strategy.global_state, avg.strategy.global_state
-    assert a.keys() == b.keys() and any(not torch.allclose(a[k].float(), b[k].float()) for k in a)
-    roles = adam.module.parameter_roles()
-    assert set(adam.strategy.m) == {k for k, t in a.items() if t.is_floating_point() and not roles.is_buffer(k)}
-    assert any("running_var" in k for k in a) and not any("running" in k for k in adam.strategy.m)
+    def __init__(self):
+        self.received, self.uploads = {}, {}
+
+    def on_client_fit_start(self, server_round, received):
+        self.received[server_round] = {n: t.detach().clone() for n, t in received.items()}
+
+    def on_before_aggregate(self, server_round, updates):
+        self.uploads[server_round] = [({n: t.detach().clone() for n, t in u.state.items()}, u.num_examples)
+                                      for u in updates]
+
+
+def reference_server_step(rule, x, uploads, m, v, buffers, eta, tau, beta_1, beta_2):
+    """Algorithm 2 of Reddi et al. written out again, in float64: the n_k-weighted mean of the uploads gives
+    Delta; parameters take the rule's step, buffers the weighted mean (integers rounded)."""
+    total = sum(n for _, n in uploads)
+    out = {}
+    for name, value in x.items():
+        mean = sum(n * state[name].double() for state, n in uploads) / total
+        if not value.is_floating_point() or name in buffers:
+            out[name] = mean if value.is_floating_point() else mean.round()
+            continue
+        delta = mean - value.double()
+        m[name] = beta_1 * m.get(name, 0.0) + (1 - beta_1) * delta
+        v_prev = v.get(name, torch.zeros_like(delta))
+        if rule == "FedAdam":
+            v[name] = beta_2 * v_prev + (1 - beta_2) * delta**2
+        elif rule == "FedYogi":
+            v[name] = v_prev - (1 - beta_2) * delta**2 * torch.sign(v_prev - delta**2)
+        else:
+            v[name] = v_prev + delta**2
+        out[name] = value.double() + eta * m[name] / (v[name].sqrt() + tau)
+    return out
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_real_runs_take_their_own_rules_server_steps(tmp_path, rule):
+    # beta_2 = 0.5 so that Adam's and Yogi's v part clearly in round 2
+    hp = {"eta": 0.05, "tau": 0.01, "beta_1": 0.9, "beta_2": 0.5}
+    recorder = Recorder()
+    strategy = RULES[rule](**{k: val for k, val in hp.items() if rule != "FedAdagrad" or k != "beta_2"})
+    run = make_federation(tmp_path, strategy, rounds=2, callbacks=[recorder])
+    run.fit()
+    roles = run.module.parameter_roles()
+    buffers = {n for n in strategy.global_state if roles.is_buffer(n)}
+    assert any("running_var" in n for n in buffers) and any("num_batches_tracked" in n for n in buffers)
+    assert set(strategy.m) == set(strategy.global_state) - buffers  # parameters only
+    observed = {1: recorder.received[2], 2: strategy.global_state}
+    for candidate in RULES:
+        m, v, x = {}, {}, recorder.received[1]
+        gaps = []
+        for server_round in (1, 2):
+            x = reference_server_step(candidate, x, recorder.uploads[server_round], m, v, buffers, **hp)
+            gaps.append(max((x[n] - observed[server_round][n].double()).abs().max().item() for n in x))
+        if candidate == rule:
+            assert max(gaps) < 1e-6, (rule, gaps)
+        else:
+            # the other rules' steps are far from what this run took: the test would catch a swapped rule
+            assert max(gaps) > 1e-3, (rule, candidate, gaps)
 
 
 def test_fedadam_resumes_exactly(tmp_path):
