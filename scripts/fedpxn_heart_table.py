@@ -1,4 +1,4 @@
-"""Gather the seed-003 comparison's per-hospital tables from its run folders (docs/fedpxn_heart.md).
+"""Gather the per-hospital tables of the FedPxN paper's comparison on Fed-Heart-Disease from its run folders.
 
 Run after the nine recipes (see docs/fedpxn_heart.md):  python scripts/fedpxn_heart_table.py [runs/fedpxn_heart]
 """
