@@ -1,4 +1,5 @@
-"""FedPxN = FedBN + FedProx on the non-normalization shared tensors (seed 003), and the code's variant."""
+"""FedPxN (Yang et al., "Towards the Practical Utility of Federated Learning in the Medical Domain", CHIL 2023) =
+FedBN + FedProx on the non-normalization shared tensors, and the variant of the authors' code."""
 
 import pytest
 import torch

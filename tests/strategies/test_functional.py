@@ -1,4 +1,5 @@
-"""Property tests of the aggregation math (STYLE.md's list) and hand-worked values."""
+"""Property tests of the aggregation math (identity, order, scale, range, one client, dtypes, errors) and
+hand-worked values."""
 
 import pytest
 import torch
