@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fedlit.data.splits import SPLITS
+from fedlit.errors import DataError
 
 TaskType = Literal["multiclass", "binary", "multilabel"]
 SplitName = Literal["train", "val", "test"]
@@ -90,6 +91,12 @@ class FederatedDataModule(ABC):
     Everything is built once, lazily, by ``setup()`` (called for you by every accessor), from ``seed`` alone:
     the same seed gives the same clients and splits. Client ids are strings in a stable order.
 
+    ``setup()`` refuses a pool it cannot train on, naming the data set class, the sample index and the value:
+    non-finite inputs (floating pools; compact pools such as uint8 images are checked by their data set when
+    read) or targets, multiclass targets outside ``[0, num_classes)``, binary or multilabel targets other than
+    0/1, split indices outside the pool, and a client with an empty train or test split (an empty val split is
+    allowed: the data set then has no validation split).
+
     Args:
         batch_size: training batch size.
         eval_batch_size: batch size of the val/test loaders (default: ``batch_size``).
@@ -124,15 +131,24 @@ class FederatedDataModule(ABC):
         """Load or generate the pool and form the clients' splits; called once by ``setup()``."""
 
     def setup(self) -> None:
-        """Build the pool and the clients' splits (only the first call does work)."""
-        if self._data is None:
-            self._data = self._build()
+        """Build the pool and the clients' splits, and check them (only the first call does work).
+
+        Raises:
+            DataError: if the pool holds a non-finite value or an out-of-range target, or a client has an empty
+                train or test split (every problem found is listed).
+        """
+        self._checked()
 
     @property
     def data(self) -> PartitionedData:
-        """The built pool and splits (builds them on first access)."""
+        """The built and checked pool and splits (built by ``setup()`` on first access)."""
+        return self._checked()
+
+    def _checked(self) -> PartitionedData:
         if self._data is None:
-            self._data = self._build()
+            data = self._build()
+            _check(data, type(self).__name__)
+            self._data = data
         return self._data
 
     @property
@@ -228,6 +244,83 @@ class FederatedDataModule(ABC):
             drop_last=False,
             num_workers=self.num_workers,
         )
+
+
+def _check(data: PartitionedData, owner: str) -> None:
+    """Refuse a pool no client could train or be evaluated on; ``owner`` (the data set class) names it."""
+    where = f"{owner} ({data.name})"
+    problems = []
+    inputs, targets = data.inputs, data.targets
+    if len(inputs) != len(targets):
+        problems.append(f"{where} has {len(inputs)} input samples but {len(targets)} targets")
+    # One pass over the pool; the per-sample search only runs when something is wrong.
+    if inputs.is_floating_point() and not torch.isfinite(inputs).all():
+        problems.append(_non_finite(where, "input", inputs))
+    if targets.is_floating_point() and not torch.isfinite(targets).all():
+        problems.append(_non_finite(where, "target", targets))
+    elif data.task == "multiclass":
+        if targets.is_floating_point() or targets.dtype == torch.bool:
+            problems.append(
+                f"{where}: multiclass targets must be integers (int64), got {targets.dtype}; convert them "
+                "with .long(), or declare the task binary or multilabel"
+            )
+        else:
+            bad = (targets < 0) | (targets >= data.num_classes)
+            if bad.any():
+                first = int(bad.reshape(len(targets), -1).any(dim=1).nonzero()[0, 0])
+                problems.append(
+                    f"{where}: target of sample {first} is {targets[first].tolist()}, outside the "
+                    f"{data.num_classes} classes 0..{data.num_classes - 1} ({int(bad.sum())} such targets); "
+                    "fix the labels or raise num_classes"
+                )
+    if data.task in ("binary", "multilabel") and torch.isfinite(targets.float()).all():
+        bad = (targets != 0) & (targets != 1)
+        if bad.any():
+            first = int(bad.reshape(len(targets), -1).any(dim=1).nonzero()[0, 0])
+            problems.append(
+                f"{where}: {data.task} targets must be 0 or 1, target of sample {first} is "
+                f"{targets[first].tolist()} ({int(bad.sum())} such values); binarize the labels or use the "
+                "multiclass task"
+            )
+    if not data.splits:
+        problems.append(f"{where} builds no client: its splits are empty")
+    for client_id, splits in data.splits.items():
+        missing = [s for s in SPLITS if s not in splits]
+        if missing:
+            problems.append(
+                f"{where}: client {client_id!r} has no {missing} split; give every client train, val and test "
+                "index arrays (an empty val array means no validation split)"
+            )
+            continue
+        sizes = {s: len(splits[s]) for s in SPLITS}
+        for split in ("train", "test"):
+            if sizes[split] == 0:
+                problems.append(
+                    f"client {client_id!r} has 0 {split} samples in {where} (train {sizes['train']}, val "
+                    f"{sizes['val']}, test {sizes['test']}): every client needs at least one train and one test "
+                    "sample; lower num_clients or change the partition (or split_fractions)"
+                )
+        for split in SPLITS:
+            indices = np.asarray(splits[split])
+            if len(indices) and (indices.min() < 0 or indices.max() >= len(targets)):
+                bad_index = int(indices[(indices < 0) | (indices >= len(targets))][0])
+                problems.append(
+                    f"{where}: client {client_id!r}'s {split} split holds index {bad_index}, outside the pool "
+                    f"of {len(targets)} samples"
+                )
+    if problems:
+        raise DataError("; ".join(problems))
+
+
+def _non_finite(where: str, kind: str, values: torch.Tensor) -> str:
+    bad = ~torch.isfinite(values.reshape(len(values), -1))
+    rows = bad.any(dim=1).nonzero()[:, 0]
+    first = int(rows[0])
+    value = values.reshape(len(values), -1)[first][bad[first]][0].item()
+    return (
+        f"{where}: {kind} of sample {first} holds {value} ({len(rows)} samples with a non-finite {kind}); "
+        "fix or drop those samples in the source data"
+    )
 
 
 def _is_int(value: object) -> bool:

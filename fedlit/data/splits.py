@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedlit.errors import DataError
+
 SPLITS = ("train", "val", "test")
 
 
@@ -91,14 +93,14 @@ def split_clients(
     index).
 
     Raises:
-        ValueError: if a client has fewer samples than the splits it must fill.
+        DataError: if a client has fewer samples than the splits it must fill (naming the client).
     """
     splits: dict[str, dict[str, np.ndarray]] = {}
     for client_id, part in zip(client_ids, parts, strict=True):
         needed = sum(f > 0 for f in fractions)
         if len(part) < needed:
-            raise ValueError(
-                f"client {client_id} got {len(part)} samples, fewer than the {needed} non-empty splits of "
+            raise DataError(
+                f"client {client_id!r} got {len(part)} samples, fewer than the {needed} non-empty splits of "
                 f"data.init_args.split_fractions={tuple(fractions)}: lower data.init_args.num_clients or "
                 "use a partitioner that gives larger clients (e.g. a larger Dirichlet min_size)"
             )

@@ -244,7 +244,7 @@ def test_split_clients_with_zero_val_fraction_gives_empty_val() -> None:
     splits = split_clients([np.arange(0, 20), np.arange(20, 40)], labels, (0.5, 0.0, 0.5),
                            np.random.default_rng(0), ["a", "b"])  # fmt: skip
     assert [len(splits["a"][s]) for s in ("train", "val", "test")] == [10, 0, 10]
-    with pytest.raises(ValueError, match=r"client b got 2 samples, fewer than the 3 non-empty splits"):
+    with pytest.raises(ValueError, match=r"client 'b' got 2 samples, fewer than the 3 non-empty splits"):
         split_clients(
             [np.arange(5), np.arange(5, 7)], labels, (0.4, 0.3, 0.3), np.random.default_rng(0), ["a", "b"]
         )
