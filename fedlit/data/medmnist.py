@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -14,8 +16,11 @@ import torch.nn.functional as F
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, TaskType
 from fedlit.data.partition import Dirichlet, Partitioner
 from fedlit.data.splits import check_split_fractions, split_clients
+from fedlit.errors import DataError
 
 _SPLITS = ("train", "val", "test")
+_KEYS = tuple(f"{split}_{kind}" for split in _SPLITS for kind in ("images", "labels"))
+_ZENODO = "https://zenodo.org/records/10519652"
 _TASKS = ("auto", "multiclass", "binary", "multilabel")
 
 
@@ -52,6 +57,10 @@ class MedMNIST(FederatedDataModule):
     train/val/test by ``split_fractions`` (4:3:3), stratified by label. Images are kept as uint8 and turned
     into float32 batches when read: (x / 255 - 0.5) / 0.5 if ``normalize``. For multilabel sets (ChestMNIST)
     partitions and strata use each image's rarest positive label (an extra "none" class for all-negative).
+
+    The file is checked when the data is built: an unreadable archive (truncated, not a zip, a missing key, an
+    array of Python objects), non-finite pixels or labels, labels that are negative or not whole numbers, and
+    binary or multilabel labels other than 0/1 are refused naming the file, the key and the first bad index.
 
     Args:
         path: the ``.npz`` file (keys ``{train,val,test}_{images,labels}``).
@@ -117,24 +126,20 @@ class MedMNIST(FederatedDataModule):
         self.normalize = normalize
 
     def _build(self) -> PartitionedData:
-        with np.load(self.path) as archive:
-            expected = [f"{s}_{kind}" for s in _SPLITS for kind in ("images", "labels")]
-            missing = [k for k in expected if k not in archive.files]
-            if missing:
-                raise ValueError(
-                    f"{self.path} (data.init_args.path) lacks keys {missing}; it has "
-                    f"{sorted(archive.files)}. A MedMNIST .npz has {expected}"
+        arrays = _load(self.path)
+        for split in _SPLITS:
+            n_images, n_labels = len(arrays[f"{split}_images"]), len(arrays[f"{split}_labels"])
+            if n_images != n_labels:
+                raise DataError(
+                    f"{self.path}: {split}_images has {n_images} images but {split}_labels has {n_labels} "
+                    f"labels; the file is damaged: download it again from {_ZENODO}"
                 )
-            images = np.concatenate([archive[f"{s}_images"] for s in _SPLITS])
-            labels = np.concatenate(
-                [archive[f"{s}_labels"].reshape(len(archive[f"{s}_labels"]), -1) for s in _SPLITS]
-            )
-            sizes = [len(archive[f"{s}_labels"]) for s in _SPLITS]
+        images = np.concatenate([arrays[f"{s}_images"] for s in _SPLITS])
+        labels = np.concatenate([arrays[f"{s}_labels"].reshape(len(arrays[f"{s}_labels"]), -1) for s in _SPLITS])
+        sizes = [len(arrays[f"{s}_labels"]) for s in _SPLITS]
         if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] not in (1, 3)):
-            raise ValueError(f"{self.path}: images must be (N, H, W) or (N, H, W, 3), got {images.shape}")
-        if len(images) != len(labels):
-            raise ValueError(f"{self.path}: {len(images)} images but {len(labels)} labels")
-        task, num_classes, targets, strata = self._resolve_task(labels)
+            raise DataError(f"{self.path}: images must be (N, H, W) or (N, H, W, 3), got {images.shape}")
+        task, num_classes, targets, strata = self._resolve_task(labels, sizes)
 
         inputs = (
             torch.from_numpy(images).unsqueeze(1)
@@ -165,18 +170,32 @@ class MedMNIST(FederatedDataModule):
             },
         )
 
-    def _resolve_task(self, labels: np.ndarray) -> tuple[TaskType, int, torch.Tensor, np.ndarray]:
-        """Task, class count, target tensor and one stratum label per sample (for partition and splits)."""
+    def _resolve_task(
+        self, labels: np.ndarray, sizes: list[int]
+    ) -> tuple[TaskType, int, torch.Tensor, np.ndarray]:
+        """Task, class count, target tensor and one stratum label per sample (for partition and splits);
+        ``labels`` are the pooled (N, L) labels, ``sizes`` the samples of each official split in the pool."""
         single = labels.shape[1] == 1
         task = self.requested_task
         if task == "auto":
             task = "multiclass" if single else "multilabel"
         if single == (task == "multilabel"):
-            raise ValueError(
+            raise DataError(
                 f"data.init_args.task={self.requested_task!r} does not fit labels of shape {labels.shape} in "
                 f"{self.path}: multiclass and binary need one label column, multilabel several; use task: "
                 "auto"
             )
+        if task in ("binary", "multilabel"):
+            bad = ~np.isin(labels, (0, 1))
+            if bad.any():
+                row, column = np.argwhere(bad)[0]
+                key, index = _locate(int(row), sizes)
+                where = f"{key}[{index}]" if single else f"{key}[{index}, {column}]"
+                fix = "use task: multiclass" if task == "binary" else "binarize the labels"
+                raise DataError(
+                    f"data.init_args.task={task!r} needs 0/1 labels; {self.path}: {where} is "
+                    f"{labels[row, column].item()} (labels present: {np.unique(labels).tolist()}): {fix}"
+                )
         if task == "multilabel":
             # Rarest positive label first, so that rare findings drive the partition; L = "no finding".
             frequency = labels.sum(axis=0)
@@ -185,13 +204,97 @@ class MedMNIST(FederatedDataModule):
             return "multilabel", labels.shape[1], torch.from_numpy(labels.astype(np.float32)), strata
         flat = labels[:, 0].astype(np.int64)
         if task == "binary":
-            if not np.isin(flat, (0, 1)).all():
-                raise ValueError(
-                    f"data.init_args.task='binary' needs 0/1 labels, {self.path} has "
-                    f"{np.unique(flat).tolist()}: use task: multiclass"
-                )
             return "binary", 1, torch.from_numpy(flat.astype(np.float32)), flat
         return "multiclass", int(flat.max()) + 1, torch.from_numpy(flat), flat
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    """The six arrays of a MedMNIST ``.npz``, read without unpickling anything.
+
+    Raises:
+        DataError: naming the file (and the key) when the file is not a readable ``.npz``, lacks a key, or
+            holds an array that is not plain numbers.
+    """
+    download = _download_hint(path)
+    try:
+        archive = np.load(path)
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as err:
+        # NumPy's message for a file that is neither a zip nor a .npy talks about pickles: not our advice.
+        why = f"{type(err).__name__}: {err}"
+        if isinstance(err, ValueError):
+            why = "it starts neither like a zip archive nor like a .npy array"
+        raise DataError(
+            f"{path} (data.init_args.path) is not a readable .npz archive ({why}); the file is truncated or "
+            f"is not a MedMNIST file: {download}"
+        ) from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(
+            f"{path} (data.init_args.path) holds a single .npy array, not a .npz archive with the keys "
+            f"{list(_KEYS)}: {download}"
+        )
+    arrays = {}
+    with archive:
+        missing = [key for key in _KEYS if key not in archive.files]
+        if missing:
+            raise DataError(
+                f"{path} (data.init_args.path) lacks keys {missing}; it has {sorted(archive.files)}. A MedMNIST "
+                f".npz has {list(_KEYS)}: {download}"
+            )
+        for key in _KEYS:
+            try:
+                arrays[key] = archive[key]
+            except ValueError as err:
+                if "pickle" not in str(err) and "Object arrays" not in str(err):
+                    raise DataError(f"{path}: key {key!r} cannot be read ({err}); {download}") from None
+                raise DataError(
+                    f"{path}: key {key!r} holds Python objects (an object array), which fedlit does not load: a "
+                    f"MedMNIST file holds plain numeric arrays; {download}, or save the arrays again as numbers "
+                    "(e.g. images.astype(np.uint8))"
+                ) from None
+            except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as err:
+                raise DataError(
+                    f"{path}: key {key!r} cannot be read ({type(err).__name__}: {err}); the file is damaged: "
+                    f"{download}"
+                ) from None
+            _check_values(path, key, arrays[key])
+    return arrays
+
+
+def _check_values(path: Path, key: str, array: np.ndarray) -> None:
+    """Refuse an array of ``key`` that is not numeric, holds NaN/Inf, or (labels) negative or fractional values."""
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise DataError(
+            f"{path}: key {key!r} must hold numbers, got dtype {array.dtype}: {_download_hint(path)}"
+        )
+    floating = np.issubdtype(array.dtype, np.floating)
+    checks = [(floating, lambda a: ~np.isfinite(a), "not a finite number")]
+    if key.endswith("_labels"):
+        checks += [
+            (True, lambda a: a < 0, "a negative label (labels are class numbers 0, 1, ...)"),
+            (floating, lambda a: np.isfinite(a) & (a != np.round(a)), "not a whole number (labels are class numbers)"),
+        ]
+    for applies, find, what in checks:
+        if not applies:
+            continue
+        with np.errstate(invalid="ignore"):
+            bad = find(array)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DataError(
+                f"{path}: {key}[{', '.join(map(str, index))}] is {array[index].item()}, {what}; "
+                f"{int(bad.sum())} such values in {key}. Fix the file or {_download_hint(path)}"
+            )
+
+
+def _download_hint(path: Path) -> str:
+    return f"download {path.stem}.npz again from {_ZENODO}"
+
+
+def _locate(row: int, sizes: list[int]) -> tuple[str, int]:
+    """The labels key and the index in it of pool row ``row`` (pool rows: train, then val, then test)."""
+    ends = np.cumsum(sizes)
+    split = int(np.searchsorted(ends, row, side="right"))
+    return f"{_SPLITS[split]}_labels", row - (int(ends[split - 1]) if split else 0)
 
 
 def _missing_file_message(path: Path) -> str:

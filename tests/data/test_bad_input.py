@@ -24,6 +24,157 @@ PNEUMONIA = SHARED_DATA / "pneumoniamnist" / "pneumoniamnist.npz"
 KEYS = [f"{s}_{k}" for s in ("train", "val", "test") for k in ("images", "labels")]
 
 
+# MedMNIST ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pneumonia_slice() -> dict[str, np.ndarray]:
+    """The first 40 / 12 / 12 samples of each official split of the real PneumoniaMNIST file."""
+    if not PNEUMONIA.is_file():
+        pytest.skip(f"real PneumoniaMNIST file {PNEUMONIA} is absent (shared/data beside the repository)")
+    with np.load(PNEUMONIA) as f:
+        return {key: f[key][: 40 if key.startswith("train") else 12] for key in KEYS}
+
+
+def _write(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def test_medmnist_slice_of_the_real_file_loads(tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]) -> None:
+    data = MedMNIST(path=_write(tmp_path / "pneumoniamnist.npz", pneumonia_slice), num_clients=2)
+    assert data.task == "multiclass" and data.num_classes == 2 and len(data.data.targets) == 64
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(np.nan, "nan"), (np.inf, "inf")])
+def test_medmnist_non_finite_pixel_names_file_key_and_index(
+    tmp_path: Path, pneumonia_slice: dict[str, np.ndarray], bad: float, shown: str
+) -> None:
+    arrays = dict(pneumonia_slice, val_images=pneumonia_slice["val_images"].astype(np.float32))
+    arrays["val_images"][5, 3, 7] = bad
+    arrays["val_images"][9, 0, 0] = bad
+    path = _write(tmp_path / "pneumoniamnist.npz", arrays)
+    with pytest.raises(DataError) as info:
+        MedMNIST(path=path, num_clients=2).setup()
+    assert f"{path}: val_images[5, 3, 7] is {shown}, not a finite number; 2 such values in val_images" in str(
+        info.value
+    )
+
+
+def test_medmnist_non_finite_label_names_the_key(tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]) -> None:
+    arrays = dict(pneumonia_slice, test_labels=pneumonia_slice["test_labels"].astype(np.float64))
+    arrays["test_labels"][4, 0] = np.nan
+    path = _write(tmp_path / "pneumoniamnist.npz", arrays)
+    with pytest.raises(DataError, match=re.escape(f"{path}: test_labels[4, 0] is nan, not a finite number")):
+        MedMNIST(path=path, num_clients=2).setup()
+
+
+def test_medmnist_truncated_file(tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]) -> None:
+    whole = _write(tmp_path / "whole.npz", pneumonia_slice).read_bytes()
+    path = tmp_path / "pneumoniamnist.npz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError) as info:
+        MedMNIST(path=path, num_clients=2).setup()
+    message = str(info.value)
+    assert f"{path} (data.init_args.path) is not a readable .npz archive (BadZipFile" in message
+    assert "download pneumoniamnist.npz again from https://zenodo.org/records/10519652" in message
+    assert "pickle" not in message
+
+
+@pytest.mark.parametrize("content", [b"", b"age,sex\n63,1\n"], ids=["empty", "text"])
+def test_medmnist_not_a_zip(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "pneumoniamnist.npz"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as info:
+        MedMNIST(path=path, num_clients=2).setup()
+    message = str(info.value)
+    assert f"{path} (data.init_args.path) is not a readable .npz archive" in message
+    assert "download pneumoniamnist.npz again" in message
+    assert "pickle" not in message and info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_medmnist_single_npy_array(tmp_path: Path) -> None:
+    path = tmp_path / "pneumoniamnist.npz"
+    with path.open("wb") as f:
+        np.save(f, np.zeros((4, 28, 28), np.uint8))
+    with pytest.raises(DataError, match=re.escape(f"{path} (data.init_args.path) holds a single .npy array")):
+        MedMNIST(path=path, num_clients=2).setup()
+
+
+def test_medmnist_damaged_member(tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]) -> None:
+    path = _write(tmp_path / "pneumoniamnist.npz", pneumonia_slice)
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("train_images.npy")
+    raw = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename) + 200  # inside the pixels, past the .npy header
+    raw[start : start + 50] = bytes(50)  # zeros: the CRC-32 no longer matches
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=re.escape(f"{path}: key 'train_images' cannot be read (BadZipFile")):
+        MedMNIST(path=path, num_clients=2).setup()
+
+
+def test_medmnist_missing_key_is_a_data_error(tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]) -> None:
+    arrays = {k: v for k, v in pneumonia_slice.items() if k != "test_labels"}
+    path = _write(tmp_path / "pneumoniamnist.npz", arrays)
+    with pytest.raises(DataError, match=re.escape(f"{path} (data.init_args.path) lacks keys ['test_labels']")):
+        MedMNIST(path=path, num_clients=2).setup()
+
+
+def test_medmnist_object_array_is_refused_without_advising_pickle(
+    tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]
+) -> None:
+    labels = np.empty(12, dtype=object)
+    labels[:] = [[int(v)] for v in pneumonia_slice["val_labels"][:, 0]]
+    path = _write(tmp_path / "pneumoniamnist.npz", dict(pneumonia_slice, val_labels=labels))
+    with pytest.raises(DataError) as info:
+        MedMNIST(path=path, num_clients=2).setup()
+    message = str(info.value)
+    assert f"{path}: key 'val_labels' holds Python objects (an object array), which fedlit does not load" in message
+    assert "allow_pickle" not in message and "pickle" not in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_medmnist_negative_label(tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]) -> None:
+    arrays = dict(pneumonia_slice, train_labels=pneumonia_slice["train_labels"].astype(np.int64))
+    arrays["train_labels"][17, 0] = -1
+    path = _write(tmp_path / "pneumoniamnist.npz", arrays)
+    with pytest.raises(DataError, match=re.escape(f"{path}: train_labels[17, 0] is -1, a negative label")):
+        MedMNIST(path=path, num_clients=2).setup()
+
+
+def test_medmnist_fractional_label(tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]) -> None:
+    arrays = dict(pneumonia_slice, val_labels=pneumonia_slice["val_labels"].astype(np.float32))
+    arrays["val_labels"][3, 0] = 0.5
+    path = _write(tmp_path / "pneumoniamnist.npz", arrays)
+    with pytest.raises(DataError, match=re.escape(f"{path}: val_labels[3, 0] is 0.5, not a whole number")):
+        MedMNIST(path=path, num_clients=2).setup()
+
+
+def test_medmnist_binary_label_out_of_range_names_key_and_index(
+    tmp_path: Path, pneumonia_slice: dict[str, np.ndarray]
+) -> None:
+    arrays = dict(pneumonia_slice, test_labels=pneumonia_slice["test_labels"].copy())
+    arrays["test_labels"][6, 0] = 2
+    path = _write(tmp_path / "pneumoniamnist.npz", arrays)
+    with pytest.raises(
+        DataError,
+        match=re.escape(f"task='binary' needs 0/1 labels; {path}: test_labels[6] is 2 (labels present: [0, 1, 2])"),
+    ):
+        MedMNIST(path=path, num_clients=2, task="binary").setup()
+
+
+def test_medmnist_multilabel_label_out_of_range(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 20), ("val", 6), ("test", 6)):
+        arrays[f"{split}_images"] = rng.integers(0, 256, (n, 8, 8), dtype=np.uint8)
+        arrays[f"{split}_labels"] = (rng.random((n, 3)) < 0.4).astype(np.uint8)
+    arrays["val_labels"][2, 1] = 3
+    path = _write(tmp_path / "tinychestmnist.npz", arrays)
+    with pytest.raises(DataError, match=re.escape(f"{path}: val_labels[2, 1] is 3 (labels present: [0, 1, 3])")):
+        MedMNIST(path=path, num_clients=2).setup()
+
+
 # FederatedDataModule: the generic checks of the pool and the splits --------------------------------------------
 
 
