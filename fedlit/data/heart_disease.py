@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import math
 import os
 from pathlib import Path
 
@@ -12,15 +14,23 @@ from sklearn.model_selection import train_test_split
 
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData
 from fedlit.data.splits import stratified_split
+from fedlit.errors import DataError
 
 CENTERS = ("cleveland", "hungarian", "switzerland", "va")
 FILES = tuple(f"processed.{center}.data" for center in CENTERS)
+# The 14 columns of a processed file, as the UCI documentation (and some mirrors' header line) names them.
+COLUMNS = (
+    "age", "sex", "cp", "trestbps", "chol", "fbs", "restecg", "thalach", "exang", "oldpeak", "slope", "ca",
+    "thal", "target",
+)  # fmt: skip
 # The 13 inputs after FLamby's preprocessing: 8 kept columns, then one-hot cp (2..4) and restecg (1..2).
 FEATURE_NAMES = (
     "age", "sex", "trestbps", "chol", "fbs", "thalach", "exang", "oldpeak",
     "cp_2", "cp_3", "cp_4", "restecg_1", "restecg_2",
 )  # fmt: skip
 _URL = "https://archive.ics.uci.edu/dataset/45/heart+disease"
+# The UCI "num" column: 0 = no disease, 1-4 = disease; the label is target > 0.
+_DIAGNOSES = (0.0, 1.0, 2.0, 3.0, 4.0)
 
 
 class FedHeartDisease(FederatedDataModule):
@@ -43,6 +53,10 @@ class FedHeartDisease(FederatedDataModule):
     (seeded by ``seed``) to a validation split; the standardization then uses the remaining train rows only.
     Files with a header line (as some mirrors ship them) are read too. The pool is the 4 centers' kept rows in
     ``CENTERS`` order; ``manifest()["details"]["rows"]`` maps them back to data rows of the files.
+
+    Only "?" and empty fields mean missing. Any other field must be a finite number within float32's range
+    (and the target one of 0..4): a "nan", "inf" or "1e400" (which parses to infinity) is refused when the data
+    is built, naming the file, line and column, rather than silently dropped or trained on.
 
     Args:
         root: folder holding the 4 ``processed.*.data`` files.
@@ -91,9 +105,17 @@ class FedHeartDisease(FederatedDataModule):
         val_rng = np.random.default_rng(self.seed)
         frames, labels, kept_rows, center_splits = [], [], {}, []
         for center, name in zip(CENTERS, FILES, strict=True):
-            df = _read(self.root / name).drop(columns=[10, 11, 12]).dropna(axis=0)
+            raw = _read(self.root / name)
+            df = raw.drop(columns=[10, 11, 12]).dropna(axis=0)
             y = (df.pop(13).to_numpy() > 0).astype(np.int64)
             n = len(df)
+            if n < 2:
+                # train_test_split(0.66 / 0.34) leaves the train or the test split empty below 2 rows.
+                raise DataError(
+                    f"client {center!r} ({self.root / name}): only {n} of its {len(raw)} data rows are complete "
+                    "(rows with a missing value outside slope, ca and thal are dropped); its 66/34 train/test "
+                    "split needs at least 2: restore the file from the UCI download"
+                )
             levels, counts = np.unique(y, return_counts=True)
             stratify = y if len(levels) > 1 and (counts > 2).all() else None
             train, test = train_test_split(
@@ -106,6 +128,12 @@ class FedHeartDisease(FederatedDataModule):
             )
             val = np.empty(0, dtype=np.int64)
             if self.val_fraction > 0:
+                if len(train) < 2:
+                    raise DataError(
+                        f"client {center!r} ({self.root / name}) has {len(train)} train row, too few to move "
+                        f"a share to validation (data.init_args.val_fraction={self.val_fraction}): set "
+                        "val_fraction to 0"
+                    )
                 train, val = stratified_split(
                     train, y[train], (1 - self.val_fraction, self.val_fraction), val_rng
                 )
@@ -117,7 +145,7 @@ class FedHeartDisease(FederatedDataModule):
         # One-hot over all centers together, as FLamby does, so every center has the same 13 columns.
         features = pd.get_dummies(pd.concat(frames, ignore_index=True), columns=[2, 6], drop_first=True)
         if features.shape[1] != len(FEATURE_NAMES):
-            raise ValueError(
+            raise DataError(
                 f"{self.root}: expected {len(FEATURE_NAMES)} features after one-hot encoding cp and restecg, "
                 f"got {features.shape[1]} ({list(features.columns)})"
                 "; are these the UCI processed.*.data files?"
@@ -151,20 +179,64 @@ class FedHeartDisease(FederatedDataModule):
 
 
 def _read(path: Path) -> pd.DataFrame:
-    """Read one processed file with integer column names 0..13, missing values ("?" or empty) as NaN."""
-    with path.open() as f:
-        first = f.readline().split(",")[0].strip()
+    """Read one processed file: integer column names 0..13, one row per data line (index: its number among the
+    data lines, from 0), missing values ("?" or empty) as NaN.
+
+    Raises:
+        DataError: naming the file, and the line and column of each field that is not a finite number within
+            float32's range (all such fields are found; the first few are listed), or of each line without 14
+            fields.
+    """
+    rows: list[list[float]] = []
+    problems: list[str] = []
+    float32_max = float(np.finfo(np.float32).max)
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        for fields in reader:
+            if len(fields) <= 1 and not "".join(fields).strip():
+                continue  # a blank line
+            line = reader.line_num
+            if not rows and not problems and not any(_is_number(field) for field in fields):
+                continue  # a mirror's "age,sex,..." header line, absent from the UCI files
+            if len(fields) != len(COLUMNS):
+                problems.append(
+                    f"line {line} has {len(fields)} comma-separated fields, expected {len(COLUMNS)} "
+                    "(13 features + target)"
+                )
+                continue
+            row = []
+            for column, field in zip(COLUMNS, fields, strict=True):
+                token = field.strip()
+                value = math.nan
+                if token not in ("?", ""):
+                    if not _is_number(token):
+                        problems.append(
+                            f"line {line}, column {column!r}: {field!r} is not a number; write a number, or '?' "
+                            "for a missing value"
+                        )
+                    elif not math.isfinite(value := float(token)) or abs(value) > float32_max:
+                        reads = "is not finite" if not math.isfinite(value) else "is beyond float32's range"
+                        problems.append(
+                            f"line {line}, column {column!r}: {field!r} {reads} (parses to {value:g}); write a "
+                            "finite number, or '?' if the value is missing (the row is then dropped, as FLamby "
+                            "does)"
+                        )
+                    elif column == "target" and value not in _DIAGNOSES:
+                        problems.append(
+                            f"line {line}, column 'target': {field!r} is not a diagnosis; the target is 0 (no "
+                            "disease) to 4, or '?' if it is missing"
+                        )
+                row.append(value)
+            rows.append(row)
+    if problems:
+        listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise DataError(f"{path}: {listed}")
+    return pd.DataFrame(rows, columns=range(len(COLUMNS)), dtype=np.float64)
+
+
+def _is_number(token: str) -> bool:
     try:
-        float(first)
-        header_lines = 0
+        float(token)
     except ValueError:
-        header_lines = 1  # a mirror's "age,sex,..." header line, absent from the UCI files
-    df = pd.read_csv(path, header=None, skiprows=header_lines, na_values=["?"])
-    if df.shape[1] != 14:
-        raise ValueError(
-            f"{path}: expected 14 comma-separated columns (13 features + target), got {df.shape[1]}"
-        )
-    try:
-        return df.apply(pd.to_numeric)
-    except ValueError as err:
-        raise ValueError(f"{path}: non-numeric value ({err}); expected numbers or '?' for missing") from err
+        return False
+    return True

@@ -24,6 +24,107 @@ PNEUMONIA = SHARED_DATA / "pneumoniamnist" / "pneumoniamnist.npz"
 KEYS = [f"{s}_{k}" for s in ("train", "val", "test") for k in ("images", "labels")]
 
 
+# Fed-Heart-Disease ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def heart_copy(tmp_path: Path) -> Path:
+    if not HEART.is_dir():
+        pytest.skip(f"real heart disease folder {HEART} is absent (shared/data beside the repository)")
+    root = tmp_path / "heart"
+    root.mkdir()
+    for name in FILES:
+        shutil.copy(HEART / name, root / name)
+    return root
+
+
+def _set_field(path: Path, line: int, column: int, value: str) -> None:
+    """Write ``value`` into field ``column`` of line ``line`` (1-based, the header is line 1) of a copy."""
+    lines = path.read_text().splitlines()
+    fields = lines[line - 1].split(",")
+    fields[column] = value
+    lines[line - 1] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("token", "shown"), [("1e400", "parses to inf"), ("nan", "parses to nan"), ("-inf", "parses to -inf")]
+)
+def test_heart_non_finite_value_names_file_line_and_column(heart_copy: Path, token: str, shown: str) -> None:
+    path = heart_copy / "processed.hungarian.data"
+    _set_field(path, 7, 4, token)  # chol of the 6th patient
+    with pytest.raises(DataError) as info:
+        FedHeartDisease(root=heart_copy).setup()
+    message = str(info.value)
+    assert f"{path}: line 7, column 'chol': '{token}' is not finite ({shown})" in message
+    assert "write a finite number, or '?' if the value is missing" in message
+
+
+def test_heart_value_beyond_float32_is_refused(heart_copy: Path) -> None:
+    path = heart_copy / "processed.va.data"
+    _set_field(path, 3, 0, "1e39")  # finite as a float64, infinite once stored as float32
+    with pytest.raises(DataError, match=re.escape(f"{path}: line 3, column 'age': '1e39' is beyond float32's")):
+        FedHeartDisease(root=heart_copy).setup()
+
+
+def test_heart_every_bad_field_is_listed(heart_copy: Path) -> None:
+    path = heart_copy / "processed.cleveland.data"
+    _set_field(path, 2, 0, "inf")
+    _set_field(path, 10, 13, "NaN")  # the target column
+    _set_field(path, 20, 3, "abc")
+    with pytest.raises(DataError) as info:
+        FedHeartDisease(root=heart_copy).setup()
+    message = str(info.value)
+    assert "line 2, column 'age': 'inf' is not finite" in message
+    assert "line 10, column 'target': 'NaN' is not finite" in message
+    assert "line 20, column 'trestbps': 'abc' is not a number; write a number, or '?' for a missing value" in message
+
+
+@pytest.mark.parametrize("token", ["-1", "7", "1.5"])
+def test_heart_target_outside_the_diagnoses(heart_copy: Path, token: str) -> None:
+    path = heart_copy / "processed.va.data"
+    _set_field(path, 12, 13, token)
+    with pytest.raises(
+        DataError, match=re.escape(f"{path}: line 12, column 'target': '{token}' is not a diagnosis; the target is 0")
+    ):
+        FedHeartDisease(root=heart_copy).setup()
+
+
+def test_heart_question_marks_and_empty_fields_stay_missing(heart_copy: Path) -> None:
+    """FLamby's protocol: '?' and empty fields are missing and their rows dropped; the result is unchanged."""
+    reference = FedHeartDisease(root=HEART)
+    path = heart_copy / "processed.cleveland.data"
+    _set_field(path, 2, 4, "?")  # the first patient's chol becomes missing: the row is dropped
+    _set_field(path, 3, 11, "")  # ca is dropped by the protocol anyway: the row stays
+    data = FedHeartDisease(root=heart_copy)
+    assert len(data.manifest()["details"]["rows"]["cleveland"]) == 302
+    assert data.manifest()["details"]["rows"]["cleveland"][:2] == [1, 2]
+    for center in ("hungarian", "switzerland", "va"):
+        pool = data.manifest()["details"]["pool"][center]
+        ref_pool = reference.manifest()["details"]["pool"][center]
+        assert pool[1] - pool[0] == ref_pool[1] - ref_pool[0]
+
+
+def test_heart_wrong_field_count_names_the_line(heart_copy: Path) -> None:
+    path = heart_copy / "processed.switzerland.data"
+    lines = path.read_text().splitlines()
+    lines[4] += ",1"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"{path}: line 5 has 15 comma-separated fields, expected 14")):
+        FedHeartDisease(root=heart_copy).setup()
+
+
+def test_heart_center_left_without_complete_rows_names_the_client(heart_copy: Path) -> None:
+    path = heart_copy / "processed.switzerland.data"
+    lines = path.read_text().splitlines()
+    complete = [line for line in lines[1:] if all(f.strip() not in ("", "?") for f in line.split(",")[:10])]
+    path.write_text("\n".join([lines[0], complete[0], lines[1]]) + "\n")  # header, one complete, one not
+    with pytest.raises(
+        DataError, match=re.escape(f"client 'switzerland' ({path}): only 1 of its 2 data rows are complete")
+    ):
+        FedHeartDisease(root=heart_copy).setup()
+
+
 # MedMNIST ------------------------------------------------------------------------------------------------------
 
 
