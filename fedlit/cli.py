@@ -4,16 +4,27 @@ A recipe has five sections: ``model`` (a FederatedModule, ``class_path`` + ``ini
 FederatedDataModule), ``strategy`` (a Strategy; short names such as ``FedAvg`` work), ``federation`` (the loop's
 settings: :class:`~fedlit.federation.Federation`'s keyword arguments) and optional ``callbacks``; plus
 ``out_dir``. Dotted overrides (``--federation.rounds 3``) and ``--print_config`` come from jsonargparse.
+
+A fresh ``fit`` writes into a new ``runs/<recipe>/version_<n>``, or into ``--out_dir``, which must not hold another
+run (see :mod:`fedlit.rundir`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
+checkpoint of the newest run of the recipe, or of ``--out_dir``; when that run has none, the command says so
+rather than falling back to an older run.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import difflib
+import importlib
+import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch import Callback
@@ -21,8 +32,10 @@ from lightning.pytorch import Callback
 import fedlit.strategies  # noqa: F401  (registers the built-in strategies for short names)
 from fedlit.checkpoint import LAST
 from fedlit.data import FederatedDataModule
+from fedlit.errors import CheckpointError, ConfigError, FedlitError
 from fedlit.federation import Federation
 from fedlit.module import FederatedModule
+from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
 from fedlit.strategies.base import Strategy
 
 SUBCOMMANDS = {
@@ -32,6 +45,9 @@ SUBCOMMANDS = {
 }
 SECTIONS = ("model", "data", "strategy")
 BASES: dict[str, type] = {"model": FederatedModule, "data": FederatedDataModule, "strategy": Strategy}
+LAST_KEYWORD = "last"
+#: Errors of parsing the recipe and building the objects: printed as one line (exit code 2).
+CONFIG_ERRORS = (argparse.ArgumentError, FedlitError, ValueError, TypeError, KeyError, FileNotFoundError)
 
 
 def _subparser(name: str) -> ArgumentParser:
@@ -69,80 +85,124 @@ def _recipe_name(cfg: Namespace) -> str:
     return "fedlit"
 
 
-def _resolve_out_dir(cfg: Namespace, subcommand: str) -> Path:
-    """``out_dir`` as given, else ``runs/<recipe>/version_<n>`` (the newest one when resuming or evaluating)."""
-    if cfg.out_dir:
-        return Path(cfg.out_dir)
-    root = Path("runs") / _recipe_name(cfg)
-    versions = sorted((int(m.group(1)), p) for p in root.glob("version_*")
-                      if (m := re.fullmatch(r"version_(\d+)", p.name)))
-    reuse = cfg.ckpt_path == "last" or subcommand != "fit"
-    if reuse and versions:
-        with_ckpt = [p for _, p in versions if (p / "checkpoints" / LAST).is_file()]
-        if with_ckpt:
-            return with_ckpt[-1]
-    return root / f"version_{versions[-1][0] + 1 if versions else 0}"
+def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | None]:
+    """The run folder and the checkpoint of a command; ``None`` as folder means a new ``runs/<recipe>/version_<n>``.
 
-
-def _resolve_ckpt(ckpt_path: str | None, out_dir: Path, subcommand: str) -> Path | None:
+    - ``fit``: ``--out_dir`` as given, else a new version; ``--ckpt_path last`` resumes the newest run of the
+      recipe (or the given ``--out_dir``) and never an older one silently.
+    - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``); without ``--out_dir`` a
+      checkpoint file is evaluated in its own run folder.
+    """
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    ckpt_path = cfg.ckpt_path if cfg.ckpt_path is not None or subcommand == "fit" else LAST_KEYWORD
     if ckpt_path is None:
-        if subcommand == "fit":
-            return None
-        ckpt_path = "last"
-    if ckpt_path == "last":
-        path = out_dir / "checkpoints" / LAST
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"--ckpt_path last: no checkpoint at {path}. Run `fedlit fit` with this recipe first, or give "
-                "--out_dir of the run to resume, or the path of a .ckpt file."
+        return out_dir, None
+    if ckpt_path != LAST_KEYWORD:
+        ckpt = Path(ckpt_path)
+        if out_dir is None and subcommand != "fit":
+            out_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+        return out_dir, ckpt
+    option = "--ckpt_path last" if cfg.ckpt_path is not None else f"fedlit {subcommand} (without --ckpt_path)"
+    if out_dir is not None:
+        ckpt = out_dir / "checkpoints" / LAST
+        if not ckpt.is_file():
+            raise CheckpointError(
+                f"{option}: no checkpoint at {ckpt}. Run `fedlit fit` into --out_dir {out_dir} first, or give "
+                "--out_dir of the run to resume, or --ckpt_path with the path of a .ckpt file."
             )
-        return path
-    return Path(ckpt_path)
+        return out_dir, ckpt
+    root = Path("runs") / _recipe_name(cfg)
+    runs = run_versions(root)
+    if not runs:
+        raise CheckpointError(
+            f"{option}: no run of this recipe under {root}. Run `fedlit fit` with this recipe first, or give "
+            "--out_dir of a run, or --ckpt_path with the path of a .ckpt file."
+        )
+    newest = runs[-1]
+    ckpt = newest / "checkpoints" / LAST
+    if not ckpt.is_file():
+        holder = lock_holder(newest)
+        state = (f"it is still running (pid {holder.get('pid', '?')}) and has not saved one yet" if holder
+                 else "it stopped before its first checkpoint")
+        older = [p for p in runs[:-1] if (p / "checkpoints" / LAST).is_file()]
+        hint = f" (the newest with one is {older[-1]})" if older else ""
+        raise CheckpointError(
+            f"{option}: the newest run of this recipe, {newest}, has no checkpoint: {state}. `last` never falls "
+            f"back to an older run. Pass --out_dir of an older run{hint}, or --ckpt_path with the path of a "
+            ".ckpt file."
+        )
+    return newest, ckpt
 
 
-def run(argv: list[str] | None = None) -> Any:
-    """Parse ``argv``, build the objects and run the subcommand; returns its results."""
+@dataclass
+class _Job:
+    """A parsed and built command, ready to run."""
+
+    subcommand: str
+    federation: Federation
+    ckpt_path: Path | None
+    created: Path | None  # the new version folder made for this run, removed again if the run leaves it empty
+
+    def __call__(self) -> Any:
+        print(f"fedlit {self.subcommand}: out_dir={self.federation.out_dir}", flush=True)
+        try:
+            if self.subcommand == "fit":
+                return self.federation.fit(ckpt_path=self.ckpt_path)
+            return self.federation.evaluate(self.subcommand.replace("validate", "val"), ckpt_path=self.ckpt_path)
+        finally:
+            _remove_if_empty(self.created)
+
+
+def _remove_if_empty(folder: Path | None) -> None:
+    if folder is not None:
+        with contextlib.suppress(OSError):  # not empty (the run wrote into it), or already gone
+            folder.rmdir()
+
+
+def prepare(argv: list[str] | None = None) -> _Job:
+    """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
+    raised here); calling the result runs the subcommand."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    _precheck_class_paths(argv)
+    _precheck(argv)
     cfg = parser.parse_args(argv)
     subcommand = cfg.subcommand
     sub_cfg = cfg[subcommand]
-    out_dir = _resolve_out_dir(sub_cfg, subcommand)
-    ckpt_path = _resolve_ckpt(sub_cfg.ckpt_path, out_dir, subcommand)
+    out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
+    if subcommand == "fit" and out_dir is not None:
+        check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
     config = parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True)
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     seed_everything(sub_cfg.federation.seed, verbose=False)
     objects = parser.instantiate_classes(cfg)[subcommand]
-    federation = Federation(
-        objects.model, objects.data, objects.strategy, **objects.federation.as_dict(),
-        callbacks=objects.callbacks, out_dir=out_dir, config=_json(config)[subcommand],
-    )
-    print(f"fedlit {subcommand}: out_dir={out_dir}", flush=True)
-    if subcommand == "fit":
-        return federation.fit(ckpt_path=ckpt_path)
-    return federation.evaluate(subcommand.replace("validate", "val"), ckpt_path=ckpt_path)
+    objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
+    created = None
+    if out_dir is None:
+        out_dir = created = new_version_dir(Path("runs") / _recipe_name(sub_cfg))
+    try:
+        federation = Federation(
+            objects.model, objects.data, objects.strategy, **objects.federation.as_dict(),
+            callbacks=objects.callbacks, out_dir=out_dir, config=json.loads(config)[subcommand],
+        )
+    except BaseException:
+        _remove_if_empty(created)
+        raise
+    return _Job(subcommand, federation, ckpt_path, created)
 
 
-def _json(text: str) -> dict[str, Any]:
-    import json
+def run(argv: list[str] | None = None) -> Any:
+    """Parse ``argv``, build the objects and run the subcommand; returns its results."""
+    return prepare(argv)()
 
-    return json.loads(text)
 
-
-def _precheck_class_paths(argv: list[str]) -> None:
-    """Name unknown ``class_path`` values of the model/data/strategy sections, with the closest valid names.
-
-    jsonargparse's own message for a wrong class path is long and generic; this check runs first and says which
-    key was wrong and what it could be.
-    """
-    import yaml
-
+def _precheck(argv: list[str]) -> None:
+    """Checks that give a clearer message than jsonargparse: recipe files exist and are valid YAML (file, line and
+    column), and each ``class_path`` names a known class of the right kind."""
     sections: dict[str, Any] = {}
     for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv) and Path(argv[i + 1]).is_file():
-            loaded = yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
+        if arg == "--config" and i + 1 < len(argv):
+            loaded = _read_recipe(Path(argv[i + 1]))
             if isinstance(loaded, dict):
                 sections.update({k: v for k, v in loaded.items() if k in SECTIONS})
         for section in SECTIONS:
@@ -150,16 +210,66 @@ def _precheck_class_paths(argv: list[str]) -> None:
                 sections[section] = {"class_path": argv[i + 1]}
     for section, value in sections.items():
         name = value.get("class_path") if isinstance(value, dict) else value
-        if not isinstance(name, str) or "." in name:
-            continue
-        known = {c.__name__ for c in _subclasses(BASES[section])}
+        if isinstance(name, str):
+            _check_class_path(section, name)
+
+
+def _read_recipe(path: Path) -> Any:
+    if not path.is_file():
+        where = "it is a folder" if path.is_dir() else f"no such file (relative to {Path.cwd()})"
+        raise ConfigError(f"--config {path}: {where}. Give the path of a recipe .yaml file.")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and start is not None:
+            problem += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+        raise ConfigError(f"{path}{where}: {problem}. Fix the YAML syntax of the recipe.") from None
+
+
+def _check_class_path(section: str, name: str) -> None:
+    """Refuse a ``class_path`` that is not a subclass of the section's base class, with the key as in the YAML.
+
+    A short name is looked up among the known subclasses without importing anything; a dotted path is imported
+    (its module's import is the only code run) and its object checked.
+    """
+    base, key = BASES[section], f"{section}.class_path"
+    if "." not in name:
+        known = {c.__name__ for c in _subclasses(base)}
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"{section}.class_path={name!r} is not a known {BASES[section].__name__}.{hint} "
+            raise ConfigError(
+                f"{key}={name!r} is not a known {base.__name__}.{hint} "
                 f"Valid names: {', '.join(sorted(known))} (or a full import path of your own subclass)."
             )
+        return
+    module_name, _, attr = name.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
+            raise  # the module exists but one of its own imports fails: its traceback says where
+        raise ConfigError(
+            f"{key}={name!r}: no module named {err.name!r}. Check the spelling, or make the module importable "
+            "(install its package, or run from the folder that holds it)."
+        ) from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        candidates = sorted(n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, base))
+        close = difflib.get_close_matches(attr, candidates, n=1)
+        hint = f" Did you mean {module_name}.{close[0]}?" if close else ""
+        raise ConfigError(f"{key}={name!r}: module {module_name} has no {attr!r}.{hint}")
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        kind = next((b.__name__ for b in BASES.values() if isinstance(obj, type) and issubclass(obj, b)),
+                    type(obj).__name__ if not isinstance(obj, type) else "class")
+        raise ConfigError(
+            f"{key}={name!r} is a {kind}, not a {base.__name__}: the {section} section needs a subclass of "
+            f"{base.__module__}.{base.__name__}."
+        )
 
 
 def _subclasses(base: type) -> set[type]:
@@ -178,8 +288,10 @@ def explain(err: BaseException) -> str:
     jsonargparse wraps the real problem in several layers (union types, nested subclasses); this reads the nesting
     of ``Parser key`` and ``class_path`` out of the outermost message, rebuilds the full dotted key
     (``model.init_args.backbone.init_args.num_features``) and, for an unknown key, lists the valid keys of that
-    class or section with the closest match.
+    class or section with the closest match. fedlit's own errors are already written that way.
     """
+    if isinstance(err, FedlitError):
+        return str(err)
     chain: list[BaseException] = []
     node: BaseException | None = err
     while node is not None and node not in chain:
@@ -226,7 +338,6 @@ def _section_keys(section: str) -> list[str]:
 
 
 def _init_args(class_path: str) -> list[str]:
-    import importlib
     import inspect
 
     module_name, _, name = class_path.rpartition(".")
@@ -238,11 +349,23 @@ def _init_args(class_path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: configuration errors end with one clear message and exit code 2."""
-    import argparse
+    """Console entry point.
 
+    Errors in the recipe, the command line, the input files or the run folder end with one clear line and exit
+    code 2: anything raised while parsing and building the objects, and :class:`~fedlit.errors.FedlitError`
+    raised while running. Any other exception raised while running (a bug in a custom strategy or module, say)
+    keeps its traceback (exit code 1).
+    """
     try:
-        run(argv)
-    except (argparse.ArgumentError, ValueError, FileNotFoundError, KeyError, TypeError) as err:
-        print(f"fedlit: error: {explain(err)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        job = prepare(argv)
+    except CONFIG_ERRORS as err:
+        _fail(explain(err))
+    try:
+        job()
+    except FedlitError as err:
+        _fail(str(err))
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"fedlit: error: {message}", file=sys.stderr)
+    raise SystemExit(2) from None

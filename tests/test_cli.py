@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from fedlit.cli import main, run
+from fedlit.rundir import claim_run_dir
+from fedlit.strategies import FedAvg
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--federation.progress_bar", "false",
@@ -27,6 +30,11 @@ def test_quickstart_fit_resume_validate_and_test(tmp_path, capsys):
     assert start.hparams["federation.rounds"].number_value == 2
     assert start.hparams["strategy.class_path"].string_value.endswith("FedBN")
     assert "hparams/test/accuracy_mean" in events.Tags()["scalars"]
+    # a second fresh run into the same folder is refused before it builds anything; the first run's files stay
+    finished = (tmp_path / "results.json").read_text()
+    err = error_of(["fit", *QUICK, *out, "--federation.rounds", "2"], capsys)
+    assert f"out_dir {tmp_path} already holds a run (results.json, results.md" in err
+    assert "resume that run with --ckpt_path last" in err and (tmp_path / "results.json").read_text() == finished
     resumed = run(["fit", *QUICK, *out, "--federation.rounds", "3", "--ckpt_path", "last"])
     assert resumed["last"]["round"] == 3
     assert json.loads((tmp_path / "results.json").read_text())["last"]["round"] == 3
@@ -69,6 +77,15 @@ def error_of(argv, capsys) -> str:
      "model.init_args.backbone.init_args.widht is not an option of fedlit.models.SmallCNN. Did you mean 'width'?"),
     (["--data.init_args.partitioner", "IID"], "data.init_args.partitioner is not an option of "
                                               "fedlit.data.SyntheticImages"),
+    (["--strategy", "fedlit.nowhere.FedAvg"], "strategy.class_path='fedlit.nowhere.FedAvg': no module named "
+                                              "'fedlit.nowhere'. Check the spelling"),
+    (["--strategy.class_path", "fedlit.strategies.FedAvgg"],
+     "strategy.class_path='fedlit.strategies.FedAvgg': module fedlit.strategies has no 'FedAvgg'. Did you mean "
+     "fedlit.strategies.FedAvg?"),
+    (["--strategy", "fedlit.tasks.ClassificationModule"],
+     "strategy.class_path='fedlit.tasks.ClassificationModule' is a FederatedModule, not a Strategy"),
+    (["--data", "collections.OrderedDict"], "data.class_path='collections.OrderedDict' is a class, not a "
+                                            "FederatedDataModule"),
 ])
 def test_bad_input_gets_one_clear_error(extra, expected, capsys, tmp_path):
     err = error_of(["fit", *QUICK, "--out_dir", str(tmp_path), *extra], capsys)
@@ -100,6 +117,81 @@ def test_more_clients_than_samples(capsys, shared_data, tmp_path):
 def test_resume_without_a_checkpoint_says_what_to_do(capsys, tmp_path):
     err = error_of(["fit", *QUICK, "--out_dir", str(tmp_path), "--ckpt_path", "last"], capsys)
     assert "no checkpoint at" in err and "Run `fedlit fit`" in err
+
+
+def test_resume_of_the_newest_run_never_falls_back_to_an_older_one(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    older, newest = Path("runs/quickstart/version_0"), Path("runs/quickstart/version_1")
+    (older / "checkpoints").mkdir(parents=True)
+    (older / "checkpoints" / "last.ckpt").write_bytes(b"the older run's checkpoint")
+    (older / "results.json").write_text("older results")
+    newest.mkdir()
+    (newest / "config.json").write_text("{}")  # the newest run stopped before its first checkpoint
+    for argv in (["fit", *QUICK, "--ckpt_path", "last"], ["validate", *QUICK], ["test", *QUICK]):
+        err = error_of(argv, capsys)
+        assert (f"the newest run of this recipe, {newest}, has no checkpoint: it stopped before its first "
+                "checkpoint. `last` never falls back to an older run. Pass --out_dir of an older run (the newest "
+                f"with one is {older}), or --ckpt_path") in err
+    with claim_run_dir(newest, resume=True):
+        err = error_of(["fit", *QUICK, "--ckpt_path", "last"], capsys)
+        assert f"it is still running (pid {os.getpid()}) and has not saved one yet" in err
+    assert (older / "results.json").read_text() == "older results"
+
+
+def test_runs_get_their_own_version_folders(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    small = [*QUICK, "--federation.local_epochs", "1", "--data.init_args.samples_per_client", "20"]
+    tiny = [*small, "--federation.rounds", "1"]
+    first, second = run(["fit", *tiny]), run(["fit", *tiny])
+    root = Path("runs/quickstart")
+    assert [p.name for p in sorted(root.iterdir())] == ["version_0", "version_1"]
+    assert json.loads((root / "version_0" / "results.json").read_text())["last"] == first["last"]
+    assert json.loads((root / "version_1" / "results.json").read_text())["last"] == second["last"]
+    capsys.readouterr()
+    run(["test", *tiny])  # the newest run's checkpoint
+    assert f"out_dir={root / 'version_1'}" in capsys.readouterr().out
+    resumed = run(["fit", *small, "--federation.rounds", "2", "--ckpt_path", "last"])
+    assert resumed["last"]["round"] == 2
+    assert json.loads((root / "version_1" / "results.json").read_text())["last"]["round"] == 2
+    assert json.loads((root / "version_0" / "results.json").read_text())["last"]["round"] == 1
+    # a run refused while it was being built leaves no empty version folder behind
+    assert "federation.rounds=0 must be >= 1" in error_of(["fit", *small, "--federation.rounds", "0"], capsys)
+    assert [p.name for p in sorted(root.iterdir())] == ["version_0", "version_1"]
+
+
+class KeyErrorInAggregate(FedAvg):
+    """A custom strategy with a bug: its own traceback must reach the user."""
+
+    def aggregate(self, server_round, updates):
+        raise KeyError("num_samples")
+
+
+def test_a_bug_in_user_code_keeps_its_traceback(tmp_path):
+    with pytest.raises(KeyError, match="num_samples") as info:
+        main(["fit", *QUICK, "--out_dir", str(tmp_path), "--federation.rounds", "1", "--federation.local_epochs", "1",
+              "--strategy", f"{__name__}.KeyErrorInAggregate"])
+    assert info.traceback[-1].name == "aggregate" and info.traceback[-1].path == Path(__file__)
+
+
+def test_a_fedlit_error_while_running_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"PK\x03\x04 half a zip file")
+    err = error_of(["test", *QUICK, "--ckpt_path", str(bad)], capsys)
+    assert f"fedlit: error: ckpt_path: {bad} is not a readable fedlit checkpoint" in err
+    assert "truncated or corrupted" in err and "weights_only" not in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(capsys, tmp_path):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("model:\n  class_path: fedlit.tasks.ClassificationModule\n  init_args:\n    lr: [0.1\n"
+                      "    num_classes: 3\n")
+    err = error_of(["fit", "--config", str(recipe)], capsys)
+    assert (f"fedlit: error: {recipe} line 5, column 16: expected ',' or ']', but got ':' (while parsing a flow "
+            "sequence that starts at line 4, column 9). Fix the YAML syntax of the recipe.") in err
+    assert "Traceback" not in err
+    err = error_of(["fit", "--config", str(tmp_path / "absent.yaml")], capsys)
+    assert f"--config {tmp_path / 'absent.yaml'}: no such file" in err
 
 
 def test_print_config(capsys):
