@@ -137,6 +137,12 @@ class FedHeartDisease(FederatedDataModule):
                 train, val = stratified_split(
                     train, y[train], (1 - self.val_fraction, self.val_fraction), val_rng
                 )
+            if self.normalize and len(train) < 2:
+                raise DataError(
+                    f"client {center!r} ({self.root / name}) has {len(train)} train row: standardizing with the "
+                    "std of its train rows needs 2 or more (one row gives NaN features); restore the file from "
+                    "the UCI download, or set data.init_args.normalize: false"
+                )
             frames.append(df)
             labels.append(y)
             kept_rows[center] = [int(i) for i in df.index]

@@ -124,6 +124,19 @@ def test_heart_center_left_without_complete_rows_names_the_client(heart_copy: Pa
     ):
         FedHeartDisease(root=heart_copy).setup()
 
+def test_heart_too_few_train_rows_for_a_validation_split(heart_copy: Path) -> None:
+    path = heart_copy / "processed.switzerland.data"
+    lines = path.read_text().splitlines()
+    complete = [line for line in lines[1:] if all(f.strip() not in ("", "?") for f in line.split(",")[:10])]
+    path.write_text("\n".join([lines[0], *complete[:3]]) + "\n")  # 3 rows: 1 train, 2 test
+    assert FedHeartDisease(root=heart_copy, normalize=False).num_examples("switzerland", "train") == 1
+    with pytest.raises(DataError, match=re.escape(f"client 'switzerland' ({path}) has 1 train row, too few")):
+        FedHeartDisease(root=heart_copy, val_fraction=0.2, normalize=False).setup()
+    with pytest.raises(
+        DataError, match=re.escape(f"client 'switzerland' ({path}) has 1 train row: standardizing with the std")
+    ):
+        FedHeartDisease(root=heart_copy).setup()
+
 
 # MedMNIST ------------------------------------------------------------------------------------------------------
 
@@ -377,3 +390,4 @@ def test_no_client_at_all() -> None:
     data = Pool(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64), {})
     with pytest.raises(DataError, match=re.escape("Pool (pool) builds no client")):
         data.setup()
+
