@@ -10,7 +10,9 @@ Side effects use Lightning's callback hooks, called by the federation with keywo
 - ``on_round_start(trainer, pl_module, server_round)`` / ``on_round_end(trainer, pl_module, server_round, metrics)``
 - ``on_client_fit_start(trainer, pl_module, server_round, client_id, received, received_extras, client_state)``
 - ``on_train_epoch_start/end``, ``on_train_batch_start/end``, ``on_before_backward``, ``on_after_backward``,
-  ``on_before_optimizer_step(trainer, pl_module, optimizer)``, ``on_before_zero_grad`` (Lightning's signatures)
+  ``on_before_optimizer_step(trainer, pl_module, optimizer)`` (gradients unscaled),
+  ``on_before_zero_grad(trainer, pl_module, optimizer, stepped)`` (``stepped`` is False when 16-bit mixed
+  precision's gradient scaler skipped the step over inf/NaN gradients)
 - ``on_client_fit_end(trainer, pl_module, server_round, client_id, update, client_state)``: add ``update.extras``
 - ``on_before_aggregate(trainer, pl_module, server_round, updates)``: filter or transform uploads in place
 
@@ -41,7 +43,8 @@ class ClientUpdate:
         client_id: The client.
         num_examples: Training examples the client used (the FedAvg weight).
         state: Its shared tensors after training, by name (nothing personal).
-        metrics: Local training metrics (``train_loss``...).
+        metrics: Local training metrics: ``loss`` (the mean training loss) and ``steps`` (optimizer steps that
+            happened; a step the gradient scaler skipped is not one).
         extras: Strategy uploads (SCAFFOLD's delta c_i...); tensors here count as communication.
     """
 
@@ -61,6 +64,7 @@ class Strategy(Callback, abc.ABC):
     Attributes:
         communicates: False for strategies that exchange nothing by design (Local), which silences the warning
             given when no tensor is shared.
+        global_state, client_ids, class_counts, roles: What :meth:`initialize` received.
     """
 
     communicates: bool = True
@@ -68,6 +72,9 @@ class Strategy(Callback, abc.ABC):
     def __init__(self) -> None:
         super().__init__()
         self.global_state: dict[str, Tensor] = {}
+        self.client_ids: list[str] = []
+        self.class_counts: Mapping[str, list[int]] | None = None
+        self.roles = ParameterRoles({})
 
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """Refine the model's roles (FedBN makes normalization personal). Default: unchanged."""
@@ -78,16 +85,39 @@ class Strategy(Callback, abc.ABC):
         global_state: Mapping[str, Tensor],
         client_ids: list[str],
         class_counts: Mapping[str, list[int]] | None = None,
+        roles: ParameterRoles | None = None,
     ) -> None:
         """Called at set-up, after :meth:`configure_roles`; on resume :meth:`load_state_dict` follows and wins.
+
+        Keeps its arguments as attributes (``global_state`` copied), then calls :meth:`setup_server_state`, which
+        is what a strategy with server state of its own overrides.
 
         Args:
             global_state: The model's initial shared tensors.
             client_ids: Every client.
             class_counts: Each client's training samples per class, as clients report them before round 1
                 (FedSLD's prior). A few integers per client; not counted as communication.
+            roles: The roles :meth:`configure_roles` returned (which shared tensors are parameters, which are
+                buffers). ``None`` (a direct call, as in a test) counts every floating tensor of ``global_state``
+                as a shared parameter and every other one as a shared buffer.
         """
         self.global_state = {n: t.detach().clone() for n, t in global_state.items()}
+        self.client_ids = list(client_ids)
+        self.class_counts = class_counts
+        if roles is None:
+            roles = ParameterRoles(dict.fromkeys(self.global_state, "shared"),
+                                   buffers={n for n, t in self.global_state.items() if not t.is_floating_point()})
+        self.roles = roles
+        self.setup_server_state()
+
+    def setup_server_state(self) -> None:
+        """Start the strategy's own server state (SCAFFOLD's ``c``, FedOpt's moments) from the attributes
+        :meth:`initialize` has just set: ``global_state``, ``client_ids``, ``class_counts``, ``roles``.
+        Default: nothing."""
+
+    def shared_parameter_names(self) -> list[str]:
+        """The server's tensors that are parameters, not buffers (those that have gradients), in model order."""
+        return [n for n in self.roles.names("shared", buffers=False) if n in self.global_state]
 
     def select_clients(
         self, server_round: int, client_ids: list[str], num_clients: int, generator: torch.Generator
@@ -125,6 +155,13 @@ class Strategy(Callback, abc.ABC):
             The loss to back-propagate. Default: ``loss``.
         """
         return loss
+
+    def check_uploads(self, updates: list[ClientUpdate]) -> None:
+        """Raise a ``KeyError`` if a client uploaded tensors the server does not share."""
+        for update in updates:
+            unknown = sorted(set(update.state) - set(self.global_state))
+            if unknown:
+                raise KeyError(f"Client {update.client_id!r} uploaded tensors the server does not share: {unknown[:5]}")
 
     @abc.abstractmethod
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:

@@ -9,7 +9,7 @@ Algorithm 2 with the Adagrad rule (line 12), per coordinate:
 - ``v_t = v_{t-1} + Delta_t^2``                                              (line 12)
 - ``x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)``                            (line 15)
 
-``m_{-1} = v_{-1} = 0``. Defaults eta = 0.01, tau = 0.01, beta_1 = 0.9 (ALGORITHMS.md).
+``m_{-1} = v_{-1} = 0``. Defaults eta = 0.01, tau = 0.01, beta_1 = 0.9 (the FedPxN authors' code).
 
 Symbols -> code, and the Deviations shared by FedAdagrad, FedAdam and FedYogi (v starts at 0, clients weighted
 by examples, integer buffers only aggregated, Delta through the aggregator): see :mod:`fedlit.strategies.fedopt`.
@@ -21,11 +21,10 @@ eta=e, tau=u)`` fed the same ``FitRes(num_examples=n_k)`` (Flower's defaults are
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from torch import Tensor
 
-from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedopt import FedOpt
 
 
@@ -33,28 +32,12 @@ class FedAdagrad(FedOpt):
     """Federated averaging with an Adagrad server optimizer (Reddi et al. 2021).
 
     Args:
-        eta: Server learning rate (> 0).
-        tau: Adaptivity, added to ``sqrt(v)`` (> 0).
-        beta_1: Momentum of ``m`` in [0, 1) (Algorithm 2 has it; 0 gives Flower's FedAdagrad).
-        optimize_buffers: Also apply the optimizer to floating buffers (BatchNorm statistics), as Flower does.
-        weighting: As in :class:`FedAvg`.
-        aggregator: As in :class:`FedAvg`; the pseudo-gradient is ``aggregator(x_k) - x``.
+        kwargs: :class:`FedOpt`'s arguments but ``beta_2`` (Adagrad's ``v`` has no decay): ``eta``, ``tau``,
+            ``beta_1``, ``optimize_buffers``, ``weighting``, ``aggregator``.
     """
 
-    def __init__(
-        self,
-        *,
-        eta: float = 0.01,
-        tau: float = 0.01,
-        beta_1: float = 0.9,
-        optimize_buffers: bool = False,
-        weighting: Literal["num_examples", "uniform"] = "num_examples",
-        aggregator: Aggregator | None = None,
-    ) -> None:
-        super().__init__(
-            eta=eta, tau=tau, beta_1=beta_1, optimize_buffers=optimize_buffers, weighting=weighting,
-            aggregator=aggregator,
-        )
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(beta_2=0.0, **kwargs)
 
     def second_moment(self, v: Tensor, delta_sq: Tensor) -> Tensor:
         """``v_t = v_{t-1} + Delta_t^2`` (line 12)."""

@@ -9,13 +9,13 @@ Algorithm 2 with the Adam rule (line 14), per coordinate:
 - ``v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2``                         (line 14)
 - ``x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)``                            (line 15)
 
-``m_{-1} = v_{-1} = 0``, no bias correction (ALGORITHMS.md, FedPxN repository). Defaults eta = 0.01, tau = 0.01,
+``m_{-1} = v_{-1} = 0``, no bias correction (the FedPxN authors' code). Defaults eta = 0.01, tau = 0.01,
 beta_1 = 0.9, beta_2 = 0.99.
 
 Symbols -> code, and the Deviations shared by FedAdagrad, FedAdam and FedYogi (v starts at 0, clients weighted
 by examples, integer buffers only aggregated, Delta through the aggregator): see :mod:`fedlit.strategies.fedopt`.
 
-Deviation (``bias_correction``, a [decision] switch): the paper and the FedPxN code have no bias correction
+Deviation (``bias_correction``, a switch): the paper and the FedPxN code have no bias correction
 (default ``False``). ``True`` reproduces Flower's FedAdam (flwr 1.41, ``flwr/server/strategy/fedadam.py``), which
 scales the step as ``eta_t = eta sqrt(1 - beta_2^(t + 1)) / (1 - beta_1^(t + 1))`` with ``t`` the server round
 (counted from 1, so one step ahead of Kingma & Ba's ``t``) and leaves ``tau`` unscaled.
@@ -28,11 +28,10 @@ Flower equivalence: ``FedAdam(eta=e, tau=u, beta_1=b1, beta_2=b2, bias_correctio
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from torch import Tensor
 
-from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedopt import FedOpt
 
 
@@ -40,32 +39,13 @@ class FedAdam(FedOpt):
     """Federated averaging with an Adam server optimizer (Reddi et al. 2021).
 
     Args:
-        eta: Server learning rate (> 0).
-        tau: Adaptivity, added to ``sqrt(v)`` (> 0).
-        beta_1: Momentum of ``m`` in [0, 1).
-        beta_2: Decay of ``v`` in [0, 1).
-        bias_correction: ``False``: none (the paper, ALGORITHMS.md). ``True``: Flower's step-size correction.
-        optimize_buffers: Also apply the optimizer to floating buffers (BatchNorm statistics), as Flower does.
-        weighting: As in :class:`FedAvg`.
-        aggregator: As in :class:`FedAvg`; the pseudo-gradient is ``aggregator(x_k) - x``.
+        bias_correction: ``False``: none (the paper, the FedPxN authors' code). ``True``: Flower's step-size correction.
+        kwargs: :class:`FedOpt`'s ``eta``, ``tau``, ``beta_1``, ``beta_2``, ``optimize_buffers``, ``weighting``,
+            ``aggregator``.
     """
 
-    def __init__(
-        self,
-        *,
-        eta: float = 0.01,
-        tau: float = 0.01,
-        beta_1: float = 0.9,
-        beta_2: float = 0.99,
-        bias_correction: bool = False,
-        optimize_buffers: bool = False,
-        weighting: Literal["num_examples", "uniform"] = "num_examples",
-        aggregator: Aggregator | None = None,
-    ) -> None:
-        super().__init__(
-            eta=eta, tau=tau, beta_1=beta_1, beta_2=beta_2, optimize_buffers=optimize_buffers, weighting=weighting,
-            aggregator=aggregator,
-        )
+    def __init__(self, *, bias_correction: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.bias_correction = bias_correction
 
     def second_moment(self, v: Tensor, delta_sq: Tensor) -> Tensor:

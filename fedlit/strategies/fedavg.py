@@ -63,9 +63,7 @@ class FedAvg(Strategy):
 
     def combine(self, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """The ``aggregator``'s combination of the uploaded tensors, on the server's devices (checks the keys)."""
-        unknown = sorted(set(updates[0].state) - set(self.global_state))
-        if unknown:
-            raise KeyError(f"Client {updates[0].client_id!r} uploaded tensors the server does not share: {unknown[:5]}")
+        self.check_uploads(updates)
         combined = self.aggregator([u.state for u in updates], self.client_weights(updates))
         return {n: t.to(self.global_state[n].device) for n, t in combined.items()}
 

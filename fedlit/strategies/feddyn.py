@@ -3,7 +3,7 @@
 Acar, Zhao, Matas Navarro, Mattina, Whatmough, Saligrama. "Federated Learning Based on Dynamic Regularization."
 ICLR 2021. https://openreview.net/forum?id=B7v4QMR6Z9w
 
-Algorithm 1 (FedDyn), written as the FedPxN authors' code (ALGORITHMS.md's reference) computes it, with
+Algorithm 1 (FedDyn), written as the FedPxN authors' code (Yang et al., CHIL 2023) computes it, with
 ``h_k = -grad L_k(theta_k) / alpha`` and the server's ``h = -alpha hbar``:
 
 - client k: minimize ``L_k(theta) + alpha <theta, -theta_anchor + h_k> + (alpha / 2) ||theta||^2``, which is
@@ -25,7 +25,7 @@ sent), so nothing beyond the model goes up. Both are checkpointed, as are ``thet
 
 Decisions, each a constructor argument whose other value gives the alternative:
 
-- ``anchor="server"``: the linear term uses ``theta_srv``, as ALGORITHMS.md and the FedPxN code
+- ``anchor="server"``: the linear term uses ``theta_srv``, as the FedPxN code
   (``get_param_tensor(server_model)``) do; the client then also downloads ``theta_srv``'s parameters (counted).
   ``anchor="cloud"`` is the paper's Algorithm 1 and the official code (``cld_mdl_param``): the model received.
 - ``buffers="average"``: shared buffers (BatchNorm running statistics) are a plain mean, ``theta_cld =
@@ -41,19 +41,18 @@ Deviation: the FedPxN code gets ``(alpha / 2) ||theta||^2`` from the optimizer (
 weight_decay)``); here it is written in :meth:`FedDyn.training_loss`. Its gradient ``alpha theta`` is what SGD's
 and Adam's (coupled) weight decay add, so the steps are the same (tested); with AdamW the decay would be
 decoupled and differ. Deviation: ``num_batches_tracked`` is the rounded mean (the FedPxN code copies client 0's).
-The official code's per-client ``alpha / (N n_k / n)`` is not used (neither the FedPxN code nor ALGORITHMS.md
-does); alpha = 0.01 follows ALGORITHMS.md (the FedPxN eICU script's default is 0.1).
+The official code's per-client ``alpha / (N n_k / n)`` is not used (the FedPxN code does not use it
+either); alpha = 0.01 (the FedPxN eICU script's default is 0.1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from fedlit.roles import ParameterRoles
+from fedlit.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 
@@ -62,8 +61,8 @@ class FedDyn(Strategy):
     """Dynamic regularization: each client's loss is corrected by its accumulated drift ``h_k``.
 
     Args:
-        alpha: Regularization weight alpha (ALGORITHMS.md: 0.01).
-        anchor: ``server`` pulls toward ``theta_srv`` (ALGORITHMS.md, FedPxN code); ``cloud`` toward the model
+        alpha: Regularization weight alpha (default 0.01).
+        anchor: ``server`` pulls toward ``theta_srv`` (FedPxN code); ``cloud`` toward the model
             received, ``theta_cld`` (the paper).
         buffers: ``average`` averages shared buffers (BatchNorm statistics) plainly; ``dynamic`` corrects them like
             parameters (FedPxN code).
@@ -82,38 +81,25 @@ class FedDyn(Strategy):
         super().__init__()
         problems = []
         if not alpha > 0:
-            problems.append(f"strategy.init_args.alpha={alpha} must be > 0 (ALGORITHMS.md uses 0.01)")
+            problems.append(f"strategy.init_args.alpha={alpha} must be > 0 (default 0.01)")
         for key, value, allowed in (("anchor", anchor, ("server", "cloud")),
                                     ("buffers", buffers, ("average", "dynamic")),
                                     ("evaluate_with", evaluate_with, ("server", "cloud"))):
             if value not in allowed:
                 problems.append(f"strategy.init_args.{key}={value!r} is not one of {list(allowed)}")
         if problems:
-            raise ValueError("Invalid FedDyn settings: " + "; ".join(problems) + ".")
+            raise ConfigError("Invalid FedDyn settings: " + "; ".join(problems) + ".")
         self.alpha, self.anchor, self.buffers, self.evaluate_with = alpha, anchor, buffers, evaluate_with
         self.cloud_state: dict[str, Tensor] = {}
         self.h_mean: dict[str, Tensor] = {}
-        self.num_clients = 0
-        self._param_names: list[str] = []
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
-    def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
-        """Roles unchanged; remembers which shared tensors are parameters (those are regularized)."""
-        self._param_names = roles.names("shared", buffers=False)
-        return roles
-
-    def initialize(
-        self,
-        global_state: Mapping[str, Tensor],
-        client_ids: list[str],
-        class_counts: Mapping[str, list[int]] | None = None,
-    ) -> None:
-        """``theta_srv = theta_cld =`` the initial shared tensors; ``hbar = 0``."""
-        super().initialize(global_state, client_ids, class_counts)
-        self.num_clients = len(client_ids)
+    def setup_server_state(self) -> None:
+        """``theta_cld = theta_srv`` (the initial shared tensors); ``hbar = 0``."""
+        super().setup_server_state()
         self.cloud_state = {n: t.clone() for n, t in self.global_state.items()}
-        params = set(self._param_names)
+        params = set(self.shared_parameter_names())
         corrected = [n for n, t in self.global_state.items()
                      if t.is_floating_point() and (n in params or self.buffers == "dynamic")]
         self.h_mean = {n: torch.zeros_like(self.global_state[n]) for n in corrected}
@@ -126,7 +112,7 @@ class FedDyn(Strategy):
         """With ``anchor="server"``, ``theta_srv``'s shared parameters (the regularizer's anchor); else nothing."""
         if self.anchor == "cloud":
             return {}
-        return {"server_state": {n: self.global_state[n] for n in self._param_names if n in self.global_state}}
+        return {"server_state": {n: self.global_state[n] for n in self.shared_parameter_names()}}
 
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """``theta_srv`` (``evaluate_with="server"``) or ``theta_cld``."""
@@ -136,11 +122,9 @@ class FedDyn(Strategy):
         """``theta_srv = mean theta_k``, ``hbar += sum (theta_k - theta_cld) / N``, ``theta_cld = theta_srv + hbar``."""
         if not updates:
             return dict(self.global_state)
-        unknown = sorted(set(updates[0].state) - set(self.global_state))
-        if unknown:
-            raise KeyError(f"Client {updates[0].client_id!r} uploaded tensors the server does not share: {unknown[:5]}")
+        self.check_uploads(updates)
         server, h_mean, cloud = F.feddyn_server_update(
-            [u.state for u in updates], self.cloud_state, self.h_mean, self.num_clients)
+            [u.state for u in updates], self.cloud_state, self.h_mean, len(self.client_ids))
         for target, new in ((self.global_state, server), (self.cloud_state, cloud)):
             target.update({n: t.to(target[n].device) for n, t in new.items()})
         self.h_mean.update(h_mean)

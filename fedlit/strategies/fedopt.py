@@ -3,7 +3,7 @@
 Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. "Adaptive Federated Optimization." ICLR 2021.
 https://arxiv.org/abs/2003.00295
 
-Algorithm 2 (server side), per coordinate, as ALGORITHMS.md pins it (the FedPxN repository's form):
+Algorithm 2 (server side), per coordinate, in the form of the FedPxN authors' code (Yang et al., CHIL 2023):
 
 - lines 9-10 (pseudo-gradient): ``Delta_t = sum_{k in S_t} w_k (x_{t,k} - x_t) = aggregate(x_{t,k}) - x_t``
 - line 11: ``m_t = beta_1 m_{t-1} + (1 - beta_1) Delta_t``
@@ -21,10 +21,10 @@ Flower equivalence (flwr 1.41, ``flwr.server.strategy``): with the same ``initia
 (which fixes beta_1 = 0), FedYogi equals FedYogi, and FedAdam(bias_correction=True) equals FedAdam. Flower's
 defaults differ from ours (eta 0.1, tau 1e-9; FedYogi eta 0.01, tau 1e-3), so pass every value explicitly.
 
-Deviation: line 1 initializes ``v_{-1} >= tau^2``; ALGORITHMS.md (the FedPxN code) and Flower start ``v`` at 0.
-Deviation: line 10 averages the clients uniformly; fedlit weighs them by examples like FedAvg (ALGORITHMS.md's
-``w_k``, Flower's); ``weighting="uniform"`` gives the paper's mean.
-Deviation (``optimize_buffers``, a [decision] switch): only parameters get the server optimizer. Buffers are
+Deviation: line 1 initializes ``v_{-1} >= tau^2``; the FedPxN code and Flower start ``v`` at 0.
+Deviation: line 10 averages the clients uniformly; fedlit weighs them by examples like FedAvg (the FedPxN
+code's ``w_k``, Flower's); ``weighting="uniform"`` gives the paper's mean.
+Deviation (``optimize_buffers``, a switch): only parameters get the server optimizer. Buffers are
 aggregated as FedAvg does: BatchNorm's running statistics are not trained by gradients, and an Adam step on a
 running variance can overshoot below zero; integer buffers (``num_batches_tracked``) are always only aggregated.
 ``optimize_buffers=True`` gives floating buffers the optimizer too, as Flower (which sees only arrays) does.
@@ -36,13 +36,12 @@ Deviation: ``m`` and ``v`` are kept in float32 for half-precision tensors (in th
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from fedlit.roles import ParameterRoles
+from fedlit.errors import ConfigError
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.base import ClientUpdate
 from fedlit.strategies.fedavg import FedAvg
@@ -53,14 +52,16 @@ OPTION = "strategy.init_args"
 class FedOpt(FedAvg):
     """FedAvg's average turned into a pseudo-gradient for an adaptive server optimizer (Reddi et al., Alg. 2).
 
-    Subclasses define the second-moment rule :meth:`second_moment`.
+    Subclasses define the second-moment rule :meth:`second_moment` and take these arguments (FedYogi all of
+    them, FedAdam adds ``bias_correction``, FedAdagrad has no ``beta_2``).
 
     Args:
         eta: Server learning rate (> 0).
         tau: Adaptivity, added to ``sqrt(v)`` (> 0).
-        beta_1: Momentum of ``m`` in [0, 1).
-        beta_2: Decay of ``v`` in [0, 1) (unused by Adagrad).
-        optimize_buffers: Also apply the optimizer to floating buffers (BatchNorm statistics); default: average them.
+        beta_1: Momentum of ``m`` in [0, 1) (Algorithm 2 has it; 0 gives Flower's FedAdagrad).
+        beta_2: Decay of ``v`` in [0, 1), in Adam's and Yogi's rules.
+        optimize_buffers: Also apply the optimizer to floating buffers (BatchNorm statistics), as Flower does;
+            default: average them.
         weighting: As in :class:`FedAvg`.
         aggregator: As in :class:`FedAvg`; the pseudo-gradient is ``aggregator(x_k) - x``.
     """
@@ -86,26 +87,15 @@ class FedOpt(FedAvg):
             if not 0 <= value < 1:
                 problems.append(f"{OPTION}.{name}={value} must be in [0, 1).")
         if problems:
-            raise ValueError(" ".join(problems))
+            raise ConfigError(" ".join(problems))
         self.eta, self.tau, self.beta_1, self.beta_2 = eta, tau, beta_1, beta_2
         self.optimize_buffers = optimize_buffers
-        self._buffers: frozenset[str] = frozenset()
         self.m: dict[str, Tensor] = {}
         self.v: dict[str, Tensor] = {}
 
-    def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
-        """Roles unchanged; remembers which tensors are buffers (they are aggregated, not optimized)."""
-        self._buffers = frozenset(n for n in roles if roles.is_buffer(n))
-        return super().configure_roles(roles)
-
-    def initialize(
-        self,
-        global_state: Mapping[str, Tensor],
-        client_ids: list[str],
-        class_counts: Mapping[str, list[int]] | None = None,
-    ) -> None:
-        """Keep the initial model and start ``m = v = 0``."""
-        super().initialize(global_state, client_ids, class_counts)
+    def setup_server_state(self) -> None:
+        """Start ``m = v = 0``."""
+        super().setup_server_state()
         self.m, self.v = {}, {}
 
     @abc.abstractmethod
@@ -124,7 +114,7 @@ class FedOpt(FedAvg):
         lr = self.step_size(server_round)
         for name, new in target.items():
             x = self.global_state[name]
-            if not x.is_floating_point() or (name in self._buffers and not self.optimize_buffers):
+            if not x.is_floating_point() or (self.roles.is_buffer(name) and not self.optimize_buffers):
                 self.global_state[name] = new
                 continue
             dtype = torch.promote_types(x.dtype, torch.float32)

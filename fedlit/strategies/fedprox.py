@@ -25,7 +25,7 @@ class FedProx(FedAvg):
     """FedAvg with a proximal term on the client.
 
     Args:
-        mu: Weight of the proximal term (ALGORITHMS.md default 0.01).
+        mu: Weight of the proximal term (default 0.01).
         weighting: As in :class:`FedAvg`.
         aggregator: As in :class:`FedAvg` (default: the weighted mean).
     """

@@ -1,7 +1,7 @@
 """FedPxN: Federated learning with Proximal regularization eXcept local Normalization.
 
 Yang, Hwang, Kim, Dua, Kim, Yang, Choi. "Towards the Practical Utility of Federated Learning in the Medical
-Domain." CHIL 2023 (PMLR 209). https://arxiv.org/abs/2207.03075 (seed 003 of this project).
+Domain." CHIL 2023 (PMLR 209). https://arxiv.org/abs/2207.03075
 
 FedPxN = FedBN + FedProx. Normalization layers (parameters and running statistics) stay personal, as in FedBN
 (Li et al., ICLR 2021, Algorithm 1); every other shared tensor is averaged as FedAvg, and the client objective
@@ -9,12 +9,12 @@ adds FedProx's proximal term (Li et al., MLSys 2020, Eq. 2) over the shared, non
 
     (1)  h_k(w; w^t) = F_k(w) + (mu / 2) ||w_s - w_s^t||^2,    w_s = the shared non-normalization parameters,
 
-with the squared Euclidean norm and ``mu = 0.01`` (ALGORITHMS.md).
+with the squared Euclidean norm and ``mu = 0.01``.
 
 Symbols -> code: ``w_s^t`` -> ``self._anchor`` (what the server sent this round: FedBN's roles leave
 normalization tensors out of it); ``mu`` -> ``self.mu``; ``F_k`` -> the module's loss.
 
-Decision (ALGORITHMS.md [decision], ``prox_on_norm_initial``): the authors' code, through a string typo in the
+Decision (``prox_on_norm_initial``): the authors' code, through a string typo in the
 name filter, also puts the normalization parameters into the proximal term, anchored to the server model's
 normalization values, which the server never updates (FedBN keeps them local): they are pulled toward their
 initial values for the whole run. The default (``False``) implements the paper, Eq. (1). ``True`` reproduces
@@ -24,7 +24,6 @@ statistics, which are buffers) and ``w_n^0`` their values before round 1, kept i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from torch import Tensor
@@ -38,12 +37,14 @@ class FedPxN(FedBN, FedProx):
     """FedBN's roles (normalization personal) with FedProx's proximal term on what stays shared.
 
     Args:
-        mu: Weight of the proximal term (ALGORITHMS.md default 0.01).
+        mu: Weight of the proximal term (default 0.01).
         prox_on_norm_initial: ``False`` (the paper): normalization layers are left out of the proximal term.
             ``True`` (the authors' code): their trainable parameters are also pulled toward their initial values.
         weighting: As in :class:`FedAvg`.
         aggregator: As in :class:`FedAvg` (default: the weighted mean).
     """
+
+    without_norm = "FedProx"
 
     def __init__(
         self,
@@ -53,9 +54,9 @@ class FedPxN(FedBN, FedProx):
         weighting: Literal["num_examples", "uniform"] = "num_examples",
         aggregator: Aggregator | None = None,
     ) -> None:
-        # FedBN's constructor only forwards to FedAvg's and takes no mu: FedProx's sets mu and, through the MRO
-        # (FedPxN -> FedBN -> FedProx -> FedAvg), FedAvg's weighting and aggregator.
-        FedProx.__init__(self, mu=mu, weighting=weighting, aggregator=aggregator)
+        # FedBN has no constructor of its own: through the MRO (FedPxN -> FedBN -> FedProx -> FedAvg) this is
+        # FedProx's, which sets mu and FedAvg's weighting and aggregator.
+        super().__init__(mu=mu, weighting=weighting, aggregator=aggregator)
         if not isinstance(prox_on_norm_initial, bool):
             raise ValueError(
                 f"strategy.init_args.prox_on_norm_initial={prox_on_norm_initial!r} must be true or false."
@@ -63,19 +64,15 @@ class FedPxN(FedBN, FedProx):
         self.prox_on_norm_initial = prox_on_norm_initial
         self._norm_initial: dict[str, Tensor] = {}
 
-    def initialize(
-        self,
-        global_state: Mapping[str, Tensor],
-        client_ids: list[str],
-        class_counts: Mapping[str, list[int]] | None = None,
-    ) -> None:
+    def setup_server_state(self) -> None:
         """A new run: forget any normalization values kept from an earlier one (see :meth:`on_fit_start`)."""
-        super().initialize(global_state, client_ids, class_counts)
+        super().setup_server_state()
         self._norm_initial = {}
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """With ``prox_on_norm_initial``, keep the trainable normalization parameters' values before round 1
         (the live model holds them on a new run; a resumed run has them from the checkpoint)."""
+        super().on_fit_start(trainer, pl_module)
         if not self.prox_on_norm_initial or self._norm_initial:
             return
         roles = pl_module.parameter_roles()

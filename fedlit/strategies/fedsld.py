@@ -1,10 +1,10 @@
 """FedSLD: Federated Learning with Shared Label Distribution.
 
 Luo, Wu. "FedSLD: Federated Learning with Shared Label Distribution for Medical Image Classification." IEEE ISBI
-2022; a chapter of Jun Luo's thesis (seed 002). https://arxiv.org/abs/2110.08378
+2022; a chapter of Jun Luo's thesis. https://arxiv.org/abs/2110.08378
 
 Before round 1 every client reports its training samples per class ``n_ic``; the server forms the shared label
-distribution and sends it to the clients (ALGORITHMS.md, [paper]; no code exists):
+distribution and sends it to the clients (as the paper describes it; no code is published):
 
     (1)  P(c) = sum_i n_ic / sum_i n_i.
 
@@ -65,23 +65,19 @@ class FedSLD(FedAvg):
         self.prior: Tensor = torch.zeros(0)
         self._received_prior: Tensor | None = None
 
-    def initialize(
-        self,
-        global_state: Mapping[str, Tensor],
-        client_ids: list[str],
-        class_counts: Mapping[str, list[int]] | None = None,
-    ) -> None:
-        """Keep the initial shared tensors and compute P(c) (Eq. 1) from the counts the clients report."""
-        super().initialize(global_state, client_ids, class_counts)
+    def setup_server_state(self) -> None:
+        """Compute P(c) (Eq. 1) from the class counts the clients reported before round 1."""
+        super().setup_server_state()
+        class_counts = self.class_counts
         if class_counts is None:
             raise ValueError(
                 "FedSLD needs every client's training samples per class (class_counts) before round 1; the "
                 "data module must report them (FederatedDataModule.class_counts)."
             )
-        missing = sorted(set(client_ids) - set(class_counts))
+        missing = sorted(set(self.client_ids) - set(class_counts))
         if missing:
             raise ValueError(f"FedSLD: clients {missing[:5]} reported no class counts.")
-        self.prior = F.class_prior([class_counts[c] for c in client_ids]).float()
+        self.prior = F.class_prior([class_counts[c] for c in self.client_ids]).float()
 
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """Send P (counted as download)."""

@@ -10,7 +10,7 @@ Algorithm 2 with the Yogi rule (line 13), per coordinate:
 - ``x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)``                            (line 15)
 
 ``m_{-1} = v_{-1} = 0`` (so the first ``v`` is ``(1 - beta_2) Delta^2``; ``v`` never goes negative), no bias correction.
-Defaults eta = 0.01, tau = 0.01, beta_1 = 0.9, beta_2 = 0.99 (ALGORITHMS.md).
+Defaults eta = 0.01, tau = 0.01, beta_1 = 0.9, beta_2 = 0.99 (the FedPxN authors' code).
 
 Symbols -> code, and the Deviations shared by FedAdagrad, FedAdam and FedYogi (v starts at 0, clients weighted
 by examples, integer buffers only aggregated, Delta through the aggregator): see :mod:`fedlit.strategies.fedopt`.
@@ -22,43 +22,17 @@ bias correction) fed the same ``FitRes(num_examples=n_k)``; Flower's defaults ar
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedopt import FedOpt
 
 
 class FedYogi(FedOpt):
     """Federated averaging with a Yogi server optimizer (Reddi et al. 2021).
 
-    Args:
-        eta: Server learning rate (> 0).
-        tau: Adaptivity, added to ``sqrt(v)`` (> 0).
-        beta_1: Momentum of ``m`` in [0, 1).
-        beta_2: Yogi's ``beta_2`` in [0, 1).
-        optimize_buffers: Also apply the optimizer to floating buffers (BatchNorm statistics), as Flower does.
-        weighting: As in :class:`FedAvg`.
-        aggregator: As in :class:`FedAvg`; the pseudo-gradient is ``aggregator(x_k) - x``.
+    Takes :class:`FedOpt`'s arguments.
     """
-
-    def __init__(
-        self,
-        *,
-        eta: float = 0.01,
-        tau: float = 0.01,
-        beta_1: float = 0.9,
-        beta_2: float = 0.99,
-        optimize_buffers: bool = False,
-        weighting: Literal["num_examples", "uniform"] = "num_examples",
-        aggregator: Aggregator | None = None,
-    ) -> None:
-        super().__init__(
-            eta=eta, tau=tau, beta_1=beta_1, beta_2=beta_2, optimize_buffers=optimize_buffers, weighting=weighting,
-            aggregator=aggregator,
-        )
 
     def second_moment(self, v: Tensor, delta_sq: Tensor) -> Tensor:
         """``v_t = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2)`` (line 13)."""

@@ -25,7 +25,6 @@ def client_turn(anchor="server", h=None):
         module.shared.weight.copy_(torch.tensor([[3.0, 1.0]]))
         module.personal.weight.copy_(torch.tensor([[100.0, 100.0]]))
     strategy = FedDyn(alpha=0.1, anchor=anchor)
-    strategy.configure_roles(module.parameter_roles())
     state = {} if h is None else {"h": {"shared.weight": torch.tensor([h])}}
     strategy.on_client_fit_start(pl_module=module, received={"shared.weight": torch.tensor([[2.0, 2.0]])},
                                  received_extras={"server_state": {"shared.weight": torch.tensor([[1.0, 1.0]])}},
@@ -80,8 +79,8 @@ def test_h_update_after_training():
 
 def test_server_mean_h_and_cloud_model_with_partial_participation():
     strategy = FedDyn(buffers="dynamic")
-    strategy.configure_roles(ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}))
-    strategy.initialize({"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])}, ["a", "b", "c"])
+    strategy.initialize({"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])}, ["a", "b", "c"],
+                        roles=ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}))
     strategy.aggregate(1, [ClientUpdate("a", 1, {"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])})])
     # round 1 with only a, unchanged: theta_srv = theta_cld = [1, 1], hbar = 0
     assert strategy.cloud_state["w"].tolist() == [1.0, 1.0]
@@ -100,8 +99,8 @@ def test_server_mean_h_and_cloud_model_with_partial_participation():
 
 def test_buffers_are_averaged_without_correction_by_default():
     strategy = FedDyn()
-    strategy.configure_roles(ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}))
-    strategy.initialize({"w": torch.tensor([1.0]), "rv": torch.tensor([1.0])}, ["a", "b"])
+    strategy.initialize({"w": torch.tensor([1.0]), "rv": torch.tensor([1.0])}, ["a", "b"],
+                        roles=ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}))
     assert set(strategy.h_mean) == {"w"}
     states = [{"w": torch.tensor([2.0]), "rv": torch.tensor([3.0])},
               {"w": torch.tensor([4.0]), "rv": torch.tensor([5.0])}]
