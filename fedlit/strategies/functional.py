@@ -268,6 +268,33 @@ def scaffold_control_variate(
     return out
 
 
+def scaffold_server_control(
+    c: State, deltas: Sequence[State], weights: Sequence[float], num_clients: int
+) -> dict[str, Tensor]:
+    """``c + (|S| / N) sum_i w_i delta_i``, ``w_i = weights_i / sum_j weights_j``, per tensor of ``c`` (SCAFFOLD
+    Eq. 5, second half, with the weights of the model's mean: equal weights give the paper's
+    ``c + sum_i delta_i / N``).
+
+    Args:
+        c: The server's control variate.
+        deltas: The round's ``delta c_i = c_i+ - c_i``, ``|S|`` of them.
+        weights: One non-negative weight per client (1 each, or its examples).
+        num_clients: N, all clients of the federation.
+    """
+    if len(deltas) != len(weights):
+        raise ValueError(f"{len(deltas)} control variates but {len(weights)} weights.")
+    if num_clients < len(deltas):
+        raise ValueError(f"num_clients={num_clients} is smaller than the {len(deltas)} updates of the round.")
+    normalized_weights(weights)  # raises on negative weights or a zero total
+    total = float(sum(weights))
+    factors = [len(deltas) * float(w) / total for w in weights]  # |S| w_i: exactly 1 each for equal weights
+    out = {}
+    for key, ci in c.items():
+        step = sum(f * d[key].to(ci.device, torch.float64) for f, d in zip(factors, deltas, strict=True))
+        out[key] = (ci.to(torch.float64) + step / num_clients).to(ci.dtype)
+    return out
+
+
 def feddyn_penalty(params: Mapping[str, Tensor], anchor: State, h: State, alpha: float) -> Tensor:
     """``alpha * sum_k [<theta_k, -anchor_k + h_k> + ||theta_k||^2 / 2]`` over the keys of ``params``
     (FedDyn's client regularizer; differentiable in ``params``)."""

@@ -16,103 +16,112 @@ Symbols -> code: ``x`` -> ``self.global_state``; ``c`` -> ``self.c`` (server sta
 :class:`~fedlit.store.ClientStore`, zero until the client first trains); ``y_i`` -> ``update.state``;
 ``delta c_i`` -> ``update.extras["delta_c"]`` (counted as upload); ``eta_l`` -> the learning rate of each
 parameter's group in the optimizer the hook receives; ``K eta_l`` -> the sum of those rates over the K local steps
-(``K`` = ``update.metrics["steps"]``); ``eta_g`` -> ``eta_g``; ``N`` -> every client of the federation; ``S`` ->
-the round's ``updates``.
+that happened (``K`` = ``update.metrics["steps"]``: a step that 16-bit mixed precision's gradient scaler skipped
+over inf/NaN gradients did not move ``y_i`` and is not counted); ``eta_g`` -> ``eta_g``; ``N`` ->
+``len(self.client_ids)``, every client of the federation; ``S`` -> the round's ``updates``; ``w_i`` -> the
+normalized weights of ``control_weighting``.
 
-Deviation: the local step is the module's own optimizer, with ``c - c_i`` added to the gradient of every shared
-parameter in ``on_before_optimizer_step``. That is Eq. 3 exactly for SGD without momentum; with momentum,
-Adam or weight decay the step is not Eq. 3 and option II's ``c_i+`` is the paper's approximation (a warning says
-so, once). Deviation: only shared parameters have control variates. Shared buffers (BatchNorm statistics) have no
-gradient to correct: they are uploaded and stepped by the server like parameters (``x += eta_g mean(y_i - x)``,
-integer ones rounded); personal tensors take no part.
+Decision (``control_weighting``): the server moves ``c`` with the weights it gives the models,
+``c <- c + (|S| / N) sum_{i in S} w_i delta c_i``, ``w_i = n_i / sum_{j in S} n_j`` under
+``weighting="num_examples"`` (what FLamby's SCAFFOLD runs) and ``w_i = 1 / |S|`` under ``weighting="uniform"``,
+where it is the paper's ``c <- c + 1 / N sum_{i in S} delta c_i``. With sample-weighted models and an unweighted
+``c`` the corrections ``c - c_i`` no longer cancel in the server's weighted mean, and the model drifts.
+``control_weighting="uniform"`` or ``"num_examples"`` picks either rule whatever ``weighting`` is.
 
-The reference code, PFLlib (``serverscaffold.py``, ``clientscaffold.py``), differs from the paper and from
-ALGORITHMS.md in three places we do not follow: it weighs ``y_i - x`` by sample counts (``weighting=
-"num_examples"`` reproduces that), it adds ``|S| / N * delta c_i`` per client (``|S|`` times the paper's step on
-``c``), and it divides by the batches of one epoch rather than by K.
+Deviation: ``weighting="num_examples"`` weighs ``y_i - x`` by the clients' training examples (the paper's mean
+is uniform, the default here). Deviation: the local step is the module's own optimizer, with ``c - c_i`` added
+to the gradient of every shared parameter in ``on_before_optimizer_step``. That is Eq. 3 exactly for SGD
+without momentum or weight decay; with momentum, weight decay or Adam the step is not Eq. 3 and option II's
+``c_i+`` is the paper's approximation (a warning says so, once). Deviation: only shared parameters have control
+variates. Shared buffers (BatchNorm statistics) have no gradient to correct: they are uploaded and stepped by the
+server like parameters (``x += eta_g sum_i w_i (y_i - x)``, integer ones rounded); personal tensors take no part.
+Deviation: a client none of whose steps happened (every one skipped by the gradient scaler) keeps its ``c_i`` and
+uploads ``delta c_i = 0``: ``(x - y_i) / (K eta_l)`` is undefined for ``K = 0``.
+
+The reference code, PFLlib (``serverscaffold.py``, ``clientscaffold.py``), differs from the paper in three places
+we do not follow by default: it weighs ``y_i - x`` by sample counts (``weighting="num_examples"`` reproduces
+that), it adds ``|S| / N * delta c_i`` per client (``|S|`` times the paper's step on ``c``), and it divides by the
+batches of one epoch rather than by K.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from fedlit.roles import ParameterRoles
+from fedlit.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
+
+WEIGHTINGS = ("uniform", "num_examples")
 
 
 class SCAFFOLD(Strategy):
     """Stochastic controlled averaging: client drift corrected by control variates (option II).
 
     Args:
-        eta_g: Global step size eta_g (1 in ALGORITHMS.md: the server takes the mean of the client models).
+        eta_g: Global step size eta_g (1: the server takes the mean of the client models).
         weighting: ``uniform`` averages ``y_i - x`` equally (the paper); ``num_examples`` weighs client i by its
-            training examples (PFLlib).
+            training examples (PFLlib, FLamby).
+        control_weighting: The weights of ``delta c_i`` in the server's step on ``c``: ``same`` as ``weighting``
+            (so that the corrections cancel in the weighted mean), or ``uniform`` / ``num_examples`` regardless.
     """
 
-    def __init__(self, *, eta_g: float = 1.0, weighting: Literal["uniform", "num_examples"] = "uniform") -> None:
+    def __init__(
+        self,
+        *,
+        eta_g: float = 1.0,
+        weighting: Literal["uniform", "num_examples"] = "uniform",
+        control_weighting: Literal["same", "uniform", "num_examples"] = "same",
+    ) -> None:
         super().__init__()
         problems = []
         if not eta_g > 0:
             problems.append(f"strategy.init_args.eta_g={eta_g} must be > 0 (1 is the paper's default)")
-        if weighting not in ("uniform", "num_examples"):
-            problems.append(f"strategy.init_args.weighting={weighting!r} is not one of ['uniform', 'num_examples']")
+        if weighting not in WEIGHTINGS:
+            problems.append(f"strategy.init_args.weighting={weighting!r} is not one of {list(WEIGHTINGS)}")
+        if control_weighting not in ("same", *WEIGHTINGS):
+            problems.append(f"strategy.init_args.control_weighting={control_weighting!r} is not one of "
+                            f"{['same', *WEIGHTINGS]} ('same' follows weighting)")
         if problems:
-            raise ValueError("Invalid SCAFFOLD settings: " + "; ".join(problems) + ".")
-        self.eta_g, self.weighting = eta_g, weighting
+            raise ConfigError("Invalid SCAFFOLD settings: " + "; ".join(problems) + ".")
+        self.eta_g, self.weighting, self.control_weighting = eta_g, weighting, control_weighting
         self.c: dict[str, Tensor] = {}
-        self.num_clients = 0
-        self._param_names: list[str] = []
         self._warned = False
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
-    def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
-        """Roles unchanged; remembers which shared tensors are parameters (those get control variates)."""
-        self._param_names = roles.names("shared", buffers=False)
-        return roles
-
-    def initialize(
-        self,
-        global_state: Mapping[str, Tensor],
-        client_ids: list[str],
-        class_counts: Mapping[str, list[int]] | None = None,
-    ) -> None:
-        """``x`` = the initial shared tensors, ``c = 0`` for every shared parameter."""
-        super().initialize(global_state, client_ids, class_counts)
-        self.num_clients = len(client_ids)
-        self.c = {n: torch.zeros_like(self.global_state[n]) for n in self._param_names if n in self.global_state}
+    def setup_server_state(self) -> None:
+        """``c = 0`` for every shared parameter."""
+        super().setup_server_state()
+        self.c = {n: torch.zeros_like(self.global_state[n]) for n in self.shared_parameter_names()}
 
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """The server control variate ``c`` (line 5: ``(x, c)`` go to every selected client)."""
         return {"c": dict(self.c)}
 
-    def client_weights(self, updates: list[ClientUpdate]) -> list[float]:
-        """The weight of each ``y_i - x`` in the server step."""
-        if self.weighting == "uniform":
+    def client_weights(self, updates: list[ClientUpdate], weighting: str | None = None) -> list[float]:
+        """The weight of each ``y_i - x`` in the server step (of each ``delta c_i`` with ``weighting`` given)."""
+        if (weighting or self.weighting) == "uniform":
             return [1.0] * len(updates)
         return [float(u.num_examples) for u in updates]
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
-        """``x += eta_g mean(y_i - x)`` and ``c += sum delta c_i / N`` (lines 16-17, Eq. 5)."""
+        """``x += eta_g sum_i w_i (y_i - x)`` and ``c += (|S| / N) sum_i w_i delta c_i`` (lines 16-17, Eq. 5)."""
         if not updates:
             return dict(self.global_state)
-        unknown = sorted(set(updates[0].state) - set(self.global_state))
-        if unknown:
-            raise KeyError(f"Client {updates[0].client_id!r} uploaded tensors the server does not share: {unknown[:5]}")
+        self.check_uploads(updates)
         missing = [u.client_id for u in updates if "delta_c" not in u.extras]
         if missing:
             raise KeyError(f"Clients {missing} uploaded no SCAFFOLD control variate (update.extras['delta_c']).")
         x = {n: self.global_state[n] for n in updates[0].state}
         self.global_state.update(F.server_step(x, [u.state for u in updates], self.client_weights(updates), self.eta_g))
-        for name, c in self.c.items():
-            total = sum(u.extras["delta_c"][name].to(c.device, torch.float64) for u in updates)
-            self.c[name] = (c.to(torch.float64) + total / self.num_clients).to(c.dtype)
+        control = self.weighting if self.control_weighting == "same" else self.control_weighting
+        self.c.update(F.scaffold_server_control(self.c, [u.extras["delta_c"] for u in updates],
+                                                self.client_weights(updates, control), len(self.client_ids)))
         return dict(self.global_state)
 
     def state_dict(self) -> dict[str, Any]:
@@ -137,11 +146,14 @@ class SCAFFOLD(Strategy):
             "c_i": c_i,
             "correction": {n: (c[n].to(p.device) - c_i[n].to(p.device)).to(p.dtype) for n, p in params.items()},
             "k_lr": dict.fromkeys(params, 0.0),
+            "steps": 0,
+            "pending_lr": None,
             "groups": None,
         }
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
-        """``g <- g + c - c_i`` on every shared parameter before the step (line 10, Eq. 3); counts ``K eta_l``."""
+        """``g <- g + c - c_i`` on every shared parameter before the step (line 10, Eq. 3); notes each
+        parameter's ``eta_l``, counted in ``K eta_l`` once the step has happened (:meth:`on_before_zero_grad`)."""
         turn = self._turn
         if not turn:
             return
@@ -158,7 +170,19 @@ class SCAFFOLD(Strategy):
                 param.grad = correction.clone()
             else:
                 param.grad.add_(correction)
-            turn["k_lr"][name] += float(turn["groups"][name]["lr"])
+        turn["pending_lr"] = {name: float(group["lr"]) for name, group in turn["groups"].items()}
+
+    def on_before_zero_grad(self, optimizer: Any, stepped: bool = True) -> None:
+        """Count the step in ``K`` and its learning rates in ``K eta_l`` if it happened (``stepped``: the gradient
+        scaler of 16-bit mixed precision skips steps whose gradients are not finite)."""
+        turn = self._turn
+        if not turn or turn["pending_lr"] is None:
+            return
+        if stepped:
+            turn["steps"] += 1
+            for name, lr in turn["pending_lr"].items():
+                turn["k_lr"][name] += lr
+        turn["pending_lr"] = None
 
     def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any]) -> None:
         """``c_i+ = c_i - c + (x - y_i) / (K eta_l)``; upload ``delta c_i = c_i+ - c_i`` (lines 12-14, Eq. 4)."""
@@ -166,25 +190,38 @@ class SCAFFOLD(Strategy):
         if not turn:
             return
         c_i = {n: t.to(update.state[n].device) for n, t in turn["c_i"].items()}  # kept where the store keeps y_i
-        new = F.scaffold_control_variate(c_i, turn["c"], turn["x"], update.state, turn["k_lr"])
+        if turn["steps"] == 0:
+            warnings.warn(
+                f"SCAFFOLD: client {update.client_id!r} took no optimizer step this round (the gradient scaler "
+                "skipped every one over inf/NaN gradients): its control variate c_i is kept and it uploads "
+                "delta c_i = 0. Lower the learning rate or train in 32-bit (federation.precision) if this repeats.",
+                stacklevel=2,
+            )
+            new = {n: t.clone() for n, t in c_i.items()}
+        else:
+            new = F.scaffold_control_variate(c_i, turn["c"], turn["x"], update.state, turn["k_lr"])
         update.extras["delta_c"] = {n: new[n] - c_i[n] for n in new}
         client_state["c_i"] = new
         self._turn = {}
 
     def _check_optimizer(self, optimizer: Any) -> None:
-        plain_sgd = isinstance(optimizer, torch.optim.SGD) and all(
-            g.get("momentum", 0) == 0 for g in optimizer.param_groups
+        """Warn once unless the local step is Eq. 3's plain SGD (no momentum, no weight decay)."""
+        groups = optimizer.param_groups
+        decays = sorted({float(g.get("weight_decay", 0.0)) for g in groups})
+        plain_sgd = (isinstance(optimizer, torch.optim.SGD) and all(g.get("momentum", 0) == 0 for g in groups)
+                     and decays == [0.0])
+        if plain_sgd or self._warned:
+            return
+        self._warned = True
+        kind = type(optimizer).__name__.removeprefix("Fabric")
+        momenta = sorted({g.get("momentum", g.get("betas")) for g in groups}, key=str)
+        warnings.warn(
+            f"SCAFFOLD assumes plain SGD local steps (Eq. 3; option II divides the model change by K * lr), got "
+            f"{kind} with momentum/betas {momenta} and weight_decay {decays}: the control variates are the paper's "
+            "approximation. Use model.init_args.optimizer=sgd with model.init_args.momentum=0 and "
+            "model.init_args.weight_decay=0 for the exact algorithm.",
+            stacklevel=2,
         )
-        if not plain_sgd and not self._warned:
-            self._warned = True
-            kind = type(optimizer).__name__.removeprefix("Fabric")
-            momenta = sorted({g.get("momentum", g.get("betas")) for g in optimizer.param_groups}, key=str)
-            warnings.warn(
-                f"SCAFFOLD assumes plain SGD local steps (option II divides the model change by K * lr), got {kind} "
-                f"(momentum/betas {momenta}): the control variates are the paper's approximation. Use "
-                "model.init_args.optimizer=sgd with momentum 0 for the exact algorithm.",
-                stacklevel=2,
-            )
 
     def hparams(self) -> dict[str, Any]:
-        return {"eta_g": self.eta_g, "weighting": self.weighting}
+        return {"eta_g": self.eta_g, "weighting": self.weighting, "control_weighting": self.control_weighting}
