@@ -84,6 +84,22 @@ def check_beta(beta: float, option: str) -> None:
         )
 
 
+def warn_if_trims_nothing(beta: float, num_updates: int, option: str) -> None:
+    """Warn when ``beta > 0`` but ``int(beta * n)`` is 0 for this round's ``n`` updates: nothing is trimmed, the
+    trimmed mean is the plain mean and a single poisoned update passes through."""
+    if beta <= 0 or num_updates == 0 or int(beta * num_updates) > 0:
+        return
+    if num_updates <= 2:
+        fix = f"no beta below 0.5 trims any of {num_updates}: let at least 3 clients train per round"
+    else:
+        fix = f"the smallest beta that trims one client at each end is 1/{num_updates} = {1 / num_updates:.4g}"
+    warnings.warn(
+        f"{option}={beta} trims int({beta} * {num_updates}) = 0 of the {num_updates} client updates of this round "
+        f"at each end: the trimmed mean is the plain mean, and one poisoned update passes through; {fix}.",
+        stacklevel=3,
+    )
+
+
 def check_krum(num_malicious: int, num_selected: int, option: str) -> None:
     """Raise a ``ValueError`` naming the options unless ``num_malicious >= 0`` and ``num_selected >= 1``."""
     problems = []
@@ -109,8 +125,10 @@ class TrimmedMeanAggregator(Aggregator):
     def __init__(self, *, beta: float = 0.2) -> None:
         check_beta(beta, f"{OPTION}.beta")
         self.beta = beta
+        self.option = f"{OPTION}.beta"  # how warnings name beta (FedTrimmedAvg's is strategy.init_args.beta)
 
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
+        warn_if_trims_nothing(self.beta, len(states), self.option)
         return F.trimmed_mean(states, self.beta)
 
     def hparams(self) -> dict[str, Any]:

@@ -16,6 +16,10 @@ ignore the number of examples.
 
 Deviation: the paper trims gradients at every step; like Flower, fedlit trims the models after local training.
 Integer buffers (``num_batches_tracked``) get the rounded trimmed mean.
+
+With few clients per round ``int(beta n)`` can be 0 (beta = 0.2 and n = 4): nothing is trimmed, the result is
+the plain mean and one poisoned update passes through; a warning then gives the smallest beta that trims one
+client at each end, ``1 / n`` (5 clients are the fewest that beta = 0.2 protects).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ class FedTrimmedAvg(FedAvg):
 
     def __init__(self, *, beta: float = 0.2) -> None:
         check_beta(beta, "strategy.init_args.beta")
-        super().__init__(aggregator=TrimmedMeanAggregator(beta=beta))
+        aggregator = TrimmedMeanAggregator(beta=beta)
+        aggregator.option = "strategy.init_args.beta"  # warnings name the option as the recipe spells it
+        super().__init__(aggregator=aggregator)
         self.beta = beta
 
     def hparams(self) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """Robust aggregation: median, trimmed mean and Krum by hand and by property, and as pluggable aggregators."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -155,6 +157,24 @@ def test_robust_strategies_fix_their_aggregator():
     assert repr(FedTrimmedAvg()) == "FedTrimmedAvg(beta=0.2)" and repr(FedMedian()) == "FedMedian()"
     assert repr(Krum(num_selected=3)) == "Krum(num_malicious=0, num_selected=3, weighting='num_examples')"
     assert repr(FedProx(mu=0.1)) == "FedProx(mu=0.1, weighting='num_examples')"  # default aggregator not shown
+
+
+def test_a_beta_that_trims_nothing_warns_with_the_smallest_beta_that_trims():
+    # 4 clients, one poisoned: int(0.2 * 4) = int(0.8) = 0 values cut per side, so the mean (0 + 1 + 3 + 100) / 4 = 26
+    strategy = FedTrimmedAvg(beta=0.2)
+    strategy.initialize({"w": torch.zeros(1)}, [])
+    with pytest.warns(UserWarning, match=r"strategy\.init_args\.beta=0\.2 trims int\(0\.2 \* 4\) = 0 .*1/4 = 0\.25"):
+        out = strategy.aggregate(1, updates([0.0], [1.0], [3.0], [100.0], counts=[1, 1, 1, 1]))
+    assert out["w"].item() == pytest.approx(26.0)
+    # 5 clients: int(0.2 * 5) = 1 per side, the poisoned 100 is cut: (1 + 3 + 10) / 3, and no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = strategy.aggregate(2, updates([0.0], [1.0], [3.0], [10.0], [100.0], counts=[1, 1, 1, 1, 1]))
+        assert out["w"].item() == pytest.approx(14 / 3)
+        TrimmedMeanAggregator(beta=0.0)([{"w": torch.zeros(1)}] * 2, [1, 1])  # beta = 0 asks for the plain mean
+    # as an aggregator it names its own option; with 2 clients no beta below 0.5 trims anything
+    with pytest.warns(UserWarning, match=r"aggregator\.init_args\.beta=0\.3 .*at least 3 clients"):
+        TrimmedMeanAggregator(beta=0.3)([{"w": torch.zeros(1)}] * 2, [1, 1])
 
 
 def test_constructors_name_bad_options():
