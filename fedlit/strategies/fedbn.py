@@ -6,18 +6,42 @@ ICLR 2021. https://arxiv.org/abs/2102.07623
 Algorithm 1: clients keep their normalization layers local; the server averages everything else as FedAvg
 (``w_{t+1} = sum_k (n_k / n) w^k`` for non-BN tensors only).
 
-Following ALGORITHMS.md, "normalization" covers BatchNorm, GroupNorm and LayerNorm layers, parameters and
+"Normalization" covers BatchNorm, GroupNorm and LayerNorm layers, parameters and
 buffers (running statistics). Deviation: the paper names BN only; a transformer's LayerNorm plays the same role
 and is kept local too.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any
+
+from torch import nn
 
 from fedlit.roles import ParameterRoles
-from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
+
+
+def warn_without_trainable_norm(strategy: str, like: str, pl_module: Any, statistics: bool = False) -> None:
+    """Warn that ``strategy`` reduces to ``like`` when ``pl_module`` has no normalization tensor that trains
+    (``statistics``: no normalization buffer, i.e. running statistics) under its roles."""
+    roles = pl_module.parameter_roles()
+    if any(roles.is_norm(n) and r != "frozen" and (roles.is_buffer(n) or not statistics) for n, r in roles.items()):
+        return
+    backbone = getattr(pl_module, "backbone", None)
+    model = type(pl_module).__name__ + (f"(backbone={type(backbone).__name__})" if isinstance(backbone, nn.Module)
+                                        else "")
+    kinds = sorted({type(m).__name__ for _, m in pl_module.named_modules() if _ and "norm" in type(m).__name__.lower()})
+    why = "frozen, without running statistics, or" if statistics else "frozen or"
+    found = (f"its normalization-like modules {kinds[:5]} are {why} not of a class in fedlit.roles.NORM_TYPES"
+             if kinds else "it has no normalization-like module")
+    what = "statistics" if statistics else "layer"
+    warnings.warn(
+        f"{strategy}: the model {model} has no trainable normalization {what} ({found}), so {strategy} keeps "
+        f"nothing personal and behaves like {like} here. Give the normalization layers a trainable role "
+        f"(model.init_args.roles) or use {like}.",
+        stacklevel=2,
+    )
 
 
 class FedBN(FedAvg):
@@ -28,14 +52,14 @@ class FedBN(FedAvg):
         aggregator: As in :class:`FedAvg` (default: the weighted mean).
     """
 
-    def __init__(
-        self,
-        *,
-        weighting: Literal["num_examples", "uniform"] = "num_examples",
-        aggregator: Aggregator | None = None,
-    ) -> None:
-        super().__init__(weighting=weighting, aggregator=aggregator)
+    #: What the strategy reduces to when the model has no trainable normalization layer (warned at fit start).
+    without_norm: str = "FedAvg"
 
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """Normalization parameters and buffers that train become ``personal``; frozen ones stay frozen."""
         return roles.replace(lambda name, role: roles.is_norm(name) and role != "frozen", "personal")
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Warn when no normalization tensor trains: then nothing is personal and FedBN is FedAvg."""
+        super().on_fit_start(trainer, pl_module)
+        warn_without_trainable_norm(type(self).__name__, self.without_norm, pl_module)

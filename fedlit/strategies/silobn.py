@@ -12,7 +12,7 @@ Symbols -> code: ``mu_k, sigma_k^2`` -> the normalization buffers ``running_mean
 ``num_batches_tracked``), made ``personal``; ``gamma, beta`` -> the normalization parameters ``weight``,
 ``bias``, left ``shared``; ``w^k`` -> ``update.state``; ``n_k`` -> ``update.num_examples``.
 
-Following ALGORITHMS.md, "normalization" covers the layers of :data:`fedlit.roles.NORM_TYPES` (BatchNorm,
+"Normalization" covers the layers of :data:`fedlit.roles.NORM_TYPES` (BatchNorm,
 InstanceNorm, GroupNorm, LayerNorm...); only those with buffers (BatchNorm, InstanceNorm with running statistics)
 have statistics to keep local, so for GroupNorm/LayerNorm SiloBN equals FedAvg. Frozen normalization layers
 (a frozen pretrained backbone) stay frozen.
@@ -22,8 +22,11 @@ Deviation: the paper names BatchNorm only; the rule is applied to every normaliz
 
 from __future__ import annotations
 
+from typing import Any
+
 from fedlit.roles import ParameterRoles
 from fedlit.strategies.fedavg import FedAvg
+from fedlit.strategies.fedbn import warn_without_trainable_norm
 
 
 class SiloBN(FedAvg):
@@ -40,3 +43,8 @@ class SiloBN(FedAvg):
         return roles.replace(
             lambda name, role: roles.is_norm(name) and roles.is_buffer(name) and role != "frozen", "personal"
         )
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Warn when no normalization statistics train: then nothing is personal and SiloBN is FedAvg."""
+        super().on_fit_start(trainer, pl_module)
+        warn_without_trainable_norm(type(self).__name__, "FedAvg", pl_module, statistics=True)
