@@ -108,8 +108,8 @@ def test_integer_buffers_are_aggregated_not_optimized_and_dtypes_kept():
 @pytest.mark.parametrize("optimize_buffers", [False, True])
 def test_running_statistics_are_averaged_unless_optimize_buffers(optimize_buffers):
     strategy = FedAdam(eta=0.1, tau=0.01, optimize_buffers=optimize_buffers)
-    strategy.configure_roles(ParameterRoles.from_module(nn.BatchNorm1d(1), []))
-    strategy.initialize({"weight": torch.ones(1), "running_var": torch.ones(1)}, ["a"])
+    roles = strategy.configure_roles(ParameterRoles.from_module(nn.BatchNorm1d(1), []))
+    strategy.initialize({"weight": torch.ones(1), "running_var": torch.ones(1)}, ["a"], roles=roles)
     upload = {"weight": torch.tensor([3.0]), "running_var": torch.tensor([3.0])}
     out = strategy.aggregate(1, [ClientUpdate(client_id="a", num_examples=1, state=upload)])
     # Delta = 2 for both: Adam step 0.1 * 0.2 / (0.2 + 0.01) on the weight; the running variance takes the mean (3)
