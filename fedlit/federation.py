@@ -47,6 +47,7 @@ from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
 from fedlit.loop import local, state
 from fedlit.module import FederatedModule
+from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
 from fedlit.strategies.base import Strategy
 from fedlit.strategies.functional import state_nbytes
@@ -189,7 +190,8 @@ class Federation:
         self.identity = state.identity(self)
         self.store.set_initial(self.module.named_tensors("personal"))
         self.strategy.initialize(self.module.named_tensors("shared"), self.client_ids,
-                                 {c: v["train"] for c, v in self.datamodule.class_counts().items()})
+                                 {c: v["train"] for c, v in self.datamodule.class_counts().items()},
+                                 roles=roles)
         if ckpt_path is not None:
             state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             state.record_resume(self, self.out_dir)
@@ -220,17 +222,22 @@ class Federation:
 
     # ---------------------------------------------------------------------------------------------- fit
     def fit(self, ckpt_path: str | Path | None = None) -> dict[str, Any]:
-        """Run the remaining rounds (all of them, or those after ``ckpt_path``) and return the test results."""
-        self.setup(ckpt_path)
-        state.save_config(self)
-        self._log_class_counts()
-        self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
-        bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
-                   initial=self.server_round, total=self.rounds)
-        for server_round in bar:
-            self._run_round(server_round, bar)
-        results = self.report()
-        self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
+        """Run the remaining rounds (all of them, or those after ``ckpt_path``) and return the test results.
+
+        The run holds ``out_dir`` (see :mod:`fedlit.rundir`) from start to end: a fresh fit refuses a folder that
+        already holds a run, and any fit refuses a folder that another live run holds.
+        """
+        with claim_run_dir(self.out_dir, resume=ckpt_path is not None):
+            self.setup(ckpt_path)
+            state.save_config(self)
+            self._log_class_counts()
+            self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
+            bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
+                       initial=self.server_round, total=self.rounds)
+            for server_round in bar:
+                self._run_round(server_round, bar)
+            results = self.report()
+            self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results
 
     def _log_class_counts(self) -> None:

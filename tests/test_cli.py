@@ -51,10 +51,14 @@ def test_quickstart_fit_resume_validate_and_test(tmp_path, capsys):
 def test_heart_disease_recipe_on_the_real_data(shared_data, tmp_path):
     results = run(["fit", "--config", str(ROOT / "recipes" / "heart_disease_fedavg.yaml"),
                    "--data.init_args.root", str(shared_data / "heart_disease"), "--out_dir", str(tmp_path),
-                   "--federation.rounds", "2", "--federation.local_steps", "100",
+                   "--federation.rounds", "15", "--federation.local_steps", "100",
                    "--federation.progress_bar", "false"])
     assert list(results["last"]["clients"]) == ["cleveland", "hungarian", "switzerland", "va"]
-    assert 0.5 < results["last"]["summary"]["accuracy_mean"] <= 1.0
+    # FLamby's FedAvg on Fed-Heart-Disease reaches about 0.68 mean accuracy over the four centers at this budget
+    # (the 2-round model is at chance: 0.52); a broken loader or loop lands far from it.
+    summary = results["last"]["summary"]
+    assert summary["accuracy_mean"] == pytest.approx(0.678, abs=0.02)
+    assert summary["auroc_mean"] > 0.75
 
 
 def error_of(argv, capsys) -> str:

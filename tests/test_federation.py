@@ -184,3 +184,25 @@ def test_resume_refuses_another_frozen_backbone(tmp_path):
     other.seed = 0
     with pytest.raises(ValueError, match="frozen tensors differ"):
         other.fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
+
+
+def test_a_second_fresh_fit_into_the_same_folder_is_refused_and_keeps_the_first(tmp_path):
+    from fedlit.errors import RunDirError
+
+    make(tmp_path, FedAvg(), rounds=1).fit()
+    first = (tmp_path / "results.json").read_bytes()
+    with pytest.raises(RunDirError, match=r"already holds a run \(results.json.*--ckpt_path last"):
+        make(tmp_path, FedProx(mu=0.1), rounds=1).fit()
+    assert (tmp_path / "results.json").read_bytes() == first
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_a_folder_held_by_a_live_run_is_refused_even_on_resume(tmp_path):
+    from fedlit.errors import RunDirError
+    from fedlit.rundir import claim_run_dir
+
+    make(tmp_path, FedAvg(), rounds=1).fit()
+    with claim_run_dir(tmp_path, resume=True), pytest.raises(RunDirError, match="wait for that run to end"):
+        make(tmp_path, FedAvg(), rounds=2).fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
+    resumed = make(tmp_path, FedAvg(), rounds=2).fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
+    assert resumed["last"]["round"] == 2
