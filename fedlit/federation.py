@@ -183,6 +183,11 @@ class Federation:
         self._check_compatible()
         roles = self.strategy.configure_roles(self.module.parameter_roles())
         self.module.set_parameter_roles(roles)
+        if not any(p.requires_grad for p in self.module.parameters()):
+            raise ConfigError(
+                "Nothing to train: every parameter is frozen. Give a role rule that makes some tensors `shared` or "
+                "`personal` (model.init_args.roles)."
+            )
         if not roles.names("shared") and self.strategy.communicates:
             warnings.warn(f"{self.strategy!r} shares no tensor: every client will train alone.", stacklevel=2)
         self._wrapped = self.fabric.setup_module(self.module)

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
+from fedlit.errors import ConfigError
 from fedlit.roles import ParameterRoles, RoleRule
 
 
@@ -46,7 +47,7 @@ class FederatedModule(LightningModule):
         if weight_decay < 0:
             problems.append(f"model.init_args.weight_decay={weight_decay} must be >= 0")
         if problems:
-            raise ValueError("; ".join(problems) + ".")
+            raise ConfigError("; ".join(problems) + ".")
         self.role_rules = list(roles or [])
         self.optimizer_name = optimizer
         self.lr = lr
@@ -69,7 +70,7 @@ class FederatedModule(LightningModule):
         """Adopt ``roles`` (usually refined by a strategy) and set ``requires_grad`` from them."""
         missing = sorted(set(self.state_names()) - set(roles))
         if missing:
-            raise ValueError(f"Roles given for a different model: no role for {missing[:5]}.")
+            raise ConfigError(f"Roles given for a different model: no role for {missing[:5]}.")
         self._roles = roles
         for name, param in self.named_parameters():
             param.requires_grad_(roles[name] != "frozen")
@@ -114,7 +115,7 @@ class FederatedModule(LightningModule):
         """The local optimizer over the trainable parameters (shared and personal)."""
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
-            raise ValueError(
+            raise ConfigError(
                 "Nothing to train: every parameter is frozen. Give a role rule that makes some tensors "
                 "`shared` or `personal` (model.init_args.roles)."
             )

@@ -186,6 +186,14 @@ def test_a_fedlit_error_while_running_is_one_line(capsys, tmp_path):
     assert err.count("\n") == 1
 
 
+def test_a_model_with_nothing_to_train_is_refused_before_the_folder_holds_a_run(capsys, tmp_path):
+    argv = ["fit", *QUICK, "--out_dir", str(tmp_path), "--federation.rounds", "1",
+            "--model.init_args.roles", '[{pattern: "*", role: frozen}]']
+    err = error_of(argv, capsys)
+    assert "fedlit: error: Nothing to train: every parameter is frozen." in err and "model.init_args.roles" in err
+    assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_a_yaml_syntax_error_names_the_file_line_and_column(capsys, tmp_path):
     recipe = tmp_path / "broken.yaml"
     recipe.write_text("model:\n  class_path: fedlit.tasks.ClassificationModule\n  init_args:\n    lr: [0.1\n"

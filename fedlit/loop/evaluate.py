@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedlit.errors import DataError
 from fedlit.evaluation import markdown_table, summarize
 from fedlit.loop.local import load_client
 from fedlit.strategies.functional import state_nbytes
@@ -84,7 +85,7 @@ def evaluate_checkpoint(fed: Federation, split: str, ckpt_path: str | Path) -> d
         if metrics.get(split):
             per_client[client_id] = metrics[split]
     if not per_client:
-        raise ValueError(f"The data set has no {split!r} split to evaluate.")
+        raise DataError(f"The data set has no {split!r} split to evaluate.")
     weights = {c: fed.datamodule.num_examples(c, split) for c in per_client}
     result = {"round": fed.server_round, "clients": per_client,
               "summary": summarize(per_client, weights, fed.module.higher_is_better)}
@@ -127,8 +128,9 @@ def report(fed: Federation) -> dict[str, Any]:
     if final and fed.history.last_round is not None:
         fed.fabric.log_dict(final, step=fed.history.last_round)
         hp_metrics = {f"hparams/{k.split('/', 1)[1]}": v for k, v in final.items() if k.startswith("server/")}
+        hparams = _flatten({k: v for k, v in fed.config.items() if k != "resumed"}) or {"strategy": repr(fed.strategy)}
         for logger in fed.fabric.loggers:
-            logger.log_hyperparams(_flatten({k: v for k, v in fed.config.items() if k != "resumed"}) or {"strategy": repr(fed.strategy)}, metrics=hp_metrics)
+            logger.log_hyperparams(hparams, metrics=hp_metrics)
     for logger in fed.fabric.loggers:
         logger.finalize("success")
     return results

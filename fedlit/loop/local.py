@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedlit.errors import DataError
+from fedlit.errors import ConfigError, DataError
 from fedlit.strategies.base import ClientUpdate
 from fedlit.strategies.functional import state_nbytes
 
@@ -172,7 +172,7 @@ def call_with_client_state(fed: Federation, hook: str, **kwargs: Any) -> None:
 def _optimizer(fed: Federation, client_id: str) -> Any:
     optimizer = fed.module.configure_optimizers()
     if isinstance(optimizer, (Mapping, list, tuple)):
-        raise ValueError(
+        raise ConfigError(
             f"{type(fed.module).__name__}.configure_optimizers must return one optimizer: learning-rate "
             "schedulers are not supported in local training yet."
         )

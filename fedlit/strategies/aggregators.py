@@ -32,6 +32,7 @@ from typing import Any
 
 from torch import Tensor
 
+from fedlit.errors import ConfigError
 from fedlit.strategies import functional as F
 
 OPTION = "strategy.init_args.aggregator.init_args"
@@ -76,9 +77,9 @@ class MedianAggregator(Aggregator):
 
 
 def check_beta(beta: float, option: str) -> None:
-    """Raise a ``ValueError`` naming ``option`` unless ``0 <= beta < 0.5``."""
+    """Raise a ``ConfigError`` naming ``option`` unless ``0 <= beta < 0.5``."""
     if not 0.0 <= beta < 0.5:
-        raise ValueError(
+        raise ConfigError(
             f"{option}={beta} is the fraction trimmed at each end and must be in [0, 0.5) "
             f"(0 gives the plain unweighted mean; Flower's default is 0.2)."
         )
@@ -101,7 +102,7 @@ def warn_if_trims_nothing(beta: float, num_updates: int, option: str) -> None:
 
 
 def check_krum(num_malicious: int, num_selected: int, option: str) -> None:
-    """Raise a ``ValueError`` naming the options unless ``num_malicious >= 0`` and ``num_selected >= 1``."""
+    """Raise a ``ConfigError`` naming the options unless ``num_malicious >= 0`` and ``num_selected >= 1``."""
     problems = []
     if num_malicious < 0:
         problems.append(f"{option}.num_malicious={num_malicious} must be >= 0 (the number of Byzantine clients f).")
@@ -111,7 +112,7 @@ def check_krum(num_malicious: int, num_selected: int, option: str) -> None:
             f"m best-scored updates)."
         )
     if problems:
-        raise ValueError(" ".join(problems))
+        raise ConfigError(" ".join(problems))
 
 
 class TrimmedMeanAggregator(Aggregator):

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from fedlit.errors import ConfigError
 from fedlit.strategies.aggregators import Aggregator, WeightedMeanAggregator
 from fedlit.strategies.base import ClientUpdate, Strategy
 
@@ -43,7 +44,7 @@ class FedAvg(Strategy):
     ) -> None:
         super().__init__()
         if weighting not in ("num_examples", "uniform"):
-            raise ValueError(
+            raise ConfigError(
                 f"strategy.init_args.weighting={weighting!r} is not one of ['num_examples', 'uniform']."
             )
         if aggregator is not None and not isinstance(aggregator, Aggregator):

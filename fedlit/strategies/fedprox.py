@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from fedlit.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
@@ -39,7 +40,7 @@ class FedProx(FedAvg):
     ) -> None:
         super().__init__(weighting=weighting, aggregator=aggregator)
         if mu < 0:
-            raise ValueError(f"strategy.init_args.mu={mu} must be >= 0 (0 gives FedAvg).")
+            raise ConfigError(f"strategy.init_args.mu={mu} must be >= 0 (0 gives FedAvg).")
         self.mu = mu
         self._anchor: dict[str, Tensor] = {}
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from fedlit.errors import ConfigError
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedbn import FedBN
 from fedlit.strategies.fedprox import FedProx
@@ -58,7 +59,7 @@ class FedPxN(FedBN, FedProx):
         # FedProx's, which sets mu and FedAvg's weighting and aggregator.
         super().__init__(mu=mu, weighting=weighting, aggregator=aggregator)
         if not isinstance(prox_on_norm_initial, bool):
-            raise ValueError(
+            raise ConfigError(
                 f"strategy.init_args.prox_on_norm_initial={prox_on_norm_initial!r} must be true or false."
             )
         self.prox_on_norm_initial = prox_on_norm_initial

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from fedlit.errors import ConfigError, DataError
 from fedlit.strategies import functional as F
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
@@ -70,13 +71,13 @@ class FedSLD(FedAvg):
         super().setup_server_state()
         class_counts = self.class_counts
         if class_counts is None:
-            raise ValueError(
+            raise DataError(
                 "FedSLD needs every client's training samples per class (class_counts) before round 1; the "
                 "data module must report them (FederatedDataModule.class_counts)."
             )
         missing = sorted(set(self.client_ids) - set(class_counts))
         if missing:
-            raise ValueError(f"FedSLD: clients {missing[:5]} reported no class counts.")
+            raise DataError(f"FedSLD: clients {missing[:5]} reported no class counts.")
         self.prior = F.class_prior([class_counts[c] for c in self.client_ids]).float()
 
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
@@ -97,7 +98,7 @@ class FedSLD(FedAvg):
         logits, targets = outputs["logits"], outputs["targets"]
         prior = self._received_prior.to(logits.device)
         if targets.dim() > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"FedSLD needs one class per sample (multiclass or binary, model.init_args.task); the targets have "
                 f"shape {tuple(targets.shape)}, as for multilabel tasks, which FedSLD does not define."
             )
@@ -106,7 +107,7 @@ class FedSLD(FedAvg):
             z = logits.reshape(len(targets))
             logits, targets = torch.stack([torch.zeros_like(z), z], dim=-1), targets.round().long()
         if logits.shape[-1] != len(prior):
-            raise ValueError(
+            raise ConfigError(
                 f"FedSLD: the model gives {logits.shape[-1]} class scores but the clients reported counts for "
                 f"{len(prior)} classes; model.init_args.num_classes must match the data."
             )

@@ -13,8 +13,8 @@ from lightning.pytorch import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedlit import FedAvg
-from fedlit.strategies import SCAFFOLD
 from fedlit.errors import FedlitError, NonFiniteError
+from fedlit.strategies import SCAFFOLD
 from tests.conftest import make_federation
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from fedlit import FedAvg, FedProx, Federation, RoleRule
+from fedlit import FedAvg, Federation, FedProx, RoleRule
 from fedlit.errors import CheckpointError
 from fedlit.strategies import FedAdam
 from fedlit.tasks import ClassificationModule
