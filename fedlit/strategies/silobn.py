@@ -12,8 +12,8 @@ Symbols -> code: ``mu_k, sigma_k^2`` -> the normalization buffers ``running_mean
 ``num_batches_tracked``), made ``personal``; ``gamma, beta`` -> the normalization parameters ``weight``,
 ``bias``, left ``shared``; ``w^k`` -> ``update.state``; ``n_k`` -> ``update.num_examples``.
 
-"Normalization" covers the layers of :data:`fedlit.roles.NORM_TYPES` (BatchNorm,
-InstanceNorm, GroupNorm, LayerNorm...); only those with buffers (BatchNorm, InstanceNorm with running statistics)
+"Normalization" covers the layers :func:`fedlit.roles.is_norm_module` recognises (BatchNorm, InstanceNorm,
+GroupNorm, LayerNorm, custom norm classes by name and structure); only those with buffers (BatchNorm, InstanceNorm with running statistics)
 have statistics to keep local, so for GroupNorm/LayerNorm SiloBN equals FedAvg. Frozen normalization layers
 (a frozen pretrained backbone) stay frozen.
 
