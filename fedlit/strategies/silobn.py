@@ -13,9 +13,9 @@ Symbols -> code: ``mu_k, sigma_k^2`` -> the normalization buffers ``running_mean
 ``bias``, left ``shared``; ``w^k`` -> ``update.state``; ``n_k`` -> ``update.num_examples``.
 
 "Normalization" covers the layers :func:`fedlit.roles.is_norm_module` recognises (BatchNorm, InstanceNorm,
-GroupNorm, LayerNorm, custom norm classes by name and structure); only those with buffers (BatchNorm, InstanceNorm with running statistics)
-have statistics to keep local, so for GroupNorm/LayerNorm SiloBN equals FedAvg. Frozen normalization layers
-(a frozen pretrained backbone) stay frozen.
+GroupNorm, LayerNorm, custom norm classes by name and structure); only those with buffers (BatchNorm,
+InstanceNorm with running statistics) have statistics to keep local, so for GroupNorm/LayerNorm SiloBN equals
+FedAvg, and it warns at fit start. Frozen normalization layers (a frozen pretrained backbone) stay frozen.
 
 Deviation: the paper names BatchNorm only; the rule is applied to every normalization buffer.
 """
