@@ -34,7 +34,7 @@ class TinyTabular(FederatedDataModule):
         super().__init__(batch_size=batch_size, seed=seed)
         self.num_clients, self.samples = num_clients, samples
 
-    def _build(self) -> PartitionedData:
+    def build(self) -> PartitionedData:
         rng = np.random.default_rng(self.seed)
         inputs, targets, splits, start = [], [], {}, 0
         for k in range(self.num_clients):

@@ -1,7 +1,7 @@
 """``FederatedDataModule``: per-client train/val/test data for the federated loop.
 
 A data set is one *pool* of samples (inputs and targets tensors) plus, per client and split, the indices of
-its samples in the pool. Subclasses only build that (``_build``); loaders, class counts and the manifest are
+its samples in the pool. Subclasses only build that (``build``); loaders, class counts and the manifest are
 shared.
 """
 
@@ -127,7 +127,7 @@ class FederatedDataModule(ABC):
         self._data: PartitionedData | None = None
 
     @abstractmethod
-    def _build(self) -> PartitionedData:
+    def build(self) -> PartitionedData:
         """Load or generate the pool and form the clients' splits; called once by ``setup()``."""
 
     def setup(self) -> None:
@@ -146,7 +146,7 @@ class FederatedDataModule(ABC):
 
     def _checked(self) -> PartitionedData:
         if self._data is None:
-            data = self._build()
+            data = self.build()
             _check(data, type(self).__name__)
             self._data = data
         return self._data

@@ -101,7 +101,7 @@ class FedHeartDisease(FederatedDataModule):
         self.val_fraction = float(val_fraction)
         self.normalize = normalize
 
-    def _build(self) -> PartitionedData:
+    def build(self) -> PartitionedData:
         val_rng = np.random.default_rng(self.seed)
         frames, labels, kept_rows, center_splits = [], [], {}, []
         for center, name in zip(CENTERS, FILES, strict=True):

@@ -125,7 +125,7 @@ class MedMNIST(FederatedDataModule):
         self.image_size = image_size
         self.normalize = normalize
 
-    def _build(self) -> PartitionedData:
+    def build(self) -> PartitionedData:
         arrays = _load(self.path)
         for split in _SPLITS:
             n_images, n_labels = len(arrays[f"{split}_images"]), len(arrays[f"{split}_labels"])

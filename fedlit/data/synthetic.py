@@ -93,7 +93,7 @@ class SyntheticImages(FederatedDataModule):
         """Number of lesion classes (known without building the data)."""
         return self._num_classes
 
-    def _build(self) -> PartitionedData:
+    def build(self) -> PartitionedData:
         data_rng, split_rng = np.random.default_rng(self.seed).spawn(2)
         n_sites, n, size = self.num_clients, self.samples_per_client, self.image_size
         labels = np.concatenate(

@@ -300,7 +300,7 @@ class Pool(FederatedDataModule):
         self.parts = PartitionedData(name="pool", task=task, num_classes=num_classes, inputs=inputs,
                                      targets=targets, splits=splits, partitioner="given")  # fmt: skip
 
-    def _build(self) -> PartitionedData:
+    def build(self) -> PartitionedData:
         return self.parts
 
 
