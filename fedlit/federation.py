@@ -73,7 +73,9 @@ class Federation:
         optimizer_state: ``reset`` builds a fresh optimizer for every client turn; ``persist`` keeps each
             client's optimizer state (momenta) in the store between its turns.
         eval_every: Evaluate every this many rounds (the last round is always evaluated).
-        selection_metric: Metric whose mean over clients on validation picks the reported best round.
+        selection_metric: Metric whose mean over clients on validation picks the reported best round (its
+            direction from the module's ``higher_is_better``); None: the module's ``default_selection_metric``
+            (``accuracy`` for classification, ``c_index`` for survival).
         seed: Seed of client sampling and local training.
         accelerator: Fabric accelerator (``cpu``, ``cuda``, ``auto``...).
         devices: Fabric devices.
@@ -102,7 +104,7 @@ class Federation:
         local_steps: int | None = None,
         optimizer_state: Literal["reset", "persist"] = "reset",
         eval_every: int = 1,
-        selection_metric: str = "accuracy",
+        selection_metric: str | None = None,
         seed: int = 0,
         accelerator: str = "cpu",
         devices: int | str = 1,
@@ -133,7 +135,12 @@ class Federation:
         if isinstance(clients_per_round, int) and clients_per_round < 1:
             problems.append(f"federation.clients_per_round={clients_per_round} must be >= 1")
         known = set(module.higher_is_better)
-        if known and selection_metric not in known:
+        if selection_metric is None:
+            selection_metric = module.default_selection_metric
+            if known and selection_metric not in known:
+                problems.append(f"{type(module).__name__}.default_selection_metric={selection_metric!r} is not one "
+                                f"of its metrics {sorted(known)}; set federation.selection_metric")
+        elif known and selection_metric not in known:
             problems.append(f"federation.selection_metric={selection_metric!r} is not one of {sorted(known)}")
         if problems:
             raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
@@ -194,19 +201,25 @@ class Federation:
         self._active_hooks = _overridden_hooks(self.fabric._callbacks)
         self.identity = state.identity(self)
         self.store.set_initial(self.module.named_tensors("personal"))
+        counts = self.datamodule.class_counts()  # None for a task without classes
         self.strategy.initialize(self.module.named_tensors("shared"), self.client_ids,
-                                 {c: v["train"] for c, v in self.datamodule.class_counts().items()},
-                                 roles=roles)
+                                 None if counts is None else {c: v["train"] for c, v in counts.items()}, roles=roles)
         if ckpt_path is not None:
             state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             state.record_resume(self, self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "manifest.json").write_text(json.dumps(self.datamodule.manifest()))
-        (self.out_dir / "class_counts.json").write_text(json.dumps(self.datamodule.class_counts(), indent=1))
+        if counts is not None:
+            (self.out_dir / "class_counts.json").write_text(json.dumps(counts, indent=1))
 
     def _check_compatible(self) -> None:
-        problems = []
-        for attr in ("task", "num_classes"):
+        task = getattr(self.datamodule, "task", None)
+        problems = [f"{section} {type(obj).__name__} accepts tasks {sorted(obj.accepted_tasks)} but data "
+                    f"{type(self.datamodule).__name__} has task {task!r}"
+                    for section, obj in (("model", self.module), ("strategy", self.strategy))
+                    if task is not None and getattr(obj, "accepted_tasks", None) is not None
+                    and task not in obj.accepted_tasks]
+        for attr in ("task", "num_classes") if not problems else ():
             ours, theirs = getattr(self.module, attr, None), getattr(self.datamodule, attr, None)
             if ours is not None and theirs is not None and ours != theirs:
                 problems.append(f"model.init_args.{attr}={ours!r} but the data set has {attr}={theirs!r}")
@@ -246,8 +259,11 @@ class Federation:
         return results
 
     def _log_class_counts(self) -> None:
-        """Print the per-client class counts of the train split and log the full table to TensorBoard."""
+        """Print the per-client class counts of the train split and log the full table to TensorBoard (only for
+        a classification task)."""
         counts = self.datamodule.class_counts()
+        if counts is None:  # a task without classes (survival, regression): no class table
+            return
         lines = ["| client | " + " | ".join(f"{s} per class" for s in ("train", "val", "test")) + " |",
                  "|---|---|---|---|"]
         lines += [f"| {c} | " + " | ".join(str(v[s]) for s in ("train", "val", "test")) + " |"

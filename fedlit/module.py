@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -21,6 +21,9 @@ class FederatedModule(LightningModule):
     with ``roles`` (rules applied after :meth:`default_role_rules`); the federation calls
     :meth:`set_parameter_roles` with the strategy's refinement, which also sets ``requires_grad``.
 
+    A module says which data it trains on with ``accepted_tasks`` (the data set's ``task`` must be one of them;
+    None accepts any) and which metric picks the best round by default with ``default_selection_metric``.
+
     Args:
         roles: Extra role rules, applied after the subclass defaults; the last matching rule wins.
         optimizer: The local optimizer.
@@ -28,6 +31,12 @@ class FederatedModule(LightningModule):
         momentum: SGD momentum (ignored by Adam/AdamW).
         weight_decay: Weight decay of the local optimizer.
     """
+
+    #: The data set tasks (``FederatedDataModule.task``) this module can train on; None: any task.
+    accepted_tasks: ClassVar[frozenset[str] | None] = None
+    #: The metric whose mean validation value picks the best round when ``federation.selection_metric`` is
+    #: not set; one of :attr:`higher_is_better`'s keys.
+    default_selection_metric: ClassVar[str] = "loss"
 
     def __init__(
         self,

@@ -1,6 +1,12 @@
 """Federated data: the ``FederatedDataModule`` API, partitioners and one module per data set."""
 
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData, PoolSubset, SplitName, TaskType
+from fedlit.data.datamodule import (
+    CLASSIFICATION_TASKS,
+    FederatedDataModule,
+    PartitionedData, PoolSubset,
+    SplitName,
+    TaskType,
+)
 from fedlit.data.heart_disease import FedHeartDisease
 from fedlit.data.medmnist import MedMNIST, MedMNISTTransform
 from fedlit.data.partition import (
@@ -20,6 +26,7 @@ from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, spl
 from fedlit.data.synthetic import SyntheticImages
 
 __all__ = [
+    "CLASSIFICATION_TASKS",
     "IID",
     "SPLITS",
     "Dirichlet",

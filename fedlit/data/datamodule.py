@@ -20,7 +20,11 @@ from torch.utils.data import DataLoader, Dataset
 from fedlit.data.splits import SPLITS
 from fedlit.errors import DataError
 
-TaskType = Literal["multiclass", "binary", "multilabel"]
+#: A data set's task: one of :data:`CLASSIFICATION_TASKS`, ``"survival"``, ``"regression"`` or any other name
+#: that a module accepts (``FederatedModule.accepted_tasks``).
+TaskType = str
+#: Tasks whose targets are classes: they have per-class counts (``class_counts``) and checked labels.
+CLASSIFICATION_TASKS = frozenset({"multiclass", "binary", "multilabel"})
 SplitName = Literal["train", "val", "test"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -31,9 +35,10 @@ class PartitionedData:
 
     Attributes:
         name: data set name, recorded in the manifest.
-        task: ``"multiclass"`` (int64 targets (N,)), ``"binary"`` (float32 0/1 (N,)) or ``"multilabel"``
-            (float32 (N, L)).
-        num_classes: classes (multiclass), 1 (binary) or labels (multilabel).
+        task: ``"multiclass"`` (int64 targets (N,)), ``"binary"`` (float32 0/1 (N,)), ``"multilabel"``
+            (float32 (N, L)), ``"survival"`` (float32 (N, 2): time >= 0, event 0/1), or any other name (e.g.
+            ``"regression"``: targets of any shape, not checked beyond being finite) that a module accepts.
+        num_classes: classes (multiclass), 1 (binary) or labels (multilabel); 0 for tasks without classes.
         inputs: the pool's inputs, first dimension = samples; may be stored compactly (e.g. uint8) if
             ``transform`` turns a batch of them into float tensors.
         targets: the pool's targets, with the dtype and shape the task documents.
@@ -42,6 +47,8 @@ class PartitionedData:
         partitioner: how clients were formed (the partitioner's repr), recorded in the manifest.
         transform: applied to a batch of ``inputs`` (first dimension kept) when it is read; must be picklable.
         details: extra JSON-serializable facts for the manifest (source file, pool layout, fractions).
+        finite_targets: whether ``setup()`` refuses NaN/Inf targets (the default, for every task); a task whose
+            targets mark a missing value with NaN (its loss masks them) sets it False.
     """
 
     name: str
@@ -53,6 +60,7 @@ class PartitionedData:
     partitioner: str
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    finite_targets: bool = True
 
 
 class PoolSubset(Dataset[Batch]):
@@ -93,8 +101,9 @@ class FederatedDataModule(ABC):
 
     ``setup()`` refuses a pool it cannot train on, naming the data set class, the sample index and the value:
     non-finite inputs (floating pools; compact pools such as uint8 images are checked by their data set when
-    read) or targets, multiclass targets outside ``[0, num_classes)``, binary or multilabel targets other than
-    0/1, split indices outside the pool, and a client with an empty train or test split (an empty val split is
+    read) or targets (unless the data set declares ``finite_targets=False`` for a task without classes),
+    multiclass targets outside ``[0, num_classes)``, binary or multilabel targets other than 0/1, survival
+    targets other than (time >= 0, event 0/1) rows, split indices outside the pool, and a client with an empty train or test split (an empty val split is
     allowed: the data set then has no validation split).
 
     Args:
@@ -153,7 +162,7 @@ class FederatedDataModule(ABC):
 
     @property
     def task(self) -> TaskType:
-        """``"multiclass"``, ``"binary"`` or ``"multilabel"``."""
+        """What the targets are: ``"multiclass"``, ``"binary"``, ``"multilabel"``, ``"survival"``, ..."""
         return self.data.task
 
     @property
@@ -184,10 +193,12 @@ class FederatedDataModule(ABC):
         """Number of samples of ``client_id`` in ``split``."""
         return len(self._indices(client_id, split))
 
-    def class_counts(self) -> dict[str, dict[str, list[int]]]:
+    def class_counts(self) -> dict[str, dict[str, list[int]]] | None:
         """Client -> split -> samples per class ([negatives, positives] if binary; positives per label if
-        multilabel)."""
+        multilabel); None for a task without classes (survival, regression...)."""
         data = self.data
+        if data.task not in CLASSIFICATION_TASKS:
+            return None
         counts: dict[str, dict[str, list[int]]] = {}
         for client_id, splits in data.splits.items():
             counts[client_id] = {}
@@ -256,8 +267,12 @@ def _check(data: PartitionedData, owner: str) -> None:
     # One pass over the pool; the per-sample search only runs when something is wrong.
     if inputs.is_floating_point() and not torch.isfinite(inputs).all():
         problems.append(_non_finite(where, "input", inputs))
-    if targets.is_floating_point() and not torch.isfinite(targets).all():
+    # Classification labels are always finite; another task may declare NaN/Inf meaningful (finite_targets=False).
+    must_be_finite = data.finite_targets or data.task in CLASSIFICATION_TASKS
+    if must_be_finite and targets.is_floating_point() and not torch.isfinite(targets).all():
         problems.append(_non_finite(where, "target", targets))
+    elif data.task == "survival":
+        problems += _survival_problems(where, targets)
     elif data.task == "multiclass":
         if targets.is_floating_point() or targets.dtype == torch.bool:
             problems.append(
@@ -321,6 +336,21 @@ def _non_finite(where: str, kind: str, values: torch.Tensor) -> str:
         f"{where}: {kind} of sample {first} holds {value} ({len(rows)} samples with a non-finite {kind}); "
         "fix or drop those samples in the source data"
     )
+
+
+def _survival_problems(where: str, targets: torch.Tensor) -> list[str]:
+    """Survival targets are float (N, 2) rows (time, event): time >= 0, event 0 (censored) or 1 (event)."""
+    if not targets.is_floating_point() or targets.ndim != 2 or targets.shape[1] != 2:
+        return [f"{where}: survival targets must be a float tensor of shape (N, 2) holding (time, event) rows, got "
+                f"{targets.dtype} of shape {tuple(targets.shape)}"]
+    problems = []
+    for column, bad, allowed in ((0, targets[:, 0] < 0, "a time >= 0"),
+                                 (1, (targets[:, 1] != 0) & (targets[:, 1] != 1), "an event 0 (censored) or 1")):
+        if bad.any():
+            first = int(bad.nonzero()[0, 0])
+            problems.append(f"{where}: survival target of sample {first} is {targets[first].tolist()}; column "
+                            f"{column} must be {allowed} ({int(bad.sum())} such samples)")
+    return problems
 
 
 def _is_int(value: object) -> bool:

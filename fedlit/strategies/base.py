@@ -64,10 +64,13 @@ class Strategy(Callback, abc.ABC):
     Attributes:
         communicates: False for strategies that exchange nothing by design (Local), which silences the warning
             given when no tensor is shared.
+        accepted_tasks: The data set tasks the algorithm is defined for (FedSLD: ``multiclass`` and ``binary``,
+            whose class counts it needs); None (the default): any task. The federation refuses other data.
         global_state, client_ids, class_counts, roles: What :meth:`initialize` received.
     """
 
     communicates: bool = True
+    accepted_tasks: frozenset[str] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,7 +99,8 @@ class Strategy(Callback, abc.ABC):
             global_state: The model's initial shared tensors.
             client_ids: Every client.
             class_counts: Each client's training samples per class, as clients report them before round 1
-                (FedSLD's prior). A few integers per client; not counted as communication.
+                (FedSLD's prior). A few integers per client; not counted as communication. None when the
+                data set's task has no classes (survival, regression).
             roles: The roles :meth:`configure_roles` returned (which shared tensors are parameters, which are
                 buffers). ``None`` (a direct call, as in a test) counts every floating tensor of ``global_state``
                 as a shared parameter and every other one as a shared buffer.

@@ -56,6 +56,8 @@ class FedSLD(FedAvg):
         aggregator: As in :class:`FedAvg` (default: the weighted mean).
     """
 
+    accepted_tasks = frozenset({"multiclass", "binary"})
+
     def __init__(
         self,
         *,
@@ -71,9 +73,11 @@ class FedSLD(FedAvg):
         super().setup_server_state()
         class_counts = self.class_counts
         if class_counts is None:
-            raise DataError(
-                "FedSLD needs every client's training samples per class (class_counts) before round 1; the "
-                "data module must report them (FederatedDataModule.class_counts)."
+            raise ConfigError(
+                "FedSLD needs every client's training samples per class (class_counts) before round 1, which only "
+                "a classification task (multiclass or binary) has: the data module reported none "
+                "(FederatedDataModule.class_counts returns None for a task without classes, such as survival or "
+                "regression). Use another strategy (e.g. FedAvg) for such data."
             )
         missing = sorted(set(self.client_ids) - set(class_counts))
         if missing:

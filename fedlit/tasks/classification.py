@@ -106,6 +106,9 @@ class ClassificationModule(FederatedModule):
         weight_decay: Weight decay.
     """
 
+    accepted_tasks = frozenset({"multiclass", "binary", "multilabel"})
+    default_selection_metric = "accuracy"
+
     def __init__(
         self,
         *,
