@@ -3,7 +3,8 @@
 from fedlit.data.datamodule import (
     CLASSIFICATION_TASKS,
     FederatedDataModule,
-    PartitionedData, PoolSubset,
+    PartitionedData,
+    PoolSubset,
     SplitName,
     TaskType,
 )
@@ -23,6 +24,7 @@ from fedlit.data.partition import (
     shards_partition,
 )
 from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
+from fedlit.data.survival import SyntheticSurvival
 from fedlit.data.synthetic import SyntheticImages
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "Shards",
     "SplitName",
     "SyntheticImages",
+    "SyntheticSurvival",
     "TaskType",
     "check_split_fractions",
     "dirichlet_partition",

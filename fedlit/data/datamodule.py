@@ -103,8 +103,9 @@ class FederatedDataModule(ABC):
     non-finite inputs (floating pools; compact pools such as uint8 images are checked by their data set when
     read) or targets (unless the data set declares ``finite_targets=False`` for a task without classes),
     multiclass targets outside ``[0, num_classes)``, binary or multilabel targets other than 0/1, survival
-    targets other than (time >= 0, event 0/1) rows, split indices outside the pool, and a client with an empty train or test split (an empty val split is
-    allowed: the data set then has no validation split).
+    targets other than (time >= 0, event 0/1) rows, split indices outside the pool, and a client with an empty
+    train or test split (an empty val split is allowed: the data set then has no validation split). Targets of
+    other tasks (regression...) may have any dtype and shape.
 
     Args:
         batch_size: training batch size.

@@ -1,5 +1,6 @@
 """Tasks: FederatedModule subclasses that define losses and metrics."""
 
 from fedlit.tasks.classification import ClassificationModule
+from fedlit.tasks.survival import CoxModule, concordance_index, cox_loss
 
-__all__ = ["ClassificationModule"]
+__all__ = ["ClassificationModule", "CoxModule", "concordance_index", "cox_loss"]

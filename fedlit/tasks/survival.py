@@ -1,0 +1,156 @@
+"""Survival analysis: a Cox proportional-hazards model over a backbone's features, judged by Harrell's C-index.
+
+Cox, D. R. "Regression Models and Life-Tables." Journal of the Royal Statistical Society, Series B, 1972. The
+model's output is a risk score r(x) = f(x) (the log hazard ratio): the hazard of a sample is
+h(t | x) = h_0(t) exp(r(x)) with an unspecified baseline h_0. It is fitted by maximizing the partial likelihood
+
+    (1)  PL = prod_{i: event} exp(r_i) / sum_{j: t_j >= t_i} exp(r_j),
+
+with tied event times handled as Breslow proposed (Breslow, N. "Covariance Analysis of Censored Survival
+Data." Biometrics, 1974): each event of a tie keeps the full risk set {j : t_j >= t_i}, tied events included.
+The loss is the negative log of (1) divided by the number of events, computed on a mini-batch during training
+(the risk sets are those within the batch, as deep Cox models do) and on the whole split for the ``loss``
+metric.
+
+Harrell's concordance index (Harrell, F. E., Califf, R. M., Pryor, D. B., Lee, K. L., Rosati, R. A.
+"Evaluating the Yield of Medical Tests." JAMA, 1982) is the share of comparable pairs that the risk scores
+order correctly: a pair (i, j) is comparable when i had an event before j's time (t_i < t_j), or at j's time
+when j is censored then (j was known to be event-free at t_i, as scikit-survival's ``concordance_index_censored``
+counts it); it is concordant when r_i > r_j, and tied scores count one half. Two events at the same time are
+not comparable. 0.5 is chance, 1 a perfect ordering.
+
+Targets are float (N, 2) rows (time, event): time >= 0, event 1 (the event happened at ``time``) or 0
+(censored: event-free until ``time``, unknown after).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from fedlit.models import Backbone
+from fedlit.module import FederatedModule
+from fedlit.roles import RoleRule
+
+
+def cox_loss(risk: Tensor, time: Tensor, event: Tensor) -> Tensor:
+    """Negative Cox partial log-likelihood (Breslow ties), divided by the number of events.
+
+    Args:
+        risk: (N,) risk scores (log hazard ratios).
+        time: (N,) event or censoring times.
+        event: (N,) 1 where the event happened at ``time``, 0 where the sample is censored.
+
+    Returns:
+        A scalar. Without any event the partial likelihood is empty: 0, connected to ``risk`` (zero gradient).
+    """
+    risk = risk.reshape(-1).float()
+    time, event = time.reshape(-1).float().contiguous(), event.reshape(-1) > 0.5
+    if not bool(event.any()):
+        return risk.sum() * 0.0
+    # Sorted by decreasing time, the risk set of i ({j : t_j >= t_i}, ties included) is the first n_i samples,
+    # n_i = the number of times >= t_i: log sum_{j at risk} exp(r_j) is a cumulative logsumexp read at n_i - 1.
+    log_cumulative = torch.logcumsumexp(risk[torch.argsort(time, descending=True)], dim=0)
+    at_risk = len(time) - torch.searchsorted(torch.sort(time).values, time, right=False)
+    log_denominator = log_cumulative[at_risk - 1]
+    return -(risk - log_denominator)[event].sum() / event.sum()
+
+
+def concordance_index(risk: Tensor, time: Tensor, event: Tensor, *, block: int = 1024) -> float:
+    """Harrell's C-index of ``risk`` (higher = earlier event); NaN when no pair is comparable.
+
+    Args:
+        risk: (N,) risk scores.
+        time: (N,) event or censoring times.
+        event: (N,) 1 for an event, 0 for censoring.
+        block: rows compared at once (memory is ``block * N``).
+    """
+    risk, time = risk.reshape(-1).double(), time.reshape(-1).double()
+    event = event.reshape(-1) > 0.5
+    concordant, comparable = 0.0, 0
+    for start in range(0, len(risk), block):
+        rows = slice(start, start + block)
+        r_i, t_i, e_i = risk[rows, None], time[rows, None], event[rows, None]
+        # i had its event first: strictly before j's time, or at j's time when j was censored then
+        pairs = e_i & ((t_i < time[None]) | ((t_i == time[None]) & ~event[None]))
+        comparable += int(pairs.sum())
+        concordant += float((pairs & (r_i > risk[None])).sum()) + 0.5 * float((pairs & (r_i == risk[None])).sum())
+    return concordant / comparable if comparable else float("nan")
+
+
+class CoxModule(FederatedModule):
+    """A backbone (frozen by default) with a linear risk head, trained with the Cox partial likelihood.
+
+    Parameter names: ``backbone.*`` and ``head.weight`` (a Linear(num_features, 1) without bias: (1) does not
+    change when every risk moves by the same constant, so a bias would never train). Default roles: the
+    backbone is frozen, the head shared; with ``fedlit.models.Identity`` the model is a linear Cox model.
+    Metrics per client and split: ``c_index`` (Harrell's) and ``loss`` (the Cox loss over the whole split, NaN
+    when the split has no event).
+
+    Args:
+        backbone: What to build the feature extractor from (a :class:`~fedlit.models.Backbone` spec).
+        roles: Role rules applied after the defaults.
+        optimizer: Local optimizer.
+        lr: Local learning rate.
+        momentum: SGD momentum.
+        weight_decay: Weight decay.
+    """
+
+    accepted_tasks = frozenset({"survival"})
+    default_selection_metric = "c_index"
+    task = "survival"
+
+    def __init__(
+        self,
+        *,
+        backbone: Backbone,
+        roles: list[RoleRule] | None = None,
+        optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.backbone = backbone.build()
+        self.head = nn.Linear(self.backbone.num_features, 1, bias=False)
+        self._risks: list[Tensor] = []
+        self._targets: list[Tensor] = []
+
+    def default_role_rules(self) -> list[RoleRule]:
+        return [RoleRule("backbone.*", "frozen"), RoleRule("head.*", "shared")]
+
+    def forward(self, inputs: Any) -> Tensor:
+        """(B,) risk scores."""
+        return self.head(self.backbone(inputs)).reshape(-1)
+
+    def training_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """``{"loss", "risk", "targets"}``: the Cox loss over the batch's risk sets."""
+        inputs, targets = batch
+        risk = self(inputs)
+        return {"loss": cox_loss(risk, targets[:, 0], targets[:, 1]), "risk": risk, "targets": targets}
+
+    def validation_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> Tensor:
+        """Keep the batch's risks and targets: both metrics need the whole split's risk sets and pairs."""
+        inputs, targets = batch
+        risk = self(inputs)
+        self._risks.append(risk.detach().float().cpu())
+        self._targets.append(targets.detach().float().cpu())
+        return cox_loss(risk, targets[:, 0], targets[:, 1])
+
+    def reset_metrics(self) -> None:
+        self._risks, self._targets = [], []
+
+    def compute_metrics(self) -> dict[str, float]:
+        """``c_index`` and ``loss`` over every sample since the last reset."""
+        if not self._risks:
+            return {}
+        risk, targets = torch.cat(self._risks), torch.cat(self._targets)
+        time, event = targets[:, 0], targets[:, 1]
+        loss = float(cox_loss(risk, time, event)) if bool((event > 0.5).any()) else float("nan")
+        return {"c_index": concordance_index(risk, time, event), "loss": loss}
+
+    @property
+    def higher_is_better(self) -> dict[str, bool]:
+        return {"c_index": True, "loss": False}
