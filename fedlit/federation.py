@@ -228,7 +228,7 @@ class Federation:
             problems.append(f"federation.clients_per_round={count} but the data has only "
                             f"{len(self.client_ids)} clients")
         if problems:
-            raise ConfigError("Model and data do not fit: " + "; ".join(problems) + ".")
+            raise ConfigError("Model, strategy and data do not fit: " + "; ".join(problems) + ".")
 
     def _num_selected(self) -> int:
         n = len(self.client_ids)
