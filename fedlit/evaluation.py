@@ -42,8 +42,11 @@ class EvaluationHistory:
     """Every evaluated round's per-client metrics, and the model selection they imply.
 
     Args:
-        selection_metric: Metric whose mean over clients on validation picks the best round.
-        higher_is_better: Direction per metric.
+        selection_metric: Metric whose mean over clients on validation picks the best round (the federation
+            passes ``federation.selection_metric``, or the module's ``default_selection_metric`` when that is
+            None).
+        higher_is_better: Direction per metric (the module's); the selection maximizes a metric where it is
+            True (or absent) and minimizes it where it is False, such as a loss.
     """
 
     def __init__(self, selection_metric: str, higher_is_better: Mapping[str, bool]) -> None:
