@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedlit import FedAvg, FederatedModule, Federation
 from fedlit.cli import main, run
@@ -65,6 +66,11 @@ def test_the_module_supplies_the_default_selection_metric(tmp_path):
                         selection_metric="loss")
     assert (survival.history.selection_metric, classification.history.selection_metric,
             chosen.history.selection_metric) == ("c_index", "accuracy", "loss")
+    survival.setup()  # a task without classes: the strategy is told there are no class counts
+    classification.setup()
+    assert survival.strategy.class_counts is None and not (tmp_path / "s" / "class_counts.json").exists()
+    assert classification.strategy.class_counts["c0"] == [int(n) for n in torch.bincount(
+        TinyTabular().data.targets[torch.as_tensor(TinyTabular().data.splits["c0"]["train"])], minlength=3)]
     with pytest.raises(ConfigError, match=r"selection_metric='accuracy' is not one of \['c_index', 'loss'\]"):
         Federation(cox(), small_survival(), FedAvg(), out_dir=tmp_path / "x", selection_metric="accuracy")
 
