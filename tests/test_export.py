@@ -172,3 +172,36 @@ def test_a_tensor_of_another_shape_is_refused(tmp_path):
         load_export(tmp_path, module)
     with pytest.raises(CheckpointError, match="no exported model"):
         load_export(tmp_path / "nowhere", module)
+
+
+def test_a_bert_adapter_is_relative_to_the_transformers_model(tmp_path):
+    """HFEncoder injects LoRA into the transformers model it wraps (``backbone.bert``): the adapter loads onto a
+    plain ``BertModel`` with peft, as one loaded with ``AutoModel.from_pretrained``."""
+    from peft import PeftModel
+    from transformers import BertConfig, BertModel
+
+    from fedlit.export import _peft_modules, _save_adapters
+    from fedlit.models import HFEncoder, tiny_bert_config
+
+    module = _fresh(lambda: ClassificationModule(backbone=HFEncoder(config=tiny_bert_config(), lora=LoRA(r=2)),
+                                                 num_classes=2))
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_()
+    adapters = _peft_modules(module)
+    assert list(adapters) == ["backbone.bert"]
+    info = _save_adapters(adapters, tmp_path, {"head.weight", "head.bias"})
+    assert info == {"folders": {"adapter": {"module": "backbone.bert", "tensors": 8}},
+                    "not_included": ["head.bias", "head.weight"]}
+    tokens = {"input_ids": torch.tensor([[101, 2023, 2003, 102]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    plain = _fresh(lambda: BertModel(BertConfig(**{k: v for k, v in tiny_bert_config().items() if k != "model_type"}),
+                                     add_pooling_layer=False)).eval()
+    plain.load_state_dict({k.replace(".base_layer.", "."): v for k, v in module.backbone.bert.state_dict().items()
+                           if "lora_" not in k})
+    before = plain(**tokens).last_hidden_state
+    adapted = PeftModel.from_pretrained(plain, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        expected = module.eval().backbone.bert(**tokens).last_hidden_state
+        assert torch.allclose(adapted(**tokens).last_hidden_state, expected, atol=1e-5)
+        assert not torch.allclose(before, expected, atol=1e-3)
