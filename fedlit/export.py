@@ -90,7 +90,9 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
     with tempfile.TemporaryDirectory() as tmp:
         recipe = Path(tmp) / "config.json"
         recipe.write_text(json.dumps(config))
-        job = prepare(["test", "--config", str(recipe), "--out_dir", str(run_dir), "--ckpt_path", str(ckpt_path)])
+        # on the CPU whatever the run used (the accelerator may change on resume too): nothing is computed
+        job = prepare(["test", "--config", str(recipe), "--out_dir", str(run_dir), "--ckpt_path", str(ckpt_path),
+                       "--federation.accelerator", "cpu", "--federation.devices", "1"])
     fed = job.federation
     fed.progress_bar = False
     fed.setup(ckpt_path)
