@@ -120,7 +120,7 @@ def test_exported_clients_reproduce_the_runs_test_metrics(case, tmp_path):
     assert torch.equal(first["head.weight"], second["head.weight"])
 
 
-def test_the_peft_adapter_folder_loads_with_peft_alone(tmp_path):
+def test_the_peft_adapter_folder_loads_with_peft_alone(tmp_path, capsys):
     from peft import PeftModel, get_peft_model_state_dict
 
     run_dir = tmp_path / "run"
@@ -128,6 +128,10 @@ def test_the_peft_adapter_folder_loads_with_peft_alone(tmp_path):
     config = json.loads((run_dir / "config.json").read_text())  # as after a resume: the record is not a setting
     config["resumed"] = [{"from_round": 1, "changed": {"federation.rounds": [1, 2]}}]
     (run_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit):
+        main(["export", "--run", str(run_dir), "--clients", "site_1,site_7"])
+    assert "--clients: ['site_7'] are not clients of this run; its clients are site_0, site_1, site_2" in (
+        capsys.readouterr().err)
     written = run(["export", "--run", str(run_dir), "--clients", "site_1"])
     assert list(written) == ["site_1"]
     folder = written["site_1"]
@@ -159,6 +163,12 @@ def test_a_run_folder_without_checkpoint_is_one_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"--ckpt last: no checkpoint at {tmp_path / 'checkpoints' / 'last.ckpt'}" in err
     assert "--ckpt_path" in err
+    (tmp_path / "config.json").unlink()  # a checkpoint, but no recipe to rebuild the model from
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main(["export", "--run", str(tmp_path)])
+    assert f"--run {tmp_path}: no config.json in that folder" in capsys.readouterr().err
 
 
 def test_a_tensor_of_another_shape_is_refused(tmp_path):
