@@ -123,10 +123,13 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
         checkpoint: Recorded in ``export.json``.
 
     Raises:
-        ConfigError: If a client is not one of the federation's.
+        ConfigError: If the federation was not set up, or a client is not one of its clients.
     """
     from fedlit.loop.local import load_client
 
+    if not fed.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
+        raise ConfigError("export_federation needs a federation after fit() or setup(ckpt_path=...); this one has "
+                          "not been set up.")
     wanted = list(fed.client_ids if clients is None else clients)
     unknown = [c for c in wanted if c not in fed.client_ids]
     if unknown:
@@ -138,8 +141,8 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     written = {}
     for client_id in wanted:
         load_client(fed, client_id, fed.strategy.configure_evaluate(fed.server_round, client_id))
-        tensors = {n: t.detach().cpu().contiguous().clone() for n, t in fed.module.named_tensors("shared", "personal")
-                   .items()}
+        live = fed.module.named_tensors("shared", "personal")
+        tensors = {n: t.detach().cpu().contiguous().clone() for n, t in live.items()}
         folder = Path(out) / client_id
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})

@@ -14,13 +14,15 @@ import yaml
 from lightning.fabric.utilities.seed import seed_everything
 from safetensors.torch import load_file, save_file
 
+from fedlit import FedBN
 from fedlit.cli import main, run
 from fedlit.data import SyntheticImages
-from fedlit.errors import CheckpointError
-from fedlit.export import load_export
+from fedlit.errors import CheckpointError, ConfigError
+from fedlit.export import export_federation, load_export
 from fedlit.models import LoRA, SmallCNN, TimmBackbone
 from fedlit.roles import RoleRule
 from fedlit.tasks import ClassificationModule
+from tests.conftest import make_federation
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = {"num_clients": 3, "samples_per_client": 40, "num_classes": 3, "image_size": 16, "seed": 0, "batch_size": 8}
@@ -218,3 +220,20 @@ def test_a_bert_adapter_is_relative_to_the_transformers_model(tmp_path):
         expected = module.eval().backbone.bert(**tokens).last_hidden_state
         assert torch.allclose(adapted(**tokens).last_hidden_state, expected, atol=1e-5)
         assert not torch.allclose(before, expected, atol=1e-3)
+
+
+def test_export_from_python_is_the_store_plus_the_servers_tensors(tmp_path):
+    fed = make_federation(tmp_path / "run", FedBN(), rounds=1)
+    with pytest.raises(ConfigError, match="after fit"):
+        export_federation(fed, tmp_path / "out")
+    fed.fit()
+    written = export_federation(fed, tmp_path / "out", ["c2", "c0"])
+    assert sorted(written) == ["c0", "c2"] and not (tmp_path / "out" / "c1").exists()
+    for client_id, folder in written.items():
+        exported = load_file(folder / "model.safetensors")
+        personal, shared = fed.store.tensors(client_id), fed.strategy.global_state
+        assert sorted(exported) == sorted([*personal, *shared]) and personal.keys().isdisjoint(shared)
+        assert all(torch.equal(exported[n], t) for n, t in {**personal, **shared}.items())
+        assert any(".1." in n for n in personal)  # FedBN: the BatchNorm layer (backbone.1) is personal
+        meta = json.loads((folder / "export.json").read_text())
+        assert meta["round"] == 1 and meta["checkpoint"] is None and "adapter" not in meta
