@@ -161,7 +161,7 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     parser = build_parser()
