@@ -22,7 +22,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
@@ -42,6 +42,7 @@ SUBCOMMANDS = {
     "fit": "Run a federated experiment (resume with --ckpt_path last).",
     "validate": "Evaluate a checkpoint on every client's validation split.",
     "test": "Evaluate a checkpoint on every client's test split.",
+    "export": "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
 }
 SECTIONS = ("model", "data", "strategy")
 BASES: dict[str, type] = {"model": FederatedModule, "data": FederatedDataModule, "strategy": Strategy}
@@ -74,7 +75,8 @@ def build_parser() -> ArgumentParser:
                             exit_on_error=False)
     subcommands = parser.add_subcommands(dest="subcommand")
     for name, help_text in SUBCOMMANDS.items():
-        subcommands.add_subcommand(name, _subparser(name), help=help_text)
+        subparser = _export_parser() if name == "export" else _subparser(name)
+        subcommands.add_subcommand(name, subparser, help=help_text)
     return parser
 
 
@@ -159,7 +161,7 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     parser = build_parser()
@@ -167,6 +169,8 @@ def prepare(argv: list[str] | None = None) -> _Job:
     _precheck(argv)
     cfg = parser.parse_args(argv)
     subcommand = cfg.subcommand
+    if subcommand == "export":
+        return _prepare_export(cfg.export)
     sub_cfg = cfg[subcommand]
     out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
     if subcommand == "fit" and out_dir is not None:
@@ -194,6 +198,46 @@ def prepare(argv: list[str] | None = None) -> _Job:
 def run(argv: list[str] | None = None) -> Any:
     """Parse ``argv``, build the objects and run the subcommand; returns its results."""
     return prepare(argv)()
+
+
+def _export_parser() -> ArgumentParser:
+    parser = ArgumentParser(description=SUBCOMMANDS["export"], exit_on_error=False)
+    parser.add_argument("--run", type=str, required=True, help="The run folder (the out_dir of `fedlit fit`).")
+    parser.add_argument("--ckpt", type=Literal["last", "best"], default="last",
+                        help="Which checkpoint of the run: checkpoints/last.ckpt or checkpoints/best.ckpt.")
+    parser.add_argument("--ckpt_path", type=str | None, default=None, help="A checkpoint file instead of --ckpt.")
+    parser.add_argument("--clients", type=str | None, default=None,
+                        help="Comma-separated client ids to export (default: every client).")
+    parser.add_argument("--out", type=str | None, default=None, help="Output folder (default: <run>/export).")
+    return parser
+
+
+@dataclass
+class _ExportJob:
+    """``fedlit export``: the run rebuilt and restored, ready to write."""
+
+    federation: Federation
+    checkpoint: Path
+    clients: list[str] | None
+    out: Path
+
+    def __call__(self) -> dict[str, Path]:
+        from fedlit.export import export_federation
+
+        written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint)
+        print(f"fedlit export: round {self.federation.server_round} of {self.checkpoint}, {len(written)} clients "
+              f"-> {self.out}", flush=True)
+        return written
+
+
+def _prepare_export(cfg: Namespace) -> _ExportJob:
+    """Rebuild the run and restore its checkpoint (configuration errors are raised here, as for the others)."""
+    from fedlit.export import checkpoint_of, load_run
+
+    ckpt = checkpoint_of(cfg.run, cfg.ckpt, cfg.ckpt_path)
+    clients = [c.strip() for c in cfg.clients.split(",") if c.strip()] if cfg.clients else None
+    out = Path(cfg.out) if cfg.out else Path(cfg.run) / "export"
+    return _ExportJob(load_run(cfg.run, ckpt), ckpt, clients, out)
 
 
 def _precheck(argv: list[str]) -> None:
