@@ -199,13 +199,17 @@ def _check_numeric(frame: pd.DataFrame, columns: list[str], path: Path, row_name
             problems.append((i, column, f"is missing ({kind} values must be given; fill or drop the row)"))
         if numeric and numbers is not None:
             for i in np.flatnonzero(~missing & numbers.isna().to_numpy()):
-                problems.append((i, column, f"{values.iloc[i]!r} is not a number (a categorical {kind}? one-hot "
+                problems.append((i, column, f"{_show(values.iloc[i])} is not a number (a categorical {kind}? one-hot "
                                             "encode it, or leave the column out of the features)"))
             for i in np.flatnonzero(~missing & np.isinf(numbers.to_numpy())):
-                problems.append((i, column, f"{values.iloc[i]!r} is not finite"))
+                problems.append((i, column, f"{_show(values.iloc[i])} is not finite"))
     if problems:
         problems.sort(key=lambda p: (p[0], columns.index(p[1])))
         offset = 2 if row_name == "line" else 0  # a CSV's header is line 1
         shown = "; ".join(f"{row_name} {i + offset}, column {c!r}: {what}" for i, c, what in problems[:5])
         more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise DataError(f"{path}: {shown}{more}")
+
+
+def _show(value: object) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
