@@ -104,7 +104,7 @@ class SiteDataset(FederatedDataModule):
         else:
             y = y.float()
             num_classes = self.requested_classes or (y.shape[1] if y.ndim == 2 else 1)
-        site_ids = sorted(set(site_of), key=class_sort_key)
+        site_ids = sorted({str(s) for s in site_of}, key=class_sort_key)
         members = {s: np.flatnonzero(site_of == s) for s in site_ids}
         targets = {s: y[torch.from_numpy(idx)] for s, idx in members.items()}
         splits = split_samples(targets, self.split_fractions, np.random.default_rng(self.seed), task,

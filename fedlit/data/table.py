@@ -106,7 +106,7 @@ class SiteTable(FederatedDataModule):
             y = y[:, 0] if len(self.target_columns) == 1 else y
         x = torch.from_numpy(frame[features].to_numpy(dtype=np.float32))
         sites = frame[self.site_column].astype(str).str.strip().to_numpy()
-        site_ids = sorted(set(sites), key=class_sort_key)
+        site_ids = sorted({str(s) for s in sites}, key=class_sort_key)
         order = np.concatenate([np.flatnonzero(sites == s) for s in site_ids])
         x, y, file_rows = x[torch.from_numpy(order)], y[torch.from_numpy(order)], order
         bounds = np.cumsum([0] + [int((sites == s).sum()) for s in site_ids])
