@@ -226,3 +226,9 @@ def test_recipe_trains_two_rounds_through_the_cli(sites: Path, tmp_path: Path) -
     assert len(manifest["clients"]["site_c"]["test"]) == 3
     counts = json.loads((out / "class_counts.json").read_text())
     assert counts["site_a"]["train"] == [4, 2, 0]
+    # the file manifest is rebuilt identically, so the run resumes; the test subcommand reads the checkpoint
+    resumed = run(["fit", "--config", str(recipe), "--out_dir", str(out), "--federation.rounds", "3",
+                   "--ckpt_path", "last"])
+    assert resumed["last"]["round"] == 3
+    tested = run(["test", "--config", str(recipe), "--out_dir", str(out), "--federation.rounds", "3"])
+    assert tested["summary"]["accuracy_mean"] == pytest.approx(resumed["last"]["summary"]["accuracy_mean"])
