@@ -12,6 +12,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from fedlit.data import FederatedDataModule, ImageFile, SampleList, SiteDataset, split_samples
+from fedlit.data.site_dataset import DatasetInput
 from fedlit.errors import DataError
 
 
@@ -121,3 +122,29 @@ def test_a_data_set_must_implement_one_hook() -> None:
 
     with pytest.raises(TypeError, match=r"Nothing must implement build\(\) .* or build_samples\(\)"):
         Nothing()
+
+
+class Given(FederatedDataModule):
+    def __init__(self, samples: SampleList) -> None:
+        super().__init__(batch_size=2)
+        self.samples = samples
+
+    def build_samples(self) -> SampleList:
+        return self.samples
+
+
+def test_empty_test_split_and_bad_binary_targets_name_the_client() -> None:
+    def listing(task, targets, test):
+        return SampleList(name="given", task=task, num_classes=1, samples={"c0": [0, 1, 2], "c1": [3, 4]},
+                          targets={"c0": targets, "c1": torch.zeros(2)},
+                          splits={"c0": {"train": np.array([0, 1]), "val": np.array([], dtype=int), "test": test},
+                                  "c1": {"train": np.array([0]), "val": np.array([], dtype=int),
+                                         "test": np.array([1])}},
+                          read=DatasetInput(Counting()))
+
+    with pytest.raises(DataError, match=r"client 'c0' has 0 test samples in Given \(given\) \(train 2, val 0, test 0"):
+        Given(listing("binary", torch.zeros(3), np.array([], dtype=int))).setup()
+    with pytest.raises(DataError, match=r"binary targets must be 0 or 1: sample 2 of client 'c0' has target 2.0"):
+        Given(listing("binary", torch.tensor([0.0, 1.0, 2.0]), np.array([2]))).setup()
+    survival = Given(listing("survival", torch.tensor([5.0, 1.5, 2.0]), np.array([2])))
+    assert survival.task == "survival" and survival.class_counts()["c0"]["train"] == []
