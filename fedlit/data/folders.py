@@ -149,7 +149,11 @@ class SiteFolders(FederatedDataModule):
         for site in self.sites:
             folder = self.root / site
             own = [s for s in SPLITS if (folder / s).is_dir()]
-            if "train" in own and "test" in own:
+            if own and not ("train" in own and "test" in own):
+                raise DataError(f"{folder} has {own} sub-folders but not both train and test: a site's own splits "
+                                "need train/ and test/ (val/ optional); add the missing one, or rename the folders "
+                                "so that the site is split by split_fractions")
+            if own:
                 listed[site] = {s: self._list(folder / s) for s in own}
                 layouts[site] = "own splits: " + ", ".join(own)
             else:

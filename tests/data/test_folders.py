@@ -139,6 +139,9 @@ def test_own_train_and_test_folders_are_kept(tmp_path: Path) -> None:
     assert files["val"] == [] and data.val_dataloader("s1") is None
     assert data.manifest()["details"]["layouts"]["s1"] == "own splits: train, test"
     assert [data.num_examples("s2", s) for s in ("train", "val", "test")] == [2, 1, 1]
+    (root / "s1" / "test").rename(root / "s1" / "val")
+    with pytest.raises(DataError, match=re.escape(f"{root / 's1'} has ['train', 'val'] sub-folders but not both")):
+        _data(root).setup()
 
 
 def test_binary_task_and_site_selection(sites: Path) -> None:
