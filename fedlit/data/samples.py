@@ -146,7 +146,9 @@ class ImageFile:
     """Reads ``root / identity`` as a float32 (channels, H, W) image in [0, 1], resized to ``image_size``.
 
     Grey images are repeated to 3 channels and colour images turned grey (ITU-R BT.601 luma, PIL's ``"L"``) as
-    ``channels`` asks. Resizing is bilinear with antialiasing, to ``image_size`` x ``image_size``.
+    ``channels`` asks. 8-bit images are divided by 255, 16-bit grey ones (PIL modes ``I;16``, ``I``) by 65535;
+    float images (mode ``F``) are kept as they are. Resizing is bilinear with antialiasing, to ``image_size`` x
+    ``image_size``.
 
     Raises:
         DataError: naming the file when it is missing or is not an image PIL can decode.
@@ -163,6 +165,10 @@ class ImageFile:
         path = Path(self.root) / identity
         try:
             with Image.open(path) as image:
+                if image.mode.startswith(("I", "F")):  # 16/32-bit integer or float grey: PIL's "L" would clip
+                    scale = 65535.0 if image.mode.startswith("I") else 1.0
+                    grey = torch.from_numpy(np.asarray(image, dtype=np.float32) / scale)[None]
+                    return self._resize(grey.expand(self.channels, -1, -1))
                 image = image.convert("L" if self.channels == 1 else "RGB")
         except FileNotFoundError:
             raise DataError(f"{path}: image file not found (it was listed when the data set was built); "
@@ -170,10 +176,14 @@ class ImageFile:
         except (UnidentifiedImageError, OSError, ValueError) as err:
             raise DataError(f"{path}: cannot be read as an image ({type(err).__name__}: {err}); replace the "
                             "file or remove it from the data set") from None
-        x = TF.pil_to_tensor(image).float().div_(255.0)
+        return self._resize(TF.pil_to_tensor(image).float().div_(255.0))
+
+    def _resize(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as TF
+
         if self.image_size is not None and tuple(x.shape[-2:]) != (self.image_size, self.image_size):
-            x = TF.resize(x, [self.image_size, self.image_size], antialias=True)
-        return x
+            x = TF.resize(x.contiguous(), [self.image_size, self.image_size], antialias=True)
+        return x.contiguous()
 
     def missing(self, identities: Sequence[str]) -> list[str]:
         """The identities whose file does not exist under ``root``."""

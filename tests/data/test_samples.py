@@ -148,3 +148,13 @@ def test_empty_test_split_and_bad_binary_targets_name_the_client() -> None:
         Given(listing("binary", torch.tensor([0.0, 1.0, 2.0]), np.array([2]))).setup()
     survival = Given(listing("survival", torch.tensor([5.0, 1.5, 2.0]), np.array([2])))
     assert survival.task == "survival" and survival.class_counts()["c0"]["train"] == []
+
+
+def test_image_file_scales_8_and_16_bit_images(tmp_path: Path) -> None:
+    Image.fromarray(np.full((4, 4), 51, dtype=np.uint8)).save(tmp_path / "8.png")
+    Image.fromarray(np.full((4, 4), 13107, dtype=np.uint16)).save(tmp_path / "16.png")
+    for channels in (1, 3):
+        read = ImageFile(root=str(tmp_path), channels=channels, image_size=2)
+        for name in ("8.png", "16.png"):
+            x = read(name)
+            assert x.shape == (channels, 2, 2) and torch.allclose(x, torch.full_like(x, 0.2)), name
