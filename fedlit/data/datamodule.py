@@ -101,7 +101,8 @@ class FederatedDataModule:
     non-finite inputs (floating pools; compact pools such as uint8 images are checked by their data set when
     read) or targets, multiclass targets outside ``[0, num_classes)``, binary or multilabel targets other than
     0/1, split indices outside the pool, and a client with an empty train or test split (an empty val split is
-    allowed: the data set then has no validation split).
+    allowed: the data set then has no validation split). File-backed data gets the same checks of its targets
+    and splits, plus the existence of the files it lists (:func:`~fedlit.data.samples.check_samples`).
 
     Args:
         batch_size: training batch size.
