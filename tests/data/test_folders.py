@@ -184,10 +184,18 @@ def test_empty_test_split_names_the_client(tmp_path: Path) -> None:
         _data(root).setup()
 
 
-def test_workers_read_the_images(sites: Path) -> None:
-    data = _data(sites, num_workers=1)
+def test_workers_read_the_images_and_augment_reproducibly(sites: Path) -> None:
+    from torchvision.transforms import v2
+
+    data = _data(sites, num_workers=1, train_transform=v2.ColorJitter(brightness=0.8))
     x, y = next(iter(data.test_dataloader("site_c")))
     assert x.shape == (3, 1, 8, 8) and len(y) == 3
+
+    def first_batch(seed: int) -> torch.Tensor:
+        return next(iter(data.train_dataloader("site_c", torch.Generator().manual_seed(seed))))[0]
+
+    # the worker's random state comes from the loader's generator (which the loop seeds per client and round)
+    assert torch.equal(first_batch(1), first_batch(1)) and not torch.equal(first_batch(1), first_batch(2))
 
 
 RECIPE = """
