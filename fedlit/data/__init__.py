@@ -1,4 +1,5 @@
-"""Federated data: the ``FederatedDataModule`` API, partitioners and one module per data set."""
+"""Federated data: the ``FederatedDataModule`` API (tensor pool or file-backed samples), partitioners, one module
+per data set, and the generic loaders ``SiteFolders``, ``SiteTable`` and ``SiteDataset``."""
 
 from fedlit.data.datamodule import (
     CLASSIFICATION_TASKS,
@@ -8,6 +9,7 @@ from fedlit.data.datamodule import (
     SplitName,
     TaskType,
 )
+from fedlit.data.folders import SiteFolders
 from fedlit.data.heart_disease import FedHeartDisease
 from fedlit.data.medmnist import MedMNIST, MedMNISTTransform
 from fedlit.data.partition import (
@@ -23,13 +25,17 @@ from fedlit.data.partition import (
     pathological_partition,
     shards_partition,
 )
+from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
+from fedlit.data.site_dataset import SiteDataset
 from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
 from fedlit.data.survival import SyntheticSurvival
 from fedlit.data.synthetic import SyntheticImages
+from fedlit.data.table import SiteTable
 
 __all__ = [
     "CLASSIFICATION_TASKS",
     "IID",
+    "ImageFile",
     "SPLITS",
     "Dirichlet",
     "FedHeartDisease",
@@ -41,7 +47,12 @@ __all__ = [
     "Partitioner",
     "Pathological",
     "PoolSubset",
+    "SampleList",
+    "SampleSubset",
     "Shards",
+    "SiteDataset",
+    "SiteFolders",
+    "SiteTable",
     "SplitName",
     "SyntheticImages",
     "SyntheticSurvival",
@@ -53,6 +64,7 @@ __all__ = [
     "pathological_partition",
     "shards_partition",
     "split_clients",
+    "split_samples",
     "split_sizes",
     "stratified_split",
 ]

@@ -1,14 +1,19 @@
 """``FederatedDataModule``: per-client train/val/test data for the federated loop.
 
-A data set is one *pool* of samples (inputs and targets tensors) plus, per client and split, the indices of
-its samples in the pool. Subclasses only build that (``build``); loaders, class counts and the manifest are
-shared.
+Two ways to give the data, behind one interface (loaders, sizes, class counts, manifest):
+
+- the *tensor pool*: ``build()`` returns a :class:`PartitionedData`, one pool of samples (inputs and targets
+  tensors) plus, per client and split, the indices of its samples in the pool (tabular data, MedMNIST);
+- *file-backed samples*: ``build_samples()`` returns a :class:`~fedlit.data.samples.SampleList`, per client the
+  identities (file paths) and targets of its samples, read lazily one by one in the DataLoader workers, with
+  separate train and evaluation transforms (image folders, anything larger than memory).
+
+A subclass implements exactly one of the two hooks.
 """
 
 from __future__ import annotations
 
 import difflib
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fedlit.data.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
 from fedlit.data.splits import SPLITS
 from fedlit.errors import DataError
 
@@ -93,7 +99,7 @@ class PoolSubset(Dataset[Batch]):
         return self.__getitems__([position])[0]
 
 
-class FederatedDataModule(ABC):
+class FederatedDataModule:
     """Per-client data: loaders, sizes, class counts and a manifest of who holds which sample.
 
     Everything is built once, lazily, by ``setup()`` (called for you by every accessor), from ``seed`` alone:
@@ -106,6 +112,8 @@ class FederatedDataModule(ABC):
     targets other than (time >= 0, event 0/1) rows, split indices outside the pool, and a client with an empty
     train or test split (an empty val split is allowed: the data set then has no validation split). Targets of
     other tasks (regression...) may have any dtype and shape.
+    File-backed data gets the same checks of its targets and splits, plus the existence of the files it lists
+    (:func:`~fedlit.data.samples.check_samples`).
 
     Args:
         batch_size: training batch size.
@@ -134,11 +142,27 @@ class FederatedDataModule(ABC):
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
         self.num_workers = num_workers
         self.seed = seed
-        self._data: PartitionedData | None = None
+        self._data: PartitionedData | SampleList | None = None
+        if not (_overrides(type(self), "build") or _overrides(type(self), "build_samples")):
+            raise TypeError(
+                f"{type(self).__name__} must implement build() (an in-memory tensor pool) or build_samples() "
+                "(file-backed samples read lazily)"
+            )
 
-    @abstractmethod
     def build(self) -> PartitionedData:
-        """Load or generate the pool and form the clients' splits; called once by ``setup()``."""
+        """Tensor-pool path: load or generate the pool and form the clients' splits; called once by ``setup()``.
+
+        Implement this or :meth:`build_samples`, not both.
+        """
+        raise TypeError(f"{type(self).__name__} implements build_samples(), not build()")
+
+    def build_samples(self) -> SampleList:
+        """File-backed path: list every client's samples (identities, targets, splits, reader, transforms);
+        called once by ``setup()``. Inputs are only read by the loaders, one sample at a time.
+
+        Implement this or :meth:`build`, not both.
+        """
+        raise TypeError(f"{type(self).__name__} implements build(), not build_samples()")
 
     def setup(self) -> None:
         """Build the pool and the clients' splits, and check them (only the first call does work).
@@ -150,15 +174,20 @@ class FederatedDataModule(ABC):
         self._checked()
 
     @property
-    def data(self) -> PartitionedData:
-        """The built and checked pool and splits (built by ``setup()`` on first access)."""
+    def data(self) -> PartitionedData | SampleList:
+        """The built and checked pool or sample list, and splits (built by ``setup()`` on first access)."""
         return self._checked()
 
-    def _checked(self) -> PartitionedData:
+    def _checked(self) -> PartitionedData | SampleList:
         if self._data is None:
-            data = self.build()
-            _check(data, type(self).__name__)
-            self._data = data
+            if _overrides(type(self), "build_samples"):
+                samples = self.build_samples()
+                check_samples(samples, type(self).__name__)
+                self._data = samples
+            else:
+                data = self.build()
+                _check(data, type(self).__name__)
+                self._data = data
         return self._data
 
     @property
@@ -196,7 +225,8 @@ class FederatedDataModule(ABC):
 
     def class_counts(self) -> dict[str, dict[str, list[int]]] | None:
         """Client -> split -> samples per class ([negatives, positives] if binary; positives per label if
-        multilabel); None for a task without classes (survival, regression...)."""
+        multilabel); None for a task without classes (survival, regression...). Computed from the targets
+        alone: no input is read."""
         data = self.data
         if data.task not in CLASSIFICATION_TASKS:
             return None
@@ -204,14 +234,32 @@ class FederatedDataModule(ABC):
         for client_id, splits in data.splits.items():
             counts[client_id] = {}
             for split in SPLITS:
-                targets = data.targets[torch.as_tensor(splits[split], dtype=torch.int64)]
-                counts[client_id][split] = _count(targets, data.task, data.num_classes)
+                positions = torch.as_tensor(splits[split], dtype=torch.int64)
+                targets = data.targets[client_id] if isinstance(data, SampleList) else data.targets
+                counts[client_id][split] = _count(targets[positions], data.task, data.num_classes)
         return counts
 
     def manifest(self) -> dict[str, Any]:
         """A JSON-serializable record of the data a run used: data set, seed, partitioner and, per client and
-        split, the sample indices into the pool (``details`` says how the pool is laid out)."""
+        split, the sample indices into the pool (``details`` says how the pool is laid out) or, for file-backed
+        data, the sample identities (file paths relative to the data set's root)."""
         data = self.data
+        if isinstance(data, SampleList):
+            return {
+                "dataset": data.name,
+                "class": type(self).__name__,
+                "seed": self.seed,
+                "partitioner": data.partitioner,
+                "task": data.task,
+                "num_classes": data.num_classes,
+                "storage": "files",
+                "class_names": data.class_names,
+                "details": data.details,
+                "clients": {
+                    client_id: {split: [data.samples[client_id][int(i)] for i in splits[split]] for split in SPLITS}
+                    for client_id, splits in data.splits.items()
+                },
+            }
         return {
             "dataset": data.name,
             "class": type(self).__name__,
@@ -247,7 +295,13 @@ class FederatedDataModule(ABC):
         generator: torch.Generator | None = None,
     ) -> DataLoader:
         data = self.data
-        dataset = PoolSubset(data.inputs, data.targets, self._indices(client_id, split), data.transform)
+        dataset: Dataset
+        if isinstance(data, SampleList):
+            transform = data.train_transform if split == "train" else data.eval_transform
+            dataset = SampleSubset(data.samples[client_id], data.targets[client_id],
+                                   self._indices(client_id, split), data.read, transform)
+        else:
+            dataset = PoolSubset(data.inputs, data.targets, self._indices(client_id, split), data.transform)
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -358,7 +412,13 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-def _count(targets: torch.Tensor, task: TaskType, num_classes: int) -> list[int]:
+def _overrides(cls: type, hook: str) -> bool:
+    return getattr(cls, hook) is not getattr(FederatedDataModule, hook)
+
+
+def _count(targets: torch.Tensor, task: str, num_classes: int) -> list[int]:
+    if task not in CLASSIFICATION:
+        return []
     if task == "multilabel":
         return [int(v) for v in targets.reshape(-1, num_classes).sum(dim=0).round().long()]
     length = 2 if task == "binary" else num_classes

@@ -1,0 +1,257 @@
+"""``SiteFolders``: an image classification data set laid out as one folder per site, read lazily from files."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.samples import (
+    Compose,
+    ImageFile,
+    Normalize,
+    SampleList,
+    TransformSpec,
+    class_sort_key,
+    is_image,
+    make_transform,
+    split_samples,
+)
+from fedlit.data.splits import SPLITS, check_split_fractions
+from fedlit.errors import DataError
+
+_OPTION = "data.init_args"
+
+
+class SiteFolders(FederatedDataModule):
+    """Images in one folder per site (client); labels from class sub-folders or a labels CSV. No code needed.
+
+    Layout (each site on its own; sites may mix the two)::
+
+        root/<site>/<class>/<image>            class sub-folders (images may sit deeper, e.g. per patient)
+        root/<site>/labels.csv + images        a CSV with a file column (paths relative to the site folder)
+                                               and a label column; it wins over sub-folders when present
+        root/<site>/{train,val,test}/...       the site's own splits (either layout inside each), used as they
+                                               are when ``train`` and ``test`` exist (``val`` optional)
+
+    Sites are the sub-folders of ``root`` (sorted) or ``sites``. Class names are the union over all sites,
+    sorted (numerically when they are numbers), so class ``i`` is the same everywhere; the manifest records them
+    under ``class_names``, and every client's files per split (paths relative to ``root``). Sites without their
+    own splits are split by ``split_fractions``, stratified by class, seeded by ``seed``.
+
+    Images (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``, ``.tif``, ``.tiff``, ``.gif``, ``.webp``) are decoded with PIL
+    in the DataLoader workers, turned grey or RGB (``channels``), scaled to float [0, 1] and resized to
+    ``image_size``; then ``train_transform`` (train split) or ``eval_transform`` (val and test) is applied, then
+    ``(x - mean) / std`` if ``mean`` and ``std`` are given. Class counts come from the file listing alone.
+
+    Args:
+        root: folder holding one sub-folder per site.
+        sites: the site folders to use, in this order (default: all, sorted).
+        task: ``multiclass``, or ``binary`` for exactly two classes (the second in sorted order is positive).
+        channels: 1 (grey) or 3 (RGB).
+        image_size: side of the square images fed to the model; ``null`` keeps each image's size (they must
+            then all have the same size).
+        split_fractions: (train, val, test) shares for sites without their own splits.
+        labels_file: name of a site's labels CSV.
+        file_column: the CSV column holding image paths, relative to the site folder.
+        label_column: the CSV column holding class names.
+        train_transform: a torchvision transform (``class_path``/``init_args``) or a list of them, applied to
+            train images (augmentation); inputs are float (C, H, W) tensors.
+        eval_transform: the same for val and test images (keep it deterministic).
+        mean: per-channel mean for the final normalization (e.g. ImageNet's [0.485, 0.456, 0.406]).
+        std: per-channel std for the final normalization.
+        batch_size: training batch size.
+        eval_batch_size: val/test batch size (default ``batch_size``).
+        num_workers: DataLoader worker processes reading the images.
+        seed: seed of the splits.
+    """
+
+    def __init__(
+        self,
+        *,
+        root: str | os.PathLike,
+        sites: list[str] | None = None,
+        task: Literal["multiclass", "binary"] = "multiclass",
+        channels: Literal[1, 3] = 3,
+        image_size: int | None = 224,
+        split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
+        labels_file: str = "labels.csv",
+        file_column: str = "file",
+        label_column: str = "label",
+        train_transform: TransformSpec = None,
+        eval_transform: TransformSpec = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
+        )
+        problems = []
+        if task not in ("multiclass", "binary"):
+            problems.append(f"{_OPTION}.task must be 'multiclass' or 'binary', got {task!r}")
+        if channels not in (1, 3):
+            problems.append(f"{_OPTION}.channels must be 1 (grey) or 3 (RGB), got {channels!r}")
+        if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)
+                                       or image_size < 1):
+            problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
+        if (mean is None) != (std is None):
+            problems.append(f"{_OPTION}.mean and {_OPTION}.std go together: give both or neither")
+        elif mean is not None and std is not None:
+            if len(mean) != channels or len(std) != channels:
+                problems.append(f"{_OPTION}.mean and std need one value per channel ({channels}), got "
+                                f"{list(mean)} and {list(std)}")
+            elif any(not s > 0 for s in std):
+                problems.append(f"{_OPTION}.std values must be > 0, got {list(std)}")
+        try:
+            check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
+        except ValueError as err:
+            problems.append(str(err))
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.root = Path(root).expanduser()
+        if not self.root.is_dir():
+            raise FileNotFoundError(
+                f"{_OPTION}.root: no folder {self.root}. It must hold one sub-folder per site, each with class "
+                f"sub-folders of images or a {labels_file} listing images and labels"
+            )
+        found = _site_folders(self.root)
+        if sites is not None:
+            unknown = [s for s in sites if s not in found]
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], found, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{_OPTION}.sites: {unknown} are not folders of {self.root}; its site folders "
+                                 f"are {found}{hint}")
+        self.sites = list(sites) if sites is not None else found
+        if not self.sites:
+            raise FileNotFoundError(f"{_OPTION}.root: {self.root} holds no site folder; put each site's images in "
+                                    f"{self.root}/<site>/")
+        self.requested_task, self.channels, self.image_size = task, channels, image_size
+        self.split_fractions = tuple(float(f) for f in split_fractions)
+        self.labels_file, self.file_column, self.label_column = labels_file, file_column, label_column
+        self.train_transform = make_transform(train_transform, f"{_OPTION}.train_transform")
+        self.eval_transform = make_transform(eval_transform, f"{_OPTION}.eval_transform")
+        self.mean, self.std = mean, std
+
+    def build_samples(self) -> SampleList:
+        listed: dict[str, dict[str, list[tuple[str, str]]]] = {}
+        layouts = {}
+        for site in self.sites:
+            folder = self.root / site
+            own = [s for s in SPLITS if (folder / s).is_dir()]
+            if own and not ("train" in own and "test" in own):
+                raise DataError(f"{folder} has {own} sub-folders but not both train and test: a site's own splits "
+                                "need train/ and test/ (val/ optional); add the missing one, or rename the folders "
+                                "so that the site is split by split_fractions")
+            if own:
+                listed[site] = {s: self._list(folder / s) for s in own}
+                layouts[site] = "own splits: " + ", ".join(own)
+            else:
+                listed[site] = {"all": self._list(folder)}
+                layouts[site] = self.labels_file if (folder / self.labels_file).is_file() else "class folders"
+        class_names = sorted({label for groups in listed.values() for rows in groups.values() for _, label in rows},
+                             key=class_sort_key)
+        if self.requested_task == "binary" and len(class_names) != 2:
+            raise DataError(f"{_OPTION}.task='binary' needs exactly 2 classes; the sites of {self.root} have "
+                            f"{len(class_names)}: {class_names}. Use task: multiclass")
+        index = {name: i for i, name in enumerate(class_names)}
+        dtype = torch.float32 if self.requested_task == "binary" else torch.int64
+        samples, targets, splits, rng = {}, {}, {}, np.random.default_rng(self.seed)
+        for site, groups in listed.items():
+            rows = [row for group in groups.values() for row in group]
+            samples[site] = [path for path, _ in rows]
+            targets[site] = torch.tensor([index[label] for _, label in rows], dtype=dtype)
+            if "all" in groups:
+                splits.update(split_samples({site: targets[site]}, self.split_fractions, rng, self.requested_task,
+                                            f"{_OPTION}.split_fractions"))
+            else:
+                bounds = np.cumsum([0] + [len(groups.get(s, [])) for s in SPLITS])
+                splits[site] = {s: np.arange(bounds[i], bounds[i + 1]) for i, s in enumerate(SPLITS)}
+        normalize = [Normalize(self.mean, self.std)] if self.mean is not None and self.std is not None else []
+        return SampleList(
+            name=self.root.name,
+            task=self.requested_task,
+            num_classes=1 if self.requested_task == "binary" else len(class_names),
+            samples=samples,
+            targets=targets,
+            splits=splits,
+            read=ImageFile(root=str(self.root), channels=self.channels, image_size=self.image_size),
+            train_transform=_chain(self.train_transform, normalize),
+            eval_transform=_chain(self.eval_transform, normalize),
+            class_names=class_names,
+            details={
+                "root": str(self.root),
+                "layouts": layouts,
+                "split_fractions": list(self.split_fractions),
+                "channels": self.channels,
+                "image_size": self.image_size,
+                "train_transform": repr(self.train_transform),
+                "eval_transform": repr(self.eval_transform),
+            },
+        )
+
+    def _list(self, folder: Path) -> list[tuple[str, str]]:
+        """(path relative to ``root``, class name) of every image in ``folder``, in a stable order."""
+        table = folder / self.labels_file
+        if table.is_file():
+            return self._read_labels(table)
+        rows = []
+        for class_dir in _site_folders(folder):
+            files = sorted(p for p in (folder / class_dir).rglob("*") if p.is_file() and is_image(p))
+            rows += [(p.relative_to(self.root).as_posix(), class_dir) for p in files]
+        if not rows:
+            raise DataError(
+                f"{folder} holds no image: give it class sub-folders of images ({folder}/<class>/<image>) or a "
+                f"{self.labels_file} with columns {self.file_column!r} and {self.label_column!r}, or drop the "
+                f"site with {_OPTION}.sites"
+            )
+        return rows
+
+    def _read_labels(self, table: Path) -> list[tuple[str, str]]:
+        try:
+            frame = pd.read_csv(table, dtype=str, keep_default_na=False, skipinitialspace=True)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+            raise DataError(f"{table}: not a readable CSV ({type(err).__name__}: {err})") from None
+        missing = [(option, c) for option, c in (("file_column", self.file_column),
+                                                 ("label_column", self.label_column)) if c not in frame.columns]
+        if missing:
+            raise DataError(f"{table} has no column {', '.join(repr(c) for _, c in missing)} (its columns: "
+                            f"{list(frame.columns)}); name the right ones with "
+                            f"{', '.join(f'{_OPTION}.{o}' for o, _ in missing)}")
+        folder, rows, problems = table.parent, [], []
+        for i, (name, label) in enumerate(zip(frame[self.file_column], frame[self.label_column], strict=True)):
+            line = i + 2  # the header is line 1
+            name, label = name.strip(), label.strip()
+            if not name or not label:
+                column = self.file_column if not name else self.label_column
+                problems.append(f"line {line}: column {column!r} is empty")
+            elif not (folder / name).is_file():
+                problems.append(f"line {line}: file {folder / name} does not exist")
+            else:
+                rows.append(((folder / name).relative_to(self.root).as_posix(), label))
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise DataError(f"{table}: {shown}. Fix the rows (paths are relative to {folder})")
+        if not rows:
+            raise DataError(f"{table} lists no image; add rows or remove the file")
+        return rows
+
+
+def _site_folders(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+
+
+def _chain(transform: object, after: list) -> object:
+    if not after:
+        return transform
+    return Compose([transform, *after]) if transform is not None else Compose(after)
