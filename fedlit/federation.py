@@ -75,7 +75,8 @@ class Federation:
         eval_every: Evaluate every this many rounds (the last round is always evaluated).
         selection_metric: Metric whose mean over clients on validation picks the reported best round.
         seed: Seed of client sampling and local training.
-        accelerator: Fabric accelerator (``cpu``, ``cuda``, ``auto``...).
+        accelerator: Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``,
+            ``cuda``, ``mps``...
         devices: Fabric devices.
         precision: Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).
         out_dir: Where TensorBoard logs, checkpoints, the manifest and the result tables go.
@@ -104,7 +105,7 @@ class Federation:
         eval_every: int = 1,
         selection_metric: str = "accuracy",
         seed: int = 0,
-        accelerator: str = "cpu",
+        accelerator: str = "auto",
         devices: int | str = 1,
         precision: str = "32-true",
         out_dir: str | Path = "runs/fedlit",
