@@ -40,6 +40,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 from lightning.pytorch import Callback
 from tqdm.auto import tqdm
 
+from fedlit.callbacks import check_callbacks
 from fedlit.checkpoint import LAST, load_checkpoint
 from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError, FedlitError, NonFiniteError
@@ -80,7 +81,10 @@ class Federation:
         devices: Fabric devices.
         precision: Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).
         out_dir: Where TensorBoard logs, checkpoints, the manifest and the result tables go.
-        callbacks: Extra Lightning-style callbacks, called after the strategy.
+        callbacks: Extra callbacks, called after the strategy. They must act in the loop's hooks
+            (:data:`fedlit.callbacks.LOOP_HOOKS`): Lightning's Trainer-only callbacks (``EarlyStopping``,
+            ``ModelCheckpoint``...) are refused with what to use instead. One that sets ``should_stop`` (and
+            ``stop_reason``) on the federation ends the run after the round (:class:`fedlit.callbacks.EarlyStopping`).
         checkpoint_every: Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).
         store_device: Where the client store keeps tensors.
         progress_bar: Show a progress bar over rounds and clients.
@@ -146,6 +150,7 @@ class Federation:
         self.on_client_error, self.min_clients = on_client_error, min_clients
         self.out_dir = Path(out_dir)
         self.config = dict(config or {})
+        check_callbacks(list(callbacks or []))
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
         self.fabric = Fabric(accelerator=accelerator, devices=devices, precision=precision,
                              callbacks=list(self.callbacks),
@@ -158,6 +163,11 @@ class Federation:
         self.identity: dict[str, Any] = {}
         self._wrapped: Any = None
         self._active_hooks: set[str] = set()
+        #: Set by a callback (e.g. :class:`~fedlit.callbacks.EarlyStopping`) to end the run after this round.
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        #: ``{"round", "reason"}`` once the run has stopped before ``rounds``; in ``results.json``.
+        self.stopped_early: dict[str, Any] | None = None
 
     # -------------------------------------------------------------------------------------------- set-up
     @property
@@ -241,7 +251,14 @@ class Federation:
             bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
                        initial=self.server_round, total=self.rounds)
             for server_round in bar:
+                if self.should_stop:
+                    break
                 self._run_round(server_round, bar)
+            bar.close()
+            if self.should_stop and self.server_round < self.rounds:
+                self.stopped_early = {"round": self.server_round, "reason": self.stop_reason or "a callback stopped"}
+                print(f"Stopped after round {self.server_round} of {self.rounds}: {self.stopped_early['reason']}.",
+                      flush=True)
             results = self.report()
             self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results
@@ -315,7 +332,7 @@ class Federation:
         self.fabric.log_dict(log, step=server_round)
         self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
                          metrics=metrics)
-        if server_round % self.checkpoint_every == 0 or server_round == self.rounds:
+        if server_round % self.checkpoint_every == 0 or server_round == self.rounds or self.should_stop:
             self.save_checkpoint(self.out_dir / "checkpoints" / LAST)
 
     def _client_turn(self, server_round: int, client_id: str) -> local.ClientTurn | str:
