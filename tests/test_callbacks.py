@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from fedlit import Federation, Local, RoleRule
 from fedlit.callbacks import EarlyStopping, check_callbacks
+from fedlit.cli import main, prepare
 from fedlit.errors import ConfigError
-from fedlit.tasks import ClassificationModule
 from fedlit.models import Backbone
+from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyTabular
 
 
@@ -119,3 +122,20 @@ def _federation(out_dir, rounds=2, **kwargs) -> Federation:
                                   roles=[RoleRule("backbone.*", "shared")])
     return Federation(module, TinyTabular(), Local(), rounds=rounds, out_dir=out_dir, progress_bar=False,
                       checkpoint_every=4, **kwargs)
+
+
+def test_the_cli_builds_early_stopping_from_a_recipe_and_refuses_trainer_callbacks(tmp_path, capsys):
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml").read_text())
+    recipe["callbacks"] = [{"class_path": "fedlit.callbacks.EarlyStopping", "init_args": {"patience": 2}}]
+    (tmp_path / "stop.yaml").write_text(yaml.safe_dump(recipe))
+    job = prepare(["fit", "--config", str(tmp_path / "stop.yaml"), "--out_dir", str(tmp_path / "a")])
+    assert repr(job.federation.callbacks[1:]) == "[EarlyStopping(patience=2, min_delta=0.0, metric=None)]"
+
+    recipe["callbacks"] = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}]
+    (tmp_path / "checkpoint.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(tmp_path / "checkpoint.yaml"), "--out_dir", str(tmp_path / "b")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "callbacks[0]=lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint relies on" in err
+    assert "checkpoint_every" in err
