@@ -48,6 +48,7 @@ from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
 from fedlit.loop import local, state
 from fedlit.module import FederatedModule
+from fedlit.roles import role_summary_table
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
 from fedlit.strategies.base import Strategy
@@ -168,6 +169,8 @@ class Federation:
         self.stop_reason: str | None = None
         #: ``{"round", "reason"}`` once the run has stopped before ``rounds``; in ``results.json``.
         self.stopped_early: dict[str, Any] | None = None
+        self._bar: Any = None
+        self._bar_client, self._bar_shown = "", 0.0
 
     # -------------------------------------------------------------------------------------------- set-up
     @property
@@ -247,9 +250,11 @@ class Federation:
             self.setup(ckpt_path)
             state.save_config(self)
             self._log_class_counts()
+            self._log_role_summary()
             self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
             bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
                        initial=self.server_round, total=self.rounds)
+            self._bar = bar
             for server_round in bar:
                 if self.should_stop:
                     break
@@ -279,6 +284,17 @@ class Federation:
             if hasattr(experiment, "add_text"):
                 experiment.add_text("data/class_counts", table, global_step=self.server_round)
 
+    def _log_role_summary(self) -> None:
+        """Print the tensors, parameters and MB of each role (after the strategy's refinement) and log the table
+        to TensorBoard, once per fit."""
+        rules = [*getattr(self.module, "default_role_rules", list)(), *getattr(self.module, "role_rules", [])]
+        table = role_summary_table(self.module, self.module.parameter_roles(), rules)
+        print(f"{type(self.module).__name__} parameter roles ({self.strategy!r}):\n{table}", flush=True)
+        for logger in self.fabric.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text("model/roles", table, global_step=self.server_round)
+
     def _run_round(self, server_round: int, bar: Any) -> None:
         start = time.perf_counter()
         self.server_round = server_round
@@ -287,8 +303,9 @@ class Federation:
         selected = self.strategy.select_clients(server_round, self.client_ids, self._num_selected(), generator)
         updates, log, faults = [], {}, []
         upload = download = 0
-        for client_id in selected:
-            bar.set_postfix_str(f"client {client_id}", refresh=False)
+        for i, client_id in enumerate(selected, 1):
+            self._bar_client = f"client {client_id} ({i}/{len(selected)})"
+            bar.set_postfix_str(self._bar_client, refresh=False)
             turn = self._client_turn(server_round, client_id)
             if isinstance(turn, str):
                 faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
@@ -376,6 +393,14 @@ class Federation:
         Fabric inspects every callback's signature on each call, a measurable cost at every batch."""
         if hook in self._active_hooks:
             self.fabric.call(hook, **kwargs)
+
+    def show_progress(self, step: int, loss: float) -> None:
+        """Show the current client's local step and running loss on the progress bar (at most twice a second)."""
+        now = time.monotonic()
+        if self._bar is None or self._bar.disable or now - self._bar_shown < 0.5:
+            return
+        self._bar_shown = now
+        self._bar.set_postfix_str(f"{self._bar_client} step {step} loss {loss:.4g}")
 
     def derive_seed(self, *parts: Any) -> int:
         """The seed of one random stream of this run (``"train"``, round, client...)."""
