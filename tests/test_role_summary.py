@@ -1,10 +1,11 @@
-"""The start-of-fit summary of parameter roles, the warning for a role rule that matches nothing, and the
-progress bar's per-step postfix."""
+"""The start-of-fit summary of parameter roles, the warning for a role rule that matches nothing, the progress
+bar's per-step postfix, and the default accelerator."""
 
 from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from fedlit import FedBN, RoleRule
+from fedlit.cli import prepare
 from fedlit.roles import ParameterRoles, role_summary
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyMLP, make_federation
@@ -80,3 +82,13 @@ def test_the_progress_bar_shows_the_client_step_and_running_loss(tmp_path, monke
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     logged = [events.Scalars(f"client/{c}/train/loss")[0].value for c in federation.client_ids]
     assert [loss for _, loss in shown[2::3]] == pytest.approx(logged, rel=1e-6)
+
+
+def test_the_accelerator_defaults_to_auto_in_the_cli_and_the_api(tmp_path):
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+    job = prepare(["fit", "--config", str(recipe), "--out_dir", str(tmp_path / "cli")])
+    assert job.federation.config["federation"]["accelerator"] == "auto"
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert job.federation.fabric.device.type == expected
+    api = make_federation(tmp_path / "api", FedBN(), accelerator="auto")
+    assert api.fabric.device.type == expected
