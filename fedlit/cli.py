@@ -61,6 +61,7 @@ def _bases() -> dict[str, type]:
 def _subparser(name: str) -> ArgumentParser:
     from lightning.pytorch import Callback
 
+    import fedlit.callbacks  # noqa: F401  (lists fedlit's own callbacks in --help)
     from fedlit.federation import Federation
 
     FederatedModule, FederatedDataModule, Strategy = _bases().values()  # noqa: N806  (classes)
@@ -73,7 +74,10 @@ def _subparser(name: str) -> ArgumentParser:
         Federation, "federation", skip={"module", "datamodule", "strategy", "callbacks", "config", "out_dir"},
         instantiate=False, help="Settings of the federated loop.",
     )
-    parser.add_argument("--callbacks", type=list[Callback] | None, default=None, help="Extra callbacks.")
+    parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
+                        help="Extra callbacks, e.g. fedlit.callbacks.EarlyStopping. Only callbacks that act in the "
+                        "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's "
+                        "Trainer-only ones (EarlyStopping, ModelCheckpoint...) are refused.")
     parser.add_argument("--out_dir", type=str | None, default=None,
                         help="Output folder (default: runs/<recipe name>/version_<n>).")
     parser.add_argument("--ckpt_path", type=str | None, default=None,
