@@ -2,7 +2,7 @@
 
 ::
 
-    on_fit_start
+    print the per-client class counts and the tensors, parameters and MB per role; on_fit_start
     for server_round in 1..R:
         on_round_start
         clients = strategy.select_clients(server_round, client_ids, num_clients, generator)   # seeded
@@ -13,7 +13,7 @@
         quarantine non-finite updates (and, with on_client_error=skip, clients that raised)
         on_before_aggregate; strategy.aggregate(server_round, updates)
         evaluation (validation and test, per client), logging
-        on_round_end; checkpoint
+        on_round_end; checkpoint; stop here if a callback set should_stop (EarlyStopping)
     on_fit_end
 
 One live module is trained; every client's personal tensors live in the :class:`~fedlit.store.ClientStore`.
