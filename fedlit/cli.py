@@ -22,21 +22,20 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
-from lightning.fabric.utilities.seed import seed_everything
-from lightning.pytorch import Callback
 
-import fedlit.strategies  # noqa: F401  (registers the built-in strategies for short names)
-from fedlit.checkpoint import LAST
-from fedlit.data import FederatedDataModule
+from fedlit import __version__
 from fedlit.errors import CheckpointError, ConfigError, FedlitError
-from fedlit.federation import Federation
-from fedlit.module import FederatedModule
 from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
-from fedlit.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fedlit.federation import Federation
+
+# torch, Lightning and the model libraries are imported where they are needed (building the parser of a
+# subcommand, building the objects), so `fedlit --help` and `fedlit --version` answer in a fraction of a second.
 
 SUBCOMMANDS = {
     "fit": "Run a federated experiment (resume with --ckpt_path last).",
@@ -45,13 +44,28 @@ SUBCOMMANDS = {
     "export": "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
 }
 SECTIONS = ("model", "data", "strategy")
-BASES: dict[str, type] = {"model": FederatedModule, "data": FederatedDataModule, "strategy": Strategy}
 LAST_KEYWORD = "last"
 #: Errors of parsing the recipe and building the objects: printed as one line (exit code 2).
 CONFIG_ERRORS = (argparse.ArgumentError, FedlitError, ValueError, TypeError, KeyError, FileNotFoundError)
 
 
+def _bases() -> dict[str, type]:
+    """The base class of each ``class_path`` section (imports torch and Lightning)."""
+    import fedlit.strategies  # noqa: F401  (registers the built-in strategies for short names)
+    from fedlit.data import FederatedDataModule
+    from fedlit.module import FederatedModule
+    from fedlit.strategies.base import Strategy
+
+    return {"model": FederatedModule, "data": FederatedDataModule, "strategy": Strategy}
+
+
 def _subparser(name: str) -> ArgumentParser:
+    from lightning.pytorch import Callback
+
+    import fedlit.callbacks  # noqa: F401  (lists fedlit's own callbacks in --help)
+    from fedlit.federation import Federation
+
+    FederatedModule, FederatedDataModule, Strategy = _bases().values()  # noqa: N806  (classes)
     parser = ArgumentParser(description=SUBCOMMANDS[name], exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="A recipe (YAML).")
     parser.add_subclass_arguments(FederatedModule, "model", required=True, help="The client model.")
@@ -61,7 +75,10 @@ def _subparser(name: str) -> ArgumentParser:
         Federation, "federation", skip={"module", "datamodule", "strategy", "callbacks", "config", "out_dir"},
         instantiate=False, help="Settings of the federated loop.",
     )
-    parser.add_argument("--callbacks", type=list[Callback] | None, default=None, help="Extra callbacks.")
+    parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
+                        help="Extra callbacks, e.g. fedlit.callbacks.EarlyStopping. Only callbacks that act in the "
+                        "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's "
+                        "Trainer-only ones (EarlyStopping, ModelCheckpoint...) are refused.")
     parser.add_argument("--out_dir", type=str | None, default=None,
                         help="Output folder (default: runs/<recipe name>/version_<n>).")
     parser.add_argument("--ckpt_path", type=str | None, default=None,
@@ -69,14 +86,24 @@ def _subparser(name: str) -> ArgumentParser:
     return parser
 
 
-def build_parser() -> ArgumentParser:
-    """The ``fedlit`` parser with its subcommands."""
+def build_parser(*, summary: bool = False) -> ArgumentParser:
+    """The ``fedlit`` parser with its subcommands.
+
+    Args:
+        summary: Leave the subcommands' options out: enough for ``fedlit --help`` and ``fedlit --version``,
+            without importing torch or Lightning.
+    """
     parser = ArgumentParser(prog="fedlit", description="Personalized federated fine-tuning of medical models.",
                             exit_on_error=False)
+    parser.add_argument("--version", action="version", version=f"fedlit {__version__}",
+                        help="Print the version and exit.")
     subcommands = parser.add_subcommands(dest="subcommand")
     for name, help_text in SUBCOMMANDS.items():
-        subparser = _export_parser() if name == "export" else _subparser(name)
-        subcommands.add_subcommand(name, subparser, help=help_text)
+        if summary:
+            sub = ArgumentParser(description=help_text, exit_on_error=False)
+        else:
+            sub = _export_parser() if name == "export" else _subparser(name)
+        subcommands.add_subcommand(name, sub, help=help_text)
     return parser
 
 
@@ -95,6 +122,8 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
     - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``); without ``--out_dir`` a
       checkpoint file is evaluated in its own run folder.
     """
+    from fedlit.checkpoint import LAST
+
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
     ckpt_path = cfg.ckpt_path if cfg.ckpt_path is not None or subcommand == "fit" else LAST_KEYWORD
     if ckpt_path is None:
@@ -164,8 +193,14 @@ def _remove_if_empty(folder: Path | None) -> None:
 def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"], ["--version"]):
+        build_parser(summary=True).parse_args(argv[:1])  # prints and exits
+    from lightning.fabric.utilities.seed import seed_everything
+
+    from fedlit.federation import Federation
+
+    parser = build_parser()
     _precheck(argv)
     cfg = parser.parse_args(argv)
     subcommand = cfg.subcommand
@@ -280,7 +315,8 @@ def _check_class_path(section: str, name: str) -> None:
     A short name is looked up among the known subclasses without importing anything; a dotted path is imported
     (its module's import is the only code run) and its object checked.
     """
-    base, key = BASES[section], f"{section}.class_path"
+    bases = _bases()
+    base, key = bases[section], f"{section}.class_path"
     if "." not in name:
         known = {c.__name__ for c in _subclasses(base)}
         if name not in known:
@@ -308,7 +344,7 @@ def _check_class_path(section: str, name: str) -> None:
         hint = f" Did you mean {module_name}.{close[0]}?" if close else ""
         raise ConfigError(f"{key}={name!r}: module {module_name} has no {attr!r}.{hint}")
     if not (isinstance(obj, type) and issubclass(obj, base)):
-        kind = next((b.__name__ for b in BASES.values() if isinstance(obj, type) and issubclass(obj, b)),
+        kind = next((b.__name__ for b in bases.values() if isinstance(obj, type) and issubclass(obj, b)),
                     type(obj).__name__ if not isinstance(obj, type) else "class")
         raise ConfigError(
             f"{key}={name!r} is a {kind}, not a {base.__name__}: the {section} section needs a subclass of "
@@ -376,6 +412,8 @@ def _section_keys(section: str) -> list[str]:
     import inspect
 
     if section == "federation":
+        from fedlit.federation import Federation
+
         skip = {"self", "module", "datamodule", "strategy", "callbacks", "config", "out_dir"}
         return [p for p in inspect.signature(Federation.__init__).parameters if p not in skip]
     return ["config", "model", "data", "strategy", "federation", "callbacks", "out_dir", "ckpt_path"]

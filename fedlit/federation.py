@@ -2,7 +2,7 @@
 
 ::
 
-    on_fit_start
+    print the per-client class counts and the tensors, parameters and MB per role; on_fit_start
     for server_round in 1..R:
         on_round_start
         clients = strategy.select_clients(server_round, client_ids, num_clients, generator)   # seeded
@@ -13,7 +13,7 @@
         quarantine non-finite updates (and, with on_client_error=skip, clients that raised)
         on_before_aggregate; strategy.aggregate(server_round, updates)
         evaluation (validation and test, per client), logging
-        on_round_end; checkpoint
+        on_round_end; checkpoint; stop here if a callback set should_stop (EarlyStopping)
     on_fit_end
 
 One live module is trained; every client's personal tensors live in the :class:`~fedlit.store.ClientStore`.
@@ -40,6 +40,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 from lightning.pytorch import Callback
 from tqdm.auto import tqdm
 
+from fedlit.callbacks import check_callbacks
 from fedlit.checkpoint import LAST, load_checkpoint
 from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError, FedlitError, NonFiniteError
@@ -47,6 +48,7 @@ from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
 from fedlit.loop import local, state
 from fedlit.module import FederatedModule
+from fedlit.roles import role_summary_table
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
 from fedlit.strategies.base import Strategy
@@ -77,11 +79,15 @@ class Federation:
             direction from the module's ``higher_is_better``); None: the module's ``default_selection_metric``
             (``accuracy`` for classification, ``c_index`` for survival).
         seed: Seed of client sampling and local training.
-        accelerator: Fabric accelerator (``cpu``, ``cuda``, ``auto``...).
+        accelerator: Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``,
+            ``cuda``, ``mps``...
         devices: Fabric devices.
         precision: Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).
         out_dir: Where TensorBoard logs, checkpoints, the manifest and the result tables go.
-        callbacks: Extra Lightning-style callbacks, called after the strategy.
+        callbacks: Extra callbacks, called after the strategy. They must act in the loop's hooks
+            (:data:`fedlit.callbacks.LOOP_HOOKS`): Lightning's Trainer-only callbacks (``EarlyStopping``,
+            ``ModelCheckpoint``...) are refused with what to use instead. One that sets ``should_stop`` (and
+            ``stop_reason``) on the federation ends the run after the round (:class:`fedlit.callbacks.EarlyStopping`).
         checkpoint_every: Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).
         store_device: Where the client store keeps tensors.
         progress_bar: Show a progress bar over rounds and clients.
@@ -106,7 +112,7 @@ class Federation:
         eval_every: int = 1,
         selection_metric: str | None = None,
         seed: int = 0,
-        accelerator: str = "cpu",
+        accelerator: str = "auto",
         devices: int | str = 1,
         precision: str = "32-true",
         out_dir: str | Path = "runs/fedlit",
@@ -152,6 +158,7 @@ class Federation:
         self.on_client_error, self.min_clients = on_client_error, min_clients
         self.out_dir = Path(out_dir)
         self.config = dict(config or {})
+        check_callbacks(list(callbacks or []))
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
         self.fabric = Fabric(accelerator=accelerator, devices=devices, precision=precision,
                              callbacks=list(self.callbacks),
@@ -164,6 +171,13 @@ class Federation:
         self.identity: dict[str, Any] = {}
         self._wrapped: Any = None
         self._active_hooks: set[str] = set()
+        #: Set by a callback (e.g. :class:`~fedlit.callbacks.EarlyStopping`) to end the run after this round.
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        #: ``{"round", "reason"}`` once the run has stopped before ``rounds``; in ``results.json``.
+        self.stopped_early: dict[str, Any] | None = None
+        self._bar: Any = None
+        self._bar_client, self._bar_shown = "", 0.0
 
     # -------------------------------------------------------------------------------------------- set-up
     @property
@@ -249,11 +263,20 @@ class Federation:
             self.setup(ckpt_path)
             state.save_config(self)
             self._log_class_counts()
+            self._log_role_summary()
             self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
             bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
                        initial=self.server_round, total=self.rounds)
+            self._bar = bar
             for server_round in bar:
+                if self.should_stop:
+                    break
                 self._run_round(server_round, bar)
+            bar.close()
+            if self.should_stop and self.server_round < self.rounds:
+                self.stopped_early = {"round": self.server_round, "reason": self.stop_reason or "a callback stopped"}
+                print(f"Stopped after round {self.server_round} of {self.rounds}: {self.stopped_early['reason']}.",
+                      flush=True)
             results = self.report()
             self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results
@@ -277,6 +300,17 @@ class Federation:
             if hasattr(experiment, "add_text"):
                 experiment.add_text("data/class_counts", table, global_step=self.server_round)
 
+    def _log_role_summary(self) -> None:
+        """Print the tensors, parameters and MB of each role (after the strategy's refinement) and log the table
+        to TensorBoard, once per fit."""
+        rules = [*getattr(self.module, "default_role_rules", list)(), *getattr(self.module, "role_rules", [])]
+        table = role_summary_table(self.module, self.module.parameter_roles(), rules)
+        print(f"{type(self.module).__name__} parameter roles ({self.strategy!r}):\n{table}", flush=True)
+        for logger in self.fabric.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text("model/roles", table, global_step=self.server_round)
+
     def _run_round(self, server_round: int, bar: Any) -> None:
         start = time.perf_counter()
         self.server_round = server_round
@@ -285,8 +319,9 @@ class Federation:
         selected = self.strategy.select_clients(server_round, self.client_ids, self._num_selected(), generator)
         updates, log, faults = [], {}, []
         upload = download = 0
-        for client_id in selected:
-            bar.set_postfix_str(f"client {client_id}", refresh=False)
+        for i, client_id in enumerate(selected, 1):
+            self._bar_client = f"client {client_id} ({i}/{len(selected)})"
+            bar.set_postfix_str(self._bar_client, refresh=False)
             turn = self._client_turn(server_round, client_id)
             if isinstance(turn, str):
                 faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
@@ -330,7 +365,7 @@ class Federation:
         self.fabric.log_dict(log, step=server_round)
         self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
                          metrics=metrics)
-        if server_round % self.checkpoint_every == 0 or server_round == self.rounds:
+        if server_round % self.checkpoint_every == 0 or server_round == self.rounds or self.should_stop:
             self.save_checkpoint(self.out_dir / "checkpoints" / LAST)
 
     def _client_turn(self, server_round: int, client_id: str) -> local.ClientTurn | str:
@@ -374,6 +409,14 @@ class Federation:
         Fabric inspects every callback's signature on each call, a measurable cost at every batch."""
         if hook in self._active_hooks:
             self.fabric.call(hook, **kwargs)
+
+    def show_progress(self, step: int, loss: float) -> None:
+        """Show the current client's local step and running loss on the progress bar (at most twice a second)."""
+        now = time.monotonic()
+        if self._bar is None or self._bar.disable or now - self._bar_shown < 0.5:
+            return
+        self._bar_shown = now
+        self._bar.set_postfix_str(f"{self._bar_client} step {step} loss {loss:.4g}")
 
     def derive_seed(self, *parts: Any) -> int:
         """The seed of one random stream of this run (``"train"``, round, client...)."""

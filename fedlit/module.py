@@ -72,7 +72,9 @@ class FederatedModule(LightningModule):
     def parameter_roles(self) -> ParameterRoles:
         """The role of every parameter and buffer (resolved from the rules, or as set by the federation)."""
         if self._roles is None:
-            self._roles = ParameterRoles.from_module(self, self.default_role_rules() + self.role_rules)
+            defaults = self.default_role_rules()
+            labels = [None] * len(defaults) + [f"model.init_args.roles[{i}]" for i in range(len(self.role_rules))]
+            self._roles = ParameterRoles.from_module(self, defaults + self.role_rules, labels=labels)
         return self._roles
 
     def set_parameter_roles(self, roles: ParameterRoles) -> None:

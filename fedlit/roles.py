@@ -39,8 +39,10 @@ normalization layer owns directly are normalization tensors (:meth:`ParameterRol
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -216,13 +218,30 @@ class ParameterRoles(Mapping[str, str]):
         self._norm = frozenset(norm)
 
     @classmethod
-    def from_module(cls, module: nn.Module, rules: list[RoleRule], default: Role = "shared") -> ParameterRoles:
-        """Resolve ``rules`` on ``module``: the last matching rule wins, unmatched names get ``default``."""
+    def from_module(cls, module: nn.Module, rules: list[RoleRule], default: Role = "shared",
+                    labels: list[str | None] | None = None) -> ParameterRoles:
+        """Resolve ``rules`` on ``module``: the last matching rule wins, unmatched names get ``default``.
+
+        Args:
+            module: The model.
+            rules: The rules, in order.
+            default: The role of names that no rule matches.
+            labels: Where each rule comes from, as the user wrote it (``model.init_args.roles[0]``): a rule with a
+                label that matches no parameter or buffer is warned about (a misspelled pattern would otherwise
+                leave every tensor at its default role silently). None (for a rule or for all) does not warn.
+        """
         param_names = [n for n, _ in module.named_parameters()]
         buffer_names = [n for n, _ in module.named_buffers()]
         roles: dict[str, str] = dict.fromkeys(param_names + buffer_names, default)
-        for rule in rules:
-            for name in rule.select(param_names + buffer_names):
+        for i, rule in enumerate(rules):
+            selected = rule.select(param_names + buffer_names)
+            label = labels[i] if labels is not None else None
+            if not selected and label is not None:
+                close = difflib.get_close_matches(rule.pattern, param_names + buffer_names, n=3, cutoff=0.3)
+                warnings.warn(f"{label}: role rule pattern {rule.pattern!r} (-> {rule.role}) matches no parameter or "
+                              f"buffer of {type(module).__name__}, so it changes nothing. Check the pattern "
+                              f"(names look like {close or (param_names + buffer_names)[:3]}).", stacklevel=3)
+            for name in selected:
                 roles[name] = rule.role
         norm: set[str] = set()
         for module_name, sub in module.named_modules():
@@ -278,3 +297,34 @@ class ParameterRoles(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"ParameterRoles({self.counts()})"
+
+
+def role_summary(module: nn.Module, roles: ParameterRoles) -> list[dict[str, float | int | str]]:
+    """Per role (``frozen``, ``shared``, ``personal``, then ``total``): tensors (parameters and buffers),
+    parameters (their scalar count; buffers not included) and MB (parameters and buffers)."""
+    tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    buffers = {n for n, _ in module.named_buffers()}
+    rows = []
+    for role in (*ROLES, "total"):
+        names = [n for n in tensors if role == "total" or roles.get(n) == role]
+        rows.append({"role": role, "tensors": len(names),
+                     "parameters": sum(tensors[n].numel() for n in names if n not in buffers),
+                     "mb": sum(tensors[n].numel() * tensors[n].element_size() for n in names) / 2**20})
+    return rows
+
+
+def unmatched_rules(module: nn.Module, rules: list[RoleRule]) -> list[RoleRule]:
+    """The rules that select no parameter or buffer of ``module``."""
+    names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+    return [rule for rule in rules if not rule.select(names)]
+
+
+def role_summary_table(module: nn.Module, roles: ParameterRoles, rules: list[RoleRule]) -> str:
+    """:func:`role_summary` as a Markdown table, and the ``rules`` that match nothing below it."""
+    lines = ["| role | tensors | parameters | MB |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['role']} | {r['tensors']:,} | {r['parameters']:,} | {r['mb']:.2f} |"
+              for r in role_summary(module, roles)]
+    unmatched = unmatched_rules(module, rules)
+    if unmatched:
+        lines.append("\nRole rules that match no tensor: " + ", ".join(f"{r.pattern!r} -> {r.role}" for r in unmatched))
+    return "\n".join(lines)

@@ -64,6 +64,7 @@ def make_federation(out_dir, strategy, rounds=2, roles=None, seed=0, num_clients
         backbone=TinyMLP(), num_classes=3, lr=0.1, momentum=0.9,
         roles=roles if roles is not None else [RoleRule("backbone.*", "shared")],
     )
+    kwargs.setdefault("accelerator", "cpu")  # the pinned values are CPU values, also on a machine with a GPU
     return Federation(module, TinyTabular(num_clients=num_clients), strategy, rounds=rounds, out_dir=out_dir,
                       progress_bar=False, seed=seed, **kwargs)
 

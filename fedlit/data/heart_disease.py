@@ -6,15 +6,20 @@ import csv
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
-from sklearn.model_selection import train_test_split
 
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData
 from fedlit.data.splits import stratified_split
 from fedlit.errors import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas and scikit-learn are imported where they are used: every run imports this module (fedlit.data), few read
+# this data set, and the two take about a second to import.
 
 CENTERS = ("cleveland", "hungarian", "switzerland", "va")
 FILES = tuple(f"processed.{center}.data" for center in CENTERS)
@@ -102,6 +107,9 @@ class FedHeartDisease(FederatedDataModule):
         self.normalize = normalize
 
     def build(self) -> PartitionedData:
+        import pandas as pd
+        from sklearn.model_selection import train_test_split
+
         val_rng = np.random.default_rng(self.seed)
         frames, labels, kept_rows, center_splits = [], [], {}, []
         for center, name in zip(CENTERS, FILES, strict=True):
@@ -237,6 +245,8 @@ def _read(path: Path) -> pd.DataFrame:
     if problems:
         listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise DataError(f"{path}: {listed}")
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=range(len(COLUMNS)), dtype=np.float64)
 
 

@@ -100,6 +100,8 @@ def report(fed: Federation) -> dict[str, Any]:
     results["comm"] = dict(fed.comm)
     if fed.faults:
         results["faults"] = fed.faults
+    if fed.stopped_early is not None:
+        results["stopped_early"] = dict(fed.stopped_early)
     metrics = list(fed.module.higher_is_better)
     sections = [f"# Results: {fed.strategy!r}\n"]
     if "last" in results:
@@ -111,6 +113,9 @@ def report(fed: Federation) -> dict[str, Any]:
         sections.append("_No validation split: the best-validation round is not defined._\n")
     sections.append(f"Communication: {fed.comm['upload_bytes']:,} bytes up, {fed.comm['download_bytes']:,} bytes "
                     f"down in training; {fed.comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n")
+    if fed.stopped_early is not None:
+        sections.append(f"Stopped after round {fed.stopped_early['round']} of {fed.rounds}: "
+                        f"{fed.stopped_early['reason']}.\n")
     if fed.faults:
         lines = [f"- round {f['round']}, client {f['client']}: {f['kind']} ({f['detail']})" for f in fed.faults]
         sections.append("Clients left out of aggregation:\n\n" + "\n".join(lines) + "\n")

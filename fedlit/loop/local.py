@@ -71,6 +71,7 @@ def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn
     steps, loss_sum, seen, epoch = 0, 0.0, 0, 0
     bad: str | None = None
     max_steps = fed.local_steps if fed.local_steps is not None else math.inf
+    show_progress = bool(getattr(fed, "progress_bar", False))  # the bar itself throttles its updates
     while (epoch < fed.local_epochs or fed.local_steps is not None) and steps < max_steps and bad is None:
         fed.call("on_train_epoch_start", **hook_args)
         batches = 0
@@ -108,6 +109,8 @@ def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn
             fed.call("on_before_zero_grad", **hook_args, optimizer=optimizer, stepped=stepped)
             optimizer.zero_grad(set_to_none=True)
             fed.call("on_train_batch_end", **hook_args, outputs=out, batch=batch, batch_idx=batch_idx)
+            if show_progress:
+                fed.show_progress(steps, loss_sum / seen)
             if steps >= max_steps:
                 break
         if batches == 0:

@@ -4,23 +4,51 @@ A backbone is configured by a spec (`TimmBackbone`, `HFEncoder`, `SmallCNN`, `Id
 returns a module with `num_features` that maps inputs to (B, num_features) features. Nothing downloads:
 weights come from local files (`efficientnet_lite0_weights()` and `minilm_l6_v2_folder()` find the ones
 that registry packages ship).
+
+Each name is imported from its submodule on first use, so a recipe that uses `SmallCNN` never imports timm,
+transformers or peft (`from fedlit.models import HFEncoder` and `class_path: fedlit.models.HFEncoder` work as
+usual). timm's registry receives the `fedlit_test_*` models when timm is first needed (`TimmBackbone`,
+`list_models`, `register_model`).
 """
 
-from fedlit.models import tiny  # noqa: F401 - registers the fedlit_test_* models in timm
-from fedlit.models.backbones import MLP, Backbone, Identity, SmallCNN, TimmBackbone
-from fedlit.models.checkpoints import LoadReport, load_checkpoint, read_state_dict
-from fedlit.models.hf import HFEncoder, TransformersEncoder, tiny_bert_config
-from fedlit.models.lora import LoRA
-from fedlit.models.registry import list_models, register_model
-from fedlit.models.weights import efficientnet_lite0_weights, minilm_l6_v2_folder
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedlit.models.backbones import MLP, Backbone, Identity, SmallCNN, TimmBackbone
+    from fedlit.models.checkpoints import LoadReport, load_checkpoint, read_state_dict
+    from fedlit.models.hf import HFEncoder, TransformersEncoder, tiny_bert_config
+    from fedlit.models.lora import LoRA
+    from fedlit.models.registry import list_models, register_model
+    from fedlit.models.weights import efficientnet_lite0_weights, minilm_l6_v2_folder
+
+_EXPORTS = {
+    "Backbone": "backbones",
+    "HFEncoder": "hf",
+    "Identity": "backbones",
+    "LoRA": "lora",
+    "MLP": "backbones",
+    "LoadReport": "checkpoints",
+    "SmallCNN": "backbones",
+    "TimmBackbone": "backbones",
+    "TransformersEncoder": "hf",
+    "efficientnet_lite0_weights": "weights",
+    "list_models": "registry",
+    "load_checkpoint": "checkpoints",
+    "minilm_l6_v2_folder": "weights",
+    "read_state_dict": "checkpoints",
+    "register_model": "registry",
+    "tiny_bert_config": "hf",
+}
 __all__ = [
     "Backbone",
     "HFEncoder",
     "Identity",
     "LoRA",
-    "MLP",
     "LoadReport",
+    "MLP",
     "SmallCNN",
     "TimmBackbone",
     "TransformersEncoder",
@@ -32,3 +60,16 @@ __all__ = [
     "register_model",
     "tiny_bert_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedlit.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"fedlit.models.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

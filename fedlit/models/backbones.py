@@ -22,7 +22,6 @@ from collections import OrderedDict
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
-import timm
 from torch import Tensor, nn
 
 from fedlit.models.checkpoints import CHECKPOINT_SUFFIXES, load_checkpoint
@@ -55,6 +54,15 @@ class Backbone(ABC):
             value = getattr(self, name)
             args.append(f"{name}={str(value)!r}" if isinstance(value, PurePath) else f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(args)})"
+
+
+def _timm() -> Any:
+    """timm, imported on first use (it takes seconds), with fedlit's `fedlit_test_*` models registered."""
+    import timm
+
+    import fedlit.models.tiny  # noqa: F401  (registers the fedlit_test_* models)
+
+    return timm
 
 
 def _raise_if(problems: list[str], owner: str) -> None:
@@ -93,6 +101,7 @@ class TimmBackbone(Backbone):
         lora: LoRA | None = None,
         model_args: dict[str, Any] | None = None,
     ) -> None:
+        timm = _timm()
         problems = []
         if not isinstance(name, str) or not timm.is_model(name.split(".")[0]):
             close = difflib.get_close_matches(str(name), timm.list_models(), n=3)
@@ -130,7 +139,7 @@ class TimmBackbone(Backbone):
         Raises:
             FileNotFoundError: If `checkpoint_path` is not a file (the message shows the path tried).
         """
-        model = timm.create_model(self.name, pretrained=False, num_classes=0, **self.model_args)
+        model = _timm().create_model(self.name, pretrained=False, num_classes=0, **self.model_args)
         # Some timm models have a pre-logits layer wider than the last feature map (MobileNetV3, ConvNeXt
         # heads): their pooled output is `head_hidden_size` wide, and that is what the task's head receives.
         model.num_features = int(getattr(model, "head_hidden_size", None) or model.num_features)

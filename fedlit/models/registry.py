@@ -34,4 +34,6 @@ def register_model(builder: _Builder) -> _Builder:
 
 def list_models() -> list[str]:
     """Names of the builders fedlit registered in timm, sorted."""
+    import fedlit.models.tiny  # noqa: F401  (registers fedlit's own builders on first use)
+
     return sorted(_NAMES)

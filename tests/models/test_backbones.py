@@ -11,6 +11,7 @@ import yaml
 from jsonargparse import ArgumentParser
 from torch import nn
 
+import fedlit.models.tiny  # noqa: F401  (registers the fedlit_test_* models in timm)
 from fedlit.models import (
     MLP,
     Backbone,

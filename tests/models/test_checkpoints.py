@@ -10,6 +10,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
+import fedlit.models.tiny  # noqa: F401  (registers the fedlit_test_* models in timm)
 from fedlit.models import TimmBackbone, load_checkpoint, read_state_dict
 
 
