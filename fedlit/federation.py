@@ -45,7 +45,7 @@ from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError, FedlitError, NonFiniteError
 from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
-from fedlit.loop import local, state
+from fedlit.loop import local, optim, state
 from fedlit.module import FederatedModule
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
@@ -155,6 +155,7 @@ class Federation:
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
+        self.lr_schedule: optim.RoundSchedule | None = None  # the module's schedule of interval "round"
         self._wrapped: Any = None
         self._active_hooks: set[str] = set()
 
@@ -191,6 +192,7 @@ class Federation:
         if not roles.names("shared") and self.strategy.communicates:
             warnings.warn(f"{self.strategy!r} shares no tensor: every client will train alone.", stacklevel=2)
         self._wrapped = self.fabric.setup_module(self.module)
+        self.lr_schedule = optim.round_schedule(self.module)
         self._active_hooks = _overridden_hooks(self.fabric._callbacks)
         self.identity = state.identity(self)
         self.store.set_initial(self.module.named_tensors("personal"))
@@ -311,6 +313,9 @@ class Federation:
                     "system/peak_memory_mb": _peak_memory_mb(self.fabric.device),
                     "system/store_mb": self.store.nbytes() / 2**20,
                     "system/trainable_parameters": self.module.num_trainable_parameters()})
+        if self.lr_schedule is not None:
+            log["server/train/lr"] = self.lr_schedule.learning_rates()[0]
+            self.lr_schedule.step()
         self.fabric.log_dict(log, step=server_round)
         self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
                          metrics=metrics)
