@@ -149,7 +149,8 @@ class FederatedModule(LightningModule):
                            torch.optim.lr_scheduler.LRScheduler)
         if scheduler is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.lr_scheduler_interval}}
+        interval = self.lr_scheduler_interval
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Same as ``validation_step``; which split is evaluated is the loop's business."""
