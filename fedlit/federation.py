@@ -71,7 +71,8 @@ class Federation:
         local_epochs: Passes over the client's training data per round (ignored when ``local_steps`` is set).
         local_steps: Exactly this many optimizer steps per round (cycling through the data), instead of epochs.
         optimizer_state: ``reset`` builds a fresh optimizer for every client turn; ``persist`` keeps each
-            client's optimizer state (momenta) in the store between its turns.
+            client's optimizer state (momenta), and its learning-rate schedule of interval ``step``, in the store
+            between its turns.
         eval_every: Evaluate every this many rounds (the last round is always evaluated).
         selection_metric: Metric whose mean over clients on validation picks the reported best round.
         seed: Seed of client sampling and local training.
