@@ -130,7 +130,7 @@ class RoundSchedule:
         """Advance the schedule by one round."""
         with warnings.catch_warnings():
             # The reference optimizer never steps: torch's check of the call order does not apply.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()
 
     def learning_rates(self) -> list[float]:

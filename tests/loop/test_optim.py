@@ -248,3 +248,30 @@ def test_a_subclass_dict_form_with_a_step_interval_trains(tmp_path):
         [p for p in federation.module.parameters() if p.requires_grad])
     federation.fit()
     assert recorder.seen[(1, "c0")] == pytest.approx([0.1, 0.05, 0.1 / 3])
+
+
+def test_the_server_schedule_steps_without_torchs_call_order_warning():
+    import warnings
+
+    from fedlit.loop.optim import RoundSchedule
+
+    module = Returns(sgd)
+    opt = sgd(module.parameters())
+    schedule = RoundSchedule(unpack(module, {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(
+        opt, step_size=1, gamma=0.5)}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schedule.step()
+        schedule.step()
+    assert [str(w.message) for w in caught] == [] and schedule.learning_rates() == [0.025]
+    client = sgd(module.parameters())
+    schedule.apply(client)  # a client's fresh optimizer takes the round's rate
+    assert client.param_groups[0]["lr"] == 0.025
+
+
+def test_a_scheduler_on_another_optimizer_is_refused():
+    module = Returns(sgd)
+    other = sgd(module.parameters())
+    with pytest.raises(ConfigError, match="built on another optimizer than the one returned"):
+        unpack(module, {"optimizer": sgd(module.parameters()),
+                        "lr_scheduler": torch.optim.lr_scheduler.StepLR(other, 1)})
