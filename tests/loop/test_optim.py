@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,6 +172,10 @@ def test_print_config_shows_the_optimizer_and_schedule(tmp_path, capsys):
     assert "class_path: torch.optim.AdamW" in out and "weight_decay: 0.01" in out
     assert "class_path: torch.optim.lr_scheduler.CosineAnnealingLR" in out and "T_max: 4" in out
     assert "lr_scheduler_interval: round" in out
+    with pytest.raises(SystemExit):  # a recipe with the shorthands shows the new options at their defaults
+        main(["fit", "--config", str(Path(__file__).parents[2] / "recipes" / "quickstart.yaml"), "--print_config"])
+    assert ("    optimizer: sgd\n    lr: 0.02\n    momentum: 0.9\n    weight_decay: 0.0\n    lr_scheduler: null\n"
+            "    lr_scheduler_interval: round\n") in capsys.readouterr().out
 
 
 def test_the_string_shorthands_still_build_their_optimizers():
