@@ -330,13 +330,17 @@ def _callable_class_path(key: str, name: str, problem: str) -> str:
     """A ``class_path`` of an optimizer or scheduler (a callable-typed option) that jsonargparse refused."""
     module_name, _, attr = name.rpartition(".")
     home = "torch.optim.lr_scheduler" if key.endswith("lr_scheduler") else "torch.optim"
-    hint = ""
+    hint, shorthands = "", ["sgd", "adam", "adamw"] if not module_name and home == "torch.optim" else []
     if "has no attribute" in problem or not module_name:
         with contextlib.suppress(ImportError):
             module = module_name or home
             classes = [n for n, v in vars(importlib.import_module(module)).items() if isinstance(v, type)]
-            close = difflib.get_close_matches(attr, classes, n=1)
-            hint = f" Did you mean {module}.{close[0]}?" if close else ""
+            close = difflib.get_close_matches(attr, classes + shorthands, n=1)
+            hint = "" if not close else (f" Did you mean {close[0]!r}?" if close[0] in shorthands
+                                         else f" Did you mean {module}.{close[0]}?")
+    if shorthands:  # `optimizer: sgdd` reads as a misspelled shorthand too
+        return (f"{key}={name!r} is not one of the shorthands ['sgd', 'adam', 'adamw'] nor a known class.{hint} "
+                "Give a shorthand, or a class of torch.optim as class_path (its name or full import path).")
     return (f"{key}.class_path={name!r}: {problem.rstrip('.')}.{hint} Give a class of {home} (its name, or a "
             "full import path), or the import path of your own.")
 

@@ -280,3 +280,15 @@ def test_a_scheduler_on_another_optimizer_is_refused():
     with pytest.raises(ConfigError, match="built on another optimizer than the one returned"):
         unpack(module, {"optimizer": sgd(module.parameters()),
                         "lr_scheduler": torch.optim.lr_scheduler.StepLR(other, 1)})
+
+
+def test_a_misspelled_optimizer_shorthand_is_one_clear_line(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(recipe), "--out_dir", str(tmp_path / "run"), "--model.init_args.optimizer",
+              "sgdd"])
+    assert capsys.readouterr().err.strip() == (
+        "fedlit: error: model.init_args.optimizer='sgdd' is not one of the shorthands ['sgd', 'adam', 'adamw'] nor "
+        "a known class. Did you mean 'sgd'? Give a shorthand, or a class of torch.optim as class_path (its name or "
+        "full import path).")
