@@ -31,8 +31,8 @@ _INSTEAD = {
                      "validation metric)",
     "ModelCheckpoint": "the loop's own checkpoints (checkpoints/last.ckpt every federation.checkpoint_every "
                        "rounds; the best round is reported from the evaluation history)",
-    "LearningRateMonitor": "nothing: local training has no learning-rate scheduler, the rate is "
-                           "model.init_args.lr",
+    "LearningRateMonitor": "nothing: a round-interval schedule's rate is logged as server/train/lr (see "
+                           "model.init_args.lr_scheduler)",
 }
 
 

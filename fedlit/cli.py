@@ -383,6 +383,11 @@ def explain(err: BaseException) -> str:
     unknown = (re.search(r"does not accept option '([\w.]+)'", text)
                or re.search(r"Option '([\w.]+)' is not accepted", text)
                or re.search(r"unrecognized arguments: --([\w.]+)", text))
+    if found := re.search(r"callable class: Option '(\w+)' is not accepted\. Got value: .*?class_path='([\w.]+)'",
+                          text):
+        option, owner = found.groups()  # a misspelled init_args key of an optimizer or scheduler
+        valid = [p for p in _init_args(owner) if p not in ("params", "optimizer")]
+        return _unknown_key(f"{_nested_key(keys)}.init_args.{option}", option, valid, f" of {owner}")
     if unknown:
         name = unknown.group(1)
         if class_paths:
@@ -391,10 +396,33 @@ def explain(err: BaseException) -> str:
             return _unknown_key(key, option, _init_args(class_paths[-1]), f" of {class_paths[-1]}")
         section, _, option = name.rpartition(".")
         return _unknown_key(name, option, _section_keys(section))
+    if found := re.search(r"expects a function or a callable class: (.+?)\. Got value: .*?class_path='([\w.]+)'", text):
+        return _callable_class_path(_nested_key(keys), found.group(2), found.group(1))
+    if found := re.search(r"Expected a dot import path string: (\S+)", text):
+        return _callable_class_path(_nested_key(keys), found.group(1), "not a known class")
     if found := re.search(r"Expected a (.+?)\. Got value: (.*)", text):
         return f"{_nested_key(keys) or '?'}: expected {found.group(1)}, got {found.group(2)!r}."
     innermost = str(chain[-1]).strip()
     return innermost.splitlines()[0] if len(innermost.splitlines()) > 6 else innermost
+
+
+def _callable_class_path(key: str, name: str, problem: str) -> str:
+    """A ``class_path`` of an optimizer or scheduler (a callable-typed option) that jsonargparse refused."""
+    module_name, _, attr = name.rpartition(".")
+    home = "torch.optim.lr_scheduler" if key.endswith("lr_scheduler") else "torch.optim"
+    hint, shorthands = "", ["sgd", "adam", "adamw"] if not module_name and home == "torch.optim" else []
+    if "has no attribute" in problem or not module_name:
+        with contextlib.suppress(ImportError):
+            module = module_name or home
+            classes = [n for n, v in vars(importlib.import_module(module)).items() if isinstance(v, type)]
+            close = difflib.get_close_matches(attr, classes + shorthands, n=1)
+            hint = "" if not close else (f" Did you mean {close[0]!r}?" if close[0] in shorthands
+                                         else f" Did you mean {module}.{close[0]}?")
+    if shorthands:  # `optimizer: sgdd` reads as a misspelled shorthand too
+        return (f"{key}={name!r} is not one of the shorthands ['sgd', 'adam', 'adamw'] nor a known class.{hint} "
+                "Give a shorthand, or a class of torch.optim as class_path (its name or full import path).")
+    return (f"{key}.class_path={name!r}: {problem.rstrip('.')}.{hint} Give a class of {home} (its name, or a "
+            "full import path), or the import path of your own.")
 
 
 def _nested_key(keys: list[str]) -> str:

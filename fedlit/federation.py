@@ -46,7 +46,7 @@ from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError, FedlitError, NonFiniteError
 from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
-from fedlit.loop import local, state
+from fedlit.loop import local, optim, state
 from fedlit.module import FederatedModule
 from fedlit.roles import role_summary_table
 from fedlit.rundir import claim_run_dir
@@ -73,7 +73,8 @@ class Federation:
         local_epochs: Passes over the client's training data per round (ignored when ``local_steps`` is set).
         local_steps: Exactly this many optimizer steps per round (cycling through the data), instead of epochs.
         optimizer_state: ``reset`` builds a fresh optimizer for every client turn; ``persist`` keeps each
-            client's optimizer state (momenta) in the store between its turns.
+            client's optimizer state (momenta), and its learning-rate schedule of interval ``step``, in the store
+            between its turns.
         eval_every: Evaluate every this many rounds (the last round is always evaluated).
         selection_metric: Metric whose mean over clients on validation picks the reported best round (its
             direction from the module's ``higher_is_better``); None: the module's ``default_selection_metric``
@@ -169,6 +170,7 @@ class Federation:
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
+        self.lr_schedule: optim.RoundSchedule | None = None  # the module's schedule of interval "round"
         self._wrapped: Any = None
         self._active_hooks: set[str] = set()
         #: Set by a callback (e.g. :class:`~fedlit.callbacks.EarlyStopping`) to end the run after this round.
@@ -212,6 +214,7 @@ class Federation:
         if not roles.names("shared") and self.strategy.communicates:
             warnings.warn(f"{self.strategy!r} shares no tensor: every client will train alone.", stacklevel=2)
         self._wrapped = self.fabric.setup_module(self.module)
+        self.lr_schedule = optim.round_schedule(self.module)
         self._active_hooks = _overridden_hooks(self.fabric._callbacks)
         self.identity = state.identity(self)
         self.store.set_initial(self.module.named_tensors("personal"))
@@ -362,6 +365,9 @@ class Federation:
                     "system/peak_memory_mb": _peak_memory_mb(self.fabric.device),
                     "system/store_mb": self.store.nbytes() / 2**20,
                     "system/trainable_parameters": self.module.num_trainable_parameters()})
+        if self.lr_schedule is not None:
+            log["server/train/lr"] = self.lr_schedule.learning_rates()[0]
+            self.lr_schedule.step()
         self.fabric.log_dict(log, step=server_round)
         self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
                          metrics=metrics)

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from fedlit.errors import ConfigError
@@ -26,10 +27,18 @@ class FederatedModule(LightningModule):
 
     Args:
         roles: Extra role rules, applied after the subclass defaults; the last matching rule wins.
-        optimizer: The local optimizer.
-        lr: Local learning rate.
-        momentum: SGD momentum (ignored by Adam/AdamW).
-        weight_decay: Weight decay of the local optimizer.
+        optimizer: The local optimizer: ``sgd``, ``adam`` or ``adamw`` (with ``lr``, ``momentum`` and
+            ``weight_decay``), or any ``torch.optim`` optimizer as ``class_path`` + ``init_args`` in a recipe (a
+            callable that takes the parameters; its settings then go in its ``init_args``).
+        lr: Local learning rate of the shorthands.
+        momentum: SGD momentum of the shorthands (ignored by Adam/AdamW).
+        weight_decay: Weight decay of the shorthands.
+        lr_scheduler: A ``torch.optim.lr_scheduler`` class as ``class_path`` + ``init_args`` (a callable that takes
+            the optimizer), or None for a constant learning rate.
+        lr_scheduler_interval: When the schedule steps: ``round`` once per server round (every client of round
+            ``t`` trains at the value after ``t - 1`` steps; the server keeps the schedule), or ``step`` after
+            each local optimizer step (one schedule per client, kept between its turns with
+            ``federation.optimizer_state: persist``, restarted at every turn otherwise).
     """
 
     #: The data set tasks (``FederatedDataModule.task``) this module can train on; None: any task.
@@ -42,13 +51,15 @@ class FederatedModule(LightningModule):
         self,
         *,
         roles: list[RoleRule] | None = None,
-        optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
+        optimizer: Literal["sgd", "adam", "adamw"] | OptimizerCallable = "sgd",
         lr: float = 0.01,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: Literal["round", "step"] = "round",
     ) -> None:
         super().__init__()
-        problems = []
+        problems = _check_optimization(optimizer, lr, momentum, weight_decay, lr_scheduler, lr_scheduler_interval)
         if lr <= 0:
             problems.append(f"model.init_args.lr={lr} must be > 0")
         if not 0 <= momentum < 1:
@@ -58,7 +69,9 @@ class FederatedModule(LightningModule):
         if problems:
             raise ConfigError("; ".join(problems) + ".")
         self.role_rules = list(roles or [])
-        self.optimizer_name = optimizer
+        self.optimizer_name = optimizer if isinstance(optimizer, str) else "callable"
+        self.optimizer_factory = None if isinstance(optimizer, str) else optimizer
+        self.lr_scheduler_factory, self.lr_scheduler_interval = lr_scheduler, lr_scheduler_interval
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
@@ -122,19 +135,33 @@ class FederatedModule(LightningModule):
                 module.eval()
 
     # ----------------------------------------------------------------------------------------- Lightning API
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """The local optimizer over the trainable parameters (shared and personal)."""
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+        """The local optimizer over the trainable parameters (shared and personal), with its learning-rate
+        scheduler if one is configured (Lightning's dict form, its ``interval`` being ``round`` or ``step``).
+
+        A subclass may override this and return an optimizer, or ``{"optimizer": opt, "lr_scheduler":
+        {"scheduler": sched, "interval": "round" | "step"}}`` (see :mod:`fedlit.loop.optim`).
+        """
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
             raise ConfigError(
                 "Nothing to train: every parameter is frozen. Give a role rule that makes some tensors "
                 "`shared` or `personal` (model.init_args.roles)."
             )
-        if self.optimizer_name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-        if self.optimizer_name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        optimizer = _build("model.init_args.optimizer", self.optimizer_factory, params, torch.optim.Optimizer)
+        if optimizer is None:
+            if self.optimizer_name == "sgd":
+                optimizer = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            elif self.optimizer_name == "adam":
+                optimizer = torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+            else:
+                optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        scheduler = _build("model.init_args.lr_scheduler", self.lr_scheduler_factory, optimizer,
+                           torch.optim.lr_scheduler.LRScheduler)
+        if scheduler is None:
+            return optimizer
+        interval = self.lr_scheduler_interval
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Same as ``validation_step``; which split is evaluated is the loop's business."""
@@ -151,3 +178,43 @@ class FederatedModule(LightningModule):
     def higher_is_better(self) -> dict[str, bool]:
         """Per metric name, whether larger is better (used for the worst-client aggregate)."""
         return {}
+
+
+def _check_optimization(optimizer: Any, lr: float, momentum: float, weight_decay: float, lr_scheduler: Any,
+                        interval: str) -> list[str]:
+    """The problems of the optimizer settings, as the recipe spells them."""
+    problems = []
+    if isinstance(optimizer, str):
+        if optimizer not in ("sgd", "adam", "adamw"):
+            problems.append(f"model.init_args.optimizer={optimizer!r} is not one of ['sgd', 'adam', 'adamw'] (or "
+                            "give a torch.optim class as class_path + init_args)")
+    elif not callable(optimizer):
+        problems.append(f"model.init_args.optimizer={optimizer!r} is neither a shorthand nor a callable that builds "
+                        "an optimizer from the parameters")
+    else:
+        given = [f"{k}={v}" for k, v, default in (("lr", lr, 0.01), ("momentum", momentum, 0.0),
+                                                   ("weight_decay", weight_decay, 0.0)) if v != default]
+        if given:
+            problems.append(f"model.init_args.{', '.join(given)} only apply to the shorthands sgd/adam/adamw: with "
+                            "a class_path optimizer, give them in model.init_args.optimizer.init_args")
+    if lr_scheduler is not None and not callable(lr_scheduler):
+        problems.append(f"model.init_args.lr_scheduler={lr_scheduler!r} is not a callable that builds a scheduler "
+                        "from the optimizer")
+    if interval not in ("round", "step"):
+        problems.append(f"model.init_args.lr_scheduler_interval={interval!r} is not one of ['round', 'step']")
+    return problems
+
+
+def _build(key: str, factory: Any, arg: Any, kind: type) -> Any:
+    """``factory(arg)``, its errors (a bad setting in ``init_args``) raised as ConfigError naming ``key``."""
+    if factory is None:
+        return None
+    name = getattr(getattr(factory, "func", None), "__name__", None) or getattr(factory, "__name__", "callable")
+    try:
+        built = factory(arg)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ConfigError(f"{key}: building it failed: {type(err).__name__}: {err}. Fix its init_args.") from err
+    if not isinstance(built, kind):
+        raise ConfigError(f"{key} built a {type(built).__name__} ({name}), not a {kind.__module__}.{kind.__name__}: "
+                          "give such a class as class_path.")
+    return built

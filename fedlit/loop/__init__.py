@@ -2,6 +2,7 @@
 
 - :mod:`fedlit.loop.local`: one client's turn (load its state, local training under the run's precision,
   finiteness checks, the upload).
+- :mod:`fedlit.loop.optim`: the local optimizer and its learning-rate schedule (per round or per step).
 - :mod:`fedlit.loop.evaluate`: per-client evaluation of a round, and the final report.
 - :mod:`fedlit.loop.state`: checkpoints (what they hold, what a resume must match) and the run's configuration.
 """

@@ -4,10 +4,12 @@
 
     received = strategy.configure_client(...)       # every shared tensor, from the server
     load the client's personal tensors from the store, then ``received``, into the live module (in place)
+    build the optimizer (fedlit.loop.optim: stored state, this round's learning rate)
     on_client_fit_start(..., client_state=<each callback's own slot>)
     for each step: convert the batch to the run's precision; training_step under fabric.autocast();
         strategy.training_loss; backward; on_before_optimizer_step; optimizer.step (a 16-bit step that the
-        gradient scaler skipped is not counted); on_before_zero_grad(..., stepped=...)
+        gradient scaler skipped is not counted); on_before_zero_grad(..., stepped=...); on_train_batch_end;
+        a scheduler of interval "step" steps if the optimizer did
     update = the client's shared tensors + extras, checked finite
     on_client_fit_end; save the client's personal tensors to the store
 
@@ -27,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError, DataError
+from fedlit.errors import DataError
+from fedlit.loop import optim
 from fedlit.strategies.base import ClientUpdate
 from fedlit.strategies.functional import state_nbytes
 
@@ -60,7 +63,7 @@ def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn
     torch.manual_seed(fed.derive_seed("train", server_round, client_id))
     loader = fed.datamodule.train_dataloader(
         client_id, torch.Generator().manual_seed(fed.derive_seed("data", server_round, client_id)))
-    optimizer = _optimizer(fed, client_id)
+    optimizer, scheduler = optim.client_optimizer(fed, client_id)
     precision = fabric.strategy.precision
     scaler = getattr(precision, "scaler", None)
     scaler = scaler if scaler is not None and scaler.is_enabled() else None
@@ -109,6 +112,8 @@ def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn
             fed.call("on_before_zero_grad", **hook_args, optimizer=optimizer, stepped=stepped)
             optimizer.zero_grad(set_to_none=True)
             fed.call("on_train_batch_end", **hook_args, outputs=out, batch=batch, batch_idx=batch_idx)
+            if scheduler is not None and stepped:  # interval "step": after the step, as Lightning's Trainer
+                scheduler.step()
             if show_progress:
                 fed.show_progress(steps, loss_sum / seen)
             if steps >= max_steps:
@@ -134,8 +139,7 @@ def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn
     if bad is not None:
         return ClientTurn(update, download, bad)
     fed.store.save_from(client_id, module.named_tensors("personal"))
-    if fed.optimizer_state == "persist":
-        fed.store.set_optimizer_state(client_id, optimizer.state_dict())
+    optim.save_client(fed, client_id, optimizer, scheduler)
     return ClientTurn(update, download)
 
 
@@ -170,18 +174,6 @@ def call_with_client_state(fed: Federation, hook: str, **kwargs: Any) -> None:
         if takes_all or "client_state" in params:
             given["client_state"] = fed.store.extra(client_id, callback.state_key)
         method(**given)
-
-
-def _optimizer(fed: Federation, client_id: str) -> Any:
-    optimizer = fed.module.configure_optimizers()
-    if isinstance(optimizer, (Mapping, list, tuple)):
-        raise ConfigError(
-            f"{type(fed.module).__name__}.configure_optimizers must return one optimizer: learning-rate "
-            "schedulers are not supported in local training yet."
-        )
-    if fed.optimizer_state == "persist" and fed.store.optimizer_state(client_id) is not None:
-        optimizer.load_state_dict(fed.store.optimizer_state(client_id))
-    return fed.fabric.setup_optimizers(optimizer)
 
 
 def _non_finite(tensors: Mapping[str, Tensor], what: str) -> str | None:

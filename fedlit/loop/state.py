@@ -22,6 +22,7 @@ from torch import Tensor
 
 from fedlit.checkpoint import rng_state, save_checkpoint, set_rng_state
 from fedlit.errors import CheckpointError
+from fedlit.loop import optim
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -60,6 +61,7 @@ def save(fed: Federation, path: str | Path) -> Path:
         "comm": dict(fed.comm),
         "faults": [dict(f) for f in fed.faults],
         "rng": rng_state(),
+        "lr_schedule": optim.round_state(fed),
     }
     path = save_checkpoint(path, payload)
     save_config(fed, path.parent)
@@ -79,6 +81,7 @@ def restore(fed: Federation, payload: Mapping[str, Any], ckpt_path: str | Path) 
     fed.comm = dict(payload["comm"])
     fed.faults = [dict(f) for f in payload.get("faults", [])]
     set_rng_state(payload["rng"])
+    optim.restore_round_schedule(fed, payload)
 
 
 def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:

@@ -219,7 +219,8 @@ class SCAFFOLD(Strategy):
             f"SCAFFOLD assumes plain SGD local steps (Eq. 3; option II divides the model change by K * lr), got "
             f"{kind} with momentum/betas {momenta} and weight_decay {decays}: the control variates are the paper's "
             "approximation. Use model.init_args.optimizer=sgd with model.init_args.momentum=0 and "
-            "model.init_args.weight_decay=0 for the exact algorithm.",
+            "model.init_args.weight_decay=0 (or torch.optim.SGD with momentum: 0 and weight_decay: 0 in "
+            "model.init_args.optimizer.init_args) for the exact algorithm.",
             stacklevel=2,
         )
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import torch
 import torchmetrics
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -100,10 +101,13 @@ class ClassificationModule(FederatedModule):
         task: ``multiclass`` (softmax + cross-entropy), ``binary`` (one logit + BCE) or ``multilabel`` (BCE per
             label).
         roles: Role rules applied after the defaults.
-        optimizer: Local optimizer.
-        lr: Local learning rate.
-        momentum: SGD momentum.
-        weight_decay: Weight decay.
+        optimizer: Local optimizer: ``sgd``, ``adam``, ``adamw`` or a ``torch.optim`` class_path (see
+            :class:`~fedlit.module.FederatedModule`).
+        lr: Local learning rate of the shorthands.
+        momentum: SGD momentum of the shorthands.
+        weight_decay: Weight decay of the shorthands.
+        lr_scheduler: A ``torch.optim.lr_scheduler`` class_path, or None.
+        lr_scheduler_interval: ``round`` (one schedule over server rounds) or ``step`` (per local step).
     """
 
     accepted_tasks = frozenset({"multiclass", "binary", "multilabel"})
@@ -116,12 +120,15 @@ class ClassificationModule(FederatedModule):
         num_classes: int,
         task: Task = "multiclass",
         roles: list[RoleRule] | None = None,
-        optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
+        optimizer: Literal["sgd", "adam", "adamw"] | OptimizerCallable = "sgd",
         lr: float = 0.01,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: Literal["round", "step"] = "round",
     ) -> None:
-        super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
         if task not in ("multiclass", "binary", "multilabel"):
             raise ValueError(f"model.init_args.task={task!r} is not one of ['multiclass', 'binary', 'multilabel'].")
         if task == "binary" and num_classes != 1:

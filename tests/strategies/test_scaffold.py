@@ -73,6 +73,21 @@ def test_control_variate_after_k_steps_is_option_two():
     assert torch.allclose(update.extras["delta_c"]["shared.weight"], torch.tensor([[1.75, -0.5]]), atol=1e-6)
 
 
+def test_k_lr_sums_the_learning_rates_a_schedule_applied():
+    module, strategy, state = client_turn(c=[0.5, -1.0], c_i=[0.25, 0.5])
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)  # interval "step": 0.1, 0.05
+    sgd_step(module, strategy, optimizer, grad=[1.0, 2.0])  # y = [3, 1] - 0.1 * [1.25, 0.5] = [2.875, 0.95]
+    scheduler.step()  # as the loop does, after the step
+    sgd_step(module, strategy, optimizer, grad=[1.0, 2.0])  # y = [2.875, 0.95] - 0.05 * [1.25, 0.5] = [2.8125, 0.925]
+    update = ClientUpdate("a", 10, state={"shared.weight": module.shared.weight.detach().clone()})
+    strategy.on_client_fit_end(update=update, client_state=state)
+    # K eta_l = 0.1 + 0.05: c_i+ = [-0.25, 1.5] + [0.1875, 0.075] / 0.15 = [-0.25, 1.5] + [1.25, 0.5] = [1, 2]
+    # (2 * 0.1 would give [0.6875, 1.875], 2 * 0.05 [1.625, 2.25])
+    assert torch.allclose(state["c_i"]["shared.weight"], torch.tensor([[1.0, 2.0]]), atol=1e-5)
+    assert torch.allclose(update.extras["delta_c"]["shared.weight"], torch.tensor([[0.75, 1.5]]), atol=1e-5)
+
+
 def test_a_step_the_gradient_scaler_skipped_is_not_counted_in_k_lr():
     module, strategy, state = client_turn(c=[0.5, -1.0], c_i=[0.25, 0.5])
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
