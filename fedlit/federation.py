@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.fabric import Fabric
-from lightning.fabric.loggers import TensorBoardLogger
+from lightning.fabric.loggers import Logger, TensorBoardLogger
 from lightning.pytorch import Callback
 from tqdm.auto import tqdm
 
@@ -45,7 +45,7 @@ from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError, FedlitError, NonFiniteError
 from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
-from fedlit.loop import local, state
+from fedlit.loop import local, record, state
 from fedlit.module import FederatedModule
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
@@ -88,6 +88,8 @@ class Federation:
             the round with a warning (recorded in the results and TensorBoard).
         min_clients: The fewest clients whose updates a round needs to aggregate (after skipped and quarantined
             ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
+        loggers: Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in
+            ``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Federation:
         config: Mapping[str, Any] | None = None,
         on_client_error: Literal["raise", "skip"] = "raise",
         min_clients: int = 1,
+        loggers: list[Logger] | None = None,
     ) -> None:
         problems = []
         for key, value, low in (("rounds", rounds, 1), ("local_epochs", local_epochs, 1),
@@ -148,13 +151,15 @@ class Federation:
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
         self.fabric = Fabric(accelerator=accelerator, devices=devices, precision=precision,
                              callbacks=list(self.callbacks),
-                             loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")])
+                             loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
+                             if loggers is None else list(loggers))
         self.store = ClientStore(store_device)
         self.history = EvaluationHistory(selection_metric, module.higher_is_better)
         self.server_round = 0
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
+        self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.loop.record)
         self._wrapped: Any = None
         self._active_hooks: set[str] = set()
 
@@ -200,9 +205,6 @@ class Federation:
         if ckpt_path is not None:
             state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             state.record_resume(self, self.out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "manifest.json").write_text(json.dumps(self.datamodule.manifest()))
-        (self.out_dir / "class_counts.json").write_text(json.dumps(self.datamodule.class_counts(), indent=1))
 
     def _check_compatible(self) -> None:
         problems = []
@@ -234,6 +236,7 @@ class Federation:
         """
         with claim_run_dir(self.out_dir, resume=ckpt_path is not None):
             self.setup(ckpt_path)
+            self._start_records(resumed=ckpt_path is not None)
             state.save_config(self)
             self._log_class_counts()
             self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
@@ -244,6 +247,17 @@ class Federation:
             results = self.report()
             self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results
+
+    def _start_records(self, *, resumed: bool) -> None:
+        """The run's files written once at the start of a fit (an evaluation leaves them alone), and
+        ``metrics.csv`` (continued at the resumed round); see :mod:`fedlit.loop.record`."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "manifest.json").write_text(json.dumps(self.datamodule.manifest()))
+        (self.out_dir / "class_counts.json").write_text(json.dumps(self.datamodule.class_counts(), indent=1))
+        record.start(self)
+        if resumed:
+            record.drop_stale_best(self)
+        record.open_metrics(self)
 
     def _log_class_counts(self) -> None:
         """Print the per-client class counts of the train split and log the full table to TensorBoard."""
@@ -312,8 +326,10 @@ class Federation:
                     "system/store_mb": self.store.nbytes() / 2**20,
                     "system/trainable_parameters": self.module.num_trainable_parameters()})
         self.fabric.log_dict(log, step=server_round)
+        record.append_round(self, server_round, log)
         self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
                          metrics=metrics)
+        record.save_best(self, server_round)  # before last.ckpt: a resume drops a best.ckpt newer than it
         if server_round % self.checkpoint_every == 0 or server_round == self.rounds:
             self.save_checkpoint(self.out_dir / "checkpoints" / LAST)
 
@@ -375,7 +391,9 @@ class Federation:
     def evaluate(self, split: str, ckpt_path: str | Path) -> dict[str, Any]:
         """Evaluate the checkpoint's state on every client's ``split`` (``val`` or ``test``); print the table."""
         self.setup(ckpt_path)
-        return evaluation.evaluate_checkpoint(self, split, ckpt_path)
+        result = evaluation.evaluate_checkpoint(self, split, ckpt_path)
+        record.write_evaluation(self, split, ckpt_path, result)
+        return result
 
     def report(self) -> dict[str, Any]:
         """Print and save (Markdown, JSON, TensorBoard) the final per-client test results."""

@@ -43,8 +43,8 @@ except ImportError:  # not POSIX: liveness falls back to the pid recorded in the
 
 LOCK_NAME = ".lock"
 #: Files and folders that only a run writes: a folder holding any of them holds a run.
-RUN_FILES = ("results.json", "results.md", "config.json", "manifest.json", "class_counts.json", "checkpoints",
-             "tensorboard")
+RUN_FILES = ("results.json", "results.md", "config.json", "manifest.json", "class_counts.json", "metrics.csv",
+             "checkpoints", "tensorboard")
 _VERSION = re.compile(r"version_(\d+)")
 # flock failing with one of these means the file system does not support it (some network file systems).
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from fedlit.checkpoint import rng_state, save_checkpoint, set_rng_state
 from fedlit.errors import CheckpointError
+from fedlit.loop import record
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -31,7 +32,7 @@ SECTIONS = ("model", "data", "strategy", "federation")
 
 #: Federation settings that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
-                       "store_device", "on_client_error", "min_clients"})
+                       "store_device", "on_client_error", "min_clients", "loggers"})
 
 
 def identity(fed: Federation) -> dict[str, Any]:
@@ -60,6 +61,7 @@ def save(fed: Federation, path: str | Path) -> Path:
         "comm": dict(fed.comm),
         "faults": [dict(f) for f in fed.faults],
         "rng": rng_state(),
+        "timing": record.timing_state(fed),
     }
     path = save_checkpoint(path, payload)
     save_config(fed, path.parent)
@@ -79,6 +81,7 @@ def restore(fed: Federation, payload: Mapping[str, Any], ckpt_path: str | Path) 
     fed.comm = dict(payload["comm"])
     fed.faults = [dict(f) for f in payload.get("faults", [])]
     set_rng_state(payload["rng"])
+    record.load_timing(fed, payload.get("timing"))
 
 
 def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:
