@@ -118,9 +118,6 @@ def _version_dir(cfg: Namespace) -> Path | None:
     version = cfg.version
     if version is None:
         return None
-    if cfg.out_dir:
-        raise ConfigError(f"--version {version} and --out_dir {cfg.out_dir}: give one of them (--out_dir is the "
-                          "whole folder; --name and --version make runs/<name>/<version>).")
     if isinstance(version, int):
         if version < 0:
             raise ConfigError(f"--version {version} must be >= 0 (or a name such as `baseline`).")
@@ -173,6 +170,10 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
     - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``); without ``--out_dir`` a
       checkpoint file is evaluated in its own run folder.
     """
+    named = [f"--{key} {cfg[key]}" for key in ("name", "version") if cfg[key] is not None]
+    if cfg.out_dir and named:
+        raise ConfigError(f"{' and '.join(named)} and --out_dir {cfg.out_dir}: give one of them (--out_dir is the "
+                          "whole folder; --name and --version make runs/<name>/<version>).")
     out_dir = Path(cfg.out_dir) if cfg.out_dir else _version_dir(cfg)
     if cfg.get("run"):
         if cfg.out_dir or cfg.version is not None:

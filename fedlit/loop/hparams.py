@@ -79,13 +79,13 @@ def log(fed: Federation) -> None:
     params, values = hparams(fed), metrics(fed)
     for logger in fed.fabric.loggers:
         takes_metrics = "metrics" in inspect.signature(logger.log_hyperparams).parameters
+        if takes_metrics:
+            logger.log_hyperparams(params, metrics=values)
+            continue
+        if values:
+            logger.log_metrics(values, step=history_step(fed))
         with contextlib.suppress(NotImplementedError):  # Fabric's CSVLogger has no hyperparameters
-            if takes_metrics:
-                logger.log_hyperparams(params, metrics=values)
-            else:
-                logger.log_hyperparams(params)
-                if values:
-                    logger.log_metrics(values, step=history_step(fed))
+            logger.log_hyperparams(params)
 
 
 def history_step(fed: Federation) -> int:
