@@ -5,10 +5,12 @@ FederatedDataModule), ``strategy`` (a Strategy; short names such as ``FedAvg`` w
 settings: :class:`~fedlit.federation.Federation`'s keyword arguments) and optional ``callbacks``; plus
 ``out_dir``. Dotted overrides (``--federation.rounds 3``) and ``--print_config`` come from jsonargparse.
 
-A fresh ``fit`` writes into a new ``runs/<recipe>/version_<n>``, or into ``--out_dir``, which must not hold another
-run (see :mod:`fedlit.rundir`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
-checkpoint of the newest run of the recipe, or of ``--out_dir``; when that run has none, the command says so
-rather than falling back to an older run.
+A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``<recipe>_<strategy>``,
+``--version`` to the next ``version_<n>``), or into ``--out_dir``, which must not hold another run (see
+:mod:`fedlit.rundir`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
+checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
+rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
+and evaluate its ``last`` or ``best`` checkpoint (:mod:`fedlit.loop.record` says what a run records).
 """
 
 from __future__ import annotations
