@@ -165,12 +165,13 @@ def _recipe_name(cfg: Namespace) -> str:
 
 
 def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | None]:
-    """The run folder and the checkpoint of a command; ``None`` as folder means a new ``runs/<recipe>/version_<n>``.
+    """The run folder and the checkpoint of a command; ``None`` as folder means a new ``runs/<name>/version_<n>``.
 
-    - ``fit``: ``--out_dir`` as given, else a new version; ``--ckpt_path last`` resumes the newest run of the
-      recipe (or the given ``--out_dir``) and never an older one silently.
-    - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``); without ``--out_dir`` a
-      checkpoint file is evaluated in its own run folder.
+    - ``fit``: ``--out_dir`` (or ``--name``/``--version``) as given, else a new version; ``--ckpt_path last``
+      resumes the newest run of the name (or the given folder) and never an older one silently.
+    - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``; ``best`` for the run's
+      ``best.ckpt``) of ``--run`` or the folders above; without them a checkpoint file is evaluated in its own
+      run folder.
     """
     named = [f"--{key} {cfg[key]}" for key in ("name", "version") if cfg[key] is not None]
     if cfg.out_dir and named:
@@ -178,8 +179,8 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
                           "whole folder; --name and --version make runs/<name>/<version>).")
     out_dir = Path(cfg.out_dir) if cfg.out_dir else _version_dir(cfg)
     if cfg.get("run"):
-        if cfg.out_dir or cfg.version is not None:
-            raise ConfigError(f"--run {cfg.run} is the run's folder: leave out --out_dir and --version.")
+        if cfg.out_dir or cfg.version is not None or cfg.name is not None:
+            raise ConfigError(f"--run {cfg.run} is the run's folder: leave out --out_dir, --name and --version.")
         out_dir = Path(cfg.run)
     ckpt_path = cfg.ckpt_path if cfg.ckpt_path is not None or subcommand == "fit" else LAST_KEYWORD
     if ckpt_path is None:
