@@ -205,8 +205,9 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
     runs = run_versions(root)
     if not runs:
         raise CheckpointError(
-            f"{option}: no run of this recipe under {root}. Run `fedlit fit` with this recipe first, or give "
-            "--out_dir of a run, or --ckpt_path with the path of a .ckpt file."
+            f"{option}: no run named {root.name} under {root.parent}. Run `fedlit fit` with this recipe first (with "
+            "the same --name or --strategy), or give --out_dir or --run of a run, or --ckpt_path with the path of a "
+            ".ckpt file."
         )
     newest = runs[-1]
     ckpt = newest / "checkpoints" / LAST
@@ -217,7 +218,7 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
         older = [p for p in runs[:-1] if (p / "checkpoints" / LAST).is_file()]
         hint = f" (the newest with one is {older[-1]})" if older else ""
         raise CheckpointError(
-            f"{option}: the newest run of this recipe, {newest}, has no checkpoint: {state}. `last` never falls "
+            f"{option}: the newest run of this name, {newest}, has no checkpoint: {state}. `last` never falls "
             f"back to an older run. Pass --out_dir of an older run{hint}, or --ckpt_path with the path of a "
             ".ckpt file."
         )

@@ -143,7 +143,7 @@ def test_resume_without_a_checkpoint_says_what_to_do(capsys, tmp_path):
 
 def test_resume_of_the_newest_run_never_falls_back_to_an_older_one(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    older, newest = Path("runs/quickstart/version_0"), Path("runs/quickstart/version_1")
+    older, newest = Path("runs/quickstart_fedbn/version_0"), Path("runs/quickstart_fedbn/version_1")
     (older / "checkpoints").mkdir(parents=True)
     (older / "checkpoints" / "last.ckpt").write_bytes(b"the older run's checkpoint")
     (older / "results.json").write_text("older results")
@@ -151,7 +151,7 @@ def test_resume_of_the_newest_run_never_falls_back_to_an_older_one(capsys, tmp_p
     (newest / "config.json").write_text("{}")  # the newest run stopped before its first checkpoint
     for argv in (["fit", *QUICK, "--ckpt_path", "last"], ["validate", *QUICK], ["test", *QUICK]):
         err = error_of(argv, capsys)
-        assert (f"the newest run of this recipe, {newest}, has no checkpoint: it stopped before its first "
+        assert (f"the newest run of this name, {newest}, has no checkpoint: it stopped before its first "
                 "checkpoint. `last` never falls back to an older run. Pass --out_dir of an older run (the newest "
                 f"with one is {older}), or --ckpt_path") in err
     with claim_run_dir(newest, resume=True):
