@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
+import sys
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +20,8 @@ from fedlit.loop.hparams import hparams
 from fedlit.loop.record import git_state
 from fedlit.strategies import FedAvg, FedProx
 from tests.conftest import TinyTabular, make_federation
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def read_csv(path):
@@ -146,3 +152,39 @@ def test_hparams_are_a_curated_set(tmp_path):
         "dataset": "TinyTabular", "partitioner": "natural", "num_clients": 3, "clients_per_round": 2, "rounds": 2,
         "local_training": "5 steps", "lr": 0.1, "precision": "32-true", "seed": 0,
     }
+
+
+class SigkillAtRoundEnd(Callback):
+    """Kills its own process (SIGKILL: no cleanup at all) in ``on_round_end`` of one round."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_round_end(self, trainer, pl_module, server_round, metrics) -> None:
+        if server_round == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_run_keeps_its_rows_and_its_resume_writes_each_round_once(tmp_path):
+    from fedlit.cli import run
+
+    args = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--federation.progress_bar", "false",
+            "--data.init_args.samples_per_client", "20", "--federation.local_epochs", "1", "--federation.rounds", "3"]
+    straight = run(["fit", *args, "--out_dir", str(tmp_path / "straight")])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # killed in round 3 after its rows were written, before its checkpoint (checkpoint_every=2: round 2's is kept)
+    folder = tmp_path / "killed"
+    killer = f"[{{class_path: {__name__}.SigkillAtRoundEnd, init_args: {{at: 3}}}}]"
+    done = subprocess.run([sys.executable, "-m", "fedlit", "fit", *args, "--out_dir", str(folder), "--callbacks",
+                           killer, "--federation.checkpoint_every", "2"], env=env, capture_output=True, cwd=ROOT)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    assert {r["round"] for r in read_csv(folder / "metrics.csv")} == {"1", "2", "3"}
+    resumed = run(["fit", *args, "--out_dir", str(folder), "--ckpt_path", "last"])
+    assert resumed["last"] == straight["last"] and resumed["best"] == straight["best"]
+
+    def timeless(path):
+        return [r for r in read_csv(path) if r["split"] != "system"]
+
+    assert timeless(folder / "metrics.csv") == timeless(tmp_path / "straight" / "metrics.csv")
+    best = torch.load(folder / "checkpoints" / "best.ckpt", weights_only=True)["server_round"]
+    assert best == straight["best"]["round"]
