@@ -83,7 +83,7 @@ class Federation:
         checkpoint_every: Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).
         store_device: Where the client store keeps tensors.
         progress_bar: Show a progress bar over rounds and clients.
-        config: The resolved run configuration, saved with the run and logged as hyperparameters.
+        config: The resolved run configuration, saved with the run (``config.json``) and checked on resume.
         on_client_error: ``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of
             the round with a warning (recorded in the results and TensorBoard).
         min_clients: The fewest clients whose updates a round needs to aggregate (after skipped and quarantined
