@@ -10,7 +10,8 @@ A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``
 :mod:`fedlit.rundir`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
 checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
-and evaluate its ``last`` or ``best`` checkpoint (:mod:`fedlit.loop.record` says what a run records).
+and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :mod:`fedlit.loop.record` says what a
+run records).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch import Callback
 
 import fedlit.strategies  # noqa: F401  (registers the built-in strategies for short names)
+from fedlit import runnames
 from fedlit.checkpoint import LAST
 from fedlit.data import FederatedDataModule
 from fedlit.errors import CheckpointError, ConfigError, FedlitError
 from fedlit.federation import Federation
-from fedlit.loop.record import BEST
 from fedlit.module import FederatedModule
 from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
 from fedlit.strategies.base import Strategy
@@ -70,7 +71,7 @@ def _subparser(name: str) -> ArgumentParser:
     parser.add_argument("--ckpt_path", type=str | None, default=None,
                         help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
                              "or, for validate and test, `best` (its best-validation checkpoint).")
-    _add_run_arguments(parser, name)
+    runnames.add_run_arguments(parser, name)
     return parser
 
 
@@ -82,86 +83,6 @@ def build_parser() -> ArgumentParser:
     for name, help_text in SUBCOMMANDS.items():
         subcommands.add_subcommand(name, _subparser(name), help=help_text)
     return parser
-
-
-def _add_run_arguments(parser: ArgumentParser, subcommand: str) -> None:
-    """``--name``, ``--version`` and, for validate and test, ``--run`` (see :func:`_run_root`, :func:`_expand_run`)."""
-    parser.add_argument("--name", type=str | None, default=None,
-                        help="Run name: runs go to runs/<name>/<version> (default: <recipe>_<strategy>).")
-    parser.add_argument("--version", type=int | str | None, default=None,
-                        help="Run version: an int n gives runs/<name>/version_<n>, a string runs/<name>/<string> "
-                             "(default: the next version_<n>; a taken one is refused).")
-    if subcommand != "fit":
-        parser.add_argument("--run", type=str | None, default=None,
-                            help="A run folder: rebuild the run from its config.json and evaluate its checkpoint "
-                                 "(--ckpt_path last, the default, or best).")
-
-
-def _run_name(cfg: Namespace) -> str:
-    """``--name``, or the recipe's file name plus the strategy's class name: ``quickstart_fedprox``; a recipe
-    whose name already ends with the strategy keeps its name (``heart_disease_fedavg``)."""
-    if cfg.name is not None:
-        return _check_folder_name("--name", cfg.name)
-    recipe = _recipe_name(cfg)
-    class_path = cfg.strategy.get("class_path") if isinstance(cfg.strategy, Namespace) else None
-    strategy = str(class_path or "").rsplit(".", 1)[-1].lower()
-    if not strategy or recipe == strategy or recipe.endswith("_" + strategy):
-        return recipe
-    return f"{recipe}_{strategy}"
-
-
-def _run_root(cfg: Namespace) -> Path:
-    """``runs/<name>``: the folder of every version of this run name."""
-    return Path("runs") / _run_name(cfg)
-
-
-def _version_dir(cfg: Namespace) -> Path | None:
-    """``runs/<name>/version_<n>`` (int) or ``runs/<name>/<version>`` (string), or None without ``--version``."""
-    version = cfg.version
-    if version is None:
-        return None
-    if isinstance(version, int):
-        if version < 0:
-            raise ConfigError(f"--version {version} must be >= 0 (or a name such as `baseline`).")
-        return _run_root(cfg) / f"version_{version}"
-    return _run_root(cfg) / _check_folder_name("--version", version)
-
-
-def _check_folder_name(option: str, value: str) -> str:
-    if not value or value in (".", "..") or "/" in value or "\\" in value:
-        raise ConfigError(f"{option} {value!r} is not a folder name: give a name without slashes "
-                          "(runs go to runs/<name>/<version>).")
-    return value
-
-
-def _expand_run(argv: list[str]) -> list[str]:
-    """``validate|test --run DIR``: the run's saved configuration (``DIR/config.json``) is given as the first
-    ``--config``, so that options after it still apply (``--data.init_args.root`` of moved data, say)."""
-    folder = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--run"), None)
-    folder = folder or next((a.split("=", 1)[1] for a in argv if a.startswith("--run=")), None)
-    if folder is None or not argv or argv[0] not in SUBCOMMANDS:
-        return argv
-    path = Path(folder) / "config.json"
-    if argv[0] == "fit":
-        raise ConfigError(f"--run {folder} is for validate and test. To continue that run: fedlit fit --config "
-                          f"RECIPE --out_dir {folder} --ckpt_path last.")
-    if not path.is_file():
-        raise ConfigError(f"--run {folder}: no config.json there (is it a run folder?). Give the folder of a run "
-                          "started with `fedlit fit`, or --config RECIPE --ckpt_path FILE.ckpt.")
-    if any(a == "--config" or a.startswith("--config=") for a in argv):
-        raise ConfigError(f"--run {folder} rebuilds the run from its config.json: leave out --config (options "
-                          "such as --data.init_args.root still apply).")
-    saved = json.loads(path.read_text())
-    for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "__path__"):
-        saved.pop(key, None)
-    return [argv[0], "--config", json.dumps(saved), *argv[1:]]
-
-
-def _recipe_name(cfg: Namespace) -> str:
-    configs = cfg.get("config") or []
-    if configs:
-        return Path(str(configs[-1])).stem
-    return "fedlit"
 
 
 def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | None]:
@@ -177,7 +98,7 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
     if cfg.out_dir and named:
         raise ConfigError(f"{' and '.join(named)} and --out_dir {cfg.out_dir}: give one of them (--out_dir is the "
                           "whole folder; --name and --version make runs/<name>/<version>).")
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else _version_dir(cfg)
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else runnames.version_dir(cfg)
     if cfg.get("run"):
         if cfg.out_dir or cfg.version is not None or cfg.name is not None:
             raise ConfigError(f"--run {cfg.run} is the run's folder: leave out --out_dir, --name and --version.")
@@ -186,7 +107,7 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
     if ckpt_path is None:
         return out_dir, None
     if ckpt_path == BEST_KEYWORD:
-        return _resolve_best(cfg, subcommand, out_dir)
+        return runnames.resolve_best(cfg, subcommand, out_dir)
     if ckpt_path != LAST_KEYWORD:
         ckpt = Path(ckpt_path)
         if out_dir is None and subcommand != "fit":
@@ -201,7 +122,7 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
                 "--out_dir of the run to resume, or --ckpt_path with the path of a .ckpt file."
             )
         return out_dir, ckpt
-    root = _run_root(cfg)
+    root = runnames.run_root(cfg)
     runs = run_versions(root)
     if not runs:
         raise CheckpointError(
@@ -223,29 +144,6 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
             ".ckpt file."
         )
     return newest, ckpt
-
-
-def _resolve_best(cfg: Namespace, subcommand: str, out_dir: Path | None) -> tuple[Path, Path]:
-    """``--ckpt_path best``: the run's ``checkpoints/best.ckpt`` (the run: ``--run``/``--out_dir``/``--version``,
-    else the newest of this name)."""
-    if subcommand == "fit":
-        raise ConfigError("--ckpt_path best is for validate and test; a run is resumed from --ckpt_path last.")
-    if out_dir is None:
-        runs = run_versions(_run_root(cfg))
-        if not runs:
-            raise CheckpointError(f"--ckpt_path best: no run of this name under {_run_root(cfg)}. Give --run DIR "
-                                  "of a run, or --ckpt_path with the path of a .ckpt file.")
-        out_dir = runs[-1]
-    ckpt = out_dir / "checkpoints" / BEST
-    if not ckpt.is_file():
-        results = out_dir / "results.json"
-        why = ""
-        if results.is_file():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                why = f" ({json.loads(results.read_text())['checkpoints']['why_no_best']})"
-        raise CheckpointError(f"--ckpt_path best: {out_dir} has no {ckpt.name}{why}. Evaluate --ckpt_path last "
-                              "instead; best.ckpt is saved only by runs with a validation split.")
-    return out_dir, ckpt
 
 
 @dataclass
@@ -279,7 +177,7 @@ def prepare(argv: list[str] | None = None) -> _Job:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     _precheck(argv)
-    cfg = parser.parse_args(_expand_run(argv))
+    cfg = parser.parse_args(runnames.expand_run(argv))
     subcommand = cfg.subcommand
     sub_cfg = cfg[subcommand]
     out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
@@ -293,7 +191,7 @@ def prepare(argv: list[str] | None = None) -> _Job:
     objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
     created = None
     if out_dir is None:
-        out_dir = created = new_version_dir(_run_root(sub_cfg))
+        out_dir = created = new_version_dir(runnames.run_root(sub_cfg))
     try:
         federation = Federation(
             objects.model, objects.data, objects.strategy, **objects.federation.as_dict(),
