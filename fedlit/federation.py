@@ -26,7 +26,6 @@ checkpoints and resume checks in :mod:`~fedlit.loop.state`.
 from __future__ import annotations
 
 import hashlib
-import json
 import resource
 import time
 import warnings
@@ -236,7 +235,7 @@ class Federation:
         """
         with claim_run_dir(self.out_dir, resume=ckpt_path is not None):
             self.setup(ckpt_path)
-            self._start_records(resumed=ckpt_path is not None)
+            record.begin(self, resumed=ckpt_path is not None)
             state.save_config(self)
             self._log_class_counts()
             self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
@@ -247,17 +246,6 @@ class Federation:
             results = self.report()
             self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results
-
-    def _start_records(self, *, resumed: bool) -> None:
-        """The run's files written once at the start of a fit (an evaluation leaves them alone), and
-        ``metrics.csv`` (continued at the resumed round); see :mod:`fedlit.loop.record`."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "manifest.json").write_text(json.dumps(self.datamodule.manifest()))
-        (self.out_dir / "class_counts.json").write_text(json.dumps(self.datamodule.class_counts(), indent=1))
-        record.start(self)
-        if resumed:
-            record.drop_stale_best(self)
-        record.open_metrics(self)
 
     def _log_class_counts(self) -> None:
         """Print the per-client class counts of the train split and log the full table to TensorBoard."""

@@ -73,6 +73,18 @@ def git_state(folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------------------------- run record
+def begin(fed: Federation, *, resumed: bool) -> None:
+    """At the start of a fit: the run's data files (written by a fit only, an evaluation leaves them alone), its
+    start, ``metrics.csv`` (continued at the resumed round) and, on resume, no ``best.ckpt`` from the future."""
+    fed.out_dir.mkdir(parents=True, exist_ok=True)
+    (fed.out_dir / "manifest.json").write_text(json.dumps(fed.datamodule.manifest()))
+    (fed.out_dir / "class_counts.json").write_text(json.dumps(fed.datamodule.class_counts(), indent=1))
+    start(fed)
+    if resumed:
+        drop_stale_best(fed)
+    open_metrics(fed)
+
+
 def start(fed: Federation) -> None:
     """Note the start of a fit (the first start of the run is kept across resumes) and the code it runs."""
     fed.timing.setdefault("started", utc_now())
