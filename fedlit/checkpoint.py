@@ -24,6 +24,8 @@ from fedlit.errors import CheckpointError, RunDirError
 
 FORMAT_VERSION = 1
 LAST = "last.ckpt"
+#: The checkpoint of the best-validation round, beside :data:`LAST` in ``<run>/checkpoints/``.
+BEST = "best.ckpt"
 
 
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:

@@ -5,10 +5,13 @@ FederatedDataModule), ``strategy`` (a Strategy; short names such as ``FedAvg`` w
 settings: :class:`~fedlit.federation.Federation`'s keyword arguments) and optional ``callbacks``; plus
 ``out_dir``. Dotted overrides (``--federation.rounds 3``) and ``--print_config`` come from jsonargparse.
 
-A fresh ``fit`` writes into a new ``runs/<recipe>/version_<n>``, or into ``--out_dir``, which must not hold another
-run (see :mod:`fedlit.rundir`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
-checkpoint of the newest run of the recipe, or of ``--out_dir``; when that run has none, the command says so
-rather than falling back to an older run.
+A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``<recipe>_<strategy>``,
+``--version`` to the next ``version_<n>``), or into ``--out_dir``, which must not hold another run (see
+:mod:`fedlit.rundir`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
+checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
+rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
+and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :mod:`fedlit.loop.record` says what a
+run records).
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from fedlit import __version__
+from fedlit import __version__, runnames
 from fedlit.errors import CheckpointError, ConfigError, FedlitError
 from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
 
@@ -45,6 +48,7 @@ SUBCOMMANDS = {
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
+BEST_KEYWORD = "best"
 #: Errors of parsing the recipe and building the objects: printed as one line (exit code 2).
 CONFIG_ERRORS = (argparse.ArgumentError, FedlitError, ValueError, TypeError, KeyError, FileNotFoundError)
 
@@ -80,9 +84,11 @@ def _subparser(name: str) -> ArgumentParser:
                         "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's "
                         "Trainer-only ones (EarlyStopping, ModelCheckpoint...) are refused.")
     parser.add_argument("--out_dir", type=str | None, default=None,
-                        help="Output folder (default: runs/<recipe name>/version_<n>).")
+                        help="Output folder (default: runs/<name>/<version>).")
     parser.add_argument("--ckpt_path", type=str | None, default=None,
-                        help="Checkpoint to resume or evaluate: a path, or `last` (newest of this recipe).")
+                        help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
+                             "or, for validate and test, `best` (its best-validation checkpoint).")
+    runnames.add_run_arguments(parser, name)
     return parser
 
 
@@ -107,27 +113,31 @@ def build_parser(*, summary: bool = False) -> ArgumentParser:
     return parser
 
 
-def _recipe_name(cfg: Namespace) -> str:
-    configs = cfg.get("config") or []
-    if configs:
-        return Path(str(configs[-1])).stem
-    return "fedlit"
-
-
 def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | None]:
-    """The run folder and the checkpoint of a command; ``None`` as folder means a new ``runs/<recipe>/version_<n>``.
+    """The run folder and the checkpoint of a command; ``None`` as folder means a new ``runs/<name>/version_<n>``.
 
-    - ``fit``: ``--out_dir`` as given, else a new version; ``--ckpt_path last`` resumes the newest run of the
-      recipe (or the given ``--out_dir``) and never an older one silently.
-    - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``); without ``--out_dir`` a
-      checkpoint file is evaluated in its own run folder.
+    - ``fit``: ``--out_dir`` (or ``--name``/``--version``) as given, else a new version; ``--ckpt_path last``
+      resumes the newest run of the name (or the given folder) and never an older one silently.
+    - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``; ``best`` for the run's
+      ``best.ckpt``) of ``--run`` or the folders above; without them a checkpoint file is evaluated in its own
+      run folder.
     """
     from fedlit.checkpoint import LAST
 
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    named = [f"--{key} {cfg[key]}" for key in ("name", "version") if cfg[key] is not None]
+    if cfg.out_dir and named:
+        raise ConfigError(f"{' and '.join(named)} and --out_dir {cfg.out_dir}: give one of them (--out_dir is the "
+                          "whole folder; --name and --version make runs/<name>/<version>).")
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else runnames.version_dir(cfg)
+    if cfg.get("run"):
+        if cfg.out_dir or cfg.version is not None or cfg.name is not None:
+            raise ConfigError(f"--run {cfg.run} is the run's folder: leave out --out_dir, --name and --version.")
+        out_dir = Path(cfg.run)
     ckpt_path = cfg.ckpt_path if cfg.ckpt_path is not None or subcommand == "fit" else LAST_KEYWORD
     if ckpt_path is None:
         return out_dir, None
+    if ckpt_path == BEST_KEYWORD:
+        return runnames.resolve_best(cfg, subcommand, out_dir)
     if ckpt_path != LAST_KEYWORD:
         ckpt = Path(ckpt_path)
         if out_dir is None and subcommand != "fit":
@@ -142,12 +152,13 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
                 "--out_dir of the run to resume, or --ckpt_path with the path of a .ckpt file."
             )
         return out_dir, ckpt
-    root = Path("runs") / _recipe_name(cfg)
+    root = runnames.run_root(cfg)
     runs = run_versions(root)
     if not runs:
         raise CheckpointError(
-            f"{option}: no run of this recipe under {root}. Run `fedlit fit` with this recipe first, or give "
-            "--out_dir of a run, or --ckpt_path with the path of a .ckpt file."
+            f"{option}: no run named {root.name} under {root.parent}. Run `fedlit fit` with this recipe first (with "
+            "the same --name or --strategy), or give --out_dir or --run of a run, or --ckpt_path with the path of a "
+            ".ckpt file."
         )
     newest = runs[-1]
     ckpt = newest / "checkpoints" / LAST
@@ -158,7 +169,7 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
         older = [p for p in runs[:-1] if (p / "checkpoints" / LAST).is_file()]
         hint = f" (the newest with one is {older[-1]})" if older else ""
         raise CheckpointError(
-            f"{option}: the newest run of this recipe, {newest}, has no checkpoint: {state}. `last` never falls "
+            f"{option}: the newest run of this name, {newest}, has no checkpoint: {state}. `last` never falls "
             f"back to an older run. Pass --out_dir of an older run{hint}, or --ckpt_path with the path of a "
             ".ckpt file."
         )
@@ -202,7 +213,7 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
 
     parser = build_parser()
     _precheck(argv)
-    cfg = parser.parse_args(argv)
+    cfg = parser.parse_args(runnames.expand_run(argv))
     subcommand = cfg.subcommand
     if subcommand == "export":
         return _prepare_export(cfg.export)
@@ -218,7 +229,7 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
     objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
     created = None
     if out_dir is None:
-        out_dir = created = new_version_dir(Path("runs") / _recipe_name(sub_cfg))
+        out_dir = created = new_version_dir(runnames.run_root(sub_cfg))
     try:
         federation = Federation(
             objects.model, objects.data, objects.strategy, **objects.federation.as_dict(),
@@ -238,9 +249,8 @@ def run(argv: list[str] | None = None) -> Any:
 def _export_parser() -> ArgumentParser:
     parser = ArgumentParser(description=SUBCOMMANDS["export"], exit_on_error=False)
     parser.add_argument("--run", type=str, required=True, help="The run folder (the out_dir of `fedlit fit`).")
-    parser.add_argument("--ckpt", type=Literal["last", "best"], default="last",
-                        help="Which checkpoint of the run: checkpoints/last.ckpt or checkpoints/best.ckpt.")
-    parser.add_argument("--ckpt_path", type=str | None, default=None, help="A checkpoint file instead of --ckpt.")
+    parser.add_argument("--ckpt_path", type=str, default="last",
+                        help="`last` (checkpoints/last.ckpt), `best` (checkpoints/best.ckpt) or a .ckpt file.")
     parser.add_argument("--clients", type=str | None, default=None,
                         help="Comma-separated client ids to export (default: every client).")
     parser.add_argument("--out", type=str | None, default=None, help="Output folder (default: <run>/export).")
@@ -269,7 +279,7 @@ def _prepare_export(cfg: Namespace) -> _ExportJob:
     """Rebuild the run and restore its checkpoint (configuration errors are raised here, as for the others)."""
     from fedlit.export import checkpoint_of, load_run
 
-    ckpt = checkpoint_of(cfg.run, cfg.ckpt, cfg.ckpt_path)
+    ckpt = checkpoint_of(cfg.run, cfg.ckpt_path)
     clients = [c.strip() for c in cfg.clients.split(",") if c.strip()] if cfg.clients else None
     out = Path(cfg.out) if cfg.out else Path(cfg.run) / "export"
     return _ExportJob(load_run(cfg.run, ckpt), ckpt, clients, out)
@@ -444,7 +454,8 @@ def _section_keys(section: str) -> list[str]:
 
         skip = {"self", "module", "datamodule", "strategy", "callbacks", "config", "out_dir"}
         return [p for p in inspect.signature(Federation.__init__).parameters if p not in skip]
-    return ["config", "model", "data", "strategy", "federation", "callbacks", "out_dir", "ckpt_path"]
+    return ["config", "model", "data", "strategy", "federation", "callbacks", "out_dir", "ckpt_path", "name",
+            "version", "run"]
 
 
 def _init_args(class_path: str) -> list[str]:

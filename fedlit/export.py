@@ -22,19 +22,18 @@ import math
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from fedlit.checkpoint import LAST
+from fedlit.checkpoint import BEST, LAST
 from fedlit.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
 
-BEST = "best.ckpt"
 WEIGHTS = "model.safetensors"
 META = "export.json"
 ADAPTER = "adapter"
@@ -42,22 +41,21 @@ ADAPTER = "adapter"
 ADAPTER_NAME = "default"
 
 
-def checkpoint_of(run_dir: str | Path, ckpt: Literal["last", "best"] = "last",
-                  ckpt_path: str | Path | None = None) -> Path:
-    """The checkpoint to export: ``ckpt_path`` if given, else ``run_dir/checkpoints/{last,best}.ckpt``.
+def checkpoint_of(run_dir: str | Path, ckpt_path: str | Path = "last") -> Path:
+    """The checkpoint to export: ``run_dir/checkpoints/last.ckpt`` or ``best.ckpt`` for ``"last"`` / ``"best"``
+    (as for ``fedlit test``), else the file ``ckpt_path``.
 
     Raises:
         CheckpointError: If the file is missing (the message says which file was tried and what to pass instead).
     """
-    if ckpt_path is not None:
-        path, option = Path(ckpt_path), f"--ckpt_path {ckpt_path}"
+    option = f"--ckpt_path {ckpt_path}"
+    if str(ckpt_path) in ("last", "best"):
+        path = Path(run_dir) / "checkpoints" / (LAST if str(ckpt_path) == "last" else BEST)
     else:
-        if ckpt not in ("last", "best"):
-            raise ConfigError(f"--ckpt {ckpt!r} is not one of 'last', 'best'.")
-        path, option = Path(run_dir) / "checkpoints" / (LAST if ckpt == "last" else BEST), f"--ckpt {ckpt}"
+        path = Path(ckpt_path)
     if not path.is_file():
-        if ckpt_path is None and ckpt == "best":
-            fix = "Export --ckpt last, or give --ckpt_path with the path of a .ckpt file"
+        if str(ckpt_path) == "best":
+            fix = "Export --ckpt_path last (best.ckpt is saved only by runs with a validation split)"
         else:
             fix = (f"Give --run the folder of a run that saved a checkpoint (`fedlit fit ... --out_dir {run_dir}` "
                    "writes checkpoints/last.ckpt after each round), or --ckpt_path with the path of a .ckpt file")
@@ -99,14 +97,15 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
     return fed
 
 
-def export_run(run_dir: str | Path, *, ckpt: Literal["last", "best"] = "last", ckpt_path: str | Path | None = None,
-               clients: Iterable[str] | None = None, out: str | Path | None = None) -> dict[str, Path]:
-    """Export every client (or ``clients``) of the run in ``run_dir`` into ``out`` (default ``run_dir/export``).
+def export_run(run_dir: str | Path, *, ckpt_path: str | Path = "last", clients: Iterable[str] | None = None,
+               out: str | Path | None = None) -> dict[str, Path]:
+    """Export every client (or ``clients``) of the run in ``run_dir`` into ``out`` (default ``run_dir/export``),
+    from its ``last`` or ``best`` checkpoint or the file ``ckpt_path``.
 
     Returns:
         The folder written for each client.
     """
-    path = checkpoint_of(run_dir, ckpt, ckpt_path)
+    path = checkpoint_of(run_dir, ckpt_path)
     fed = load_run(run_dir, path)
     return export_federation(fed, Path(out) if out is not None else Path(run_dir) / "export", clients,
                              checkpoint=path)

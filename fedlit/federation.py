@@ -26,7 +26,6 @@ checkpoints and resume checks in :mod:`~fedlit.loop.state`.
 from __future__ import annotations
 
 import hashlib
-import json
 import resource
 import time
 import warnings
@@ -36,7 +35,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.fabric import Fabric
-from lightning.fabric.loggers import TensorBoardLogger
+from lightning.fabric.loggers import Logger, TensorBoardLogger
 from lightning.pytorch import Callback
 from tqdm.auto import tqdm
 
@@ -46,7 +45,7 @@ from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError, FedlitError, NonFiniteError
 from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
-from fedlit.loop import local, optim, state
+from fedlit.loop import local, optim, record, state
 from fedlit.module import FederatedModule
 from fedlit.roles import role_summary_table
 from fedlit.rundir import claim_run_dir
@@ -92,11 +91,13 @@ class Federation:
         checkpoint_every: Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).
         store_device: Where the client store keeps tensors.
         progress_bar: Show a progress bar over rounds and clients.
-        config: The resolved run configuration, saved with the run and logged as hyperparameters.
+        config: The resolved run configuration, saved with the run (``config.json``) and checked on resume.
         on_client_error: ``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of
             the round with a warning (recorded in the results and TensorBoard).
         min_clients: The fewest clients whose updates a round needs to aggregate (after skipped and quarantined
             ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
+        loggers: Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in
+            ``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class Federation:
         config: Mapping[str, Any] | None = None,
         on_client_error: Literal["raise", "skip"] = "raise",
         min_clients: int = 1,
+        loggers: list[Logger] | None = None,
     ) -> None:
         problems = []
         for key, value, low in (("rounds", rounds, 1), ("local_epochs", local_epochs, 1),
@@ -163,7 +165,8 @@ class Federation:
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
         self.fabric = Fabric(accelerator=accelerator, devices=devices, precision=precision,
                              callbacks=list(self.callbacks),
-                             loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")])
+                             loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
+                             if loggers is None else list(loggers))
         self.store = ClientStore(store_device)
         self.history = EvaluationHistory(selection_metric, module.higher_is_better)
         self.server_round = 0
@@ -171,6 +174,7 @@ class Federation:
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
         self.lr_schedule: optim.RoundSchedule | None = None  # the module's schedule of interval "round"
+        self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.loop.record)
         self._wrapped: Any = None
         self._active_hooks: set[str] = set()
         #: Set by a callback (e.g. :class:`~fedlit.callbacks.EarlyStopping`) to end the run after this round.
@@ -224,10 +228,6 @@ class Federation:
         if ckpt_path is not None:
             state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             state.record_resume(self, self.out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "manifest.json").write_text(json.dumps(self.datamodule.manifest()))
-        if counts is not None:
-            (self.out_dir / "class_counts.json").write_text(json.dumps(counts, indent=1))
 
     def _check_compatible(self) -> None:
         task = getattr(self.datamodule, "task", None)
@@ -264,6 +264,7 @@ class Federation:
         """
         with claim_run_dir(self.out_dir, resume=ckpt_path is not None):
             self.setup(ckpt_path)
+            record.begin(self, resumed=ckpt_path is not None)
             state.save_config(self)
             self._log_class_counts()
             self._log_role_summary()
@@ -369,8 +370,10 @@ class Federation:
             log["server/train/lr"] = self.lr_schedule.learning_rates()[0]
             self.lr_schedule.step()
         self.fabric.log_dict(log, step=server_round)
+        record.append_round(self, server_round, log)
         self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
                          metrics=metrics)
+        record.save_best(self, server_round)  # before last.ckpt: a resume drops a best.ckpt newer than it
         if server_round % self.checkpoint_every == 0 or server_round == self.rounds or self.should_stop:
             self.save_checkpoint(self.out_dir / "checkpoints" / LAST)
 
@@ -440,7 +443,9 @@ class Federation:
     def evaluate(self, split: str, ckpt_path: str | Path) -> dict[str, Any]:
         """Evaluate the checkpoint's state on every client's ``split`` (``val`` or ``test``); print the table."""
         self.setup(ckpt_path)
-        return evaluation.evaluate_checkpoint(self, split, ckpt_path)
+        result = evaluation.evaluate_checkpoint(self, split, ckpt_path)
+        record.write_evaluation(self, split, ckpt_path, result)
+        return result
 
     def report(self) -> dict[str, Any]:
         """Print and save (Markdown, JSON, TensorBoard) the final per-client test results."""

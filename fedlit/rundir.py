@@ -11,7 +11,7 @@ those folders honest:
   system has no ``flock`` (some network file systems), a lock whose pid is no longer alive on this host counts
   as stale; that fallback is best effort (two runs started in the same instant may both get through).
 
-``runs/<recipe>/version_<n>`` folders are numbered by :func:`new_version_dir`, which creates the next number
+``runs/<name>/version_<n>`` folders are numbered by :func:`new_version_dir`, which creates the next number
 exclusively, so two runs started at once never share a folder.
 
 Typical use (``Federation.fit`` does this)::
@@ -43,8 +43,8 @@ except ImportError:  # not POSIX: liveness falls back to the pid recorded in the
 
 LOCK_NAME = ".lock"
 #: Files and folders that only a run writes: a folder holding any of them holds a run.
-RUN_FILES = ("results.json", "results.md", "config.json", "manifest.json", "class_counts.json", "checkpoints",
-             "tensorboard")
+RUN_FILES = ("results.json", "results.md", "config.json", "manifest.json", "class_counts.json", "metrics.csv",
+             "checkpoints", "tensorboard")
 _VERSION = re.compile(r"version_(\d+)")
 # flock failing with one of these means the file system does not support it (some network file systems).
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -210,7 +210,7 @@ def _refuse_a_finished_run(out_dir: Path) -> None:
     if found:
         raise RunDirError(
             f"out_dir {out_dir} already holds a run ({', '.join(found)}): a new run would overwrite its results. "
-            "Choose another out_dir (the command line numbers runs/<recipe>/version_<n> itself when --out_dir is "
+            "Choose another out_dir (the command line numbers runs/<name>/version_<n> itself when --out_dir is "
             "left out), resume that run with --ckpt_path last, or delete the folder."
         )
 

@@ -23,13 +23,21 @@ def test_quickstart_fit_resume_validate_and_test(tmp_path, capsys):
     out = ["--out_dir", str(tmp_path)]
     first = run(["fit", *QUICK, *out, "--federation.rounds", "2"])
     assert first["last"]["round"] == 2 and len(first["last"]["clients"]) == 4
-    # runs line up in TensorBoard's HParams view: the resolved config as hparams, final metrics attached
+    # runs line up in TensorBoard's HParams view: a curated set of hparams, final metrics attached
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     start = plugin_data_pb2.HParamsPluginData.FromString(
         events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
-    assert start.hparams["federation.rounds"].number_value == 2
-    assert start.hparams["strategy.class_path"].string_value.endswith("FedBN")
-    assert "hparams/test/accuracy_mean" in events.Tags()["scalars"]
+    logged = {k: v.string_value or v.number_value for k, v in start.hparams.items()}
+    assert logged == {"strategy": "FedBN", "strategy.weighting": "num_examples", "backbone": "SmallCNN",
+                      "dataset": "SyntheticImages", "partitioner": logged["partitioner"], "num_clients": 4,
+                      "clients_per_round": 4, "rounds": 2, "local_training": "3 epochs", "lr": 0.02,
+                      "precision": "32-true", "seed": 0}
+    assert logged["partitioner"] and logged["partitioner"] != "-"
+    scalars = events.Tags()["scalars"]
+    for when in ("last", "best"):
+        assert {f"hparams/{when}/{split}/accuracy_mean" for split in ("val", "test")} <= set(scalars)
+    assert events.Scalars("hparams/last/test/accuracy_mean")[-1].value == pytest.approx(
+        first["last"]["summary"]["accuracy_mean"])
     # a second fresh run into the same folder is refused before it builds anything; the first run's files stay
     finished = (tmp_path / "results.json").read_text()
     err = error_of(["fit", *QUICK, *out, "--federation.rounds", "2"], capsys)
@@ -44,8 +52,18 @@ def test_quickstart_fit_resume_validate_and_test(tmp_path, capsys):
     tested = run(["test", *QUICK, *out])
     assert validated["round"] == tested["round"] == 3
     # the test subcommand reproduces the fit's final test numbers from the checkpoint alone
-    assert tested["summary"]["accuracy_mean"] == pytest.approx(resumed["last"]["summary"]["accuracy_mean"])
+    assert tested["clients"] == resumed["last"]["clients"] and tested["summary"] == resumed["last"]["summary"]
     assert "| **mean** |" in capsys.readouterr().out
+    # test --run DIR: rebuilt from the run's config.json alone, its numbers written into the run
+    saved = {name: (tmp_path / name).read_bytes() for name in ("config.json", "manifest.json", "results.json")}
+    from_run = run(["test", "--run", str(tmp_path), "--federation.progress_bar", "false"])
+    assert from_run["clients"] == resumed["last"]["clients"]
+    best = run(["test", "--run", str(tmp_path), "--ckpt_path", "best"])
+    assert best["round"] == resumed["best"]["round"] and best["clients"] == resumed["best"]["clients"]
+    assert best["summary"] == resumed["best"]["summary"]
+    assert json.loads((tmp_path / "evaluations" / "test_last.json").read_text())["clients"] == from_run["clients"]
+    assert json.loads((tmp_path / "evaluations" / "test_best.json").read_text())["round"] == best["round"]
+    assert {name: (tmp_path / name).read_bytes() for name in saved} == saved
 
 
 def test_heart_disease_recipe_on_the_real_data(shared_data, tmp_path):
@@ -125,7 +143,7 @@ def test_resume_without_a_checkpoint_says_what_to_do(capsys, tmp_path):
 
 def test_resume_of_the_newest_run_never_falls_back_to_an_older_one(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    older, newest = Path("runs/quickstart/version_0"), Path("runs/quickstart/version_1")
+    older, newest = Path("runs/quickstart_fedbn/version_0"), Path("runs/quickstart_fedbn/version_1")
     (older / "checkpoints").mkdir(parents=True)
     (older / "checkpoints" / "last.ckpt").write_bytes(b"the older run's checkpoint")
     (older / "results.json").write_text("older results")
@@ -133,7 +151,7 @@ def test_resume_of_the_newest_run_never_falls_back_to_an_older_one(capsys, tmp_p
     (newest / "config.json").write_text("{}")  # the newest run stopped before its first checkpoint
     for argv in (["fit", *QUICK, "--ckpt_path", "last"], ["validate", *QUICK], ["test", *QUICK]):
         err = error_of(argv, capsys)
-        assert (f"the newest run of this recipe, {newest}, has no checkpoint: it stopped before its first "
+        assert (f"the newest run of this name, {newest}, has no checkpoint: it stopped before its first "
                 "checkpoint. `last` never falls back to an older run. Pass --out_dir of an older run (the newest "
                 f"with one is {older}), or --ckpt_path") in err
     with claim_run_dir(newest, resume=True):
@@ -147,7 +165,7 @@ def test_runs_get_their_own_version_folders(capsys, tmp_path, monkeypatch):
     small = [*QUICK, "--federation.local_epochs", "1", "--data.init_args.samples_per_client", "20"]
     tiny = [*small, "--federation.rounds", "1"]
     first, second = run(["fit", *tiny]), run(["fit", *tiny])
-    root = Path("runs/quickstart")
+    root = Path("runs/quickstart_fedbn")
     assert [p.name for p in sorted(root.iterdir())] == ["version_0", "version_1"]
     assert json.loads((root / "version_0" / "results.json").read_text())["last"] == first["last"]
     assert json.loads((root / "version_1" / "results.json").read_text())["last"] == second["last"]
@@ -218,3 +236,37 @@ def test_the_same_recipe_gives_the_same_numbers_twice(tmp_path):
     first = run(["fit", *args, "--out_dir", str(tmp_path / "a")])
     second = run(["fit", *args, "--out_dir", str(tmp_path / "b")])
     assert first["last"] == second["last"]
+
+
+def test_run_names_and_versions(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny = [*QUICK, "--federation.local_epochs", "1", "--data.init_args.samples_per_client", "20",
+            "--federation.rounds", "1"]
+    run(["fit", *tiny, "--strategy", "FedProx"])
+    assert (tmp_path / "runs/quickstart_fedprox/version_0/results.json").is_file()
+    run(["fit", *tiny, "--version", "4"])
+    run(["fit", *tiny, "--name", "mine", "--version", "baseline"])
+    assert sorted(str(p.relative_to("runs")) for p in Path("runs").glob("*/*")) == [
+        "mine/baseline", "quickstart_fedbn/version_4", "quickstart_fedprox/version_0"]
+    err = error_of(["fit", *tiny, "--version", "4"], capsys)
+    assert f"out_dir {Path('runs/quickstart_fedbn/version_4')} already holds a run" in err
+    assert "resume that run with --ckpt_path last" in err
+    capsys.readouterr()
+    run(["test", *tiny, "--name", "mine", "--version", "baseline"])
+    assert f"out_dir={Path('runs/mine/baseline')}" in capsys.readouterr().out
+    run(["test", *tiny])  # the newest run of the name quickstart_fedbn
+    assert f"out_dir={Path('runs/quickstart_fedbn/version_4')}" in capsys.readouterr().out
+    assert "--name 'a/b' is not a folder name" in error_of(["fit", *tiny, "--name", "a/b"], capsys)
+    assert "give one of them" in error_of(["fit", *tiny, "--version", "1", "--out_dir", "x"], capsys)
+    assert "--ckpt_path best is for validate and test" in error_of(["fit", *tiny, "--ckpt_path", "best"], capsys)
+    err = error_of(["test", "--run", str(tmp_path / "nowhere")], capsys)
+    assert "no config.json there" in err
+
+
+def test_other_loggers_replace_tensorboard(tmp_path):
+    loggers = f"[{{class_path: lightning.fabric.loggers.CSVLogger, init_args: {{root_dir: {tmp_path / 'csv'}}}}}]"
+    run(["fit", *QUICK, "--out_dir", str(tmp_path / "run"), "--federation.rounds", "1",
+         "--federation.local_epochs", "1", "--federation.loggers", loggers])
+    assert not (tmp_path / "run" / "tensorboard").exists() and (tmp_path / "run" / "metrics.csv").is_file()
+    header = (tmp_path / "csv" / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "server/val/accuracy_mean" in header and "hparams/last/test/accuracy_mean" in header

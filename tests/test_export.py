@@ -163,7 +163,7 @@ def test_a_run_folder_without_checkpoint_is_one_clear_error(tmp_path, capsys):
         main(["export", "--run", str(tmp_path)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert f"--ckpt last: no checkpoint at {tmp_path / 'checkpoints' / 'last.ckpt'}" in err
+    assert f"--ckpt_path last: no checkpoint at {tmp_path / 'checkpoints' / 'last.ckpt'}" in err
     assert "--ckpt_path" in err
     (tmp_path / "config.json").unlink()  # a checkpoint, but no recipe to rebuild the model from
     (tmp_path / "checkpoints").mkdir()

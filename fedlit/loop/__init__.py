@@ -5,4 +5,7 @@
 - :mod:`fedlit.loop.optim`: the local optimizer and its learning-rate schedule (per round or per step).
 - :mod:`fedlit.loop.evaluate`: per-client evaluation of a round, and the final report.
 - :mod:`fedlit.loop.state`: checkpoints (what they hold, what a resume must match) and the run's configuration.
+- :mod:`fedlit.loop.record`: what a run records beside its checkpoints (``metrics.csv``, ``best.ckpt``, the run's
+  description in ``results.json``, evaluations of its checkpoints).
+- :mod:`fedlit.loop.hparams`: the curated hyperparameters and final metrics of TensorBoard's HParams view.
 """

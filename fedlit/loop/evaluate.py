@@ -16,6 +16,7 @@ import torch
 
 from fedlit.errors import DataError
 from fedlit.evaluation import markdown_table, summarize
+from fedlit.loop import hparams, record
 from fedlit.loop.local import load_client
 from fedlit.strategies.functional import state_nbytes
 
@@ -98,6 +99,8 @@ def report(fed: Federation) -> dict[str, Any]:
     weights = {c: fed.datamodule.num_examples(c, "test") for c in fed.client_ids}
     results = fed.history.results("test", weights)
     results["comm"] = dict(fed.comm)
+    results["checkpoints"] = record.checkpoints(fed)
+    results.update(record.describe(fed))
     if fed.faults:
         results["faults"] = fed.faults
     if fed.stopped_early is not None:
@@ -110,7 +113,7 @@ def report(fed: Federation) -> dict[str, Any]:
         sections.append(markdown_table(
             f"Test at the best mean validation {fed.history.selection_metric}", results["best"], metrics))
     elif fed.history.best_round() is None:
-        sections.append("_No validation split: the best-validation round is not defined._\n")
+        sections.append("_No validation split: the best-validation round is not defined (no best.ckpt)._\n")
     sections.append(f"Communication: {fed.comm['upload_bytes']:,} bytes up, {fed.comm['download_bytes']:,} bytes "
                     f"down in training; {fed.comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n")
     if fed.stopped_early is not None:
@@ -132,23 +135,7 @@ def report(fed: Federation) -> dict[str, Any]:
             final.update({f"server/{split_key}/{m}": v for m, v in results[key]["summary"].items()})
     if final and fed.history.last_round is not None:
         fed.fabric.log_dict(final, step=fed.history.last_round)
-        hp_metrics = {f"hparams/{k.split('/', 1)[1]}": v for k, v in final.items() if k.startswith("server/")}
-        hparams = _flatten({k: v for k, v in fed.config.items() if k != "resumed"}) or {"strategy": repr(fed.strategy)}
-        for logger in fed.fabric.loggers:
-            logger.log_hyperparams(hparams, metrics=hp_metrics)
+        hparams.log(fed)
     for logger in fed.fabric.loggers:
         logger.finalize("success")
     return results
-
-
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{name}."))
-        elif isinstance(value, (int, float, str, bool)) or value is None:
-            flat[name] = "None" if value is None else value
-        else:
-            flat[name] = str(value)
-    return flat

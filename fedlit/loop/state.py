@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fedlit.checkpoint import rng_state, save_checkpoint, set_rng_state
 from fedlit.errors import CheckpointError
-from fedlit.loop import optim
+from fedlit.loop import optim, record
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -32,7 +32,7 @@ SECTIONS = ("model", "data", "strategy", "federation")
 
 #: Federation settings that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
-                       "store_device", "on_client_error", "min_clients"})
+                       "store_device", "on_client_error", "min_clients", "loggers"})
 
 
 def identity(fed: Federation) -> dict[str, Any]:
@@ -62,6 +62,7 @@ def save(fed: Federation, path: str | Path) -> Path:
         "faults": [dict(f) for f in fed.faults],
         "rng": rng_state(),
         "lr_schedule": optim.round_state(fed),
+        "timing": record.timing_state(fed),
     }
     path = save_checkpoint(path, payload)
     save_config(fed, path.parent)
@@ -82,6 +83,7 @@ def restore(fed: Federation, payload: Mapping[str, Any], ckpt_path: str | Path) 
     fed.faults = [dict(f) for f in payload.get("faults", [])]
     set_rng_state(payload["rng"])
     optim.restore_round_schedule(fed, payload)
+    record.load_timing(fed, payload.get("timing"))
 
 
 def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:
