@@ -2,6 +2,7 @@
 
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, PoolSubset, SplitName, TaskType
 from fedlit.data.heart_disease import FedHeartDisease
+from fedlit.data.medical_abstracts import MedicalAbstracts
 from fedlit.data.medmnist import MedMNIST, MedMNISTTransform
 from fedlit.data.partition import (
     IID,
@@ -26,6 +27,7 @@ __all__ = [
     "FedHeartDisease",
     "FederatedDataModule",
     "MedMNIST",
+    "MedicalAbstracts",
     "MedMNISTTransform",
     "Natural",
     "PartitionedData",
