@@ -151,7 +151,8 @@ class TimmBackbone(Backbone):
         if checkpoint_path is None:
             warnings.warn(
                 f"TimmBackbone(name={self.name!r}): no checkpoint_path given, so the backbone is randomly "
-                "initialized (fedlit never downloads weights; set checkpoint_path to a local file)",
+                "initialized (fedlit never downloads weights; set weights to a known name, e.g. "
+                "efficientnet_lite0, or checkpoint_path to a local file)",
                 UserWarning,
                 stacklevel=2,
             )

@@ -133,7 +133,8 @@ class HFEncoder(Backbone):
             model = AutoModel.from_config(hf_config, **_model_kwargs(hf_config))
             warnings.warn(
                 f"HFEncoder: built from config (model_type={hf_config.model_type!r}), so the encoder is "
-                "randomly initialized (fedlit never downloads weights; set path to a local model folder)",
+                "randomly initialized (fedlit never downloads weights; set weights to a known name, e.g. "
+                "minilm_l6_v2, or path to a local model folder)",
                 UserWarning,
                 stacklevel=2,
             )
