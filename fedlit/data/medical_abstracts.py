@@ -108,6 +108,7 @@ class MedicalAbstracts(FederatedDataModule):
                 f"(columns {','.join(COLUMNS)}; {_URL})"
             )
         self.tokenizer = str(tokenizer)
+        _tokenizer_folder(self.tokenizer, check_package=False)  # a typo fails now, before a model is built
         self.max_length = max_length
         self.num_clients = num_clients
         self.partitioner: Partitioner = partitioner if partitioner is not None else Dirichlet(alpha=0.5)
@@ -212,19 +213,7 @@ def load_tokenizer(tokenizer: str) -> object:
         ConfigError: naming ``data.init_args.tokenizer`` when the name is unknown, its package is not
             installed, or the folder holds no tokenizer.
     """
-    from fedlit.models.weights import PRETRAINED, resolve_weights
-
-    option = "data.init_args.tokenizer"
-    if tokenizer in PRETRAINED:
-        folder = resolve_weights(tokenizer, option, kind="transformers")
-    else:
-        folder = Path(tokenizer).expanduser()
-        if not folder.is_dir():
-            names = [n for n, entry in PRETRAINED.items() if entry.kind == "transformers"]
-            raise ConfigError(
-                f"{option}={tokenizer!r} is neither a known pretrained name ({', '.join(names)}) nor a folder "
-                "holding a transformers tokenizer; give the name or folder of the recipe's encoder"
-            )
+    folder = _tokenizer_folder(tokenizer)
     # Imported here: transformers takes seconds to import, and image or tabular runs never need it.
     from transformers import AutoTokenizer
 
@@ -232,6 +221,26 @@ def load_tokenizer(tokenizer: str) -> object:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError) as err:
         raise ConfigError(
-            f"{option}={tokenizer!r}: no transformers tokenizer could be loaded from {folder} ({err}); give the "
-            "folder of a model saved with its tokenizer"
+            f"data.init_args.tokenizer={tokenizer!r}: no transformers tokenizer could be loaded from {folder} "
+            f"({err}); give the folder of a model saved with its tokenizer"
         ) from None
+
+
+def _tokenizer_folder(tokenizer: str, *, check_package: bool = True) -> Path | None:
+    """The folder of a known pretrained name (None if not checking its package) or of a local tokenizer."""
+    from fedlit.models.weights import PRETRAINED, check_weights_name, resolve_weights
+
+    option = "data.init_args.tokenizer"
+    if tokenizer in PRETRAINED:
+        if not check_package:
+            check_weights_name(tokenizer, option, kind="transformers")
+            return None
+        return resolve_weights(tokenizer, option, kind="transformers")
+    folder = Path(tokenizer).expanduser()
+    if not folder.is_dir():
+        names = [n for n, entry in PRETRAINED.items() if entry.kind == "transformers"]
+        raise ConfigError(
+            f"{option}={tokenizer!r} is neither a known pretrained name ({', '.join(names)}) nor a folder "
+            "holding a transformers tokenizer; give the name or folder of the recipe's encoder"
+        )
+    return folder

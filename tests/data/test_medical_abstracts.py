@@ -107,6 +107,8 @@ def test_missing_file_and_unknown_tokenizer(tmp_path):
         MedicalAbstracts(root=tmp_path)
     folder = _write(tmp_path / "abstracts", "condition_label,medical_abstract\n1,a text\n2,b text\n")
     with pytest.raises(ConfigError, match=r"data.init_args.tokenizer='bert'.*minilm_l6_v2"):
-        _ = MedicalAbstracts(root=folder, tokenizer="bert").data
+        MedicalAbstracts(root=folder, tokenizer="bert")  # refused when made, before any model is built
+    with pytest.raises(ConfigError, match=r"tokenizer='efficientnet_lite0' is not a known.*known names: minilm_l6_v2"):
+        MedicalAbstracts(root=folder, tokenizer="efficientnet_lite0")  # an image model has no tokenizer
     with pytest.raises(ConfigError, match=r"data.init_args.max_length must be an integer >= 8"):
         MedicalAbstracts(root=folder, max_length=2)
