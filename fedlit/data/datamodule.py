@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fedlit.data.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
-from fedlit.data.splits import SPLITS
+from fedlit.data.splits import SPLITS, split_problems
 from fedlit.errors import DataError
 
 #: A data set's task: one of :data:`CLASSIFICATION_TASKS`, ``"survival"``, ``"regression"`` or any other name
@@ -355,29 +355,8 @@ def _check(data: PartitionedData, owner: str) -> None:
     if not data.splits:
         problems.append(f"{where} builds no client: its splits are empty")
     for client_id, splits in data.splits.items():
-        missing = [s for s in SPLITS if s not in splits]
-        if missing:
-            problems.append(
-                f"{where}: client {client_id!r} has no {missing} split; give every client train, val and test "
-                "index arrays (an empty val array means no validation split)"
-            )
-            continue
-        sizes = {s: len(splits[s]) for s in SPLITS}
-        for split in ("train", "test"):
-            if sizes[split] == 0:
-                problems.append(
-                    f"client {client_id!r} has 0 {split} samples in {where} (train {sizes['train']}, val "
-                    f"{sizes['val']}, test {sizes['test']}): every client needs at least one train and one test "
-                    "sample; lower num_clients or change the partition (or split_fractions)"
-                )
-        for split in SPLITS:
-            indices = np.asarray(splits[split])
-            if len(indices) and (indices.min() < 0 or indices.max() >= len(targets)):
-                bad_index = int(indices[(indices < 0) | (indices >= len(targets))][0])
-                problems.append(
-                    f"{where}: client {client_id!r}'s {split} split holds index {bad_index}, outside the pool "
-                    f"of {len(targets)} samples"
-                )
+        problems += split_problems(where, client_id, splits, len(targets), unit="index",
+                                   fix="lower num_clients or change the partition (or split_fractions)")
     if problems:
         raise DataError("; ".join(problems))
 

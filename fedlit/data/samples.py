@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from fedlit.data.splits import SPLITS, stratified_split
+from fedlit.data.splits import SPLITS, split_problems, stratified_split
 from fedlit.errors import DataError
 
 CLASSIFICATION = ("multiclass", "binary", "multilabel")
@@ -252,24 +252,8 @@ def check_samples(data: SampleList, owner: str) -> None:
                             f"{'no' if y is None else len(y)} targets")
             continue
         problems += _target_problems(where, client_id, identities, y, data.task, data.num_classes)
-        missing = [s for s in SPLITS if s not in splits]
-        if missing:
-            problems.append(f"{where}: client {client_id!r} has no {missing} split; give every client train, "
-                            "val and test positions (an empty val array means no validation split)")
-            continue
-        sizes = {s: len(splits[s]) for s in SPLITS}
-        for split in ("train", "test"):
-            if sizes[split] == 0:
-                problems.append(
-                    f"client {client_id!r} has 0 {split} samples in {where} (train {sizes['train']}, val "
-                    f"{sizes['val']}, test {sizes['test']}): every client needs at least one train and one test "
-                    "sample; add samples to that site or change split_fractions"
-                )
-        for split in SPLITS:
-            positions = np.asarray(splits[split])
-            if len(positions) and (positions.min() < 0 or positions.max() >= len(identities)):
-                problems.append(f"{where}: client {client_id!r}'s {split} split holds a position outside its "
-                                f"{len(identities)} samples")
+        problems += split_problems(where, client_id, splits, len(identities), unit="position",
+                                   fix="add samples to that site or change split_fractions")
         if isinstance(data.read, ImageFile):
             absent = data.read.missing(identities)
             if absent:

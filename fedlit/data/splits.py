@@ -108,3 +108,39 @@ def split_clients(
             zip(SPLITS, stratified_split(part, labels[part], fractions, rng), strict=True)
         )
     return splits
+
+
+def split_problems(where: str, client_id: str, splits: dict[str, np.ndarray], size: int, *, unit: str,
+                   fix: str) -> list[str]:
+    """What is wrong with one client's splits, as messages: a missing split, an empty train or test split, or an
+    entry outside ``0..size-1``.
+
+    Args:
+        where: The data set, as messages name it.
+        client_id: The client.
+        splits: Split name -> indices (into the pool) or positions (into the client's samples).
+        size: How many samples the indices may address.
+        unit: What the entries are, for the messages (``"index"`` into the pool, ``"position"`` in the client's
+            samples).
+        fix: What to change when a train or test split is empty.
+    """
+    missing = [s for s in SPLITS if s not in splits]
+    if missing:
+        return [f"{where}: client {client_id!r} has no {missing} split; give every client train, val and test "
+                f"{unit} arrays (an empty val array means no validation split)"]
+    problems = []
+    sizes = {s: len(splits[s]) for s in SPLITS}
+    for split in ("train", "test"):
+        if sizes[split] == 0:
+            problems.append(
+                f"client {client_id!r} has 0 {split} samples in {where} (train {sizes['train']}, val "
+                f"{sizes['val']}, test {sizes['test']}): every client needs at least one train and one test "
+                f"sample; {fix}"
+            )
+    for split in SPLITS:
+        entries = np.asarray(splits[split])
+        if len(entries) and (entries.min() < 0 or entries.max() >= size):
+            bad = int(entries[(entries < 0) | (entries >= size)][0])
+            problems.append(f"{where}: client {client_id!r}'s {split} split holds {unit} {bad}, outside the "
+                            f"{size} samples {'of the pool' if unit == 'index' else 'of the client'}")
+    return problems

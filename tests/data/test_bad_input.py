@@ -382,7 +382,8 @@ def test_split_index_outside_the_pool() -> None:
     splits = _splits((2, 0, 2))
     splits["c0"]["test"] = np.array([2, 4])
     data = Pool(torch.zeros(4, 4), torch.zeros(4, dtype=torch.int64), splits)
-    with pytest.raises(DataError, match=re.escape("client 'c0''s test split holds index 4, outside the pool of 4")):
+    message = "client 'c0''s test split holds index 4, outside the 4 samples of the pool"
+    with pytest.raises(DataError, match=re.escape(message)):
         data.setup()
 
 
