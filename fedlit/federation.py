@@ -19,39 +19,35 @@
 One live module is trained; every client's personal tensors live in the :class:`~fedlit.store.ClientStore`.
 Each client's local training re-seeds the global and data-loader RNGs from ``(seed, round, client)``, so a run
 does not depend on client order and a resumed run continues exactly. The phases live in :mod:`fedlit.loop`:
-a client's turn in :mod:`~fedlit.loop.local`, evaluation and the report in :mod:`~fedlit.loop.evaluate`,
-checkpoints and resume checks in :mod:`~fedlit.loop.state`.
+a round in :mod:`~fedlit.loop.rounds`, a client's turn in :mod:`~fedlit.loop.local`, evaluation and the report
+in :mod:`~fedlit.loop.evaluate`, checkpoints and resume checks in :mod:`~fedlit.loop.state`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import resource
 import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger, TensorBoardLogger
 from lightning.pytorch import Callback
 from tqdm.auto import tqdm
 
 from fedlit.callbacks import check_callbacks
-from fedlit.checkpoint import LAST, load_checkpoint
+from fedlit.checkpoint import load_checkpoint
 from fedlit.data import FederatedDataModule
-from fedlit.errors import ConfigError, FedlitError, NonFiniteError
+from fedlit.errors import ConfigError
 from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import evaluate as evaluation
-from fedlit.loop import local, optim, record, state
+from fedlit.loop import local, optim, record, rounds, state
 from fedlit.module import FederatedModule
-from fedlit.roles import role_summary_table
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
 from fedlit.strategies.base import Strategy
-from fedlit.strategies.functional import state_nbytes
 
 
 def derive_seed(*parts: Any) -> int:
@@ -266,8 +262,8 @@ class Federation:
             self.setup(ckpt_path)
             record.begin(self, resumed=ckpt_path is not None)
             state.save_config(self)
-            self._log_class_counts()
-            self._log_role_summary()
+            rounds.log_class_counts(self)
+            rounds.log_role_summary(self)
             self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
             bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
                        initial=self.server_round, total=self.rounds)
@@ -275,7 +271,7 @@ class Federation:
             for server_round in bar:
                 if self.should_stop:
                     break
-                self._run_round(server_round, bar)
+                rounds.run_round(self, server_round, bar)
             bar.close()
             if self.should_stop and self.server_round < self.rounds:
                 self.stopped_early = {"round": self.server_round, "reason": self.stop_reason or "a callback stopped"}
@@ -284,133 +280,6 @@ class Federation:
             results = self.report()
             self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results
-
-    def _log_class_counts(self) -> None:
-        """Print the per-client class counts of the train split and log the full table to TensorBoard (only for
-        a classification task)."""
-        counts = self.datamodule.class_counts()
-        if counts is None:  # a task without classes (survival, regression): no class table
-            return
-        lines = ["| client | " + " | ".join(f"{s} per class" for s in ("train", "val", "test")) + " |",
-                 "|---|---|---|---|"]
-        lines += [f"| {c} | " + " | ".join(str(v[s]) for s in ("train", "val", "test")) + " |"
-                  for c, v in counts.items()]
-        table = "\n".join(lines)
-        shown = lines[:2 + 12] + ([f"| ... {len(counts) - 12} more clients in class_counts.json |"]
-                                  if len(counts) > 12 else [])
-        print(f"{len(counts)} clients, samples per class:\n" + "\n".join(shown), flush=True)
-        for logger in self.fabric.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_text"):
-                experiment.add_text("data/class_counts", table, global_step=self.server_round)
-
-    def _log_role_summary(self) -> None:
-        """Print the tensors, parameters and MB of each role (after the strategy's refinement) and log the table
-        to TensorBoard, once per fit."""
-        rules = [*getattr(self.module, "default_role_rules", list)(), *getattr(self.module, "role_rules", [])]
-        table = role_summary_table(self.module, self.module.parameter_roles(), rules)
-        print(f"{type(self.module).__name__} parameter roles ({self.strategy!r}):\n{table}", flush=True)
-        for logger in self.fabric.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_text"):
-                experiment.add_text("model/roles", table, global_step=self.server_round)
-
-    def _run_round(self, server_round: int, bar: Any) -> None:
-        start = time.perf_counter()
-        self.server_round = server_round
-        self.fabric.call("on_round_start", trainer=self, pl_module=self.module, server_round=server_round)
-        generator = torch.Generator().manual_seed(self.derive_seed("select", server_round))
-        selected = self.strategy.select_clients(server_round, self.client_ids, self._num_selected(), generator)
-        updates, log, faults = [], {}, []
-        upload = download = 0
-        for i, client_id in enumerate(selected, 1):
-            self._bar_client = f"client {client_id} ({i}/{len(selected)})"
-            bar.set_postfix_str(self._bar_client, refresh=False)
-            turn = self._client_turn(server_round, client_id)
-            if isinstance(turn, str):
-                faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
-                continue
-            update = turn.update
-            upload += state_nbytes(update.state) + state_nbytes(update.extras)
-            download += turn.download_bytes
-            log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
-            if turn.problem is not None:
-                faults.append({"round": server_round, "client": client_id, "kind": "non-finite",
-                               "detail": turn.problem})
-                log[f"client/{client_id}/train/quarantined"] = 1.0
-                continue
-            updates.append(update)
-        self._check_round(server_round, selected, updates, faults)
-        train_seconds = time.perf_counter() - start
-        self.fabric.call("on_before_aggregate", trainer=self, pl_module=self.module, server_round=server_round,
-                         updates=updates)
-        self.strategy.aggregate(server_round, updates)
-        aggregate_seconds = time.perf_counter() - start - train_seconds
-        self.comm["upload_bytes"] += upload
-        self.comm["download_bytes"] += download
-        losses = [u.metrics["loss"] for u in updates]
-        if losses:
-            log["server/train/loss_mean"] = sum(losses) / len(losses)
-        log.update({"comm/upload_bytes": upload, "comm/download_bytes": download,
-                    "comm/upload_bytes_cumulative": self.comm["upload_bytes"],
-                    "comm/download_bytes_cumulative": self.comm["download_bytes"],
-                    "comm/clients": len(selected), "server/train/clients_left_out": len(faults)})
-        metrics: dict[str, float] = {}
-        if server_round % self.eval_every == 0 or server_round == self.rounds:
-            eval_start = time.perf_counter()
-            metrics = evaluation.evaluate_round(self, server_round)
-            log.update(metrics)
-            log["system/eval_seconds"] = time.perf_counter() - eval_start
-        log.update({"system/train_seconds": train_seconds, "system/aggregate_seconds": aggregate_seconds,
-                    "system/round_seconds": time.perf_counter() - start,
-                    "system/peak_memory_mb": _peak_memory_mb(self.fabric.device),
-                    "system/store_mb": self.store.nbytes() / 2**20,
-                    "system/trainable_parameters": self.module.num_trainable_parameters()})
-        if self.lr_schedule is not None:
-            log["server/train/lr"] = self.lr_schedule.learning_rates()[0]
-            self.lr_schedule.step()
-        self.fabric.log_dict(log, step=server_round)
-        record.append_round(self, server_round, log)
-        self.fabric.call("on_round_end", trainer=self, pl_module=self.module, server_round=server_round,
-                         metrics=metrics)
-        record.save_best(self, server_round)  # before last.ckpt: a resume drops a best.ckpt newer than it
-        if server_round % self.checkpoint_every == 0 or server_round == self.rounds or self.should_stop:
-            self.save_checkpoint(self.out_dir / "checkpoints" / LAST)
-
-    def _client_turn(self, server_round: int, client_id: str) -> local.ClientTurn | str:
-        """The client's turn; with ``on_client_error="skip"``, a description of what it raised instead."""
-        if self.on_client_error == "raise":
-            return local.fit_client(self, server_round, client_id)
-        try:
-            return local.fit_client(self, server_round, client_id)
-        except Exception as err:  # noqa: BLE001  (skip means: any failure of one client's turn)
-            detail = f"{type(err).__name__}: {err}"
-            warnings.warn(f"Round {server_round}: client {client_id!r} raised {detail}; it is left out of this "
-                          "round (federation.on_client_error=skip).", stacklevel=2)
-            return detail
-
-    def _check_round(self, server_round: int, selected: list[str], updates: list[Any],
-                     faults: list[dict[str, Any]]) -> None:
-        """Warn about each left-out client; stop when too few updates remain (the last checkpoint is kept)."""
-        self.faults.extend(faults)
-        for fault in faults:
-            if fault["kind"] == "non-finite":
-                warnings.warn(f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
-                              f"out of aggregation ({fault['detail']}).", stacklevel=3)
-        if len(updates) >= min(self.min_clients, len(selected)):
-            return
-        checkpoint = self.out_dir / "checkpoints" / LAST
-        kept = (f"the last good checkpoint {checkpoint} is kept"
-                if checkpoint.is_file() else "no checkpoint was written yet")
-        detail = "; ".join(f"{f['client']}: {f['detail']}" for f in faults[:4])
-        if faults and all(f["kind"] == "non-finite" for f in faults) and not updates:
-            raise NonFiniteError(
-                f"Round {server_round}: every client's update is non-finite ({detail}); nothing is aggregated and "
-                f"no result is published; {kept}. The local training diverged: lower model.init_args.lr, or check "
-                "the inputs for NaN/Inf.")
-        raise FedlitError(
-            f"Round {server_round}: only {len(updates)} of {len(selected)} clients gave a usable update "
-            f"(federation.min_clients={self.min_clients}; {detail}); {kept}.")
 
     # ------------------------------------------------------------------------------------ local training
     def call(self, hook: str, **kwargs: Any) -> None:
@@ -470,9 +339,3 @@ def _overridden_hooks(callbacks: list[Any]) -> set[str]:
             if impl not in defaults:
                 active.add(name)
     return active
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,5 +1,7 @@
 """The phases of :class:`~fedlit.federation.Federation`'s round, one file each.
 
+- :mod:`fedlit.loop.rounds`: one server round (the clients' turns, quarantine, aggregation, evaluation, logging,
+  checkpoints) and the tables printed at the start of a fit.
 - :mod:`fedlit.loop.local`: one client's turn (load its state, local training under the run's precision,
   finiteness checks, the upload).
 - :mod:`fedlit.loop.optim`: the local optimizer and its learning-rate schedule (per round or per step).

@@ -1,0 +1,159 @@
+"""One server round of :class:`~fedlit.federation.Federation` (selection, the clients' turns, quarantine,
+aggregation, evaluation, logging, ``on_round_end``, ``best.ckpt`` and the checkpoint), and the tables printed once
+at the start of a fit (class counts per client, tensors per role)."""
+
+from __future__ import annotations
+
+import resource
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedlit.checkpoint import LAST
+from fedlit.errors import FedlitError, NonFiniteError
+from fedlit.loop import evaluate as evaluation
+from fedlit.loop import local, record
+from fedlit.roles import role_summary_table
+from fedlit.strategies.functional import state_nbytes
+
+if TYPE_CHECKING:
+    from fedlit.federation import Federation
+
+
+def log_class_counts(fed: Federation) -> None:
+    """Print the per-client class counts of the train split and log the full table to TensorBoard (only for
+    a classification task)."""
+    counts = fed.datamodule.class_counts()
+    if counts is None:  # a task without classes (survival, regression): no class table
+        return
+    lines = ["| client | " + " | ".join(f"{s} per class" for s in ("train", "val", "test")) + " |",
+             "|---|---|---|---|"]
+    lines += [f"| {c} | " + " | ".join(str(v[s]) for s in ("train", "val", "test")) + " |"
+              for c, v in counts.items()]
+    table = "\n".join(lines)
+    shown = lines[:2 + 12] + ([f"| ... {len(counts) - 12} more clients in class_counts.json |"]
+                              if len(counts) > 12 else [])
+    print(f"{len(counts)} clients, samples per class:\n" + "\n".join(shown), flush=True)
+    _add_text(fed, "data/class_counts", table)
+
+def log_role_summary(fed: Federation) -> None:
+    """Print the tensors, parameters and MB of each role (after the strategy's refinement) and log the table
+    to TensorBoard, once per fit."""
+    rules = [*getattr(fed.module, "default_role_rules", list)(), *getattr(fed.module, "role_rules", [])]
+    table = role_summary_table(fed.module, fed.module.parameter_roles(), rules)
+    print(f"{type(fed.module).__name__} parameter roles ({fed.strategy!r}):\n{table}", flush=True)
+    _add_text(fed, "model/roles", table)
+
+
+def _add_text(fed: Federation, tag: str, table: str) -> None:
+    """Log a Markdown table to the loggers that take text (TensorBoard)."""
+    for logger in fed.fabric.loggers:
+        experiment = getattr(logger, "experiment", None)
+        if hasattr(experiment, "add_text"):
+            experiment.add_text(tag, table, global_step=fed.server_round)
+
+
+def run_round(fed: Federation, server_round: int, bar: Any) -> None:
+    start = time.perf_counter()
+    fed.server_round = server_round
+    fed.fabric.call("on_round_start", trainer=fed, pl_module=fed.module, server_round=server_round)
+    generator = torch.Generator().manual_seed(fed.derive_seed("select", server_round))
+    selected = fed.strategy.select_clients(server_round, fed.client_ids, fed._num_selected(), generator)
+    updates, log, faults = [], {}, []
+    upload = download = 0
+    for i, client_id in enumerate(selected, 1):
+        fed._bar_client = f"client {client_id} ({i}/{len(selected)})"
+        bar.set_postfix_str(fed._bar_client, refresh=False)
+        turn = client_turn(fed, server_round, client_id)
+        if isinstance(turn, str):
+            faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
+            continue
+        update = turn.update
+        upload += state_nbytes(update.state) + state_nbytes(update.extras)
+        download += turn.download_bytes
+        log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
+        if turn.problem is not None:
+            faults.append({"round": server_round, "client": client_id, "kind": "non-finite",
+                           "detail": turn.problem})
+            log[f"client/{client_id}/train/quarantined"] = 1.0
+            continue
+        updates.append(update)
+    check_round(fed, server_round, selected, updates, faults)
+    train_seconds = time.perf_counter() - start
+    fed.fabric.call("on_before_aggregate", trainer=fed, pl_module=fed.module, server_round=server_round,
+                     updates=updates)
+    fed.strategy.aggregate(server_round, updates)
+    aggregate_seconds = time.perf_counter() - start - train_seconds
+    fed.comm["upload_bytes"] += upload
+    fed.comm["download_bytes"] += download
+    losses = [u.metrics["loss"] for u in updates]
+    if losses:
+        log["server/train/loss_mean"] = sum(losses) / len(losses)
+    log.update({"comm/upload_bytes": upload, "comm/download_bytes": download,
+                "comm/upload_bytes_cumulative": fed.comm["upload_bytes"],
+                "comm/download_bytes_cumulative": fed.comm["download_bytes"],
+                "comm/clients": len(selected), "server/train/clients_left_out": len(faults)})
+    metrics: dict[str, float] = {}
+    if server_round % fed.eval_every == 0 or server_round == fed.rounds:
+        eval_start = time.perf_counter()
+        metrics = evaluation.evaluate_round(fed, server_round)
+        log.update(metrics)
+        log["system/eval_seconds"] = time.perf_counter() - eval_start
+    log.update({"system/train_seconds": train_seconds, "system/aggregate_seconds": aggregate_seconds,
+                "system/round_seconds": time.perf_counter() - start,
+                "system/peak_memory_mb": _peak_memory_mb(fed.fabric.device),
+                "system/store_mb": fed.store.nbytes() / 2**20,
+                "system/trainable_parameters": fed.module.num_trainable_parameters()})
+    if fed.lr_schedule is not None:
+        log["server/train/lr"] = fed.lr_schedule.learning_rates()[0]
+        fed.lr_schedule.step()
+    fed.fabric.log_dict(log, step=server_round)
+    record.append_round(fed, server_round, log)
+    fed.fabric.call("on_round_end", trainer=fed, pl_module=fed.module, server_round=server_round,
+                     metrics=metrics)
+    record.save_best(fed, server_round)  # before last.ckpt: a resume drops a best.ckpt newer than it
+    if server_round % fed.checkpoint_every == 0 or server_round == fed.rounds or fed.should_stop:
+        fed.save_checkpoint(fed.out_dir / "checkpoints" / LAST)
+
+def client_turn(fed: Federation, server_round: int, client_id: str) -> local.ClientTurn | str:
+    """The client's turn; with ``on_client_error="skip"``, a description of what it raised instead."""
+    if fed.on_client_error == "raise":
+        return local.fit_client(fed, server_round, client_id)
+    try:
+        return local.fit_client(fed, server_round, client_id)
+    except Exception as err:  # noqa: BLE001  (skip means: any failure of one client's turn)
+        detail = f"{type(err).__name__}: {err}"
+        warnings.warn(f"Round {server_round}: client {client_id!r} raised {detail}; it is left out of this "
+                      "round (federation.on_client_error=skip).", stacklevel=2)
+        return detail
+
+def check_round(fed: Federation, server_round: int, selected: list[str], updates: list[Any],
+                 faults: list[dict[str, Any]]) -> None:
+    """Warn about each left-out client; stop when too few updates remain (the last checkpoint is kept)."""
+    fed.faults.extend(faults)
+    for fault in faults:
+        if fault["kind"] == "non-finite":
+            warnings.warn(f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
+                          f"out of aggregation ({fault['detail']}).", stacklevel=3)
+    if len(updates) >= min(fed.min_clients, len(selected)):
+        return
+    checkpoint = fed.out_dir / "checkpoints" / LAST
+    kept = (f"the last good checkpoint {checkpoint} is kept"
+            if checkpoint.is_file() else "no checkpoint was written yet")
+    detail = "; ".join(f"{f['client']}: {f['detail']}" for f in faults[:4])
+    if faults and all(f["kind"] == "non-finite" for f in faults) and not updates:
+        raise NonFiniteError(
+            f"Round {server_round}: every client's update is non-finite ({detail}); nothing is aggregated and "
+            f"no result is published; {kept}. The local training diverged: lower model.init_args.lr, or check "
+            "the inputs for NaN/Inf.")
+    raise FedlitError(
+        f"Round {server_round}: only {len(updates)} of {len(selected)} clients gave a usable update "
+        f"(federation.min_clients={fed.min_clients}; {detail}); {kept}.")
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
