@@ -17,6 +17,7 @@ from fedlit.strategies.fedmedian import FedMedian
 from fedlit.strategies.fedopt import FedOpt
 from fedlit.strategies.fedprox import FedProx
 from fedlit.strategies.fedpxn import FedPxN
+from fedlit.strategies.fedsca import FedSCA
 from fedlit.strategies.fedsld import FedSLD
 from fedlit.strategies.fedtrimmedavg import FedTrimmedAvg
 from fedlit.strategies.fedyogi import FedYogi
@@ -31,3 +32,4 @@ __all__ += [
     "MedianAggregator", "TrimmedMeanAggregator", "WeightedMeanAggregator",
 ]
 __all__ += ["FedDyn", "SCAFFOLD"]
+__all__ += ["FedSCA"]

@@ -1,0 +1,195 @@
+"""FedSCA: federated tuning with similarity-guided collaborative aggregation.
+
+Zhang, Gao, Duan, Guo, Shah, Ranjan, Wei. "FedSCA: Federated Tuning with Similarity-guided Collaborative Aggregation
+for Heterogeneous Medical Image Segmentation." arXiv 2025. https://arxiv.org/abs/2503.15390
+The aggregation follows pFedGraph: Ye, Ni, Wu, Wang, Chen, Wang. "Personalized Federated Learning with Inferred
+Collaboration Graphs." ICML 2023.
+
+Three parts:
+
+- FEL (parameter-efficient learning): only the adapters (and, if the model's roles say so, e.g. the mask decoder)
+  train; the rest is frozen by the model's ``roles``.
+- LAT (low-level adapter transmission): clients upload only the lowest ``L`` adapters in depth order; every other
+  trainable tensor (higher adapters, decoder, head) is personal and never leaves the client.
+- SGCA (similarity-guided collaborative aggregation, Eq. 7): with ``d_ij = ||Theta_i - Theta_j||_2`` over the
+  uploaded tensors and ``m_j = n_j / sum n`` over the round's clients, client i receives its own mix
+
+      W_i = argmin_{w in simplex} sum_j (w_j - m_j)^2 + alpha sum_j w_j d_ij = Proj_simplex(m - (alpha / 2) d_i),
+      Theta_i <- sum_j W_ij Theta_j.
+
+  Client loss: the task's loss + ``beta * (-cos(Theta_i, sum_j W_ij Theta_j))``, the received mix as the target,
+  skipped in round 1 (and for a client that has not received a mix yet).
+
+Deviation (the paper's Eq. 7 as printed uses the client's own share m_i, a constant that cancels, and a minus sign
+that rewards dissimilar clients): the default is pFedGraph's form above; ``literal_eq7=True`` gives the printed
+one. Distances are unbounded, so ``normalize_distances=True`` divides them by their mean off-diagonal value.
+
+What an adapter is: the module path up to the first dotted component of a tensor's name that contains
+``adapter`` (any case: ``blocks.3.Space_Adapter``, ``layers.0.mlp_adapter``); its depth is the layer index that
+:class:`fedlit.roles.RoleRule` reads (the first ``.N.`` of the name), adapters of one layer in model order
+(Medical-SAM-Adapter: the space adapter, then the MLP adapter, of block 0 first). Only adapters whose tensors are
+``shared`` under the model's roles count; frozen ones stay frozen.
+
+Symbols -> code: ``Theta_j`` -> ``update.state``; ``W`` -> ``self.weights`` (rows and columns in
+``self.weight_clients`` order); the mix sent to client i -> ``self.mixes[i]``; ``alpha``, ``beta`` ->
+``self.alpha``, ``self.beta``; the math -> :func:`fedlit.strategies.functional.sgca_weights`,
+:func:`~fedlit.strategies.functional.simplex_projection` and
+:func:`~fedlit.strategies.functional.cosine_regularizer`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlit.errors import ConfigError
+from fedlit.roles import ParameterRoles, RoleRule
+from fedlit.strategies import functional as F
+from fedlit.strategies.base import ClientUpdate, Strategy
+
+_ADAPTER = re.compile("adapter", re.IGNORECASE)
+
+
+def adapter_prefixes(names: list[str], depth_key: str = RoleRule.depth_key) -> list[str]:
+    """The adapters among tensor ``names``, lowest first: each name's module path up to its first dotted component
+    containing ``adapter`` (any case), ordered by the layer index ``depth_key`` finds (adapters without one last),
+    then by first appearance."""
+    first_seen: dict[str, int] = {}
+    for name in names:
+        parts = name.split(".")
+        hit = next((i for i, part in enumerate(parts) if _ADAPTER.search(part)), None)
+        if hit is not None:
+            first_seen.setdefault(".".join(parts[: hit + 1]), len(first_seen))
+
+    def depth(prefix: str) -> float:
+        found = re.search(depth_key, prefix + ".")
+        return int(found.group(1)) if found else float("inf")
+
+    return sorted(first_seen, key=lambda p: (depth(p), first_seen[p]))
+
+
+def _in_adapter(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+class FedSCA(Strategy):
+    """Lowest adapters shared; each client receives its own similarity-guided mix of them; a cosine pull to it.
+
+    Args:
+        num_shared_adapters: ``L``, how many adapters, lowest first, clients upload and receive (default 1).
+        alpha: Weight of the distance penalty in SGCA (Eq. 7; default 1.0, the paper gives no value).
+        beta: Weight of the cosine regularizer (default 0.01); 0 turns it off.
+        normalize_distances: Divide the distances by their mean off-diagonal value before SGCA (default False:
+            the paper's raw distances).
+        literal_eq7: Use Eq. 7 as printed (own share m_i, distances rewarded) instead of pFedGraph's form
+            (default False).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_shared_adapters: int = 1,
+        alpha: float = 1.0,
+        beta: float = 0.01,
+        normalize_distances: bool = False,
+        literal_eq7: bool = False,
+    ) -> None:
+        super().__init__()
+        problems = []
+        if not isinstance(num_shared_adapters, int) or num_shared_adapters < 1:
+            problems.append(f"strategy.init_args.num_shared_adapters={num_shared_adapters!r} must be an integer >= 1")
+        if alpha < 0:
+            problems.append(f"strategy.init_args.alpha={alpha} must be >= 0 (0 gives every client the FedAvg mix)")
+        if beta < 0:
+            problems.append(f"strategy.init_args.beta={beta} must be >= 0 (0 turns the cosine regularizer off)")
+        if problems:
+            raise ConfigError("FedSCA: " + "; ".join(problems) + ".")
+        self.num_shared_adapters = num_shared_adapters
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.normalize_distances, self.literal_eq7 = bool(normalize_distances), bool(literal_eq7)
+        self.adapters: list[str] = []
+        self.mixes: dict[str, dict[str, Tensor]] = {}
+        self.weights: Tensor = torch.zeros(0, 0, dtype=torch.float64)
+        self.weight_clients: list[str] = []
+        self._target: dict[str, Tensor] | None = None
+
+    def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
+        """The tensors of the lowest ``L`` shared adapters stay shared; every other shared tensor becomes personal."""
+        shared = roles.names("shared")
+        self.adapters = adapter_prefixes(shared)
+        if not self.adapters:
+            raise ConfigError(
+                "FedSCA shares the lowest adapters, but no shared tensor of the model has 'adapter' in its module "
+                f"path (shared tensors look like {shared[:3]}). Give the adapters the role 'shared' in "
+                "model.init_args.roles (e.g. pattern '*adapter*') or use a model with adapters."
+            )
+        if self.num_shared_adapters > len(self.adapters):
+            raise ConfigError(
+                f"strategy.init_args.num_shared_adapters={self.num_shared_adapters} but the model has only "
+                f"{len(self.adapters)} shared adapters ({self.adapters[:5]}...): give at most {len(self.adapters)}."
+            )
+        kept = self.adapters[: self.num_shared_adapters]
+        return roles.replace(lambda n, r: r == "shared" and not any(_in_adapter(n, p) for p in kept), "personal")
+
+    def setup_server_state(self) -> None:
+        """No mix yet: every client starts from the initial shared tensors."""
+        self.mixes = {}
+        self.weights = torch.zeros(0, 0, dtype=torch.float64)
+        self.weight_clients = []
+
+    def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
+        """Client i's own mix ``sum_j W_ij Theta_j`` of its last round; before it has one, ``global_state``."""
+        return dict(self.mixes.get(client_id, self.global_state))
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
+        """SGCA (Eq. 7): one mix per client of the round. ``global_state`` becomes the size-weighted mean (the mix
+        with alpha = 0), which clients that have not trained yet receive."""
+        if not updates:
+            return dict(self.global_state)
+        self.check_uploads(updates)
+        states = [u.state for u in updates]
+        sizes = [float(u.num_examples) for u in updates]
+        self.weights = F.sgca_weights(F.flat_distances(states), sizes, self.alpha,
+                                      normalize=self.normalize_distances, literal_eq7=self.literal_eq7)
+        self.weight_clients = [u.client_id for u in updates]
+
+        def on_server(state: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {n: t.to(self.global_state[n].device) for n, t in state.items()}
+
+        for update, row in zip(updates, self.weights, strict=True):
+            self.mixes[update.client_id] = on_server(F.weighted_average(states, row.tolist()))
+        self.global_state.update(on_server(F.weighted_average(states, sizes)))
+        return dict(self.global_state)
+
+    def on_client_fit_start(self, server_round: int, client_id: str, received: dict[str, Tensor]) -> None:
+        """Keep the received mix as the cosine target, except in round 1 or before the client has a mix."""
+        regularize = self.beta > 0 and server_round > 1 and client_id in self.mixes
+        self._target = {n: t.detach().clone() for n, t in received.items()} if regularize else None
+
+    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+        """``loss + beta * (-cos(Theta_i, sum_j W_ij Theta_j))`` over the shared parameters; ``loss`` in round 1."""
+        if self._target is None:
+            return loss
+        params = {n: p for n, p in pl_module.shared_parameters() if n in self._target}
+        if not params:
+            return loss
+        return loss + self.beta * F.cosine_regularizer(params, self._target)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server state plus every client's mix and the last round's weights, so a resumed run is exact."""
+        return {**super().state_dict(), "mixes": self.mixes, "weights": self.weights,
+                "weight_clients": list(self.weight_clients)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        super().load_state_dict(state_dict)
+        self.mixes = {c: dict(s) for c, s in state_dict["mixes"].items()}
+        self.weights = state_dict["weights"]
+        self.weight_clients = list(state_dict["weight_clients"])
+
+    def hparams(self) -> dict[str, Any]:
+        return {"num_shared_adapters": self.num_shared_adapters, "alpha": self.alpha, "beta": self.beta,
+                "normalize_distances": self.normalize_distances, "literal_eq7": self.literal_eq7}
