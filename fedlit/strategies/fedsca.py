@@ -80,7 +80,7 @@ class FedSCA(Strategy):
 
     Args:
         num_shared_adapters: ``L``, how many adapters, lowest first, clients upload and receive (default 1).
-        alpha: Weight of the distance penalty in SGCA (Eq. 7; default 1.0, the paper gives no value).
+        alpha: Weight of the distance penalty in SGCA (Eq. 7; default 1.0, a choice of fedlit's).
         beta: Weight of the cosine regularizer (default 0.01); 0 turns it off.
         normalize_distances: Divide the distances by their mean off-diagonal value before SGCA (default False:
             the paper's raw distances).
