@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -40,41 +42,55 @@ def _positive_ints(owner: str, **values: object) -> None:
 class TinyUNet(SegmentationNetwork):
     """A small U-Net: ``depth`` 2x2 poolings down and transposed convolutions up, with skip connections.
 
-    Level i has ``width * 2**i`` channels and two conv 3x3 -> BatchNorm2d -> ReLU layers; a 1x1 convolution gives
-    the logits. Parameters are named ``down.<i>.*``, ``bottom.*``, ``up.<i>.*``, ``merge.<i>.*`` and ``head.*``
-    (FedBN finds the BatchNorm2d layers). Image height and width must be multiples of ``2**depth``. Randomly
-    initialized.
+    Level i has ``width * 2**i`` channels and two conv 3x3 -> norm -> ReLU layers; a 1x1 convolution gives the
+    logits. Parameters are named ``down.<i>.*``, ``bottom.*``, ``up.<i>.*``, ``merge.<i>.*`` and ``head.*``.
+    Image height and width must be multiples of ``2**depth``. Randomly initialized.
+
+    ``norm``: ``batch`` (BatchNorm2d, whose running statistics FedAvg averages over sites and FedBN keeps
+    personal) or ``instance`` (InstanceNorm2d with affine weights: each image is normalized by itself, which
+    removes a site's intensity offset and contrast and keeps no running statistics).
 
     Args:
         in_channels: Channels of the input images.
         width: Channels of the first level.
         depth: Number of poolings (levels below the first).
+        norm: ``batch`` or ``instance``.
     """
 
-    def __init__(self, *, in_channels: int = 1, width: int = 8, depth: int = 2) -> None:
+    def __init__(self, *, in_channels: int = 1, width: int = 8, depth: int = 2,
+                 norm: Literal["batch", "instance"] = "batch") -> None:
         _positive_ints("TinyUNet", in_channels=in_channels, width=width, depth=depth)
-        self.in_channels, self.width, self.depth = in_channels, width, depth
+        if norm not in _NORMS:
+            raise ConfigError(f"TinyUNet: model.init_args.network.init_args.norm={norm!r} is not one of {list(_NORMS)}.")
+        self.in_channels, self.width, self.depth, self.norm = in_channels, width, depth, norm
 
     def build(self, out_channels: int) -> nn.Module:
-        return _TinyUNet(self.in_channels, out_channels, self.width, self.depth)
+        return _TinyUNet(self.in_channels, out_channels, self.width, self.depth, _NORMS[self.norm])
 
 
-def _double_conv(c_in: int, c_out: int) -> nn.Sequential:
+_NORMS: dict[str, Callable[[int], nn.Module]] = {
+    "batch": nn.BatchNorm2d,
+    "instance": lambda channels: nn.InstanceNorm2d(channels, affine=True),
+}
+
+
+def _double_conv(c_in: int, c_out: int, norm: Callable[[int], nn.Module]) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
-        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), norm(c_out), nn.ReLU(inplace=True),
+        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), norm(c_out), nn.ReLU(inplace=True),
     )
 
 
 class _TinyUNet(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int, width: int, depth: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, width: int, depth: int,
+                 norm: Callable[[int], nn.Module]) -> None:
         super().__init__()
         channels = [width * 2**i for i in range(depth + 1)]
-        self.down = nn.ModuleList(_double_conv(c_in, c) for c_in, c in zip([in_channels, *channels], channels[:-1]))
-        self.bottom = _double_conv(channels[-2], channels[-1])
+        self.down = nn.ModuleList(_double_conv(c_in, c, norm) for c_in, c in zip([in_channels, *channels], channels[:-1]))
+        self.bottom = _double_conv(channels[-2], channels[-1], norm)
         self.up = nn.ModuleList(nn.ConvTranspose2d(channels[i + 1], channels[i], 2, stride=2)
                                 for i in reversed(range(depth)))
-        self.merge = nn.ModuleList(_double_conv(2 * channels[i], channels[i]) for i in reversed(range(depth)))
+        self.merge = nn.ModuleList(_double_conv(2 * channels[i], channels[i], norm) for i in reversed(range(depth)))
         self.head = nn.Conv2d(channels[0], out_channels, 1)
         self.pool = nn.MaxPool2d(2)
         self.multiple = 2**depth

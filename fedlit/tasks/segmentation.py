@@ -7,8 +7,8 @@ Losses: ``bce`` (binary cross-entropy with logits, positives weighted by ``pos_w
 ``dice`` (the soft Dice loss of Milletari, Navab, Ahmadi, "V-Net", 3DV 2016, as MONAI's ``DiceLoss`` computes
 it per image and channel), or ``bce+dice``, their sum. Metrics (MONAI's ``DiceMetric`` and ``MeanIoU`` on the
 masks predicted at probability 0.5): the Dice coefficient 2|A n B| / (|A| + |B|) and IoU |A n B| / |A u B| of
-every image and channel, averaged over the split's images per channel (``dice_<c>``, ``iou_<c>``) and then over
-channels (``dice``, ``iou``). An image whose true mask of a channel is empty is left out of that channel's mean
+every image and channel, averaged over the split's images per channel (``dice_<c>``, ``iou_<c>``, given when there are two channels or more)
+and then over channels (``dice``, ``iou``). An image whose true mask of a channel is empty is left out of that channel's mean
 (Dice is undefined there); a channel with no such image at all is NaN.
 """
 
@@ -140,15 +140,16 @@ class SegmentationModule(FederatedModule):
         self._loss_sum, self._loss_count = 0.0, 0
 
     def compute_metrics(self) -> dict[str, float]:
-        """``dice``, ``iou`` (means over channels), ``dice_<c>``, ``iou_<c>`` and ``loss`` since the last reset."""
+        """``dice``, ``iou`` (means over channels), ``dice_<c>``, ``iou_<c>`` (with two channels or more) and
+        ``loss`` (the loss per image) since the last reset."""
         if self._dice.get_buffer() is None:
             return {}
         out: dict[str, float] = {}
         for name, metric in (("dice", self._dice), ("iou", self._iou)):
             # per image and channel (NaN where the true mask is empty), then the mean of the defined images
             per_channel = torch.nanmean(metric.aggregate(reduction="none").float(), dim=0).tolist()
-            for c, value in enumerate(per_channel):
-                out[f"{name}_{c}"] = float(value)
+            if self.num_classes > 1:
+                out.update({f"{name}_{c}": float(value) for c, value in enumerate(per_channel)})
             defined = [v for v in per_channel if not math.isnan(v)]
             out[name] = sum(defined) / len(defined) if defined else float("nan")
         out["loss"] = self._loss_sum / self._loss_count if self._loss_count else float("nan")
@@ -156,5 +157,6 @@ class SegmentationModule(FederatedModule):
 
     @property
     def higher_is_better(self) -> dict[str, bool]:
-        per_channel = {f"{name}_{c}": True for name in ("dice", "iou") for c in range(self.num_classes)}
+        channels = range(self.num_classes) if self.num_classes > 1 else ()
+        per_channel = {f"{name}_{c}": True for name in ("dice", "iou") for c in channels}
         return {"dice": True, "iou": True, **per_channel, "loss": False}
