@@ -82,7 +82,8 @@ class SyntheticSegmentation(FederatedDataModule):
         sites = np.repeat(np.arange(n_sites), n)
 
         def spread(low: float, high: float) -> np.ndarray:
-            return data_rng.permutation(np.linspace(low, high, n_sites) if n_sites > 1 else np.array([(low + high) / 2]))
+            values = np.linspace(low, high, n_sites) if n_sites > 1 else np.array([(low + high) / 2])
+            return data_rng.permutation(values)  # evenly spaced in a seeded order: sites always differ
 
         offset, contrast, blur, noise = spread(0.0, 0.6), spread(0.5, 1.5), spread(0.0, 1.0), spread(0.03, 0.15)
         images = torch.empty(total, 1, size, size)

@@ -61,7 +61,8 @@ class TinyUNet(SegmentationNetwork):
                  norm: Literal["batch", "instance"] = "batch") -> None:
         _positive_ints("TinyUNet", in_channels=in_channels, width=width, depth=depth)
         if norm not in _NORMS:
-            raise ConfigError(f"TinyUNet: model.init_args.network.init_args.norm={norm!r} is not one of {list(_NORMS)}.")
+            raise ConfigError(f"TinyUNet: model.init_args.network.init_args.norm={norm!r} is not one of "
+                              f"{list(_NORMS)}.")
         self.in_channels, self.width, self.depth, self.norm = in_channels, width, depth, norm
 
     def build(self, out_channels: int) -> nn.Module:
@@ -86,7 +87,8 @@ class _TinyUNet(nn.Module):
                  norm: Callable[[int], nn.Module]) -> None:
         super().__init__()
         channels = [width * 2**i for i in range(depth + 1)]
-        self.down = nn.ModuleList(_double_conv(c_in, c, norm) for c_in, c in zip([in_channels, *channels], channels[:-1]))
+        inputs = [in_channels, *channels[:-2]]
+        self.down = nn.ModuleList(_double_conv(c_in, c, norm) for c_in, c in zip(inputs, channels[:-1], strict=True))
         self.bottom = _double_conv(channels[-2], channels[-1], norm)
         self.up = nn.ModuleList(nn.ConvTranspose2d(channels[i + 1], channels[i], 2, stride=2)
                                 for i in reversed(range(depth)))

@@ -7,9 +7,9 @@ Losses: ``bce`` (binary cross-entropy with logits, positives weighted by ``pos_w
 ``dice`` (the soft Dice loss of Milletari, Navab, Ahmadi, "V-Net", 3DV 2016, as MONAI's ``DiceLoss`` computes
 it per image and channel), or ``bce+dice``, their sum. Metrics (MONAI's ``DiceMetric`` and ``MeanIoU`` on the
 masks predicted at probability 0.5): the Dice coefficient 2|A n B| / (|A| + |B|) and IoU |A n B| / |A u B| of
-every image and channel, averaged over the split's images per channel (``dice_<c>``, ``iou_<c>``, given when there are two channels or more)
-and then over channels (``dice``, ``iou``). An image whose true mask of a channel is empty is left out of that channel's mean
-(Dice is undefined there); a channel with no such image at all is NaN.
+every image and channel, averaged over the split's images per channel (``dice_<c>``, ``iou_<c>``, given with
+two channels or more) and then over channels (``dice``, ``iou``). An image whose true mask of a channel is
+empty is left out of that channel's mean (Dice is undefined there); a channel with no such image is NaN.
 """
 
 from __future__ import annotations
