@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlit.cli import run
+from fedlit.cli import main, run
 from fedlit.data import SyntheticSegmentation
 from fedlit.errors import ConfigError
 from fedlit.federation import Federation
@@ -163,3 +163,13 @@ def test_segmentation_recipe_raises_the_dice_through_the_cli(tmp_path, capsys):
     assert min(v["dice"] for v in results["last"]["clients"].values()) > 0.75
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["task"] == "segmentation" and not (tmp_path / "class_counts.json").exists()
+
+
+def test_a_download_of_encoder_weights_is_refused_on_the_command_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(ROOT / "recipes" / "segmentation_tiny_unet.yaml"), "--out_dir", str(tmp_path),
+              "--model.init_args.network", "fedlit.models.SmpUnet",
+              "--model.init_args.network.init_args.encoder_weights", "imagenet"])
+    assert exit_info.value.code == 2
+    assert "model.init_args.network.init_args.encoder_weights='imagenet': nothing downloads" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
