@@ -31,6 +31,7 @@ from fedlit.data.site_dataset import SiteDataset
 from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
 from fedlit.data.survival import SyntheticSurvival
 from fedlit.data.synthetic import SyntheticImages
+from fedlit.data.synthetic_segmentation import SyntheticSegmentation
 from fedlit.data.table import SiteTable
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "SiteTable",
     "SplitName",
     "SyntheticImages",
+    "SyntheticSegmentation",
     "SyntheticSurvival",
     "TaskType",
     "check_split_fractions",

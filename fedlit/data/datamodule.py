@@ -42,7 +42,8 @@ class PartitionedData:
     Attributes:
         name: data set name, recorded in the manifest.
         task: ``"multiclass"`` (int64 targets (N,)), ``"binary"`` (float32 0/1 (N,)), ``"multilabel"``
-            (float32 (N, L)), ``"survival"`` (float32 (N, 2): time >= 0, event 0/1), or any other name (e.g.
+            (float32 (N, L)), ``"survival"`` (float32 (N, 2): time >= 0, event 0/1), ``"segmentation"`` (float32
+            (N, C, H, W) masks of 0/1, C = num_classes), or any other name (e.g.
             ``"regression"``: targets of any shape, not checked beyond being finite) that a module accepts.
         num_classes: classes (multiclass), 1 (binary) or labels (multilabel); 0 for tasks without classes.
         inputs: the pool's inputs, first dimension = samples; may be stored compactly (e.g. uint8) if
@@ -328,6 +329,8 @@ def _check(data: PartitionedData, owner: str) -> None:
         problems.append(_non_finite(where, "target", targets))
     elif data.task == "survival":
         problems += _survival_problems(where, targets)
+    elif data.task == "segmentation":
+        problems += _segmentation_problems(where, inputs, targets, data.num_classes)
     elif data.task == "multiclass":
         if targets.is_floating_point() or targets.dtype == torch.bool:
             problems.append(
@@ -384,6 +387,27 @@ def _survival_problems(where: str, targets: torch.Tensor) -> list[str]:
             first = int(bad.nonzero()[0, 0])
             problems.append(f"{where}: survival target of sample {first} is {targets[first].tolist()}; column "
                             f"{column} must be {allowed} ({int(bad.sum())} such samples)")
+    return problems
+
+
+def _segmentation_problems(where: str, inputs: torch.Tensor, targets: torch.Tensor, num_classes: int) -> list[str]:
+    """Segmentation targets are float (N, C, H, W) masks of 0/1, C = num_classes, H and W those of the inputs."""
+    if not targets.is_floating_point() or targets.ndim != 4:
+        return [f"{where}: segmentation targets must be float masks of shape (N, C, H, W), got {targets.dtype} of "
+                f"shape {tuple(targets.shape)}; convert them with .float() and add the channel dimension"]
+    problems = []
+    if targets.shape[1] != num_classes:
+        problems.append(f"{where}: segmentation masks have {targets.shape[1]} channels but num_classes is "
+                        f"{num_classes}; they must be equal (one channel per structure)")
+    if inputs.ndim == 4 and inputs.shape[-2:] != targets.shape[-2:]:
+        problems.append(f"{where}: images are {tuple(inputs.shape[-2:])} pixels but masks "
+                        f"{tuple(targets.shape[-2:])}; resize both to the same size")
+    bad = (targets != 0) & (targets != 1)
+    if bad.any():
+        first = int(bad.reshape(len(targets), -1).any(dim=1).nonzero()[0, 0])
+        problems.append(f"{where}: segmentation masks must be 0 or 1, the mask of sample {first} holds "
+                        f"{targets[first][bad[first]][0].item()} ({int(bad.sum())} such pixels); binarize the masks "
+                        "(e.g. mask > 0.5)")
     return problems
 
 

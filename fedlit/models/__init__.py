@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fedlit.models.hf import HFEncoder, TransformersEncoder, tiny_bert_config
     from fedlit.models.lora import LoRA
     from fedlit.models.registry import list_models, register_model
+    from fedlit.models.unet import SegmentationNetwork, SmpUnet, TinyUNet
     from fedlit.models.weights import (
         PRETRAINED,
         PretrainedWeights,
@@ -40,8 +41,11 @@ _EXPORTS = {
     "LoRA": "lora",
     "MLP": "backbones",
     "LoadReport": "checkpoints",
+    "SegmentationNetwork": "unet",
     "SmallCNN": "backbones",
+    "SmpUnet": "unet",
     "TimmBackbone": "backbones",
+    "TinyUNet": "unet",
     "TransformersEncoder": "hf",
     "efficientnet_lite0_weights": "weights",
     "list_models": "registry",
@@ -60,8 +64,11 @@ __all__ = [
     "LoadReport",
     "MLP",
     "PretrainedWeights",
+    "SegmentationNetwork",
     "SmallCNN",
+    "SmpUnet",
     "TimmBackbone",
+    "TinyUNet",
     "TransformersEncoder",
     "efficientnet_lite0_weights",
     "list_models",

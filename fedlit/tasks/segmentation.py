@@ -1,0 +1,162 @@
+"""Segmentation: a dense network trained on binary masks (one sigmoid per channel), judged by Dice and IoU.
+
+Masks are float (N, C, H, W) of 0/1, one channel per structure; channels may overlap (the optic disc and the
+cup inside it), so each channel is its own binary problem: sigmoid per channel, never a softmax over channels.
+
+Losses: ``bce`` (binary cross-entropy with logits, positives weighted by ``pos_weight`` as lesions are small),
+``dice`` (the soft Dice loss of Milletari, Navab, Ahmadi, "V-Net", 3DV 2016, as MONAI's ``DiceLoss`` computes
+it per image and channel), or ``bce+dice``, their sum. Metrics (MONAI's ``DiceMetric`` and ``MeanIoU`` on the
+masks predicted at probability 0.5): the Dice coefficient 2|A n B| / (|A| + |B|) and IoU |A n B| / |A u B| of
+every image and channel, averaged over the split's images per channel (``dice_<c>``, ``iou_<c>``, given with
+two channels or more) and then over channels (``dice``, ``iou``). An image whose true mask of a channel is
+empty is left out of that channel's mean (Dice is undefined there); a channel with no such image is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+from torch.nn import functional as F
+
+from fedlit.errors import ConfigError
+from fedlit.models.unet import SegmentationNetwork
+from fedlit.module import FederatedModule
+from fedlit.roles import RoleRule
+
+LOSSES = ("bce", "dice", "bce+dice")
+
+
+class SegmentationModule(FederatedModule):
+    """A dense network with ``num_classes`` sigmoid mask channels, every trainable tensor shared by default.
+
+    Parameter names: ``network.*`` (the built network). Default roles: ``network.*`` shared (a segmentation
+    network trains from end to end; add rules with ``roles``, e.g. BatchNorm personal through FedBN).
+
+    Args:
+        network: The dense network (a :class:`~fedlit.models.SegmentationNetwork` spec: ``TinyUNet``,
+            ``SmpUnet``), built with ``num_classes`` output channels.
+        num_classes: Mask channels: 1 for one structure, 2 for two overlapping ones (optic disc and cup)...
+        loss: ``bce``, ``dice`` or ``bce+dice`` (their sum).
+        pos_weight: Weight of the foreground pixels in the BCE term (> 0; 1 = unweighted).
+        roles: Role rules applied after the defaults.
+        optimizer: Local optimizer (see :class:`~fedlit.module.FederatedModule`).
+        lr: Local learning rate of the shorthands.
+        momentum: SGD momentum of the shorthands.
+        weight_decay: Weight decay of the shorthands.
+        lr_scheduler: A ``torch.optim.lr_scheduler`` class_path, or None.
+        lr_scheduler_interval: ``round`` or ``step``.
+    """
+
+    accepted_tasks = frozenset({"segmentation"})
+    default_selection_metric = "dice"
+    task = "segmentation"
+
+    def __init__(
+        self,
+        *,
+        network: SegmentationNetwork,
+        num_classes: int = 1,
+        loss: Literal["bce", "dice", "bce+dice"] = "bce+dice",
+        pos_weight: float = 2.0,
+        roles: list[RoleRule] | None = None,
+        optimizer: Literal["sgd", "adam", "adamw"] | OptimizerCallable = "adam",
+        lr: float = 0.001,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: Literal["round", "step"] = "round",
+    ) -> None:
+        super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
+        problems = []
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            problems.append(f"model.init_args.num_classes={num_classes!r} must be an integer >= 1 (mask channels)")
+        if loss not in LOSSES:
+            problems.append(f"model.init_args.loss={loss!r} is not one of {list(LOSSES)}")
+        if not (isinstance(pos_weight, int | float) and math.isfinite(pos_weight) and pos_weight > 0):
+            problems.append(f"model.init_args.pos_weight={pos_weight!r} must be a number > 0 (1 = unweighted)")
+        if problems:
+            raise ConfigError("; ".join(problems) + ".")
+        from monai.losses import DiceLoss
+        from monai.metrics import DiceMetric, MeanIoU
+
+        self.num_classes, self.loss_name, self.pos_weight = num_classes, loss, float(pos_weight)
+        self.network = network.build(num_classes)
+        self._dice_loss = DiceLoss(sigmoid=True)
+        self._dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
+        self._iou = MeanIoU(include_background=True, reduction="none", ignore_empty=True)
+        self._loss_sum, self._loss_count = 0.0, 0
+
+    def default_role_rules(self) -> list[RoleRule]:
+        return [RoleRule("network.*", "shared")]
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """(B, num_classes, H, W) logits."""
+        return self.network(inputs)
+
+    def loss(self, logits: Tensor, masks: Tensor) -> Tensor:
+        """The configured loss of ``logits`` against 0/1 ``masks``, both (B, C, H, W)."""
+        if logits.shape != masks.shape:
+            raise ValueError(f"the network gives logits of shape {tuple(logits.shape)} but the masks have shape "
+                             f"{tuple(masks.shape)}; set model.init_args.num_classes to the mask channels "
+                             f"({masks.shape[1] if masks.ndim == 4 else '?'})")
+        masks = masks.to(logits.dtype)
+        total = logits.new_zeros(())
+        if self.loss_name in ("bce", "bce+dice"):
+            weight = logits.new_full((logits.shape[1], 1, 1), self.pos_weight)
+            total = total + F.binary_cross_entropy_with_logits(logits, masks, pos_weight=weight)
+        if self.loss_name in ("dice", "bce+dice"):
+            total = total + self._dice_loss(logits, masks)
+        return total
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """``{"loss", "logits", "targets"}``."""
+        inputs, masks = batch
+        logits = self(inputs)
+        return {"loss": self.loss(logits, masks), "logits": logits, "targets": masks}
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Add the batch's per-image Dice and IoU (masks predicted at probability 0.5) and its loss."""
+        inputs, masks = batch
+        logits = self(inputs)
+        loss = self.loss(logits, masks)
+        self._loss_sum += loss.item() * len(masks)
+        self._loss_count += len(masks)
+        self.update_metrics((logits.detach() > 0).float().cpu(), masks.detach().float().cpu())
+        return loss
+
+    def update_metrics(self, predicted: Tensor, masks: Tensor) -> None:
+        """Add (B, C, H, W) 0/1 predicted masks and true masks to the Dice and IoU of the split."""
+        self._dice(y_pred=predicted, y=masks)
+        self._iou(y_pred=predicted, y=masks)
+
+    def reset_metrics(self) -> None:
+        self._dice.reset()
+        self._iou.reset()
+        self._loss_sum, self._loss_count = 0.0, 0
+
+    def compute_metrics(self) -> dict[str, float]:
+        """``dice``, ``iou`` (means over channels), ``dice_<c>``, ``iou_<c>`` (with two channels or more) and
+        ``loss`` (the loss per image) since the last reset."""
+        if self._dice.get_buffer() is None:
+            return {}
+        out: dict[str, float] = {}
+        for name, metric in (("dice", self._dice), ("iou", self._iou)):
+            # per image and channel (NaN where the true mask is empty), then the mean of the defined images
+            per_channel = torch.nanmean(metric.aggregate(reduction="none").float(), dim=0).tolist()
+            if self.num_classes > 1:
+                out.update({f"{name}_{c}": float(value) for c, value in enumerate(per_channel)})
+            defined = [v for v in per_channel if not math.isnan(v)]
+            out[name] = sum(defined) / len(defined) if defined else float("nan")
+        out["loss"] = self._loss_sum / self._loss_count if self._loss_count else float("nan")
+        return out
+
+    @property
+    def higher_is_better(self) -> dict[str, bool]:
+        channels = range(self.num_classes) if self.num_classes > 1 else ()
+        per_channel = {f"{name}_{c}": True for name in ("dice", "iou") for c in channels}
+        return {"dice": True, "iou": True, **per_channel, "loss": False}

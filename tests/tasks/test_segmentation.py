@@ -1,0 +1,175 @@
+"""Segmentation: Dice and IoU against hand-worked masks, the loss choices, the networks, and the segmentation
+recipe through the ``fedlit`` command."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlit.cli import main, run
+from fedlit.data import SyntheticSegmentation
+from fedlit.errors import ConfigError
+from fedlit.federation import Federation
+from fedlit.models import Identity, SmpUnet, TinyUNet
+from fedlit.strategies import FedAvg
+from fedlit.tasks import ClassificationModule, SegmentationModule
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def masks_4x4() -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted A (4 pixels) and true B (5 pixels) overlapping on 3 pixels, in one 4x4 channel."""
+    predicted, true = torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 4, 4)
+    predicted[0, 0, 0, 0:3] = 1  # (0,0) (0,1) (0,2)
+    predicted[0, 0, 1, 0] = 1    # (1,0)            |A| = 4
+    true[0, 0, 0, 0:3] = 1       # (0,0) (0,1) (0,2): the 3 shared pixels
+    true[0, 0, 2, 0:2] = 1       # (2,0) (2,1)      |B| = 5
+    return predicted, true
+
+
+def module(num_classes: int = 1, **kwargs) -> SegmentationModule:
+    return SegmentationModule(network=TinyUNet(), num_classes=num_classes, **kwargs)
+
+
+def test_dice_and_iou_of_a_hand_made_mask_pair():
+    # Dice = 2 * 3 / (4 + 5) = 6/9; IoU = 3 / |A u B| = 3 / (4 + 5 - 3) = 3/6
+    seg = module()
+    seg.reset_metrics()
+    seg.update_metrics(*masks_4x4())
+    metrics = seg.compute_metrics()
+    assert metrics["dice"] == pytest.approx(6 / 9, abs=1e-6)
+    assert metrics["iou"] == pytest.approx(3 / 6, abs=1e-6)
+    assert "dice_0" not in metrics  # one channel: the mean is the channel
+    assert seg.higher_is_better == {"dice": True, "iou": True, "loss": False}
+    assert seg.default_selection_metric == "dice"
+
+
+def test_metrics_average_per_image_over_the_split_and_skip_empty_true_masks():
+    # image 1: Dice 6/9; image 2: a perfect 1-pixel match (Dice 1, IoU 1); image 3: the true mask is empty
+    # (Dice undefined, left out). Mean per image: Dice (6/9 + 1) / 2 = 5/6, IoU (1/2 + 1) / 2 = 3/4; a pooled
+    # Dice over all pixels would be 2 * 4 / (5 + 6 + 1) = 2/3 instead.
+    predicted, true = masks_4x4()
+    single = torch.zeros(1, 1, 4, 4)
+    single[0, 0, 3, 3] = 1
+    seg = module()
+    seg.reset_metrics()
+    seg.update_metrics(predicted, true)  # two batches
+    seg.update_metrics(torch.cat([single, single]), torch.cat([single, torch.zeros(1, 1, 4, 4)]))
+    metrics = seg.compute_metrics()
+    assert metrics["dice"] == pytest.approx(5 / 6, abs=1e-6)
+    assert metrics["iou"] == pytest.approx(3 / 4, abs=1e-6)
+    seg.reset_metrics()
+    seg.update_metrics(single, torch.zeros(1, 1, 4, 4))
+    assert math.isnan(seg.compute_metrics()["dice"])  # no image with a true mask: undefined, not 0
+    seg.reset_metrics()
+    assert seg.compute_metrics() == {}
+
+
+def test_two_overlapping_channels_have_their_own_dice_and_iou():
+    # channel 0 (disc) as above: Dice 6/9, IoU 1/2. Channel 1 (cup, inside the disc): 2 pixels predicted, 2 true,
+    # 1 shared: Dice 2 * 1 / (2 + 2) = 1/2, IoU 1 / 3.
+    predicted, true = masks_4x4()
+    cup_predicted, cup_true = torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 4, 4)
+    cup_predicted[0, 0, 0, 0:2] = 1
+    cup_true[0, 0, 0, 1:3] = 1
+    seg = module(num_classes=2)
+    seg.reset_metrics()
+    seg.update_metrics(torch.cat([predicted, cup_predicted], 1), torch.cat([true, cup_true], 1))
+    metrics = seg.compute_metrics()
+    assert metrics["dice_0"] == pytest.approx(6 / 9, abs=1e-6) and metrics["iou_0"] == pytest.approx(0.5, abs=1e-6)
+    assert metrics["dice_1"] == pytest.approx(0.5, abs=1e-6) and metrics["iou_1"] == pytest.approx(1 / 3, abs=1e-6)
+    assert metrics["dice"] == pytest.approx((6 / 9 + 0.5) / 2, abs=1e-6)
+    assert metrics["iou"] == pytest.approx((0.5 + 1 / 3) / 2, abs=1e-6)
+    assert seg.higher_is_better == {"dice": True, "iou": True, "dice_0": True, "dice_1": True, "iou_0": True,
+                                    "iou_1": True, "loss": False}
+
+
+def test_validation_thresholds_the_sigmoid_at_one_half_and_records_the_loss_per_image():
+    _, true = masks_4x4()
+    seg = module(loss="bce", pos_weight=1.0)
+    logits = torch.where(true > 0, 3.0, -3.0)  # right everywhere
+    seg.network = torch.nn.Identity()
+    seg.reset_metrics()
+    seg.validation_step((logits, true), 0)
+    metrics = seg.compute_metrics()
+    assert metrics["dice"] == pytest.approx(1.0) and metrics["iou"] == pytest.approx(1.0)
+    assert metrics["loss"] == pytest.approx(math.log1p(math.exp(-3.0)), rel=1e-5)  # BCE of a logit 3 on its class
+
+
+def test_the_loss_choices():
+    # logits 0 everywhere (probability 1/2), 5 foreground pixels out of 16.
+    _, true = masks_4x4()
+    logits = torch.zeros_like(true)
+    log2 = math.log(2.0)
+    # BCE, foreground weighted 2: (5 * 2 * ln 2 + 11 * ln 2) / 16 pixels
+    bce = (5 * 2 * log2 + 11 * log2) / 16
+    assert module(loss="bce").loss(logits, true).item() == pytest.approx(bce, rel=1e-5)
+    assert module(loss="bce", pos_weight=1.0).loss(logits, true).item() == pytest.approx(log2, rel=1e-5)
+    # soft Dice loss: 1 - 2 * sum(p * y) / (sum p + sum y) = 1 - 2 * 2.5 / (8 + 5) = 8/13 (MONAI's 1e-5 smoothing)
+    assert module(loss="dice").loss(logits, true).item() == pytest.approx(8 / 13, abs=1e-5)
+    assert module().loss(logits, true).item() == pytest.approx(bce + 8 / 13, abs=1e-5)  # bce+dice, the default
+    with pytest.raises(ConfigError, match=r"model.init_args.loss='focal' is not one of \['bce', 'dice', 'bce\+dice'\]"):
+        module(loss="focal")
+    with pytest.raises(ConfigError, match="model.init_args.pos_weight=0 must be a number > 0"):
+        module(pos_weight=0)
+    with pytest.raises(ValueError, match="set model.init_args.num_classes to the mask channels \\(1\\)"):
+        module(num_classes=2).loss(torch.zeros(1, 2, 4, 4), true)
+
+
+def test_networks_map_images_to_logits_of_the_same_size_and_train_entirely():
+    seg = module(num_classes=2)
+    assert seg(torch.randn(3, 1, 16, 16)).shape == (3, 2, 16, 16)
+    roles = seg.parameter_roles()
+    assert set(roles.values()) == {"shared"}  # nothing frozen by default
+    assert seg.num_trainable_parameters() == sum(p.numel() for p in seg.parameters())
+    with pytest.raises(ValueError, match="multiples of 4"):
+        seg(torch.randn(1, 1, 18, 18))
+    instance = TinyUNet(norm="instance").build(1)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in instance.modules())
+    assert instance(torch.randn(2, 1, 8, 8)).shape == (2, 1, 8, 8)
+    with pytest.raises(ConfigError, match="norm='group' is not one of"):
+        TinyUNet(norm="group")
+    smp_unet = SmpUnet(encoder_name="resnet18", encoder_depth=3).build(2)
+    assert smp_unet(torch.randn(2, 1, 32, 32)).shape == (2, 2, 32, 32)
+    with pytest.raises(ConfigError, match="encoder_weights='imagenet': nothing downloads"):
+        SmpUnet(encoder_weights="imagenet")
+
+
+def test_segmentation_data_with_a_classification_module_is_refused(tmp_path):
+    classifier = ClassificationModule(backbone=Identity(num_features=8), num_classes=2)
+    data = SyntheticSegmentation(num_clients=2, samples_per_client=10, image_size=16)
+    with pytest.raises(ConfigError, match="model ClassificationModule accepts tasks \\['binary', 'multiclass', "
+                                          "'multilabel'\\] but data SyntheticSegmentation has task 'segmentation'"):
+        Federation(classifier, data, FedAvg(), rounds=1, out_dir=tmp_path, progress_bar=False).setup()
+
+
+def test_segmentation_recipe_raises_the_dice_through_the_cli(tmp_path, capsys):
+    results = run(["fit", "--config", str(ROOT / "recipes" / "segmentation_tiny_unet.yaml"), "--out_dir",
+                   str(tmp_path), "--federation.progress_bar", "false"])
+    capsys.readouterr()
+    assert results["selection_metric"] == "dice"
+    with (tmp_path / "metrics.csv").open() as f:
+        mean_dice = {int(r["round"]): float(r["value"]) for r in csv.DictReader(f)
+                     if r["split"] == "test" and r["metric"] == "dice_mean"}
+    # pinned (seed 0, 5 rounds): 0.409 after round 1, 0.871 after round 5
+    assert mean_dice[1] == pytest.approx(0.409, abs=0.05)
+    assert mean_dice[5] == pytest.approx(0.871, abs=0.03)
+    assert mean_dice[5] > mean_dice[1] + 0.3 and mean_dice[5] > 0.8
+    assert min(v["dice"] for v in results["last"]["clients"].values()) > 0.75
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["task"] == "segmentation" and not (tmp_path / "class_counts.json").exists()
+
+
+def test_a_download_of_encoder_weights_is_refused_on_the_command_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(ROOT / "recipes" / "segmentation_tiny_unet.yaml"), "--out_dir", str(tmp_path),
+              "--model.init_args.network", "fedlit.models.SmpUnet",
+              "--model.init_args.network.init_args.encoder_weights", "imagenet"])
+    assert exit_info.value.code == 2
+    assert "model.init_args.network.init_args.encoder_weights='imagenet': nothing downloads" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
