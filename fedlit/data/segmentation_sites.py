@@ -181,8 +181,8 @@ class _SegmentationSites(FederatedDataModule):
                             "test": np.arange(n_train, len(samples[site]))}
         if unmatched and self.unmatched == "error":
             raise DataError(f"{type(self).__name__}: {len(unmatched)} files have no partner of the same name: "
-                            f"{', '.join(unmatched)}. Fix or remove them, or pass {_OPTION}.unmatched skip "
-                            "(--data.init_args.unmatched skip) to leave them out")
+                            f"{', '.join(unmatched)}. Fix or remove them, or set {_OPTION}.unmatched: skip "
+                            f"(--{_OPTION}.unmatched skip) to leave them out")
         if unmatched:
             warnings.warn(f"{type(self).__name__}: skipped {len(unmatched)} files without a partner of the same "
                           f"name: {', '.join(unmatched)}", stacklevel=2)
