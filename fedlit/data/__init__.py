@@ -1,5 +1,6 @@
 """Federated data: the ``FederatedDataModule`` API (tensor pool or file-backed samples), partitioners, one module
-per data set, and the generic loaders ``SiteFolders``, ``SiteTable`` and ``SiteDataset``."""
+per data set (the segmentation sites ``FedProstateSlices`` and ``FedFundus`` among them), and the generic loaders
+``SiteFolders``, ``SiteTable`` and ``SiteDataset``."""
 
 from fedlit.data.datamodule import (
     CLASSIFICATION_TASKS,
@@ -27,6 +28,7 @@ from fedlit.data.partition import (
     shards_partition,
 )
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
+from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip
 from fedlit.data.site_dataset import SiteDataset
 from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
 from fedlit.data.survival import SyntheticSurvival
@@ -40,14 +42,18 @@ __all__ = [
     "ImageFile",
     "SPLITS",
     "Dirichlet",
+    "FedFundus",
     "FedHeartDisease",
+    "FedProstateSlices",
     "FederatedDataModule",
+    "MaskedImageFile",
     "MedMNIST",
     "MedicalAbstracts",
     "MedMNISTTransform",
     "Natural",
     "PartitionedData",
     "Partitioner",
+    "PairFlip",
     "Pathological",
     "PoolSubset",
     "SampleList",

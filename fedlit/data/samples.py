@@ -47,7 +47,9 @@ class SampleList:
         splits: client id -> split name -> sorted positions into ``samples[client]``; every client has all
             three splits (an empty ``val`` means no validation split).
         read: identity -> input tensor; must be picklable (it runs in DataLoader workers) and should raise
-            ``DataError`` naming the file when a sample cannot be read.
+            ``DataError`` naming the file when a sample cannot be read. A reader may instead return an
+            ``(input, target)`` pair (segmentation: an image and its mask); the transforms then get and return the
+            pair (so flips apply to both), and ``targets`` only serve the checks.
         train_transform: applied to each input of a train split (augmentation); ``None`` = none.
         eval_transform: applied to each input of a val or test split (deterministic); ``None`` = none.
         partitioner: how clients were formed, recorded in the manifest.
@@ -70,7 +72,8 @@ class SampleList:
 
 
 class SampleSubset(Dataset):
-    """The samples of one client's split: ``read(identity)``, then ``transform``, paired with the target."""
+    """The samples of one client's split: ``read(identity)``, then ``transform``, paired with the target (or, when
+    ``read`` returns an ``(input, target)`` pair, that pair through ``transform``)."""
 
     def __init__(
         self,
@@ -90,6 +93,8 @@ class SampleSubset(Dataset):
 
     def __getitem__(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.read(self.identities[position])
+        if isinstance(x, tuple):  # the reader gives (input, target), e.g. an image and its mask: transformed together
+            return self.transform(x) if self.transform is not None else x
         if self.transform is not None:
             x = self.transform(x)
         return x, self.targets[position]

@@ -1,0 +1,292 @@
+"""Segmentation sites read from files: ``FedProstateSlices`` (Fed-Prostate) and ``FedFundus`` (Fed-Fundus).
+
+Both keep each site as a client with its own ``train``/``test`` folders, and pair every image with the mask of the
+same file name. Images and masks are decoded in the DataLoader workers by :class:`MaskedImageFile`, which returns
+an ``(image, mask)`` pair: the sample's target is its mask, and train-time augmentation (:class:`PairFlip`)
+flips image and mask together.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.samples import SampleList, is_image
+from fedlit.errors import ConfigError, DataError
+
+_OPTION = "data.init_args"
+
+
+@dataclass(frozen=True)
+class MaskedImageFile:
+    """Reads an ``[image, mask]`` pair of paths (relative to ``root``) as float tensors, resized to ``image_size``.
+
+    The image becomes float32 (``channels``, H, W) in [0, 1] (bilinear, antialiased resize). The mask is read as
+    grey levels (an RGB mask must have three equal channels), every level must be one of ``allowed_levels``, and
+    channel ``k`` of the float32 (len(``channel_levels``), H, W) mask is 1 where the level is one of
+    ``channel_levels[k]`` (nearest-neighbour resize, so it stays 0/1).
+
+    Raises:
+        DataError: naming the file when it is missing, cannot be decoded, or (masks) holds another level.
+    """
+
+    root: str
+    channels: int
+    channel_levels: tuple[tuple[int, ...], ...]
+    allowed_levels: tuple[int, ...]
+    image_size: int | None = None
+
+    def __call__(self, identity: list[str] | tuple[str, str]) -> tuple[torch.Tensor, torch.Tensor]:
+        from torchvision.transforms.v2 import InterpolationMode
+        from torchvision.transforms.v2 import functional as TF
+
+        image_path, mask_path = (Path(self.root) / p for p in identity)
+        image = torch.from_numpy(_decode(image_path, "L" if self.channels == 1 else "RGB")).float().div_(255.0)
+        image = image[None] if image.ndim == 2 else image.permute(2, 0, 1)
+        levels = _decode(mask_path, None)
+        if levels.ndim == 3:
+            if not ((levels[..., 0] == levels[..., 1]) & (levels[..., 0] == levels[..., 2])).all():
+                raise DataError(f"{mask_path}: a colour mask needs three equal channels (grey levels); replace it")
+            levels = levels[..., 0]
+        found = np.unique(levels)
+        bad = [int(v) for v in found if v not in self.allowed_levels]
+        if bad:
+            raise DataError(f"{mask_path}: mask levels {bad[:5]} are not among the expected "
+                            f"{list(self.allowed_levels)}; fix the mask (interpolation or JPEG compression may have "
+                            "blurred it)")
+        if levels.shape != tuple(image.shape[-2:]):
+            raise DataError(f"{mask_path}: mask is {levels.shape[1]}x{levels.shape[0]} but its image {image_path} is "
+                            f"{image.shape[-1]}x{image.shape[-2]}; they must match")
+        mask = torch.stack([torch.from_numpy(np.isin(levels, chosen)) for chosen in self.channel_levels]).float()
+        if self.image_size is not None and tuple(image.shape[-2:]) != (self.image_size, self.image_size):
+            size = [self.image_size, self.image_size]
+            image = TF.resize(image, size, antialias=True).clamp_(0.0, 1.0)
+            mask = TF.resize(mask, size, interpolation=InterpolationMode.NEAREST)
+        return image.contiguous(), mask.contiguous()
+
+
+def _decode(path: Path, mode: str | None) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            if mode is None:
+                mode = "RGB" if image.mode in ("RGB", "RGBA", "P") else "L"
+            return np.array(image.convert(mode), dtype=np.uint8)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found (it was listed when the data set was built); restore it") from None
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise DataError(f"{path}: cannot be read as an image ({type(err).__name__}: {err}); replace it") from None
+
+
+class PairFlip(nn.Module):
+    """Random horizontal and vertical flips applied to an ``(image, mask)`` pair alike.
+
+    Draws from torch's global generator, which the federated loop seeds per round and client (and each
+    DataLoader worker from the loader's generator), so a run with the same seed sees the same flips.
+    """
+
+    def __init__(self, horizontal: float = 0.5, vertical: float = 0.5) -> None:
+        super().__init__()
+        self.horizontal, self.vertical = float(horizontal), float(vertical)
+
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        image, mask = pair
+        draws = torch.rand(2)
+        if draws[0] < self.horizontal:
+            image, mask = image.flip(-1), mask.flip(-1)
+        if draws[1] < self.vertical:
+            image, mask = image.flip(-2), mask.flip(-2)
+        return image, mask
+
+    def extra_repr(self) -> str:
+        return f"horizontal={self.horizontal}, vertical={self.vertical}"
+
+
+class _SegmentationSites(FederatedDataModule):
+    """Sites of (image, mask) PNG pairs in their own train/test folders; subclasses fix the layout and levels."""
+
+    dataset: str
+    default_root: str
+    image_dir: str  # relative to root/<site>/<split>
+    mask_dir: str
+    channels: int
+    channel_levels: tuple[tuple[int, ...], ...]
+    allowed_levels: tuple[int, ...]
+    mask_names: list[str]
+    source: str
+    default_sites: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        *,
+        root: str,
+        image_size: int | None = 384,
+        sites: list[str] | None = None,
+        unmatched: Literal["error", "skip"] = "error",
+        val_fraction: float = 0.0,
+        augment: bool = True,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
+        problems = []
+        if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)
+                                       or image_size < 1):
+            problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
+        if unmatched not in ("error", "skip"):
+            problems.append(f"{_OPTION}.unmatched must be 'error' or 'skip', got {unmatched!r}")
+        if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
+            problems.append(f"{_OPTION}.val_fraction must be in [0, 1), got {val_fraction!r}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.root = Path(root).expanduser()
+        layout = (f"{self.root}/<site>/{{train,test}}/{self.image_dir}/*.png with masks of the same name in "
+                  f"{self.mask_dir}/")
+        if not self.root.is_dir():
+            raise DataError(f"{_OPTION}.root: no folder {self.root}. {type(self).__name__} expects {layout} "
+                            f"(sites {', '.join(self.default_sites)}). {self.source}")
+        if sites is not None:
+            absent = [s for s in sites if not (self.root / s).is_dir()]
+            if absent:
+                raise DataError(f"{_OPTION}.sites: {absent} are not folders of {self.root}; expected {layout}")
+        self.sites = list(sites) if sites is not None else [s for s in self.default_sites if (self.root / s).is_dir()]
+        if not self.sites:
+            raise DataError(f"{_OPTION}.root: {self.root} holds none of the sites {self.default_sites}; expected "
+                            f"{layout}. {self.source}")
+        self.image_size, self.unmatched = image_size, unmatched
+        self.val_fraction, self.augment = float(val_fraction), bool(augment)
+
+    def build_samples(self) -> SampleList:
+        samples, splits, unmatched, rng = {}, {}, [], np.random.default_rng(self.seed)
+        for site in self.sites:
+            pairs: dict[str, list[list[str]]] = {}
+            for split in ("train", "test"):
+                pairs[split], lost = self._pairs(site, split)
+                unmatched += lost
+            samples[site] = pairs["train"] + pairs["test"]
+            n_train = len(pairs["train"])
+            order = rng.permutation(n_train)
+            n_val = min(int(round(self.val_fraction * n_train)), max(n_train - 1, 0))
+            splits[site] = {"train": np.sort(order[n_val:]), "val": np.sort(order[:n_val]),
+                            "test": np.arange(n_train, len(samples[site]))}
+        if unmatched and self.unmatched == "error":
+            raise DataError(f"{type(self).__name__}: {len(unmatched)} files have no partner of the same name: "
+                            f"{', '.join(unmatched)}. Fix or remove them, or set {_OPTION}.unmatched: skip "
+                            f"(--{_OPTION}.unmatched skip) to leave them out")
+        if unmatched:
+            warnings.warn(f"{type(self).__name__}: skipped {len(unmatched)} files without a partner of the same "
+                          f"name: {', '.join(unmatched)}", stacklevel=2)
+        empty = [f"{site}/{split}" for site in self.sites for split in ("train", "test")
+                 if len(splits[site][split]) == 0]
+        if empty:
+            raise DataError(f"{type(self).__name__}: no (image, mask) pair in {', '.join(empty)} under {self.root}"
+                            f"{' after skipping the unmatched files' if unmatched else ''}; add pairs, or leave "
+                            f"those sites out with {_OPTION}.sites")
+        return SampleList(
+            name=self.dataset,
+            task="segmentation",
+            num_classes=len(self.channel_levels),
+            samples=samples,
+            # Segmentation has no per-sample class: the target is the mask the reader returns. These zeros only
+            # give check_samples one finite value per sample.
+            targets={site: torch.zeros(len(ids)) for site, ids in samples.items()},
+            splits=splits,
+            read=MaskedImageFile(root=str(self.root), channels=self.channels, channel_levels=self.channel_levels,
+                                 allowed_levels=self.allowed_levels, image_size=self.image_size),
+            train_transform=PairFlip() if self.augment else None,
+            eval_transform=None,
+            class_names=list(self.mask_names),
+            details={
+                "root": str(self.root),
+                "image_size": self.image_size,
+                "mask_channels": list(self.mask_names),
+                "val_fraction": self.val_fraction,
+                "train_transform": repr(PairFlip()) if self.augment else None,
+                "unmatched_skipped": unmatched,
+            },
+        )
+
+    def _pairs(self, site: str, split: str) -> tuple[list[list[str]], list[str]]:
+        """The [image, mask] paths (relative to root) matched by file name, and the unmatched files."""
+        folder = self.root / site / split
+        if not folder.is_dir():
+            raise DataError(f"{folder}: missing; each site of {type(self).__name__} needs train/ and test/ folders "
+                            f"holding {self.image_dir}/ and {self.mask_dir}/, or leave the site out with "
+                            f"{_OPTION}.sites")
+        images, masks = (self._names(folder / d) for d in (self.image_dir, self.mask_dir))
+        rel = folder.relative_to(self.root).as_posix()
+        pairs = [[f"{rel}/{self.image_dir}/{n}", f"{rel}/{self.mask_dir}/{n}"] for n in sorted(images & masks)]
+        lost = [f"{rel}/{self.image_dir}/{n} (no mask)" for n in sorted(images - masks)]
+        lost += [f"{rel}/{self.mask_dir}/{n} (no image)" for n in sorted(masks - images)]
+        return pairs, lost
+
+    @staticmethod
+    def _names(folder: Path) -> set[str]:
+        if not folder.is_dir():
+            return set()
+        return {p.name for p in folder.iterdir() if p.is_file() and is_image(p)}
+
+
+class FedProstateSlices(_SegmentationSites):
+    """Fed-Prostate as 2-D slices: 6 sites of T2-weighted prostate MRI, grey images, one prostate mask channel.
+
+    The sites (BIDMC, BMC, HK, I2CVB, RUNMC, UCL) and slices are those of Liu et al., "Shape-aware Meta-learning
+    for Generalizing Prostate MRI Segmentation to Unseen Domains" (SAML, MICCAI 2020), as distributed as PNG slices
+    by FedDG-style repositories. Layout: ``root/<site>/{train,test}/{image,mask}/<name>.png``; masks are grey,
+    level 0 = prostate and 255 = background (as in the fundus masks: the 0 region is the small central organ).
+
+    Each site is a client with its own train and test folders kept; ``val_fraction`` moves a seeded share of its
+    train pairs to validation. Images are (1, H, W) float in [0, 1]; masks (1, H, W) float 0/1 (prostate).
+
+    Args:
+        root: the folder holding the site folders.
+        image_size: side of the square images and masks (bilinear for images, nearest for masks); null keeps it.
+        sites: the sites to use, in this order (default: those of the six present under ``root``).
+        unmatched: ``error`` refuses an image without a mask of the same name (or the reverse), naming every such
+            file; ``skip`` leaves them out with a warning and lists them in the manifest.
+        val_fraction: share of each site's train pairs used for validation, in [0, 1).
+        augment: random horizontal and vertical flips of train pairs (image and mask together).
+        batch_size: training batch size.
+        eval_batch_size: val/test batch size (default ``batch_size``).
+        num_workers: DataLoader worker processes decoding the PNGs.
+        seed: seed of the validation split.
+    """
+
+    dataset = "fed_prostate"
+    default_sites = ("BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL")
+    image_dir, mask_dir, channels = "image", "mask", 1
+    channel_levels, allowed_levels, mask_names = ((0,),), (0, 255), ["prostate"]
+    source = ("Get the slices of the SAML/FedDG Fed-Prostate set (Liu et al., MICCAI 2020), e.g. the ProstateSlice "
+              "folder of the FedDG-style repositories; a small real sample is in ../shared/data/site_samples/"
+              "ProstateSlice")
+
+
+
+class FedFundus(_SegmentationSites):
+    """Fed-Fundus: 4 sites of retinal fundus images, optic disc and cup masks.
+
+    The four domains of Liu et al., "FedDG: Federated Domain Generalization on Medical Image Segmentation via
+    Episodic Learning in Continuous Frequency Space" (CVPR 2021): Drishti-GS, RIM-ONE-r3, REFUGE train, REFUGE val.
+    Layout: ``root/Domain{1..4}/{train,test}/ROIs/{image,mask}/<name>.png``, RGB images; masks with three equal
+    channels, level 0 = cup, 128 = disc rim, 255 = background. Masks become two overlapping channels: ``disc``
+    (level <= 128, the cup included) and ``cup`` (level 0). Images are (3, H, W) float in [0, 1].
+
+    Args: as :class:`FedProstateSlices` (``image_size`` default 384; the files are 800 x 800).
+    """
+
+    dataset = "fed_fundus"
+    default_sites = ("Domain1", "Domain2", "Domain3", "Domain4")
+    image_dir, mask_dir, channels = "ROIs/image", "ROIs/mask", 3
+    channel_levels, allowed_levels, mask_names = ((0, 128), (0,)), (0, 128, 255), ["disc", "cup"]
+    source = ("Get FedDG's Fundus set (Liu et al., CVPR 2021; the Fundus folder of the FedDG repository); a small "
+              "real sample is in ../shared/data/site_samples/Fundus")
