@@ -186,3 +186,17 @@ def test_skip_lists_the_unmatched_files_in_the_manifest_and_val_fraction_is_seed
     again = FedProstateSlices(root=tmp_path, unmatched="skip", val_fraction=0.25, seed=3)
     with pytest.warns(UserWarning):
         assert again.manifest()["clients"]["UCL"]["val"] == val
+
+
+def test_the_real_slices_recipe_trains_a_segmentation_model_through_the_cli(shared_data, tmp_path):
+    from fedlit.cli import run
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "prostate_samples_tiny_unet.yaml"
+    results = run(["fit", "--config", str(recipe), "--data.init_args.root", str(shared_data / "site_samples" /
+                   "ProstateSlice"), "--out_dir", str(tmp_path), "--federation.rounds", "1",
+                   "--federation.progress_bar", "false"])
+    assert list(results["last"]["clients"]) == ["BIDMC", "BMC", "HK", "RUNMC", "UCL"]
+    assert set(results["last"]["summary"]) >= {"dice_mean", "iou_mean", "loss_mean"}
+    assert not (tmp_path / "class_counts.json").exists()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["clients"]["HK"]["test"]
