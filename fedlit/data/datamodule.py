@@ -127,15 +127,15 @@ class FederatedDataModule:
         self, *, batch_size: int = 32, eval_batch_size: int | None = None, num_workers: int = 0, seed: int = 0
     ) -> None:
         problems = []
-        if not _is_int(batch_size) or batch_size < 1:
+        if not is_int(batch_size) or batch_size < 1:
             problems.append(f"data.init_args.batch_size must be an integer >= 1, got {batch_size!r}")
-        if eval_batch_size is not None and (not _is_int(eval_batch_size) or eval_batch_size < 1):
+        if eval_batch_size is not None and (not is_int(eval_batch_size) or eval_batch_size < 1):
             problems.append(
                 f"data.init_args.eval_batch_size must be null or an integer >= 1, got {eval_batch_size!r}"
             )
-        if not _is_int(num_workers) or num_workers < 0:
+        if not is_int(num_workers) or num_workers < 0:
             problems.append(f"data.init_args.num_workers must be an integer >= 0, got {num_workers!r}")
-        if not _is_int(seed):
+        if not is_int(seed):
             problems.append(f"data.init_args.seed must be an integer, got {seed!r}")
         if problems:
             raise ValueError("; ".join(problems))
@@ -411,7 +411,8 @@ def _segmentation_problems(where: str, inputs: torch.Tensor, targets: torch.Tens
     return problems
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy), not a bool: the check behind every integer option."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 

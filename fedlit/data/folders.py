@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import (
     Compose,
     ImageFile,
@@ -101,7 +101,7 @@ class SiteFolders(FederatedDataModule):
             problems.append(f"{_OPTION}.task must be 'multiclass' or 'binary', got {task!r}")
         if channels not in (1, 3):
             problems.append(f"{_OPTION}.channels must be 1 (grey) or 3 (RGB), got {channels!r}")
-        if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)
+        if image_size is not None and (not is_int(image_size)
                                        or image_size < 1):
             problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
         if (mean is None) != (std is None):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData
+from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
 from fedlit.data.partition import Dirichlet, Partitioner
 from fedlit.data.splits import check_split_fractions, split_clients
 from fedlit.errors import ConfigError, DataError
@@ -87,10 +87,10 @@ class MedicalAbstracts(FederatedDataModule):
         check_split_fractions(split_fractions)
         problems = []
         for option, value, low in (("max_length", max_length, 8), ("num_clients", num_clients, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 problems.append(f"data.init_args.{option} must be an integer >= {low}, got {value!r}")
         if max_samples is not None and (
-            isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1
+            not is_int(max_samples) or max_samples < 1
         ):
             problems.append(f"data.init_args.max_samples must be null or an integer >= 1, got {max_samples!r}")
         if partitioner is not None and not isinstance(partitioner, Partitioner):

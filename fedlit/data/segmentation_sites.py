@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import SampleList, is_image
 from fedlit.errors import ConfigError, DataError
 
@@ -140,7 +140,7 @@ class _SegmentationSites(FederatedDataModule):
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         problems = []
-        if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)
+        if image_size is not None and (not is_int(image_size)
                                        or image_size < 1):
             problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
         if unmatched not in ("error", "skip"):

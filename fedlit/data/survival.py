@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData
+from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
 from fedlit.data.splits import check_split_fractions, split_clients
 from fedlit.tasks.survival import concordance_index
 
@@ -64,7 +64,7 @@ class SyntheticSurvival(FederatedDataModule):
         problems = []
         for name, value, low in (("num_clients", num_clients, 1), ("num_features", num_features, 1),
                                  ("samples_per_client", samples_per_client, 10)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 problems.append(f"data.init_args.{name} must be an integer >= {low}, got {value!r}")
         for name, value in (("signal", signal), ("covariate_shift", covariate_shift)):
             if not value >= 0:

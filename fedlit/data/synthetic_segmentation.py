@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData
+from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
 from fedlit.data.splits import check_split_fractions, split_clients
 from fedlit.data.synthetic import _background, _blur
 
@@ -53,14 +53,14 @@ class SyntheticSegmentation(FederatedDataModule):
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         problems = []
-        if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
+        if not is_int(num_clients) or num_clients < 1:
             problems.append(f"data.init_args.num_clients must be an integer >= 1, got {num_clients!r}")
         needed = sum(f > 0 for f in split_fractions)
-        if isinstance(samples_per_client, bool) or not isinstance(samples_per_client, int) or (
+        if not is_int(samples_per_client) or (
                 samples_per_client < needed):
             problems.append(f"data.init_args.samples_per_client must be an integer >= {needed} (one per split), "
                             f"got {samples_per_client!r}")
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 16:
+        if not is_int(image_size) or image_size < 16:
             problems.append(f"data.init_args.image_size must be an integer >= 16, got {image_size!r}")
         if problems:
             raise ValueError("; ".join(problems))
