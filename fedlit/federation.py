@@ -184,8 +184,14 @@ class Federation:
     # -------------------------------------------------------------------------------------------- set-up
     @property
     def client_ids(self) -> list[str]:
-        """Every client of the federation."""
+        """Every client of the federation: every one is evaluated."""
         return self.datamodule.client_ids
+
+    @property
+    def train_client_ids(self) -> list[str]:
+        """The clients that train: rounds select among them and the strategy counts them (all clients unless the
+        data set marks some evaluation-only; those receive what the strategy sends a client yet to train)."""
+        return getattr(self.datamodule, "train_client_ids", self.datamodule.client_ids)
 
     def setup(self, ckpt_path: str | Path | None = None) -> None:
         """Prepare data, roles, the live module, the store and the strategy; resume from ``ckpt_path``.
@@ -219,8 +225,9 @@ class Federation:
         self.identity = state.identity(self)
         self.store.set_initial(self.module.named_tensors("personal"))
         counts = self.datamodule.class_counts()  # None for a task without classes
-        self.strategy.initialize(self.module.named_tensors("shared"), self.client_ids,
-                                 None if counts is None else {c: v["train"] for c, v in counts.items()}, roles=roles)
+        training = self.train_client_ids
+        self.strategy.initialize(self.module.named_tensors("shared"), training,
+                                 None if counts is None else {c: counts[c]["train"] for c in training}, roles=roles)
         if ckpt_path is not None:
             state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             state.record_resume(self, self.out_dir)
@@ -237,14 +244,14 @@ class Federation:
             if ours is not None and theirs is not None and ours != theirs:
                 problems.append(f"model.init_args.{attr}={ours!r} but the data set has {attr}={theirs!r}")
         count = self._num_selected()
-        if isinstance(self.clients_per_round, int) and count > len(self.client_ids):
+        if isinstance(self.clients_per_round, int) and count > len(self.train_client_ids):
             problems.append(f"federation.clients_per_round={count} but the data has only "
-                            f"{len(self.client_ids)} clients")
+                            f"{len(self.train_client_ids)} clients that train")
         if problems:
             raise ConfigError("Model, strategy and data do not fit: " + "; ".join(problems) + ".")
 
     def _num_selected(self) -> int:
-        n = len(self.client_ids)
+        n = len(self.train_client_ids)
         if self.clients_per_round is None:
             return n
         if isinstance(self.clients_per_round, float):

@@ -203,8 +203,18 @@ class FederatedDataModule:
 
     @property
     def client_ids(self) -> list[str]:
-        """Client ids in a stable order."""
+        """Client ids in a stable order: every client evaluated, including evaluation-only ones."""
         return list(self.data.splits)
+
+    @property
+    def evaluation_only(self) -> frozenset[str]:
+        """Clients that never train, only evaluated (:attr:`SampleList.evaluation_only`); none for a pool."""
+        return getattr(self.data, "evaluation_only", frozenset())
+
+    @property
+    def train_client_ids(self) -> list[str]:
+        """The clients that train (rounds select among them), in :attr:`client_ids` order."""
+        return [c for c in self.client_ids if c not in self.evaluation_only]
 
     def train_dataloader(self, client_id: str, generator: torch.Generator) -> DataLoader:
         """A shuffled loader over the client's train split; ``generator`` drives the shuffle."""
@@ -256,6 +266,7 @@ class FederatedDataModule:
                 "storage": "files",
                 "class_names": data.class_names,
                 "details": data.details,
+                "evaluation_only": sorted(data.evaluation_only),
                 "clients": {
                     client_id: {split: [data.samples[client_id][int(i)] for i in splits[split]] for split in SPLITS}
                     for client_id, splits in data.splits.items()

@@ -55,6 +55,9 @@ class SampleList:
         partitioner: how clients were formed, recorded in the manifest.
         class_names: name of each class index, recorded in the manifest (``None`` when unnamed).
         details: extra JSON-serializable facts for the manifest (root folder, options).
+        evaluation_only: clients that never train: their train split may be empty; every round evaluates them
+            with what the strategy sends a client that has not trained (the global model for most strategies),
+            as a site that only tests a model built elsewhere would. Recorded in the manifest.
     """
 
     name: str
@@ -69,6 +72,7 @@ class SampleList:
     partitioner: str = "Natural()"
     class_names: list[str] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    evaluation_only: frozenset[str] = frozenset()
 
 
 class SampleSubset(Dataset):
@@ -258,13 +262,17 @@ def check_samples(data: SampleList, owner: str) -> None:
             continue
         problems += _target_problems(where, client_id, identities, y, data.task, data.num_classes)
         problems += split_problems(where, client_id, splits, len(identities), unit="position",
-                                   fix="add samples to that site or change split_fractions")
+                                   fix="add samples to that site or change split_fractions",
+                                   train_required=client_id not in data.evaluation_only)
         if isinstance(data.read, ImageFile):
             absent = data.read.missing(identities)
             if absent:
                 shown = ", ".join(str(Path(data.read.root) / a) for a in absent[:3])
                 problems.append(f"client {client_id!r}: {len(absent)} listed files do not exist ({shown}"
                                 f"{', ...' if len(absent) > 3 else ''}); restore them or drop them from the list")
+    if data.samples and not set(data.samples) - set(data.evaluation_only):
+        problems.append(f"{where}: every client is evaluation-only ({sorted(data.evaluation_only)}); at least one "
+                        "client must train")
     extra = sorted(set(data.splits) - set(data.samples))
     if extra:
         problems.append(f"{where}: splits name clients without samples: {extra}")

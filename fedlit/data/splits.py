@@ -111,7 +111,7 @@ def split_clients(
 
 
 def split_problems(where: str, client_id: str, splits: dict[str, np.ndarray], size: int, *, unit: str,
-                   fix: str) -> list[str]:
+                   fix: str, train_required: bool = True) -> list[str]:
     """What is wrong with one client's splits, as messages: a missing split, an empty train or test split, or an
     entry outside ``0..size-1``.
 
@@ -123,6 +123,7 @@ def split_problems(where: str, client_id: str, splits: dict[str, np.ndarray], si
         unit: What the entries are, for the messages (``"index"`` into the pool, ``"position"`` in the client's
             samples).
         fix: What to change when a train or test split is empty.
+        train_required: False for a client that is only evaluated (its train split may be empty).
     """
     missing = [s for s in SPLITS if s not in splits]
     if missing:
@@ -130,7 +131,7 @@ def split_problems(where: str, client_id: str, splits: dict[str, np.ndarray], si
                 f"{unit} arrays (an empty val array means no validation split)"]
     problems = []
     sizes = {s: len(splits[s]) for s in SPLITS}
-    for split in ("train", "test"):
+    for split in ("train", "test") if train_required else ("test",):
         if sizes[split] == 0:
             problems.append(
                 f"client {client_id!r} has 0 {split} samples in {where} (train {sizes['train']}, val "

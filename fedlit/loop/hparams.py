@@ -28,7 +28,7 @@ def hparams(fed: Federation) -> dict[str, Any]:
     datamodule, module = fed.datamodule, fed.module
     manifest_partitioner = getattr(datamodule.data, "partitioner", None)
     local = f"{fed.local_steps} steps" if fed.local_steps is not None else f"{fed.local_epochs} epochs"
-    per_round = fed.clients_per_round if fed.clients_per_round is not None else len(fed.client_ids)
+    per_round = fed.clients_per_round if fed.clients_per_round is not None else len(fed.train_client_ids)
     out: dict[str, Any] = {
         "strategy": type(fed.strategy).__name__,
         "backbone": _backbone(fed),

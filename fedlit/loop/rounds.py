@@ -60,7 +60,7 @@ def run_round(fed: Federation, server_round: int, bar: Any) -> None:
     fed.server_round = server_round
     fed.fabric.call("on_round_start", trainer=fed, pl_module=fed.module, server_round=server_round)
     generator = torch.Generator().manual_seed(fed.derive_seed("select", server_round))
-    selected = fed.strategy.select_clients(server_round, fed.client_ids, fed._num_selected(), generator)
+    selected = fed.strategy.select_clients(server_round, fed.train_client_ids, fed._num_selected(), generator)
     updates, log, faults = [], {}, []
     upload = download = 0
     for i, client_id in enumerate(selected, 1):
