@@ -60,7 +60,8 @@ from fedlit.models.dry import weight_loading_enabled
 from fedlit.models.unet import SegmentationNetwork
 from fedlit.roles import RoleRule
 
-__all__ = ["SamAdapter", "SamLoadReport"]
+__all__ = ["VARIANTS", "Adapter", "AdapterBlock", "SamAdapter", "SamAdapterNet", "SamLoadReport",
+           "load_sam_checkpoint", "resize_pos_embed", "resize_rel_pos"]
 
 _OPTION = "model.init_args.network.init_args"
 # SAM's pixel statistics, on the 0-255 scale (segment_anything.modeling.Sam).
@@ -357,9 +358,9 @@ class SamAdapterNet(nn.Module):
     def _segment(self, images: Tensor, depth: int | None) -> Tensor:
         n, c, h, w = images.shape
         if c != self.in_channels or h % self.patch_size or w % self.patch_size:
-            raise DataError(f"SamAdapter expects images with {self.in_channels} channels ({_OPTION}.in_channels) "
-                            f"and sides that are multiples of the patch size {self.patch_size}, got "
-                            f"{tuple(images.shape)}; resize or crop the images, or set in_channels.")
+            raise DataError(f"SamAdapter expects {self.in_channels}-channel images ({_OPTION}.in_channels) whose "
+                            f"sides are multiples of the patch size {self.patch_size}, got {tuple(images.shape)}; "
+                            "resize or crop the images, or set in_channels.")
         if c == 1:
             images = images.expand(-1, 3, -1, -1)
         mean = images.new_tensor(PIXEL_MEAN).view(1, 3, 1, 1)
@@ -450,13 +451,15 @@ def load_sam_checkpoint(net: SamAdapterNet, path: str | Path) -> SamLoadReport:
             report.resized[key] = (tuple(state[key].shape), tuple(want))
         chosen[key] = tensor
     if mismatches:
+        variant = _variant_of(net)
         width = state.get("image_encoder.patch_embed.proj.weight")
         guess = next((name for name, v in VARIANTS.items() if width is not None and v.width == width.shape[0]), None)
-        fix = (f"the file looks like variant {guess!r}: set {_OPTION}.variant: {guess}" if guess
-               else f"set {_OPTION}.variant to the file's SAM variant (vit_b, vit_l or vit_h)")
+        fix = (f"the file looks like variant {guess!r}: set {_OPTION}.variant: {guess}" if guess not in (None, variant)
+               else f"set {_OPTION}.variant to the file's SAM variant (vit_b, vit_l or vit_h), or give a checkpoint "
+                    "saved from SAM's own layout")
         raise CheckpointError(f"{path}: {len(mismatches)} tensors have a shape that interpolation cannot explain "
-                              f"(variant {net_variant(net)!r}): " + "; ".join(mismatches[:10])
-                              + ("; ..." if len(mismatches) > 10 else "") + f". {fix}.")
+                              f"(model variant {variant!r}): " + "; ".join(mismatches[:10])
+                              + ("; ..." if len(mismatches) > 10 else "") + f". Fix: {fix}.")
     net.load_state_dict(chosen, strict=False)
     report.loaded = list(chosen)
     for key in target:
@@ -467,7 +470,7 @@ def load_sam_checkpoint(net: SamAdapterNet, path: str | Path) -> SamLoadReport:
     return report
 
 
-def net_variant(net: SamAdapterNet) -> str:
+def _variant_of(net: SamAdapterNet) -> str:
     """The variant whose encoder width and depth ``net`` has (``?`` for none)."""
     width, depth = net.image_encoder.pos_embed.shape[-1], len(net.image_encoder.blocks)
     return next((name for name, v in VARIANTS.items() if (v.width, v.depth) == (width, depth)), "?")
