@@ -14,7 +14,7 @@ from pathlib import Path
 import fedlit
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_LIBRARIES = ("transformers", "peft", "timm")
+MODEL_LIBRARIES = ("transformers", "peft", "timm", "segment_anything")
 
 
 def _python(code: str, cwd: Path = ROOT) -> str:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fedlit.models.hf import HFEncoder, TransformersEncoder, tiny_bert_config
     from fedlit.models.lora import LoRA
     from fedlit.models.registry import list_models, register_model
+    from fedlit.models.sam_adapter import SamAdapter
     from fedlit.models.unet import SegmentationNetwork, SmpUnet, TinyUNet
     from fedlit.models.weights import (
         PRETRAINED,
@@ -41,6 +42,7 @@ _EXPORTS = {
     "LoRA": "lora",
     "MLP": "backbones",
     "LoadReport": "checkpoints",
+    "SamAdapter": "sam_adapter",
     "SegmentationNetwork": "unet",
     "SmallCNN": "backbones",
     "SmpUnet": "unet",
@@ -64,6 +66,7 @@ __all__ = [
     "LoadReport",
     "MLP",
     "PretrainedWeights",
+    "SamAdapter",
     "SegmentationNetwork",
     "SmallCNN",
     "SmpUnet",

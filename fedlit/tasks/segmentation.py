@@ -33,12 +33,14 @@ LOSSES = ("bce", "dice", "bce+dice")
 class SegmentationModule(FederatedModule):
     """A dense network with ``num_classes`` sigmoid mask channels, every trainable tensor shared by default.
 
-    Parameter names: ``network.*`` (the built network). Default roles: ``network.*`` shared (a segmentation
-    network trains from end to end; add rules with ``roles``, e.g. BatchNorm personal through FedBN).
+    Parameter names: ``network.*`` (the built network). Default roles: those of the built network when it
+    defines ``default_role_rules(prefix)`` (``SamAdapter``: adapters and mask decoder shared, the rest frozen),
+    else ``network.*`` shared (a segmentation network trains from end to end; add rules with ``roles``, e.g.
+    BatchNorm personal through FedBN).
 
     Args:
         network: The dense network (a :class:`~fedlit.models.SegmentationNetwork` spec: ``TinyUNet``,
-            ``SmpUnet``), built with ``num_classes`` output channels.
+            ``SmpUnet``, ``SamAdapter``), built with ``num_classes`` output channels.
         num_classes: Mask channels: 1 for one structure, 2 for two overlapping ones (optic disc and cup)...
         loss: ``bce``, ``dice`` or ``bce+dice`` (their sum).
         pos_weight: Weight of the foreground pixels in the BCE term (> 0; 1 = unweighted).
@@ -92,6 +94,11 @@ class SegmentationModule(FederatedModule):
         self._loss_sum, self._loss_count = 0.0, 0
 
     def default_role_rules(self) -> list[RoleRule]:
+        """The network's own rules when it has them (``SamAdapter``: adapters shared, the rest mostly frozen),
+        else ``network.*`` shared."""
+        network_rules = getattr(self.network, "default_role_rules", None)
+        if callable(network_rules):
+            return list(network_rules("network."))
         return [RoleRule("network.*", "shared")]
 
     def forward(self, inputs: Tensor) -> Tensor:
