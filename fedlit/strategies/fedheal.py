@@ -24,7 +24,8 @@ Two server-side parts on top of FedAvg's local training, with ``u_k = theta_g - 
 The equations are written as the authors' code computes them (the paper's FPHL and FAEL sections).
 
 Symbols -> code: ``theta_g`` -> ``self.global_state``; ``theta_k`` -> ``update.state``; ``h_k`` ->
-``self.history[k]``; ``t_k`` -> ``self.counts[k]``; ``m_k`` -> :func:`fedlit.strategies.functional.heal_consistency_mask`;
+``self.history[k]``; ``t_k`` -> ``self.counts[k]``; ``m_k`` ->
+:func:`fedlit.strategies.functional.heal_consistency_mask`;
 ``w_k``, ``dw_k``, ``d_k`` -> ``self.weights[k]``, ``self.deltas[k]``, ``self.distances[k]``; ``p``, the update ->
 :func:`~fedlit.strategies.functional.heal_weights`, :func:`~fedlit.strategies.functional.heal_aggregate`;
 ``tau``, ``beta`` -> ``tau``, ``beta``.

@@ -76,8 +76,8 @@ def test_the_result_is_not_fedavgs():
 
 def test_mask_threshold_and_fall_back_in_the_functions():
     # History 0.3 of positive updates: a positive update has consistency 0.3 (not > 0.3), a negative one 0.7.
-    mask, history = F.heal_consistency_mask({"w": torch.tensor([1.0, -1.0])}, {"w": torch.tensor([0.3, 0.3], dtype=torch.float64)}, 3,
-                                            0.3)
+    fraction = {"w": torch.tensor([0.3, 0.3], dtype=torch.float64)}
+    mask, history = F.heal_consistency_mask({"w": torch.tensor([1.0, -1.0])}, fraction, 3, 0.3)
     assert mask["w"].tolist() == [0.0, 1.0]
     assert history["w"].tolist() == pytest.approx([(0.9 + 1) / 4, 0.9 / 4])
     first, h = F.heal_consistency_mask({"w": torch.tensor([0.0, -2.0])}, None, 0, 0.3)
