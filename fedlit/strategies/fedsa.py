@@ -40,9 +40,11 @@ from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedsca import _in_adapter, adapter_prefixes
 
-#: LoRA B, the up projections of bottleneck adapters by their usual names, and the classification head.
+#: LoRA B (of linear and convolution layers, and of embeddings), the up projections of bottleneck adapters by
+#: their usual names, and the classification head.
 DEFAULT_PERSONAL = (
     "*lora_B*",
+    "*lora_embedding_B*",
     "*[Aa]dapter*.D_fc2.*",
     "*[Aa]dapter*.up.*",
     "*[Aa]dapter*.up_proj.*",
@@ -79,8 +81,8 @@ class FedSA(FedAvg):
 
     Args:
         personal_patterns: Shared tensors whose names match one of these (fnmatch, or ``re:`` + a regular
-            expression) become personal. Default: LoRA B (``*lora_B*``), the up projections of adapters named
-            ``D_fc2``, ``up``, ``up_proj`` or ``fc2``, and the head (``head.*``).
+            expression) become personal. Default: LoRA B (``*lora_B*``, ``*lora_embedding_B*``), the up
+            projections of adapters named ``D_fc2``, ``up``, ``up_proj`` or ``fc2``, and the head (``head.*``).
         adapter_up_by_order: Also make personal, in every adapter with exactly two weight-bearing layers, the second
             one (its up projection) whatever its name (default True).
         weighting: As in :class:`FedAvg` (``num_examples``: the paper's ``n_k / n``).

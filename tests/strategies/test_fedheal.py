@@ -116,8 +116,10 @@ def test_bad_arguments_name_the_option():
 
 
 # Seed 0, TinyMLP (every tensor shared, BatchNorm buffers included), 3 clients, 2 rounds: train loss mean per round and
-# validation loss mean after round 2. FedAvg with uniform weights gives a different round-2 train loss.
+# validation loss mean after round 2. FedAvg(weighting="uniform") on the same run gives FEDAVG_LOSSES: the same
+# round 1 (every client starts from the same model), then other values.
 PINNED_LOSSES = [1.102971, 0.952464, 1.096969]
+FEDAVG_LOSSES = [1.102971, 0.952829, 1.100733]
 
 
 def _losses(path):
@@ -134,10 +136,7 @@ def test_two_rounds_pinned_and_unlike_fedavg(tmp_path):
     assert strategy.global_state["backbone.1.num_batches_tracked"].dtype == torch.long
     ours = _losses(tmp_path / "heal")
     assert ours == pytest.approx(PINNED_LOSSES, abs=2e-5)
-    make_federation(tmp_path / "fedavg", FedAvg(weighting="uniform")).fit()
-    theirs = _losses(tmp_path / "fedavg")
-    assert ours[0] == pytest.approx(theirs[0], abs=1e-6)  # round 1 trains from the same model
-    assert abs(ours[-1] - theirs[-1]) > 2e-4
+    assert abs(ours[1] - FEDAVG_LOSSES[1]) > 2e-4 and abs(ours[2] - FEDAVG_LOSSES[2]) > 2e-3
 
 
 def test_resume_is_exact(tmp_path):
