@@ -162,6 +162,18 @@ def test_client_trains_and_uploads_only_its_blocks(skip):
     assert torch.equal(module(x), module.head(module.b.blocks(x)))  # hooks removed: the full model again
 
 
+def test_a_block_that_cannot_be_skipped_says_how_to_go_on():
+    from fedlit.strategies.fedra import _identity
+
+    hook = _identity("backbone.blocks.4")
+    x = torch.ones(2, 4)
+    assert hook(nn.Identity(), (x,), torch.zeros(2, 4)) is x
+    with pytest.raises(ConfigError, match="'backbone.blocks.4'.*skip_unallocated=false"):
+        hook(nn.Identity(), (x,), torch.zeros(2, 3))
+    with pytest.raises(ConfigError, match="skip_unallocated=false"):
+        hook(nn.Identity(), (x, x), (x, x))
+
+
 def test_bad_arguments_name_the_option():
     for kwargs, option in [({"block_counts": []}, "block_counts"), ({"block_counts": [3, 0]}, "block_counts"),
                            ({"block_counts": 3}, "block_counts"), ({"size_assignment": "random"}, "size_assignment"),
