@@ -13,10 +13,13 @@ from fedlit.strategies.fedadam import FedAdam
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedbn import FedBN
 from fedlit.strategies.feddyn import FedDyn
+from fedlit.strategies.fedheal import FedHEAL
 from fedlit.strategies.fedmedian import FedMedian
 from fedlit.strategies.fedopt import FedOpt
 from fedlit.strategies.fedprox import FedProx
 from fedlit.strategies.fedpxn import FedPxN
+from fedlit.strategies.fedra import FedRA
+from fedlit.strategies.fedsa import FedSA
 from fedlit.strategies.fedsca import FedSCA
 from fedlit.strategies.fedsld import FedSLD
 from fedlit.strategies.fedtrimmedavg import FedTrimmedAvg
@@ -33,3 +36,4 @@ __all__ += [
 ]
 __all__ += ["FedDyn", "SCAFFOLD"]
 __all__ += ["FedSCA"]
+__all__ += ["FedHEAL", "FedRA", "FedSA"]

@@ -416,3 +416,128 @@ def cosine_regularizer(params: Mapping[str, Tensor], target: Mapping[str, Tensor
     a = torch.cat([p.reshape(-1) for p in params.values()])
     b = torch.cat([target[n].to(p.device, p.dtype).reshape(-1) for n, p in params.items()])
     return -torch.nn.functional.cosine_similarity(a, b, dim=0, eps=eps)
+
+
+# --- FedRA: per-tensor means over the clients that hold a tensor, and the random block allocation -----------------
+
+
+def partial_weighted_average(reference: State, states: Sequence[State], weights: Sequence[float]) -> dict[str, Tensor]:
+    """Per tensor of ``reference``: ``sum_{i holds it} w_i state_i / sum_{i holds it} w_i``; a tensor no state holds
+    keeps its ``reference`` value (FedRA's aggregation, where each client uploads only its allocated blocks).
+
+    Float64 inside; floating tensors keep their dtype, integer ones are rounded. Raises on a negative weight, on
+    a state holding a tensor ``reference`` lacks, or where the clients holding a tensor weigh zero in total.
+    """
+    if len(states) != len(weights):
+        raise ValueError(f"{len(states)} states but {len(weights)} weights.")
+    if states:
+        normalized_weights(weights)  # raises on negative or non-finite weights
+    for i, state in enumerate(states):
+        unknown = sorted(set(state) - set(reference))
+        if unknown:
+            raise ValueError(f"Client state {i} holds tensors the reference lacks: {unknown[:5]}.")
+    out = {}
+    for key, ref in reference.items():
+        holders = [(float(w), s[key]) for w, s in zip(weights, states, strict=True) if key in s]
+        if not holders:
+            out[key] = ref.clone()
+            continue
+        w = normalized_weights([h[0] for h in holders])
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for wi, (_, tensor) in zip(w, holders, strict=True):
+            acc += wi.to(ref.device) * tensor.to(ref.device, torch.float64)
+        out[key] = _cast_like(acc, ref)
+    return out
+
+
+def random_allocation(num_blocks: int, count: int, generator: torch.Generator) -> list[int]:
+    """``count`` distinct block indices of ``range(num_blocks)`` drawn uniformly without replacement from
+    ``generator``, sorted (one row of FedRA's allocation matrix)."""
+    if not 1 <= count <= num_blocks:
+        raise ValueError(f"Cannot allocate {count} of {num_blocks} blocks: give 1 <= count <= {num_blocks}.")
+    return sorted(torch.randperm(num_blocks, generator=generator)[:count].tolist())
+
+
+# --- FedHEAL: consistency masks, momentum weights and the masked aggregation ------------------------------------------
+# Chen, Huang, Ye. "Fair Federated Learning under Domain Skew with Local Consistency and Domain Diversity." CVPR 2024.
+
+
+def heal_consistency_mask(
+    update: State, history: State | None, count: int, tau: float
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """One client's parameter-update-consistency mask and its new sign history (FedHEAL, FPHL).
+
+    ``history`` holds, per coordinate, the fraction of the client's ``count`` previous updates that were >= 0.
+    The consistency of the current update ``u`` is that fraction where ``u >= 0`` and one minus it where ``u < 0``
+    (the share of past updates with the same sign); ``mask = consistency > tau``. The history then takes ``u`` in:
+    ``(history * count + [u >= 0]) / (count + 1)``. With no history (``history`` None or ``count`` 0) the mask is
+    all ones and the history is ``[u >= 0]``.
+
+    Returns:
+        ``(mask, new_history)``, float64 tensors of 0s and 1s / fractions, per tensor of ``update``.
+    """
+    if count < 0:
+        raise ValueError(f"count={count} must be >= 0.")
+    positive = {n: (u >= 0).to(torch.float64) for n, u in update.items()}
+    if history is None or count == 0:
+        return {n: torch.ones_like(p) for n, p in positive.items()}, positive
+    mask, new_history = {}, {}
+    for name, pos in positive.items():
+        h = history[name].to(pos.device, torch.float64)
+        consistency = torch.where(pos > 0, h, 1 - h)
+        mask[name] = (consistency > tau).to(torch.float64)
+        new_history[name] = (h * count + pos) / (count + 1)
+    return mask, new_history
+
+
+def heal_weights(
+    distances: Sequence[float], previous: Sequence[float], previous_delta: Sequence[float], beta: float,
+    total: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FedHEAL's aggregation weights with momentum (FAEL):
+
+        dw_k = (1 - beta) dw_k_prev + beta d_k / D,   w_k = w_k_prev + dw_k,   p_k = w_k / sum_j w_j
+
+    over the round's clients, ``D = total`` or, when None, ``sum_j d_j`` over them. Where ``D`` is 0 the distance
+    term is 0 (no client moved).
+
+    Returns:
+        ``(p, w, dw)``, float64: the normalized weights, and the unnormalized ``w_k`` and ``dw_k`` to keep.
+    """
+    d = torch.as_tensor(list(distances), dtype=torch.float64)
+    w_prev = torch.as_tensor(list(previous), dtype=torch.float64)
+    dw_prev = torch.as_tensor(list(previous_delta), dtype=torch.float64)
+    if not len(d) == len(w_prev) == len(dw_prev) or len(d) == 0:
+        raise ValueError(f"heal_weights needs as many distances ({len(d)}), weights ({len(w_prev)}) and increments "
+                         f"({len(dw_prev)}) as clients, at least one.")
+    if (d < 0).any() or not torch.isfinite(d).all():
+        raise ValueError(f"Distances must be finite and >= 0, got {d.tolist()}.")
+    denominator = float(d.sum()) if total is None else float(total)
+    share = d / denominator if denominator > 0 else torch.zeros_like(d)
+    dw = (1 - beta) * dw_prev + beta * share
+    w = w_prev + dw
+    return normalized_weights(w.tolist()), w, dw
+
+
+def heal_aggregate(
+    reference: State, updates: Sequence[State], masks: Sequence[State], weights: Sequence[float]
+) -> dict[str, Tensor]:
+    """``theta_g - sum_k q_k * (u_k * m_k)`` per tensor of ``reference``, elementwise, with
+    ``q_k = p_k m_k / sum_j p_j m_j`` where some client's mask is 1 and ``q_k = p_k`` where every mask is 0
+    (FedHEAL's masked aggregation; ``u_k = theta_g - theta_k``, ``p`` the normalized ``weights``).
+
+    Float64 inside, cast back to each tensor's dtype (integer tensors rounded).
+    """
+    if not (len(updates) == len(masks) == len(weights)):
+        raise ValueError(f"{len(updates)} updates, {len(masks)} masks and {len(weights)} weights.")
+    p = normalized_weights(weights)
+    out = {}
+    for key, ref in reference.items():
+        u = torch.stack([s[key].to(ref.device, torch.float64) for s in updates])
+        m = torch.stack([s[key].to(ref.device, torch.float64) for s in masks])
+        pk = p.to(ref.device).view(-1, *([1] * ref.dim()))
+        adjusted = pk * m
+        total = adjusted.sum(0, keepdim=True)
+        q = torch.where(total == 0, pk.expand_as(m), adjusted / torch.where(total == 0, 1.0, total))
+        out[key] = _cast_like(ref.to(torch.float64) - (q * u * m).sum(0), ref)
+    return out

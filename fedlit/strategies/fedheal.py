@@ -1,0 +1,151 @@
+"""FedHEAL: parameter-harmonized, aggregation-equalized federated learning.
+
+Chen, Huang, Ye. "Fair Federated Learning under Domain Skew with Local Consistency and Domain Diversity." CVPR 2024.
+https://arxiv.org/abs/2405.16585
+
+Two server-side parts on top of FedAvg's local training, with ``u_k = theta_g - theta_k`` the update of client k:
+
+- FPHL (parameter-harmonized learning): a coordinate of ``u_k`` counts only if its sign agrees with the client's
+  own past updates. With ``h_k`` the fraction of k's previous updates that were >= 0 (per coordinate),
+
+      c_k = h_k where u_k >= 0, 1 - h_k where u_k < 0,      m_k = [c_k > tau],
+      h_k <- (h_k * t_k + [u_k >= 0]) / (t_k + 1)          (t_k: updates seen so far; the first one: m_k = 1)
+
+- FAEL (aggregation-equalized learning): clients whose masked update moved further get more weight, with momentum,
+
+      d_k = sum_{tensors} ||u_k * m_k||_2,
+      dw_k = (1 - beta) dw_k_prev + beta d_k / sum_j d_j,    w_k = w_k_prev + dw_k,    p_k = w_k / sum_j w_j
+
+  (``w_k_prev`` starts at ``1 / |S_t|``, ``dw_k_prev`` at 0; the unnormalized ``w_k`` and ``dw_k`` are kept).
+
+- Aggregation, elementwise: ``theta_g <- theta_g - sum_k q_k (u_k * m_k)`` with ``q_k = p_k m_k / sum_j p_j m_j``,
+  and ``q_k = p_k`` where every client's mask is 0 (then every masked update is 0 there and theta_g stays).
+
+The equations are written as the authors' code computes them (the paper's FPHL and FAEL sections).
+
+Symbols -> code: ``theta_g`` -> ``self.global_state``; ``theta_k`` -> ``update.state``; ``h_k`` ->
+``self.history[k]``; ``t_k`` -> ``self.counts[k]``; ``m_k`` ->
+:func:`fedlit.strategies.functional.heal_consistency_mask`;
+``w_k``, ``dw_k``, ``d_k`` -> ``self.weights[k]``, ``self.deltas[k]``, ``self.distances[k]``; ``p``, the update ->
+:func:`~fedlit.strategies.functional.heal_weights`, :func:`~fedlit.strategies.functional.heal_aggregate`;
+``tau``, ``beta`` -> ``tau``, ``beta``.
+
+Decisions (where the paper and the authors' code are silent or differ):
+
+- ``sign_count="participations"`` (default): ``t_k`` counts the client's own updates. The authors' code divides by
+  the round index instead (``"rounds"``: ``t_k = server_round - 1``), the same under full participation; a client
+  without history (first participation) gets ``m_k = 1`` either way.
+- ``distance_share="round"`` (default): ``sum_j d_j`` over the round's clients. The authors' code sums the latest
+  distance of every client ever seen (``"seen"``), the same under full participation.
+- Distances sum over the shared parameters (not buffers), as the authors' code; the mask and the update apply to
+  every shared tensor, buffers included (integer ones, as ``num_batches_tracked``, rounded).
+- Client weights do not use the number of examples (the authors' code neither).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from fedlit.errors import ConfigError
+from fedlit.strategies import functional as F
+from fedlit.strategies.base import ClientUpdate, Strategy
+
+
+class FedHEAL(Strategy):
+    """Consistency-masked client updates, combined with momentum weights that grow with each client's distance.
+
+    Args:
+        tau: Consistency threshold: a coordinate of a client's update counts when more than this fraction of its
+            past updates had the same sign (default 0.3, the paper's). In [0, 1).
+        beta: Momentum of the weight increments (default 0.4, the paper's). In [0, 1].
+        sign_count: ``participations`` (default) or ``rounds``: what the running sign fraction divides by.
+        distance_share: ``round`` (default) or ``seen``: over which clients the distances are normalized.
+    """
+
+    def __init__(
+        self,
+        *,
+        tau: float = 0.3,
+        beta: float = 0.4,
+        sign_count: Literal["participations", "rounds"] = "participations",
+        distance_share: Literal["round", "seen"] = "round",
+    ) -> None:
+        super().__init__()
+        problems = []
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau < 1:
+            problems.append(f"strategy.init_args.tau={tau!r} must be in [0, 1) (0.3 is the paper's)")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
+            problems.append(f"strategy.init_args.beta={beta!r} must be in [0, 1] (0.4 is the paper's)")
+        if sign_count not in ("participations", "rounds"):
+            problems.append(f"strategy.init_args.sign_count={sign_count!r} is not one of ['participations', 'rounds']")
+        if distance_share not in ("round", "seen"):
+            problems.append(f"strategy.init_args.distance_share={distance_share!r} is not one of ['round', 'seen']")
+        if problems:
+            raise ConfigError("FedHEAL: " + "; ".join(problems) + ".")
+        self.tau, self.beta = float(tau), float(beta)
+        self.sign_count, self.distance_share = sign_count, distance_share
+        self.history: dict[str, dict[str, Tensor]] = {}
+        self.counts: dict[str, int] = {}
+        self.weights: dict[str, float] = {}
+        self.deltas: dict[str, float] = {}
+        self.distances: dict[str, float] = {}
+        self.last_weights: dict[str, float] = {}
+
+    def setup_server_state(self) -> None:
+        """No history, no weights yet."""
+        self.history, self.counts, self.weights, self.deltas, self.distances = {}, {}, {}, {}, {}
+        self.last_weights = {}
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
+        """Masks and distances per client, the momentum weights, then the masked, reweighted update."""
+        if not updates:
+            return dict(self.global_state)
+        self.check_uploads(updates)
+        keys = list(updates[0].state)
+        for update in updates:
+            if set(update.state) != set(keys):
+                raise KeyError(f"FedHEAL: client {update.client_id!r} uploaded other tensors than "
+                               f"{updates[0].client_id!r}: {sorted(set(update.state) ^ set(keys))[:5]}")
+        params = set(self.shared_parameter_names())
+        theta = {n: self.global_state[n] for n in keys}
+        masked, masks = [], []
+        for update in updates:
+            k = update.client_id
+            u = {n: theta[n].to(torch.float64) - update.state[n].to(theta[n].device, torch.float64) for n in keys}
+            seen = k in self.history
+            count = (self.counts.get(k, 0) if self.sign_count == "participations" else server_round - 1) if seen else 0
+            mask, self.history[k] = F.heal_consistency_mask(u, self.history.get(k), count, self.tau)
+            self.counts[k] = self.counts.get(k, 0) + 1
+            masks.append(mask)
+            masked.append({n: u[n] * mask[n] for n in keys})
+            self.distances[k] = float(sum(masked[-1][n].norm() for n in keys if n in params))
+        ids = [u.client_id for u in updates]
+        total = sum(self.distances.values()) if self.distance_share == "seen" else None
+        p, w, dw = F.heal_weights([self.distances[k] for k in ids], [self.weights.get(k, 1 / len(ids)) for k in ids],
+                                  [self.deltas.get(k, 0.0) for k in ids], self.beta, total=total)
+        for k, wk, dwk in zip(ids, w.tolist(), dw.tolist(), strict=True):
+            self.weights[k], self.deltas[k] = wk, dwk
+        self.last_weights = dict(zip(ids, p.tolist(), strict=True))
+        self.global_state.update(F.heal_aggregate(theta, masked, masks, p.tolist()))
+        return dict(self.global_state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server state, every client's sign history and count, weights, increments and distances."""
+        return {**super().state_dict(), "history": self.history, "counts": dict(self.counts),
+                "weights": dict(self.weights), "deltas": dict(self.deltas), "distances": dict(self.distances),
+                "last_weights": dict(self.last_weights)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        super().load_state_dict(state_dict)
+        self.history = {k: dict(h) for k, h in state_dict["history"].items()}
+        self.counts = dict(state_dict["counts"])
+        self.weights, self.deltas = dict(state_dict["weights"]), dict(state_dict["deltas"])
+        self.distances, self.last_weights = dict(state_dict["distances"]), dict(state_dict["last_weights"])
+
+    def hparams(self) -> dict[str, Any]:
+        return {"tau": self.tau, "beta": self.beta, "sign_count": self.sign_count,
+                "distance_share": self.distance_share}
