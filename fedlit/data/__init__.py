@@ -27,6 +27,7 @@ from fedlit.data.partition import (
     pathological_partition,
     shards_partition,
 )
+from fedlit.data.polyp import FedPolyp
 from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
 from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
@@ -45,6 +46,7 @@ __all__ = [
     "Dirichlet",
     "FedFundus",
     "FedHeartDisease",
+    "FedPolyp",
     "FedProstateSlices",
     "FedProstateVolumes",
     "FederatedDataModule",

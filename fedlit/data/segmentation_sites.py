@@ -49,9 +49,9 @@ class MaskedImageFile:
         from torchvision.transforms.v2 import functional as TF
 
         image_path, mask_path = (Path(self.root) / p for p in identity)
-        image = torch.from_numpy(_decode(image_path, "L" if self.channels == 1 else "RGB")).float().div_(255.0)
+        image = torch.from_numpy(decode_image(image_path, "L" if self.channels == 1 else "RGB")).float().div_(255.0)
         image = image[None] if image.ndim == 2 else image.permute(2, 0, 1)
-        levels = _decode(mask_path, None)
+        levels = decode_image(mask_path, None)
         if levels.ndim == 3:
             if not ((levels[..., 0] == levels[..., 1]) & (levels[..., 0] == levels[..., 2])).all():
                 raise DataError(f"{mask_path}: a colour mask needs three equal channels (grey levels); replace it")
@@ -73,7 +73,12 @@ class MaskedImageFile:
         return image.contiguous(), mask.contiguous()
 
 
-def _decode(path: Path, mode: str | None) -> np.ndarray:
+def decode_image(path: Path, mode: str | None) -> np.ndarray:
+    """The 8-bit pixels of the image file ``path`` in PIL ``mode`` (``None``: RGB for colour files, else grey).
+
+    Raises:
+        DataError: naming the file when it is missing or PIL cannot decode it.
+    """
     from PIL import Image, UnidentifiedImageError
 
     try:
