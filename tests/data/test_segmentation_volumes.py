@@ -148,3 +148,18 @@ def test_missing_folders_shape_mismatch_and_bad_options_are_named(saml: Path, tm
     (saml / "BIDMC" / "Case02.nii.gz").write_bytes(b"not a volume")
     with pytest.raises(DataError, match=r"BIDMC/Case02\.nii\.gz: cannot be read as a NIfTI volume"):
         FedProstateVolumes(root=saml, sites=["BIDMC"]).setup()
+
+
+def test_volumes_with_train_crops_go_through_the_cli(saml: Path, tmp_path: Path) -> None:
+    from fedlit.cli import run
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "prostate_samples_tiny_unet.yaml"
+    results = run(["fit", "--config", str(recipe), "--data", "fedlit.data.FedProstateVolumes",
+                   "--data.init_args.root", str(saml), "--data.init_args.sites", "[BIDMC, HK]",
+                   "--data.init_args.image_size", "16",
+                   "--data.init_args.crop_size", "8", "--out_dir", str(tmp_path / "run"), "--federation.rounds", "1",
+                   "--federation.progress_bar", "false"])
+    assert list(results["last"]["clients"]) == ["BIDMC", "HK"]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["class"] == "FedProstateVolumes" and manifest["details"]["crop_size"] == 8
+    assert len(manifest["clients"]["HK"]["test"]) == 3  # one case of 3 slices with prostate
