@@ -1,6 +1,6 @@
 """Federated data: the ``FederatedDataModule`` API (tensor pool or file-backed samples), partitioners, one module
-per data set (the segmentation sites ``FedProstateSlices`` and ``FedFundus`` among them), and the generic loaders
-``SiteFolders``, ``SiteTable`` and ``SiteDataset``."""
+per data set (the segmentation sites ``FedProstateSlices``, ``FedProstateVolumes``, ``FedFundus`` and
+``FedPolyp`` among them), and the generic loaders ``SiteFolders``, ``SiteTable`` and ``SiteDataset``."""
 
 from fedlit.data.datamodule import (
     CLASSIFICATION_TASKS,
@@ -27,8 +27,10 @@ from fedlit.data.partition import (
     pathological_partition,
     shards_partition,
 )
+from fedlit.data.polyp import FedPolyp
+from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
-from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip
+from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
 from fedlit.data.site_dataset import SiteDataset
 from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
 from fedlit.data.survival import SyntheticSurvival
@@ -44,7 +46,9 @@ __all__ = [
     "Dirichlet",
     "FedFundus",
     "FedHeartDisease",
+    "FedPolyp",
     "FedProstateSlices",
+    "FedProstateVolumes",
     "FederatedDataModule",
     "MaskedImageFile",
     "MedMNIST",
@@ -54,6 +58,7 @@ __all__ = [
     "PartitionedData",
     "Partitioner",
     "PairFlip",
+    "PairRandomCrop",
     "Pathological",
     "PoolSubset",
     "SampleList",

@@ -2,8 +2,9 @@
 
 Both keep each site as a client with its own ``train``/``test`` folders, and pair every image with the mask of the
 same file name. Images and masks are decoded in the DataLoader workers by :class:`MaskedImageFile`, which returns
-an ``(image, mask)`` pair: the sample's target is its mask, and train-time augmentation (:class:`PairFlip`)
-flips image and mask together.
+an ``(image, mask)`` pair: the sample's target is its mask, and train-time augmentation (:class:`PairRandomCrop`,
+:class:`PairFlip`) crops and flips image and mask together. The option checks, the augmentation and the handling
+of unmatched files are shared with the other segmentation sites (``FedProstateVolumes``, ``FedPolyp``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.samples import SampleList, is_image
+from fedlit.data.samples import Compose, SampleList, is_image
 from fedlit.errors import ConfigError, DataError
 
 _OPTION = "data.init_args"
@@ -48,9 +49,9 @@ class MaskedImageFile:
         from torchvision.transforms.v2 import functional as TF
 
         image_path, mask_path = (Path(self.root) / p for p in identity)
-        image = torch.from_numpy(_decode(image_path, "L" if self.channels == 1 else "RGB")).float().div_(255.0)
+        image = torch.from_numpy(decode_image(image_path, "L" if self.channels == 1 else "RGB")).float().div_(255.0)
         image = image[None] if image.ndim == 2 else image.permute(2, 0, 1)
-        levels = _decode(mask_path, None)
+        levels = decode_image(mask_path, None)
         if levels.ndim == 3:
             if not ((levels[..., 0] == levels[..., 1]) & (levels[..., 0] == levels[..., 2])).all():
                 raise DataError(f"{mask_path}: a colour mask needs three equal channels (grey levels); replace it")
@@ -72,7 +73,12 @@ class MaskedImageFile:
         return image.contiguous(), mask.contiguous()
 
 
-def _decode(path: Path, mode: str | None) -> np.ndarray:
+def decode_image(path: Path, mode: str | None) -> np.ndarray:
+    """The 8-bit pixels of the image file ``path`` in PIL ``mode`` (``None``: RGB for colour files, else grey).
+
+    Raises:
+        DataError: naming the file when it is missing or PIL cannot decode it.
+    """
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -110,6 +116,74 @@ class PairFlip(nn.Module):
         return f"horizontal={self.horizontal}, vertical={self.vertical}"
 
 
+class PairRandomCrop(nn.Module):
+    """A random ``size`` x ``size`` window cut from an ``(image, mask)`` pair at the same place.
+
+    The corner is drawn from torch's global generator, as :class:`PairFlip` draws its flips: the federated loop
+    seeds it per round and client, and each DataLoader worker is seeded from the loader's generator, so a run
+    with the same seed sees the same crops while every epoch (a new draw of the worker seeds) sees new ones.
+
+    Raises:
+        DataError: when the pair is smaller than ``size`` on a side (the option and the fix are named).
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = int(size)
+
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        image, mask = pair
+        height, width = image.shape[-2:]
+        if height < self.size or width < self.size:
+            raise DataError(f"{_OPTION}.crop_size={self.size} is larger than a train image of {width}x{height}; "
+                            f"lower crop_size or set {_OPTION}.image_size to at least {self.size}")
+        top = int(torch.randint(0, height - self.size + 1, (1,)))
+        left = int(torch.randint(0, width - self.size + 1, (1,)))
+        window = (..., slice(top, top + self.size), slice(left, left + self.size))
+        return image[window].contiguous(), mask[window].contiguous()
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}"
+
+
+def pair_augmentation(crop_size: int | None, flip: bool) -> nn.Module | None:
+    """The train-time transform of the segmentation sites: a random crop (if ``crop_size``), then random flips
+    (if ``flip``), applied to image and mask alike; ``None`` when neither is asked for."""
+    parts: list[nn.Module] = ([PairRandomCrop(crop_size)] if crop_size is not None else []) + (
+        [PairFlip()] if flip else [])
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else Compose(parts)
+
+
+def segmentation_option_problems(image_size: object, crop_size: object, unmatched: object) -> list[str]:
+    """What is wrong with the options every segmentation site shares, one message per problem."""
+    problems = []
+    if image_size is not None and (not is_int(image_size) or image_size < 1):
+        problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
+    if crop_size is not None and (not is_int(crop_size) or crop_size < 1):
+        problems.append(f"{_OPTION}.crop_size must be null (no crop) or an integer >= 1, got {crop_size!r}")
+    elif crop_size is not None and is_int(image_size) and crop_size > image_size:
+        problems.append(f"{_OPTION}.crop_size={crop_size} is larger than {_OPTION}.image_size={image_size}; a "
+                        "train crop must fit in the resized image (e.g. crop_size 320 for image_size 384)")
+    if unmatched not in ("error", "skip"):
+        problems.append(f"{_OPTION}.unmatched must be 'error' or 'skip', got {unmatched!r}")
+    return problems
+
+
+def report_unmatched(owner: str, lost: list[str], policy: str, partner: str = "a partner of the same name") -> None:
+    """Refuse (``policy`` ``error``) or warn about (``skip``) the files in ``lost``, naming every one.
+
+    Raises:
+        DataError: when ``policy`` is ``error`` and ``lost`` is not empty.
+    """
+    if lost and policy == "error":
+        raise DataError(f"{owner}: {len(lost)} files have no {partner}: {', '.join(lost)}. Fix or remove them, "
+                        f"or set {_OPTION}.unmatched: skip (--{_OPTION}.unmatched skip) to leave them out")
+    if lost:
+        warnings.warn(f"{owner}: skipped {len(lost)} files without {partner}: {', '.join(lost)}", stacklevel=3)
+
+
 class _SegmentationSites(FederatedDataModule):
     """Sites of (image, mask) PNG pairs in their own train/test folders; subclasses fix the layout and levels."""
 
@@ -133,18 +207,14 @@ class _SegmentationSites(FederatedDataModule):
         unmatched: Literal["error", "skip"] = "error",
         val_fraction: float = 0.0,
         augment: bool = True,
+        crop_size: int | None = None,
         batch_size: int = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
-        problems = []
-        if image_size is not None and (not is_int(image_size)
-                                       or image_size < 1):
-            problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
-        if unmatched not in ("error", "skip"):
-            problems.append(f"{_OPTION}.unmatched must be 'error' or 'skip', got {unmatched!r}")
+        problems = segmentation_option_problems(image_size, crop_size, unmatched)
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
             problems.append(f"{_OPTION}.val_fraction must be in [0, 1), got {val_fraction!r}")
         if problems:
@@ -164,7 +234,7 @@ class _SegmentationSites(FederatedDataModule):
             raise DataError(f"{_OPTION}.root: {self.root} holds none of the sites {self.default_sites}; expected "
                             f"{layout}. {self.source}")
         self.image_size, self.unmatched = image_size, unmatched
-        self.val_fraction, self.augment = float(val_fraction), bool(augment)
+        self.val_fraction, self.augment, self.crop_size = float(val_fraction), bool(augment), crop_size
 
     def build_samples(self) -> SampleList:
         samples, splits, unmatched, rng = {}, {}, [], np.random.default_rng(self.seed)
@@ -179,19 +249,14 @@ class _SegmentationSites(FederatedDataModule):
             n_val = min(int(round(self.val_fraction * n_train)), max(n_train - 1, 0))
             splits[site] = {"train": np.sort(order[n_val:]), "val": np.sort(order[:n_val]),
                             "test": np.arange(n_train, len(samples[site]))}
-        if unmatched and self.unmatched == "error":
-            raise DataError(f"{type(self).__name__}: {len(unmatched)} files have no partner of the same name: "
-                            f"{', '.join(unmatched)}. Fix or remove them, or set {_OPTION}.unmatched: skip "
-                            f"(--{_OPTION}.unmatched skip) to leave them out")
-        if unmatched:
-            warnings.warn(f"{type(self).__name__}: skipped {len(unmatched)} files without a partner of the same "
-                          f"name: {', '.join(unmatched)}", stacklevel=2)
+        report_unmatched(type(self).__name__, unmatched, self.unmatched)
         empty = [f"{site}/{split}" for site in self.sites for split in ("train", "test")
                  if len(splits[site][split]) == 0]
         if empty:
             raise DataError(f"{type(self).__name__}: no (image, mask) pair in {', '.join(empty)} under {self.root}"
                             f"{' after skipping the unmatched files' if unmatched else ''}; add pairs, or leave "
                             f"those sites out with {_OPTION}.sites")
+        train_transform = pair_augmentation(self.crop_size, self.augment)
         return SampleList(
             name=self.dataset,
             task="segmentation",
@@ -203,7 +268,7 @@ class _SegmentationSites(FederatedDataModule):
             splits=splits,
             read=MaskedImageFile(root=str(self.root), channels=self.channels, channel_levels=self.channel_levels,
                                  allowed_levels=self.allowed_levels, image_size=self.image_size),
-            train_transform=PairFlip() if self.augment else None,
+            train_transform=train_transform,
             eval_transform=None,
             class_names=list(self.mask_names),
             details={
@@ -211,7 +276,8 @@ class _SegmentationSites(FederatedDataModule):
                 "image_size": self.image_size,
                 "mask_channels": list(self.mask_names),
                 "val_fraction": self.val_fraction,
-                "train_transform": repr(PairFlip()) if self.augment else None,
+                "crop_size": self.crop_size,
+                "train_transform": repr(train_transform) if train_transform is not None else None,
                 "unmatched_skipped": unmatched,
             },
         )
@@ -256,6 +322,8 @@ class FedProstateSlices(_SegmentationSites):
             file; ``skip`` leaves them out with a warning and lists them in the manifest.
         val_fraction: share of each site's train pairs used for validation, in [0, 1).
         augment: random horizontal and vertical flips of train pairs (image and mask together).
+        crop_size: side of a random square window cut from every train pair (after resizing, before the flips;
+            e.g. 320 of 384); null = no crop. Validation and test pairs stay whole and deterministic.
         batch_size: training batch size.
         eval_batch_size: val/test batch size (default ``batch_size``).
         num_workers: DataLoader worker processes decoding the PNGs.

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from fedlit.data import FedFundus, FedProstateSlices, PairFlip
-from fedlit.errors import DataError
+from fedlit.errors import ConfigError, DataError
 
 PROSTATE_SITES = ["BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"]
 MATCHED_PROSTATE = [s for s in PROSTATE_SITES if s != "I2CVB"]
@@ -200,3 +200,104 @@ def test_the_real_slices_recipe_trains_a_segmentation_model_through_the_cli(shar
     assert not (tmp_path / "class_counts.json").exists()
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["clients"]["HK"]["test"]
+
+
+# ---------- train-time crops
+
+
+def _windows(full: torch.Tensor, size: int) -> dict[tuple[int, int], torch.Tensor]:
+    side = full.shape[-1]
+    return {(top, left): full[..., top:top + size, left:left + size]
+            for top in range(side - size + 1) for left in range(side - size + 1)}
+
+
+def test_crops_are_windows_of_the_train_pair_reproducible_per_seed_and_test_stays_whole(prostate_root: Path) -> None:
+    data = FedProstateSlices(root=prostate_root, image_size=24, crop_size=16, augment=False, sites=["BIDMC"])
+    test_image, _ = next(iter(data.test_dataloader("BIDMC")))
+    assert test_image.shape == (1, 1, 24, 24)  # val/test: the whole resized image, no crop
+    train = data._loader("BIDMC", "train", 1, shuffle=False).dataset
+    full_image, full_mask = train.read(train.identities[0])
+    windows = _windows(full_image, 16)
+
+    def crop(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(seed)
+        return next(iter(data.train_dataloader("BIDMC", torch.Generator().manual_seed(seed))))
+
+    corners = []
+    for seed in range(6):
+        image, mask = crop(seed)
+        assert image.shape == mask.shape == (1, 1, 16, 16)
+        corner = [c for c, w in windows.items() if torch.equal(w, image[0])]
+        assert corner, "a train crop is not a window of the train image"
+        top, left = corner[0]
+        assert torch.equal(mask[0], full_mask[:, top:top + 16, left:left + 16])  # the mask is cut at the same place
+        again = crop(seed)
+        assert torch.equal(image, again[0]) and torch.equal(mask, again[1])
+        corners.append(corner[0])
+    assert len(set(corners)) > 1  # seeds draw different corners (81 possible)
+    loader = data.train_dataloader("BIDMC", torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    epochs = [next(iter(loader))[0] for _ in range(4)]
+    assert any(not torch.equal(epochs[0], e) for e in epochs[1:])  # later epochs draw new crops
+
+
+def test_crops_through_workers_follow_the_loader_generator(prostate_root: Path) -> None:
+    data = FedProstateSlices(root=prostate_root, image_size=24, crop_size=12, sites=["BIDMC"], num_workers=2)
+
+    def epochs(seed: int) -> list[torch.Tensor]:
+        loader = data.train_dataloader("BIDMC", torch.Generator().manual_seed(seed))
+        return [next(iter(loader))[0] for _ in range(3)]  # each epoch draws new worker seeds from the generator
+
+    first, again, other = epochs(5), epochs(5), epochs(6)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+    assert not torch.equal(first[0], first[1]) or not torch.equal(first[0], first[2])
+
+
+def test_crop_options_are_checked(prostate_root: Path) -> None:
+    with pytest.raises(ConfigError, match=r"crop_size=400 is larger than data\.init_args\.image_size=384"):
+        FedProstateSlices(root=prostate_root, crop_size=400)
+    with pytest.raises(ConfigError, match=r"data\.init_args\.crop_size must be null \(no crop\) or an integer"):
+        FedFundus(root=prostate_root, crop_size=0)
+    data = FedProstateSlices(root=prostate_root, image_size=None, crop_size=400, sites=["UCL"])
+    with pytest.raises(DataError, match=r"crop_size=400 is larger than a train image of 384x384"):
+        next(iter(data.train_dataloader("UCL", torch.Generator().manual_seed(0))))
+    assert FedProstateSlices(root=prostate_root, crop_size=320, sites=["UCL"]).manifest()["details"][
+        "train_transform"].startswith("Compose([PairRandomCrop(size=320), PairFlip(")
+
+
+# ---------- generated fundus masks
+
+
+def _fundus_pair(root: Path, split: str, name: str, mask: np.ndarray) -> Path:
+    folder = root / "Domain2" / split / "ROIs"
+    (folder / "image").mkdir(parents=True, exist_ok=True)
+    (folder / "mask").mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", mask.shape[:2][::-1], (200, 100, 50)).save(folder / "image" / name)
+    Image.fromarray(mask).save(folder / "mask" / name)
+    return folder / "mask" / name
+
+
+def test_fundus_rgb_masks_with_equal_channels_are_grey_levels(tmp_path: Path) -> None:
+    grey = np.full((6, 6), 255, dtype=np.uint8)  # background
+    grey[1:5, 1:5] = 128  # disc rim: 16 pixels, the cup inside
+    grey[2:4, 2:4] = 0  # cup: 4 pixels
+    _fundus_pair(tmp_path, "train", "a.png", np.repeat(grey[..., None], 3, axis=2))  # RGB, three equal channels
+    _fundus_pair(tmp_path, "test", "b.png", grey)  # grey PNG
+    data = FedFundus(root=tmp_path, image_size=None, augment=False)
+    for split in ("train", "test"):
+        image, mask = data._loader("Domain2", split, 1, shuffle=False).dataset[0]
+        assert image.shape == (3, 6, 6) and torch.allclose(image[:, 0, 0], torch.tensor([200, 100, 50]) / 255)
+        disc, cup = torch.zeros(6, 6), torch.zeros(6, 6)
+        disc[1:5, 1:5], cup[2:4, 2:4] = 1, 1
+        assert torch.equal(mask[0], disc) and torch.equal(mask[1], cup), split  # disc = grey <= 128, cup = 0
+
+
+def test_fundus_mask_with_unequal_channels_is_refused_naming_it(tmp_path: Path) -> None:
+    colour = np.full((6, 6, 3), 255, dtype=np.uint8)
+    colour[2:4, 2:4] = (0, 128, 0)  # a green cup: not a grey level
+    _fundus_pair(tmp_path, "train", "a.png", np.full((6, 6, 3), 255, dtype=np.uint8))
+    bad = _fundus_pair(tmp_path, "test", "b.png", colour)
+    data = FedFundus(root=tmp_path, image_size=None)
+    with pytest.raises(DataError, match=rf"{bad}: a colour mask needs three equal channels"):
+        next(iter(data.test_dataloader("Domain2")))
