@@ -28,6 +28,7 @@ from fedlit.data.partition import (
     shards_partition,
 )
 from fedlit.data.polyp import FedPolyp
+from fedlit.data.prostate import FedProstate
 from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
 from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
@@ -47,6 +48,7 @@ __all__ = [
     "FedFundus",
     "FedHeartDisease",
     "FedPolyp",
+    "FedProstate",
     "FedProstateSlices",
     "FedProstateVolumes",
     "FederatedDataModule",

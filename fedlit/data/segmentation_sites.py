@@ -208,6 +208,7 @@ class _SegmentationSites(FederatedDataModule):
         val_fraction: float = 0.0,
         augment: bool = True,
         crop_size: int | None = None,
+        sites_without_train: Literal["error", "evaluate"] = "error",
         batch_size: int = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -215,6 +216,9 @@ class _SegmentationSites(FederatedDataModule):
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         problems = segmentation_option_problems(image_size, crop_size, unmatched)
+        if sites_without_train not in ("error", "evaluate"):
+            problems.append(f"{_OPTION}.sites_without_train must be 'error' or 'evaluate', got "
+                            f"{sites_without_train!r}")
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
             problems.append(f"{_OPTION}.val_fraction must be in [0, 1), got {val_fraction!r}")
         if problems:
@@ -235,6 +239,7 @@ class _SegmentationSites(FederatedDataModule):
                             f"{layout}. {self.source}")
         self.image_size, self.unmatched = image_size, unmatched
         self.val_fraction, self.augment, self.crop_size = float(val_fraction), bool(augment), crop_size
+        self.sites_without_train = sites_without_train
 
     def build_samples(self) -> SampleList:
         samples, splits, unmatched, rng = {}, {}, [], np.random.default_rng(self.seed)
@@ -250,12 +255,24 @@ class _SegmentationSites(FederatedDataModule):
             splits[site] = {"train": np.sort(order[n_val:]), "val": np.sort(order[:n_val]),
                             "test": np.arange(n_train, len(samples[site]))}
         report_unmatched(type(self).__name__, unmatched, self.unmatched)
+        untrained = [site for site in self.sites if len(splits[site]["train"]) == 0 and len(splits[site]["test"])]
+        if self.sites_without_train == "evaluate" and untrained:
+            warnings.warn(f"{type(self).__name__}: {', '.join(untrained)} {'has' if len(untrained) == 1 else 'have'} "
+                          f"no (image, mask) pair to train on under {self.root}"
+                          f"{' after skipping the unmatched files' if unmatched else ''}: evaluated every round "
+                          "with the model a new client receives, never trained "
+                          f"({_OPTION}.sites_without_train=evaluate)", stacklevel=2)
+        evaluated = set(untrained) if self.sites_without_train == "evaluate" else set()
         empty = [f"{site}/{split}" for site in self.sites for split in ("train", "test")
-                 if len(splits[site][split]) == 0]
+                 if len(splits[site][split]) == 0 and not (split == "train" and site in evaluated)]
         if empty:
             raise DataError(f"{type(self).__name__}: no (image, mask) pair in {', '.join(empty)} under {self.root}"
-                            f"{' after skipping the unmatched files' if unmatched else ''}; add pairs, or leave "
-                            f"those sites out with {_OPTION}.sites")
+                            f"{' after skipping the unmatched files' if unmatched else ''}; add pairs, leave "
+                            f"those sites out with {_OPTION}.sites, or evaluate a site that has test pairs only "
+                            f"with {_OPTION}.sites_without_train=evaluate")
+        if len(evaluated) == len(self.sites):
+            raise DataError(f"{type(self).__name__}: no site has an (image, mask) pair to train on under "
+                            f"{self.root}; add train pairs")
         train_transform = pair_augmentation(self.crop_size, self.augment)
         return SampleList(
             name=self.dataset,
@@ -280,6 +297,7 @@ class _SegmentationSites(FederatedDataModule):
                 "train_transform": repr(train_transform) if train_transform is not None else None,
                 "unmatched_skipped": unmatched,
             },
+            evaluation_only=frozenset(evaluated),
         )
 
     def _pairs(self, site: str, split: str) -> tuple[list[list[str]], list[str]]:
@@ -324,6 +342,9 @@ class FedProstateSlices(_SegmentationSites):
         augment: random horizontal and vertical flips of train pairs (image and mask together).
         crop_size: side of a random square window cut from every train pair (after resizing, before the flips;
             e.g. 320 of 384); null = no crop. Validation and test pairs stay whole and deterministic.
+        sites_without_train: a site with test pairs but no train pair (none left after ``unmatched: skip``):
+            ``error`` refuses it; ``evaluate`` keeps it as an evaluation-only client (never trained, tested every
+            round with the model a new client receives), with a warning naming it.
         batch_size: training batch size.
         eval_batch_size: val/test batch size (default ``batch_size``).
         num_workers: DataLoader worker processes decoding the PNGs.
@@ -335,8 +356,7 @@ class FedProstateSlices(_SegmentationSites):
     image_dir, mask_dir, channels = "image", "mask", 1
     channel_levels, allowed_levels, mask_names = ((0,),), (0, 255), ["prostate"]
     source = ("Get the slices of the SAML/FedDG Fed-Prostate set (Liu et al., MICCAI 2020), e.g. the ProstateSlice "
-              "folder of the FedDG-style repositories; a small real sample is in ../shared/data/site_samples/"
-              "ProstateSlice")
+              "folder of the FedDG-style repositories (https://github.com/liuquande/FedDG-ELCFS)")
 
 
 
@@ -356,5 +376,5 @@ class FedFundus(_SegmentationSites):
     default_sites = ("Domain1", "Domain2", "Domain3", "Domain4")
     image_dir, mask_dir, channels = "ROIs/image", "ROIs/mask", 3
     channel_levels, allowed_levels, mask_names = ((0, 128), (0,)), (0, 128, 255), ["disc", "cup"]
-    source = ("Get FedDG's Fundus set (Liu et al., CVPR 2021; the Fundus folder of the FedDG repository); a small "
-              "real sample is in ../shared/data/site_samples/Fundus")
+    source = ("Get FedDG's Fundus set (Liu et al., CVPR 2021; the Fundus folder of the FedDG repository, "
+              "https://github.com/liuquande/FedDG-ELCFS)")

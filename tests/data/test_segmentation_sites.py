@@ -54,6 +54,19 @@ def test_prostate_skip_warns_naming_the_files_then_refuses_the_emptied_split(pro
             data.setup()
 
 
+def test_a_site_left_without_train_pairs_can_be_evaluated_only(prostate_root: Path) -> None:
+    data = FedProstateSlices(root=str(prostate_root), unmatched="skip", sites_without_train="evaluate",
+                             image_size=32)
+    with pytest.warns(UserWarning) as caught:
+        data.setup()
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "I2CVB/train/image/00_01.png" in messages and "I2CVB/train/mask/00_00.png" in messages
+    assert "I2CVB has no (image, mask) pair to train on" in messages
+    assert data.client_ids == PROSTATE_SITES and data.train_client_ids == MATCHED_PROSTATE
+    assert data.num_examples("I2CVB", "train") == 0 and data.num_examples("I2CVB", "test") == 1
+    assert data.manifest()["evaluation_only"] == ["I2CVB"]
+
+
 def test_prostate_mask_is_the_level_0_region(prostate_root: Path) -> None:
     data = FedProstateSlices(root=prostate_root, image_size=None, sites=["BIDMC"])
     image, mask = data.test_dataloader("BIDMC").dataset[0]

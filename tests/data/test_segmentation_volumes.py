@@ -163,3 +163,24 @@ def test_volumes_with_train_crops_go_through_the_cli(saml: Path, tmp_path: Path)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["class"] == "FedProstateVolumes" and manifest["details"]["crop_size"] == 8
     assert len(manifest["clients"]["HK"]["test"]) == 3  # one case of 3 slices with prostate
+
+
+def test_fed_prostate_reads_either_layout_and_names_both_when_neither(saml: Path, shared_data: Path,
+                                                                      tmp_path: Path) -> None:
+    from fedlit.data import FedProstate
+
+    volumes = FedProstate(root=str(saml), image_size=8)
+    assert volumes.layout == "volumes"
+    assert isinstance(volumes.reader, FedProstateVolumes)
+    assert volumes.client_ids == FedProstateVolumes(root=str(saml), image_size=8).client_ids
+    assert volumes.manifest()["details"]["layout"] == "volumes"
+    slices = FedProstate(root=str(shared_data / "site_samples" / "ProstateSlice"), image_size=8,
+                         sites=["BIDMC", "UCL"])
+    assert slices.layout == "slices" and slices.client_ids == ["BIDMC", "UCL"]
+    assert slices.num_examples("UCL", "train") == 1 and slices.num_examples("UCL", "test") == 1
+    with pytest.raises(DataError, match=r"data\.init_args\.root: no folder .*CaseXX\.nii\.gz.*train,test.*"
+                                        r"liuquande\.github\.io/SAML"):
+        FedProstate(root=str(tmp_path / "absent"))
+    (tmp_path / "empty" / "UCL").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"holds neither layout"):
+        FedProstate(root=str(tmp_path / "empty"))
