@@ -72,8 +72,10 @@ def _subparser(name: str) -> ArgumentParser:
     FederatedModule, FederatedDataModule, Strategy = _bases().values()  # noqa: N806  (classes)
     parser = ArgumentParser(description=SUBCOMMANDS[name], exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="A recipe (YAML).")
-    parser.add_subclass_arguments(FederatedModule, "model", required=True, help="The client model.")
+    # data before model: the data set is built first, so a missing data folder is reported before a large
+    # backbone is built (and before its weight file is looked for)
     parser.add_subclass_arguments(FederatedDataModule, "data", required=True, help="The federated data.")
+    parser.add_subclass_arguments(FederatedModule, "model", required=True, help="The client model.")
     parser.add_subclass_arguments(Strategy, "strategy", required=True, help="The server algorithm.")
     parser.add_class_arguments(
         Federation, "federation", skip={"module", "datamodule", "strategy", "callbacks", "config", "out_dir"},

@@ -95,9 +95,11 @@ def expand_run(argv: list[str]) -> list[str]:
 
 
 def recipe_name(cfg: Namespace) -> str:
+    """The stem of the first recipe file (a later ``--config`` refines it: ``--config recipes/fedsca_prostate.yaml
+    --config recipes/fedsca_baselines/fedavg.yaml`` is still a ``fedsca_prostate`` run, named with its strategy)."""
     configs = cfg.get("config") or []
     if configs:
-        return Path(str(configs[-1])).stem
+        return Path(str(configs[0])).stem
     return "fedlit"
 
 

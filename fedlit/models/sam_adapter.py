@@ -256,6 +256,10 @@ class SamAdapter(SegmentationNetwork):
                  checkpoint: str | None = None, image_size: int | None = None, in_channels: int = 1,
                  prompt: Literal["none", "box"] = "none", train_mask_decoder: bool = True,
                  depth_adapters: bool = False, mlp_adapter_scale: float = 0.5) -> None:
+        if isinstance(checkpoint, str) and checkpoint.strip() in ("", "None", "null", "none", "~"):
+            # jsonargparse turns `--model.init_args.network.init_args.checkpoint null` (an option of a class nested
+            # in a class) into the string 'None': read it, and an empty string, as no checkpoint
+            checkpoint = None
         problems = []
         if variant not in VARIANTS:
             close = difflib.get_close_matches(str(variant), VARIANTS, n=1)
