@@ -92,7 +92,7 @@ def mean_loss_and_gradient(
             with autocast():
                 out = convert_output(pl_module.training_step(prepare(batch), batch_idx))
             loss = out["loss"] if isinstance(out, Mapping) else out
-            grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
+            grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True) if names else ()
             for name, grad in zip(names, grads, strict=True):
                 if grad is not None:
                     sums[name] += grad.to(torch.float64)
@@ -222,7 +222,7 @@ class PGFed(Strategy):
         """``grad <- grad + g~_i`` on the shared parameters; ``a_ij <- max(0, a_ij - lam (mu l_j + <theta_i,
         gbar>))`` at the parameters the gradient was taken at (the step has not happened yet)."""
         turn = self._turn
-        if not turn or turn["correction"] is None:
+        if not turn or turn["correction"] is None or not turn["params"]:
             return
         for name, param in turn["params"].items():
             correction = turn["correction"][name]
