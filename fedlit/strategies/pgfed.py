@@ -250,7 +250,7 @@ class PGFed(Strategy):
             pl_module, params, trainer.datamodule.train_dataloader(client_id, generator),
             prepare=lambda batch: precision.convert_input(fabric.to_device(batch)),
             autocast=fabric.autocast, convert_output=precision.convert_output)
-        device = trainer.store.device
+        device = next(iter(update.state.values())).device if update.state else torch.device("cpu")  # the store's
         update.extras["grad"] = {n: g.detach().to(device, copy=True) for n, g in grad.items()}
         update.extras["l"] = F.pgfed_risk_offset(mean_loss, grad, {n: p.detach() for n, p in params.items()})
         update.extras["a"] = turn["a"].clone()

@@ -128,8 +128,7 @@ BATCHES = [(torch.tensor([[1.0, 2.0], [0.0, 1.0], [2.0, -1.0]]), torch.tensor([1
 
 def fake_trainer(batches):
     return SimpleNamespace(fabric=Fabric(accelerator="cpu", devices=1), derive_seed=lambda *parts: 0,
-                           datamodule=SimpleNamespace(train_dataloader=lambda client_id, generator: batches),
-                           store=SimpleNamespace(device=torch.device("cpu")))
+                           datamodule=SimpleNamespace(train_dataloader=lambda client_id, generator: batches))
 
 
 def test_the_extra_pass_uploads_the_mean_batch_gradient_and_the_risk_offset():
