@@ -26,6 +26,7 @@ from fedlit.strategies.fedtrimmedavg import FedTrimmedAvg
 from fedlit.strategies.fedyogi import FedYogi
 from fedlit.strategies.krum import Krum
 from fedlit.strategies.local import Local
+from fedlit.strategies.pgfed import PGFed, PGFedMo
 from fedlit.strategies.scaffold import SCAFFOLD
 from fedlit.strategies.silobn import SiloBN
 
@@ -37,3 +38,4 @@ __all__ += [
 __all__ += ["FedDyn", "SCAFFOLD"]
 __all__ += ["FedSCA"]
 __all__ += ["FedHEAL", "FedRA", "FedSA"]
+__all__ += ["PGFed", "PGFedMo"]

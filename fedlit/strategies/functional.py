@@ -541,3 +541,57 @@ def heal_aggregate(
         q = torch.where(total == 0, pk.expand_as(m), adjusted / torch.where(total == 0, 1.0, total))
         out[key] = _cast_like(ref.to(torch.float64) - (q * u * m).sum(0), ref)
     return out
+
+
+# --- PGFed: first-order approximations of the other clients' risks -----------------------------------------------
+# Luo, Mendieta, Chen, Wu, "PGFed: Personalize Each Client's Global Objective for Federated Learning", ICCV 2023.
+
+
+def state_dot(a: State, b: State) -> Tensor:
+    """``sum_k <a_k, b_k>`` over the keys of ``a``, a float64 scalar (on ``a``'s first tensor's device)."""
+    if not a:
+        raise ValueError("state_dot of an empty set of tensors.")
+    device = next(iter(a.values())).device
+    terms = [(t.detach().to(torch.float64) * b[n].detach().to(device, torch.float64)).sum() for n, t in a.items()]
+    return torch.stack(terms).sum()
+
+
+def pgfed_auxiliary_gradient(grads: Sequence[State], coefficients: Sequence[float], mu: float) -> dict[str, Tensor]:
+    """``mu * sum_j a_j grad_j`` per tensor (PGFed: the gradient of client i's weighted first-order approximations
+    of the other clients' risks), accumulated in float64 and cast back to the dtype of ``grads[0]``. The
+    coefficients are used as given (not normalized: PGFed's ``a_ij`` are only kept >= 0); ``a_j = 1 / M`` for all
+    j gives the mean gradient ``gbar`` clients receive."""
+    if len(grads) != len(coefficients):
+        raise ValueError(f"{len(grads)} gradients but {len(coefficients)} coefficients.")
+    keys = _common_keys(grads)
+    out = {}
+    for key in keys:
+        ref = grads[0][key]
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for a, grad in zip(coefficients, grads, strict=True):
+            acc += float(a) * grad[key].to(ref.device, torch.float64)
+        out[key] = (mu * acc).to(ref.dtype)
+    return out
+
+
+def pgfed_coefficient_step(a: Tensor, mu_losses: Tensor, theta_dot_gbar: Tensor | float, lam: float) -> Tensor:
+    """``a_ij <- max(0, a_ij - lam (mu l_j + <theta_i, gbar>))`` for every j at once (PGFed's projected gradient
+    step on client i's coefficients, the other clients' gradients replaced by their mean ``gbar`` as in the
+    authors' code). Float64."""
+    step = mu_losses.to(torch.float64) + torch.as_tensor(theta_dot_gbar, dtype=torch.float64)
+    return (a.to(torch.float64) - lam * step).clamp_min(0.0)
+
+
+def pgfed_risk_offset(mean_loss: float, grad: State, theta: State) -> Tensor:
+    """``l_i = f_i(theta_i) - <grad f_i(theta_i), theta_i>``: the constant of client i's first-order risk
+    approximation ``f_i(theta) ~ l_i + <grad f_i(theta_i), theta>`` (PGFed). Float64 scalar."""
+    return torch.as_tensor(mean_loss, dtype=torch.float64) - state_dot(grad, theta).cpu()
+
+
+def momentum_mix(new: State, previous: State | None, beta: float) -> dict[str, Tensor]:
+    """``(1 - beta) new + beta previous`` per tensor of ``new`` (PGFedMo's gradient correction); ``new`` itself
+    (copied) when there is no ``previous``. Computed in float64, cast back to ``new``'s dtypes."""
+    if previous is None:
+        return {n: t.clone() for n, t in new.items()}
+    return {n: ((1 - beta) * t.to(torch.float64) + beta * previous[n].to(t.device, torch.float64)).to(t.dtype)
+            for n, t in new.items()}
