@@ -365,7 +365,8 @@ class FedFundus(_SegmentationSites):
 
     The four domains of Liu et al., "FedDG: Federated Domain Generalization on Medical Image Segmentation via
     Episodic Learning in Continuous Frequency Space" (CVPR 2021): Drishti-GS, RIM-ONE-r3, REFUGE train, REFUGE val.
-    Layout: ``root/Domain{1..4}/{train,test}/ROIs/{image,mask}/<name>.png``, RGB images; masks with three equal
+    Layout: ``root/Domain{1..4}/{train,test}/ROIs/{image,mask}/<name>.png`` (site folders named ``Site{1..4}``
+    are found too, as some copies of the set name them), RGB images; masks with three equal
     channels, level 0 = cup, 128 = disc rim, 255 = background. Masks become two overlapping channels: ``disc``
     (level <= 128, the cup included) and ``cup`` (level 0). Images are (3, H, W) float in [0, 1].
 
@@ -373,7 +374,7 @@ class FedFundus(_SegmentationSites):
     """
 
     dataset = "fed_fundus"
-    default_sites = ("Domain1", "Domain2", "Domain3", "Domain4")
+    default_sites = ("Domain1", "Domain2", "Domain3", "Domain4", "Site1", "Site2", "Site3", "Site4")
     image_dir, mask_dir, channels = "ROIs/image", "ROIs/mask", 3
     channel_levels, allowed_levels, mask_names = ((0, 128), (0,)), (0, 128, 255), ["disc", "cup"]
     source = ("Get FedDG's Fundus set (Liu et al., CVPR 2021; the Fundus folder of the FedDG repository, "

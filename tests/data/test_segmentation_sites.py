@@ -282,8 +282,8 @@ def test_crop_options_are_checked(prostate_root: Path) -> None:
 # ---------- generated fundus masks
 
 
-def _fundus_pair(root: Path, split: str, name: str, mask: np.ndarray) -> Path:
-    folder = root / "Domain2" / split / "ROIs"
+def _fundus_pair(root: Path, split: str, name: str, mask: np.ndarray, site: str = "Domain2") -> Path:
+    folder = root / site / split / "ROIs"
     (folder / "image").mkdir(parents=True, exist_ok=True)
     (folder / "mask").mkdir(parents=True, exist_ok=True)
     Image.new("RGB", mask.shape[:2][::-1], (200, 100, 50)).save(folder / "image" / name)
@@ -314,3 +314,13 @@ def test_fundus_mask_with_unequal_channels_is_refused_naming_it(tmp_path: Path) 
     data = FedFundus(root=tmp_path, image_size=None)
     with pytest.raises(DataError, match=rf"{bad}: a colour mask needs three equal channels"):
         next(iter(data.test_dataloader("Domain2")))
+
+
+def test_fundus_site_folders_named_site_are_found(tmp_path: Path) -> None:
+    grey = np.full((4, 4), 255, dtype=np.uint8)
+    grey[1:3, 1:3] = 0
+    for site in ("Site1", "Site3"):
+        _fundus_pair(tmp_path, "train", "a.png", grey, site)
+        _fundus_pair(tmp_path, "test", "b.png", grey, site)
+    data = FedFundus(root=tmp_path, image_size=None)
+    assert data.client_ids == ["Site1", "Site3"]
