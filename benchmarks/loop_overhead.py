@@ -8,8 +8,11 @@
     (22M parameters) with LoRA (r=8) on its attention projections and a personal head; each count in a fresh
     process. Printed: peak RSS, the client store's bytes, and the memory per added client next to one client's
     personal state and a backbone copy (what a deep-copy-per-client design would add).
+(c) The same for segmentation with FedSCA on the Medical-SAM-Adapter ViT-B (SAM's 12-block image encoder frozen,
+    randomly initialized; 24 adapters and the mask decoder trained; the lowest adapter shared, the rest personal)
+    at 64-pixel inputs, one step per client, with 2, 6 and 12 clients.
 
-Run: python benchmarks/loop_overhead.py   (about 2 minutes on a 2-core CPU)
+Run: python benchmarks/loop_overhead.py   (about 4 minutes on a 2-core CPU; --skip-sam leaves (c) out)
 """
 
 from __future__ import annotations
@@ -97,14 +100,61 @@ def memory(num_clients: int) -> dict[str, float]:
                 "backbone_mb": frozen / 2**20}
 
 
+def memory_sam(num_clients: int) -> dict[str, float]:
+    """(c), in this process: one FedSCA round of ``num_clients`` clients on the Medical-SAM-Adapter ViT-B."""
+    import resource
+
+    from fedlit.strategies import FedSCA
+    from fedlit.data import SyntheticSegmentation
+    from fedlit.models import SamAdapter
+    from fedlit.tasks import SegmentationModule
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    module = SegmentationModule(network=SamAdapter(variant="vit_b", image_size=64), num_classes=1, lr=1e-4)
+    data = SyntheticSegmentation(num_clients=num_clients, samples_per_client=4, image_size=64, seed=0, batch_size=1)
+    with tempfile.TemporaryDirectory() as out:
+        federation = Federation(module, data, FedSCA(num_shared_adapters=1), rounds=1, local_steps=1, out_dir=out,
+                                progress_bar=False)
+        federation.setup()
+        updates = [federation.fit_client(1, c).update for c in data.client_ids]
+        federation.strategy.aggregate(1, updates)
+        personal = federation.store.nbytes(data.client_ids[0])
+        frozen = sum(t.numel() * t.element_size() for t in module.named_tensors("frozen").values())
+        return {"clients": num_clients, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "store_mb": federation.store.nbytes() / 2**20, "client_state_mb": personal / 2**20,
+                "backbone_mb": frozen / 2**20}
+
+
+def _memory_table(kind: str, counts: tuple[int, ...], title: str) -> None:
+    rows = []
+    for n in counts:
+        out = subprocess.run([sys.executable, __file__, f"--memory-child{kind}", str(n)], capture_output=True,
+                             text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(title)
+    print("    clients | peak RSS MB | client store MB")
+    for row in rows:
+        print(f"    {row['clients']:7d} | {row['peak_rss_mb']:11.1f} | {row['store_mb']:.2f}")
+    per_client = (rows[-1]["peak_rss_mb"] - rows[0]["peak_rss_mb"]) / (rows[-1]["clients"] - rows[0]["clients"])
+    print(f"    memory per added client: {per_client:.2f} MB measured ({rows[0]['clients']} -> {rows[-1]['clients']} "
+          f"clients); one client's stored state {rows[0]['client_state_mb']:.2f} MB; a backbone copy would be "
+          f"{rows[0]['backbone_mb']:.1f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child-sam", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--skip-sam", action="store_true", help="Leave out (c), the Medical-SAM-Adapter table.")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
     if args.memory_child:
         print(json.dumps(memory(args.memory_child)))
+        return
+    if args.memory_child_sam:
+        print(json.dumps(memory_sam(args.memory_child_sam)))
         return
 
     a = overhead(args.rounds, args.clients)
@@ -112,18 +162,11 @@ def main() -> None:
     print(f"    federation {a['federation_s']:.2f} s, plain Fabric loop {a['plain_fabric_s']:.2f} s, "
           f"ratio {a['ratio']:.2f}")
 
-    rows = []
-    for n in (2, 8, 32):
-        out = subprocess.run([sys.executable, __file__, "--memory-child", str(n)], capture_output=True, text=True,
-                             check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print("(b) one round, ViT-Small (frozen, 22M params) + LoRA r=8 shared + personal head, CPU:")
-    print("    clients | peak RSS MB | client store MB")
-    for row in rows:
-        print(f"    {row['clients']:7d} | {row['peak_rss_mb']:11.1f} | {row['store_mb']:.2f}")
-    per_client = (rows[-1]["peak_rss_mb"] - rows[0]["peak_rss_mb"]) / (rows[-1]["clients"] - rows[0]["clients"])
-    print(f"    memory per added client: {per_client:.2f} MB measured (2 -> 32 clients); one client's stored state "
-          f"{rows[0]['client_state_mb']:.2f} MB; a backbone copy would be {rows[0]['backbone_mb']:.1f} MB")
+    _memory_table("", (2, 8, 32),
+                  "(b) one round, ViT-Small (frozen, 22M params) + LoRA r=8 shared + personal head, CPU:")
+    if not args.skip_sam:
+        _memory_table("-sam", (2, 6, 12), "(c) one FedSCA round (L = 1), Medical-SAM-Adapter ViT-B (frozen encoder, 24 "
+                      "adapters + mask decoder trained), 64-pixel inputs, CPU:")
 
 
 if __name__ == "__main__":
