@@ -35,6 +35,7 @@ from fedlit.errors import CheckpointError, ConfigError, FedlitError
 from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
 
 if TYPE_CHECKING:
+    from fedlit.costs import CostJob
     from fedlit.federation import Federation
 
 # torch, Lightning and the model libraries are imported where they are needed (building the parser of a
@@ -45,6 +46,7 @@ SUBCOMMANDS = {
     "validate": "Evaluate a checkpoint on every client's validation split.",
     "test": "Evaluate a checkpoint on every client's test split.",
     "export": "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
+    "cost": "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
@@ -89,6 +91,10 @@ def _subparser(name: str) -> ArgumentParser:
                         help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
                              "or, for validate and test, `best` (its best-validation checkpoint).")
     runnames.add_run_arguments(parser, name)
+    if name in ("fit", "cost"):
+        from fedlit import costs
+
+        costs.add_arguments(parser, name)
     return parser
 
 
@@ -201,7 +207,7 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -218,6 +224,10 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
     if subcommand == "export":
         return _prepare_export(cfg.export)
     sub_cfg = cfg[subcommand]
+    if subcommand == "cost" or sub_cfg.get("dry_run"):
+        from fedlit import costs
+
+        return costs.prepare(parser, cfg, subcommand)  # builds no data, writes no run folder
     out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
     if subcommand == "fit" and out_dir is not None:
         check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part

@@ -166,6 +166,10 @@ class _SegmentationSites(FederatedDataModule):
         self.image_size, self.unmatched = image_size, unmatched
         self.val_fraction, self.augment = float(val_fraction), bool(augment)
 
+    def expected_num_clients(self) -> int | None:
+        """One client per site of ``sites`` (known without reading an image)."""
+        return len(self.sites) if self._data is None else super().expected_num_clients()
+
     def build_samples(self) -> SampleList:
         samples, splits, unmatched, rng = {}, {}, [], np.random.default_rng(self.seed)
         for site in self.sites:
