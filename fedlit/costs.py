@@ -178,7 +178,7 @@ def _count(value: int | None) -> str:
 def _ratio(value: float | None) -> str:
     if value is None:
         return "n/a"
-    if value >= 10 or value == 0:
+    if value >= 10 or round(value, 1) == value:
         return f"{value:.1f}x"
     return f"{value:.2f}x" if value >= 0.01 else f"{value:.3g}x"
 
@@ -255,6 +255,7 @@ def prepare(parser: ArgumentParser, cfg: Namespace, subcommand: str) -> CostJob:
            for s in [objects.strategy, *compare]):
         notes.append("uploads are each selected client's shared tensors (plus the extras a strategy declares); a "
                      "strategy that uploads a subset chosen during training is counted by the roles it sets.")
+    report["device"] = "meta" if device is None else "cpu"
     report["notes"] = notes
     title = "fedlit fit --dry_run" if subcommand == "fit" else "fedlit cost"
     return CostJob(report, sub.get("format") or "table", title)
