@@ -11,7 +11,8 @@ A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``
 checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
 and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :mod:`fedlit.loop.record` says what a
-run records).
+run records). ``fedlit cost`` (and ``fit --dry_run``) prints the parameters per role and the bytes a run would
+exchange, before training and without reading data (see :mod:`fedlit.costs`).
 """
 
 from __future__ import annotations
