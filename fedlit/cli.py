@@ -232,7 +232,8 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
     out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
     if subcommand == "fit" and out_dir is not None:
         check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
-    config = parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True)
+    config = json.loads(parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True))[subcommand]
+    config.pop("dry_run", None)  # an option of fit only: validate/test --run rebuild the run from this
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     seed_everything(sub_cfg.federation.seed, verbose=False)
@@ -244,7 +245,7 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
     try:
         federation = Federation(
             objects.model, objects.data, objects.strategy, **objects.federation.as_dict(),
-            callbacks=objects.callbacks, out_dir=out_dir, config=json.loads(config)[subcommand],
+            callbacks=objects.callbacks, out_dir=out_dir, config=config,
         )
     except BaseException:
         _remove_if_empty(created)

@@ -314,9 +314,6 @@ def _missing_files(err: BaseException) -> str | None:
             return str(node)
         seen.append(node)
         node = node.__cause__ or node.__context__
-    text = str(err)
-    if "No such file" in text or "no folder" in text or "no file" in text.lower():
-        return next((line.strip(" -") for line in text.splitlines() if "init_args" in line), text.splitlines()[0])
     return None
 
 

@@ -159,3 +159,18 @@ def test_cost_errors_are_one_line(capsys, tmp_path):
         err = capsys.readouterr().err
         assert exit_info.value.code == 2
         assert err.startswith("fedlit: error: ") and expected in err and err.count("\n") == 1, err
+
+
+def test_data_modules_count_their_clients_from_their_arguments():
+    from fedlit.data import FedProstateSlices, SiteDataset, SyntheticImages
+
+    synthetic = SyntheticImages(num_clients=3, samples_per_client=12, image_size=8)
+    assert synthetic.expected_num_clients() == 3 and synthetic._data is None  # nothing built
+    synthetic.setup()
+    assert synthetic.expected_num_clients() == len(synthetic.client_ids) == 3
+    prostate = ROOT.parent / "shared" / "data" / "site_samples" / "ProstateSlice"
+    if prostate.is_dir():
+        sites = FedProstateSlices(root=str(prostate), sites=["BIDMC", "HK"], image_size=16)
+        assert sites.expected_num_clients() == 2
+    samples = SiteDataset(dataset=[(float(i), i % 2) for i in range(8)], sites=[i % 4 for i in range(8)])
+    assert samples.expected_num_clients() is None  # its sites are known only by reading them
