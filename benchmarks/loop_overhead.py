@@ -104,9 +104,9 @@ def memory_sam(num_clients: int) -> dict[str, float]:
     """(c), in this process: one FedSCA round of ``num_clients`` clients on the Medical-SAM-Adapter ViT-B."""
     import resource
 
-    from fedlit.strategies import FedSCA
     from fedlit.data import SyntheticSegmentation
     from fedlit.models import SamAdapter
+    from fedlit.strategies import FedSCA
     from fedlit.tasks import SegmentationModule
 
     warnings.simplefilter("ignore")

@@ -11,7 +11,8 @@ A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``
 checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
 and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :mod:`fedlit.loop.record` says what a
-run records).
+run records). ``fedlit cost`` (and ``fit --dry_run``) prints the parameters per role and the bytes a run would
+exchange, before training and without reading data (see :mod:`fedlit.costs`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fedlit.errors import CheckpointError, ConfigError, FedlitError
 from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
 
 if TYPE_CHECKING:
+    from fedlit.costs import CostJob
     from fedlit.federation import Federation
 
 # torch, Lightning and the model libraries are imported where they are needed (building the parser of a
@@ -45,6 +47,7 @@ SUBCOMMANDS = {
     "validate": "Evaluate a checkpoint on every client's validation split.",
     "test": "Evaluate a checkpoint on every client's test split.",
     "export": "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
+    "cost": "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
@@ -91,6 +94,10 @@ def _subparser(name: str) -> ArgumentParser:
                         help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
                              "or, for validate and test, `best` (its best-validation checkpoint).")
     runnames.add_run_arguments(parser, name)
+    if name in ("fit", "cost"):
+        from fedlit import costs
+
+        costs.add_arguments(parser, name)
     return parser
 
 
@@ -203,7 +210,7 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -220,10 +227,15 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
     if subcommand == "export":
         return _prepare_export(cfg.export)
     sub_cfg = cfg[subcommand]
+    if subcommand == "cost" or sub_cfg.get("dry_run"):
+        from fedlit import costs
+
+        return costs.prepare(parser, cfg, subcommand)  # builds no data, writes no run folder
     out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
     if subcommand == "fit" and out_dir is not None:
         check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
-    config = parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True)
+    config = json.loads(parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True))[subcommand]
+    config.pop("dry_run", None)  # an option of fit only: validate/test --run rebuild the run from this
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     seed_everything(sub_cfg.federation.seed, verbose=False)
@@ -235,7 +247,7 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob:
     try:
         federation = Federation(
             objects.model, objects.data, objects.strategy, **objects.federation.as_dict(),
-            callbacks=objects.callbacks, out_dir=out_dir, config=json.loads(config)[subcommand],
+            callbacks=objects.callbacks, out_dir=out_dir, config=config,
         )
     except BaseException:
         _remove_if_empty(created)

@@ -55,6 +55,16 @@ def derive_seed(*parts: Any) -> int:
     return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
 
 
+def num_selected(clients_per_round: int | float | None, num_clients: int) -> int:
+    """How many of ``num_clients`` clients train in a round under ``federation.clients_per_round`` (a count, a
+    fraction rounded to the nearest count and at least 1, or None for all of them)."""
+    if clients_per_round is None:
+        return num_clients
+    if isinstance(clients_per_round, float):
+        return max(1, round(clients_per_round * num_clients))
+    return clients_per_round
+
+
 class Federation:
     """Runs a federated experiment: rounds of client sampling, local training, aggregation and evaluation.
 
@@ -251,12 +261,7 @@ class Federation:
             raise ConfigError("Model, strategy and data do not fit: " + "; ".join(problems) + ".")
 
     def _num_selected(self) -> int:
-        n = len(self.train_client_ids)
-        if self.clients_per_round is None:
-            return n
-        if isinstance(self.clients_per_round, float):
-            return max(1, round(self.clients_per_round * n))
-        return self.clients_per_round
+        return num_selected(self.clients_per_round, len(self.train_client_ids))
 
     # ---------------------------------------------------------------------------------------------- fit
     def fit(self, ckpt_path: str | Path | None = None) -> dict[str, Any]:

@@ -174,6 +174,12 @@ class FederatedModule(LightningModule):
         """The metrics accumulated by ``validation_step`` since :meth:`reset_metrics`."""
         return {}
 
+    def validation_images(self) -> Tensor | None:
+        """A picture of a few examples seen by ``validation_step`` since :meth:`reset_metrics`: a (3, H, W) float
+        RGB image in [0, 1], which the federation logs per client after its validation split (TensorBoard's
+        images, under ``client/<id>/val/overlay``); None (the default) logs nothing."""
+        return None
+
     @property
     def higher_is_better(self) -> dict[str, bool]:
         """Per metric name, whether larger is better (used for the worst-client aggregate)."""

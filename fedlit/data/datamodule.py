@@ -216,6 +216,16 @@ class FederatedDataModule:
         """The clients that train (rounds select among them), in :attr:`client_ids` order."""
         return [c for c in self.client_ids if c not in self.evaluation_only]
 
+    def expected_num_clients(self) -> int | None:
+        """The number of clients, known from the constructor's arguments without building the data (for cost
+        estimates before a run: ``fedlit cost``); None when only ``setup()`` can tell. Default: the clients of the
+        built data if ``setup()`` has run, else an integer attribute ``num_clients``, else None. A data set whose
+        clients are listed by its arguments (sites) overrides it."""
+        if self._data is not None:
+            return len(self._data.splits)
+        count = getattr(self, "num_clients", None)
+        return count if is_int(count) else None
+
     def train_dataloader(self, client_id: str, generator: torch.Generator) -> DataLoader:
         """A shuffled loader over the client's train split; ``generator`` drives the shuffle."""
         return self._loader(client_id, "train", self.batch_size, shuffle=True, generator=generator)

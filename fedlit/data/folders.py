@@ -143,6 +143,10 @@ class SiteFolders(FederatedDataModule):
         self.eval_transform = make_transform(eval_transform, f"{_OPTION}.eval_transform")
         self.mean, self.std = mean, std
 
+    def expected_num_clients(self) -> int | None:
+        """One client per site of ``sites`` (known without reading an image)."""
+        return len(self.sites) if self._data is None else super().expected_num_clients()
+
     def build_samples(self) -> SampleList:
         listed: dict[str, dict[str, list[tuple[str, str]]]] = {}
         layouts = {}

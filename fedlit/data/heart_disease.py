@@ -106,6 +106,10 @@ class FedHeartDisease(FederatedDataModule):
         self.val_fraction = float(val_fraction)
         self.normalize = normalize
 
+    def expected_num_clients(self) -> int:
+        """The four centers (one client each), known without reading their files."""
+        return len(CENTERS)
+
     def build(self) -> PartitionedData:
         import pandas as pd
         from sklearn.model_selection import train_test_split

@@ -241,6 +241,10 @@ class _SegmentationSites(FederatedDataModule):
         self.val_fraction, self.augment, self.crop_size = float(val_fraction), bool(augment), crop_size
         self.sites_without_train = sites_without_train
 
+    def expected_num_clients(self) -> int | None:
+        """One client per site of ``sites`` (known without reading an image)."""
+        return len(self.sites) if self._data is None else super().expected_num_clients()
+
     def build_samples(self) -> SampleList:
         samples, splits, unmatched, rng = {}, {}, [], np.random.default_rng(self.seed)
         for site in self.sites:

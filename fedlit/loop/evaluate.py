@@ -3,7 +3,8 @@
 Each evaluated client downloads what :meth:`~fedlit.strategies.base.Strategy.configure_evaluate` gives it (once per
 evaluated round, for both splits); those bytes are counted as ``comm/eval_download_bytes``, beside the training
 traffic. Validation metrics are logged per round; test metrics are recorded for the final report only (nothing
-is chosen or shown per round on test).
+is chosen or shown per round on test). A module whose ``validation_images()`` draws its validation examples
+(segmentation) has that picture logged per client and round, to the loggers that take images (TensorBoard).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ SPLITS = ("val", "test")
 
 
 def evaluate_client(fed: Federation, server_round: int, client_id: str, splits: tuple[str, ...] = SPLITS,
-                    ) -> tuple[dict[str, dict[str, float]], int]:
+                    images: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, dict[str, float]], int]:
     """``client_id``'s metrics on each of ``splits`` that it has (personal tensors + what the strategy gives it),
-    and the bytes it downloaded for that (0 when it has none of the splits)."""
+    and the bytes it downloaded for that (0 when it has none of the splits). With ``images`` given, the module's
+    ``validation_images()`` after the validation split, if any, is put there under ``client_id``."""
     loaders = {s: fed.datamodule.val_dataloader(client_id) if s == "val" else fed.datamodule.test_dataloader(client_id)
                for s in splits}
     loaders = {s: loader for s, loader in loaders.items() if loader is not None}
@@ -48,6 +50,10 @@ def evaluate_client(fed: Federation, server_round: int, client_id: str, splits: 
                 with fed.fabric.autocast():
                     fed.module.validation_step(batch, batch_idx)
         metrics[split] = fed.module.compute_metrics()
+        if split == "val" and images is not None:
+            image = fed.module.validation_images()
+            if image is not None:
+                images[client_id] = image
     return metrics, state_nbytes(received)
 
 
@@ -55,12 +61,15 @@ def evaluate_round(fed: Federation, server_round: int) -> dict[str, float]:
     """Evaluate every client, record the round in the history; the validation scalars to log."""
     per_split: dict[str, dict[str, dict[str, float]]] = {s: {} for s in SPLITS}
     download = 0
+    images: dict[str, torch.Tensor] | None = {} if record.image_writers(fed) else None
     for client_id in fed.client_ids:
-        metrics, received = evaluate_client(fed, server_round, client_id)
+        metrics, received = evaluate_client(fed, server_round, client_id, images=images)
         download += received
         for split, values in metrics.items():
             if values:
                 per_split[split][client_id] = values
+    if images:
+        record.log_validation_images(fed, server_round, images)
     fed.comm["eval_download_bytes"] = fed.comm.get("eval_download_bytes", 0) + download
     log: dict[str, float] = {"comm/eval_download_bytes": download,
                              "comm/eval_download_bytes_cumulative": fed.comm["eval_download_bytes"]}

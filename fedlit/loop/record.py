@@ -128,6 +128,21 @@ def describe(fed: Federation) -> dict[str, Any]:
     }
 
 
+# -------------------------------------------------------------------------------------------- images
+def image_writers(fed: Federation) -> list[Any]:
+    """The experiments of the loggers that take images (TensorBoard's ``SummaryWriter``); empty for the others."""
+    return [logger.experiment for logger in fed.fabric.loggers
+            if hasattr(getattr(logger, "experiment", None), "add_image")]
+
+
+def log_validation_images(fed: Federation, server_round: int, images: Mapping[str, torch.Tensor]) -> None:
+    """Log each client's validation picture (a (3, H, W) image in [0, 1], from the module's
+    ``validation_images``) as ``client/<id>/val/overlay``, beside the client's validation scalars."""
+    for writer in image_writers(fed):
+        for client_id, image in images.items():
+            writer.add_image(f"client/{client_id}/val/overlay", image.clamp(0, 1), global_step=server_round)
+
+
 # -------------------------------------------------------------------------------------------- metrics.csv
 def open_metrics(fed: Federation) -> Path:
     """Start ``metrics.csv`` (a fresh run), or keep its rows up to the resumed round (a resumed run)."""

@@ -141,6 +141,13 @@ class Strategy(Callback, abc.ABC):
         passed to ``on_client_fit_start`` as ``received_extras``; its tensors count as download. Default: {}."""
         return {}
 
+    def expected_upload_extras(self, client_id: str) -> dict[str, Any]:
+        """What ``on_client_fit_end`` will add to ``client_id``'s ``update.extras``, as tensors of the right shapes
+        and dtypes (their values do not matter), called after :meth:`initialize`: cost estimates made before any
+        training (``fedlit cost``) count its bytes as upload. Default: {} (a strategy that uploads extras
+        overrides it; what a client uploads in ``update.state`` is its ``shared`` tensors, known from the roles)."""
+        return {}
+
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """What ``client_id`` evaluates with, on top of its personal tensors. Default: as in training."""
         return self.configure_client(server_round, client_id)

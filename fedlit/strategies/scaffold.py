@@ -103,6 +103,10 @@ class SCAFFOLD(Strategy):
         """The server control variate ``c`` (line 5: ``(x, c)`` go to every selected client)."""
         return {"c": dict(self.c)}
 
+    def expected_upload_extras(self, client_id: str) -> dict[str, Any]:
+        """``delta c_i``: one tensor per shared parameter, shaped as ``c`` (line 13)."""
+        return {"delta_c": dict(self.c)}
+
     def client_weights(self, updates: list[ClientUpdate], weighting: str | None = None) -> list[float]:
         """The weight of each ``y_i - x`` in the server step (of each ``delta c_i`` with ``weighting`` given)."""
         if (weighting or self.weighting) == "uniform":

@@ -10,6 +10,10 @@ masks predicted at probability 0.5): the Dice coefficient 2|A n B| / (|A| + |B|)
 every image and channel, averaged over the split's images per channel (``dice_<c>``, ``iou_<c>``, given with
 two channels or more) and then over channels (``dice``, ``iou``). An image whose true mask of a channel is
 empty is left out of that channel's mean (Dice is undefined there); a channel with no such image is NaN.
+
+With ``log_images`` > 0 the first images that validation sees (per client and split) are kept and drawn by
+:meth:`SegmentationModule.validation_images` side by side: the image in grey, the true mask's outline in green
+and the predicted mask tinted red (all channels merged); the federation logs that picture per client.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class SegmentationModule(FederatedModule):
         weight_decay: Weight decay of the shorthands.
         lr_scheduler: A ``torch.optim.lr_scheduler`` class_path, or None.
         lr_scheduler_interval: ``round`` or ``step``.
+        log_images: Validation examples drawn per client and evaluation (:meth:`validation_images`); 0 keeps
+            none and draws nothing.
     """
 
     accepted_tasks = frozenset({"segmentation"})
@@ -71,6 +77,7 @@ class SegmentationModule(FederatedModule):
         weight_decay: float = 0.0,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: Literal["round", "step"] = "round",
+        log_images: int = 4,
     ) -> None:
         super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
@@ -81,6 +88,8 @@ class SegmentationModule(FederatedModule):
             problems.append(f"model.init_args.loss={loss!r} is not one of {list(LOSSES)}")
         if not (isinstance(pos_weight, int | float) and math.isfinite(pos_weight) and pos_weight > 0):
             problems.append(f"model.init_args.pos_weight={pos_weight!r} must be a number > 0 (1 = unweighted)")
+        if isinstance(log_images, bool) or not isinstance(log_images, int) or log_images < 0:
+            problems.append(f"model.init_args.log_images={log_images!r} must be an integer >= 0 (0 = no images)")
         if problems:
             raise ConfigError("; ".join(problems) + ".")
         from monai.losses import DiceLoss
@@ -92,6 +101,8 @@ class SegmentationModule(FederatedModule):
         self._dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
         self._iou = MeanIoU(include_background=True, reduction="none", ignore_empty=True)
         self._loss_sum, self._loss_count = 0.0, 0
+        self.log_images = log_images
+        self._examples: list[tuple[Tensor, Tensor, Tensor]] = []  # (image, true mask, predicted mask), on the CPU
 
     def default_role_rules(self) -> list[RoleRule]:
         """The network's own rules when it has them (``SamAdapter``: adapters shared, the rest mostly frozen),
@@ -133,8 +144,31 @@ class SegmentationModule(FederatedModule):
         loss = self.loss(logits, masks)
         self._loss_sum += loss.item() * len(masks)
         self._loss_count += len(masks)
-        self.update_metrics((logits.detach() > 0).float().cpu(), masks.detach().float().cpu())
+        predicted = (logits.detach() > 0).float().cpu()
+        self.update_metrics(predicted, masks.detach().float().cpu())
+        self._keep_examples(inputs, masks, predicted)
         return loss
+
+    def _keep_examples(self, inputs: Tensor, masks: Tensor, predicted: Tensor) -> None:
+        """Keep the first ``log_images`` examples (of the size of the first one) for :meth:`validation_images`."""
+        wanted = self.log_images - len(self._examples)
+        if wanted <= 0:
+            return
+        size = self._examples[0][0].shape[-2:] if self._examples else inputs.shape[-2:]
+        if inputs.shape[-2:] != size:
+            return
+        for image, mask, pred in zip(inputs[:wanted], masks[:wanted], predicted[:wanted], strict=True):
+            self._examples.append((image.detach().float().cpu(), mask.detach().float().cpu(), pred))
+
+    def validation_images(self) -> Tensor | None:
+        """The kept examples side by side, 2 pixels apart: each image in grey (scaled to [0, 1] by itself), the
+        true mask's outline in green and the predicted mask tinted red; None when none is kept."""
+        if not self._examples:
+            return None
+        panels = [overlay(image, mask, pred) for image, mask, pred in self._examples]
+        height = panels[0].shape[1]
+        gap = torch.ones(3, height, 2)
+        return torch.cat([t for panel in panels for t in (panel, gap)][:-1], dim=2)
 
     def update_metrics(self, predicted: Tensor, masks: Tensor) -> None:
         """Add (B, C, H, W) 0/1 predicted masks and true masks to the Dice and IoU of the split."""
@@ -142,6 +176,7 @@ class SegmentationModule(FederatedModule):
         self._iou(y_pred=predicted, y=masks)
 
     def reset_metrics(self) -> None:
+        self._examples = []
         self._dice.reset()
         self._iou.reset()
         self._loss_sum, self._loss_count = 0.0, 0
@@ -167,3 +202,23 @@ class SegmentationModule(FederatedModule):
         channels = range(self.num_classes) if self.num_classes > 1 else ()
         per_channel = {f"{name}_{c}": True for name in ("dice", "iou") for c in channels}
         return {"dice": True, "iou": True, **per_channel, "loss": False}
+
+
+def overlay(image: Tensor, mask: Tensor, predicted: Tensor, alpha: float = 0.5) -> Tensor:
+    """One (3, H, W) picture in [0, 1]: ``image`` (C, H, W; its channels averaged) in grey, scaled to [0, 1] by its
+    own minimum and maximum; ``predicted`` (C, H, W, 0/1, channels merged) tinted red with weight ``alpha``; the
+    outline of ``mask`` (C, H, W, 0/1, channels merged: the mask pixels with a background 4-neighbour) in green."""
+    grey = image.float().mean(dim=0)
+    low, high = grey.min(), grey.max()
+    grey = (grey - low) / (high - low) if high > low else torch.zeros_like(grey)
+    picture = grey.expand(3, -1, -1).clone()
+    red = torch.tensor([1.0, 0.0, 0.0]).view(3, 1, 1)
+    tint = (predicted > 0.5).any(dim=0)
+    picture = torch.where(tint, (1 - alpha) * picture + alpha * red, picture)
+    true = (mask > 0.5).any(dim=0).float()
+    # erosion by a 3x3 cross: a pixel stays inside when it and its 4 neighbours are in the mask
+    padded = F.pad(true[None, None], (1, 1, 1, 1), value=0.0)[0, 0]
+    inside = (padded[1:-1, 1:-1] * padded[:-2, 1:-1] * padded[2:, 1:-1] * padded[1:-1, :-2] * padded[1:-1, 2:]) > 0
+    outline = (true > 0) & ~inside
+    green = torch.tensor([0.0, 1.0, 0.0]).view(3, 1, 1)
+    return torch.where(outline, green, picture)

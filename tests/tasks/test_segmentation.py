@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedlit.cli import main, run
 from fedlit.data import SyntheticSegmentation
@@ -173,3 +174,45 @@ def test_a_download_of_encoder_weights_is_refused_on_the_command_line(tmp_path, 
     assert exit_info.value.code == 2
     assert "model.init_args.network.init_args.encoder_weights='imagenet': nothing downloads" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_overlay_draws_the_image_in_grey_the_true_outline_in_green_and_the_prediction_in_red():
+    from fedlit.tasks.segmentation import overlay
+
+    image = torch.arange(25.0).view(1, 5, 5)  # scaled to [0, 1]: pixel (r, c) -> (5r + c) / 24
+    true = torch.zeros(1, 5, 5)
+    true[0, 1:4, 1:4] = 1  # a 3x3 square: its 8 border pixels are the outline, the centre (2, 2) is inside
+    predicted = torch.zeros(1, 5, 5)
+    predicted[0, 2, 2] = predicted[0, 4, 4] = 1
+    picture = overlay(image, true, predicted)
+    assert picture.shape == (3, 5, 5)
+    assert picture[:, 0, 1].tolist() == pytest.approx([1 / 24] * 3)  # background: grey
+    assert picture[:, 1, 1].tolist() == [0.0, 1.0, 0.0]  # outline: green
+    # predicted, inside the true mask: half grey (12/24) + half red
+    assert picture[:, 2, 2].tolist() == pytest.approx([0.25 + 0.5, 0.25, 0.25])
+    assert picture[:, 4, 4].tolist() == pytest.approx([0.5 + 0.5, 0.5, 0.5])  # predicted only: 24/24 grey + red
+
+
+def _one_round(tmp_path: Path, log_images: int) -> EventAccumulator:
+    torch.manual_seed(0)
+    seg = SegmentationModule(network=TinyUNet(width=4, depth=2), log_images=log_images)
+    data = SyntheticSegmentation(num_clients=2, samples_per_client=10, image_size=16, batch_size=2,
+                                 split_fractions=(0.4, 0.4, 0.2))
+    Federation(seg, data, FedAvg(), rounds=1, out_dir=tmp_path, progress_bar=False, accelerator="cpu").fit()
+    return EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0}).Reload()
+
+
+def test_validation_overlays_go_to_tensorboard_per_client_and_none_when_off(tmp_path, capsys):
+    events = _one_round(tmp_path / "on", log_images=3)
+    tags = sorted(events.Tags()["images"])
+    assert tags == ["client/site_0/val/overlay", "client/site_1/val/overlay"]
+    for tag in tags:
+        (image,) = events.Images(tag)
+        # 3 of the 4 validation examples, 16 x 16 and 2 pixels apart (batches of 2: the third from the second)
+        assert (image.step, image.height, image.width) == (1, 16, 3 * 16 + 2 * 2)
+    assert "client/site_0/val/dice" in events.Tags()["scalars"]
+    off = _one_round(tmp_path / "off", log_images=0)
+    assert off.Tags()["images"] == [] and "client/site_0/val/dice" in off.Tags()["scalars"]
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="model.init_args.log_images=-1 must be an integer >= 0"):
+        module(log_images=-1)
