@@ -151,6 +151,10 @@ class FedPolyp(FederatedDataModule):
         self.image_size, self.unmatched, self.augment, self.crop_size = image_size, unmatched, bool(augment), crop_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
+    def expected_num_clients(self) -> int | None:
+        """One client per site of ``sites`` (known without reading an image)."""
+        return len(self.sites) if self._data is None else super().expected_num_clients()
+
     def build_samples(self) -> SampleList:
         samples, splits, origins, lost, rng = {}, {}, {}, [], np.random.default_rng(self.seed)
         for site in self.sites:

@@ -88,6 +88,10 @@ class FedProstate(FederatedDataModule):
             self.reader = FedProstateSlices(val_fraction=val / (train + val) if train + val > 0 else 0.0,
                                             sites_without_train=sites_without_train, **common)
 
+    def expected_num_clients(self) -> int | None:
+        """The detected layout's sites (known without reading an image)."""
+        return self.reader.expected_num_clients() if self._data is None else super().expected_num_clients()
+
     def build_samples(self) -> SampleList:
         """The samples of the detected layout's reader."""
         samples = self.reader.build_samples()

@@ -222,6 +222,10 @@ class FedProstateVolumes(FederatedDataModule):
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.cache_size = cache_size
 
+    def expected_num_clients(self) -> int | None:
+        """One client per site of ``sites`` (known without reading an image)."""
+        return len(self.sites) if self._data is None else super().expected_num_clients()
+
     def build_samples(self) -> SampleList:
         listed, lost = {}, []
         for site in self.sites:

@@ -170,12 +170,13 @@ def test_fed_prostate_reads_either_layout_and_names_both_when_neither(saml: Path
     from fedlit.data import FedProstate
 
     volumes = FedProstate(root=str(saml), image_size=8)
-    assert volumes.layout == "volumes"
+    assert volumes.layout == "volumes" and volumes.expected_num_clients() == 2
     assert isinstance(volumes.reader, FedProstateVolumes)
     assert volumes.client_ids == FedProstateVolumes(root=str(saml), image_size=8).client_ids
     assert volumes.manifest()["details"]["layout"] == "volumes"
     slices = FedProstate(root=str(shared_data / "site_samples" / "ProstateSlice"), image_size=8,
                          sites=["BIDMC", "UCL"])
+    assert slices.expected_num_clients() == 2
     assert slices.layout == "slices" and slices.client_ids == ["BIDMC", "UCL"]
     assert slices.num_examples("UCL", "train") == 1 and slices.num_examples("UCL", "test") == 1
     with pytest.raises(DataError, match=r"data\.init_args\.root: no folder .*CaseXX\.nii\.gz.*train,test.*"
