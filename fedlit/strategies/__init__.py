@@ -8,6 +8,7 @@ from fedlit.strategies.aggregators import (
     WeightedMeanAggregator,
 )
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.epfl import EPFL
 from fedlit.strategies.fedadagrad import FedAdagrad
 from fedlit.strategies.fedadam import FedAdam
 from fedlit.strategies.fedavg import FedAvg
@@ -33,3 +34,4 @@ __all__ += [
 ]
 __all__ += ["FedDyn", "SCAFFOLD"]
 __all__ += ["FedSCA"]
+__all__ += ["EPFL"]
