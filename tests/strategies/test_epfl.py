@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lightning.pytorch import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
@@ -132,6 +134,24 @@ def test_distances_are_frobenius_per_tensor_then_averaged():
     # ||1_(2x2)||_F = 2 and ||(0, 3, 4)|| = 5: mean 3.5 (a distance over the concatenation would be sqrt(29)).
     assert F.mean_tensor_distances(states, ["x", "y"])[0, 1].item() == pytest.approx(3.5)
     assert F.mean_tensor_distances(states, ["y"])[1, 0].item() == pytest.approx(5.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 6), st.integers(0, 2**31 - 1), st.floats(0.0, 1.0), st.floats(0.1, 10.0))
+def test_epfl_weights_properties(n, seed, lam, scale):
+    generator = torch.Generator().manual_seed(seed)
+    points = torch.randn(n, 3, generator=generator, dtype=torch.float64)
+    d = torch.cdist(points, points)
+    w = F.epfl_weights(d, lam=lam)
+    assert w.sum(dim=1).tolist() == pytest.approx([1.0] * n)  # every row is a mix
+    assert (w >= 0).all() and torch.diagonal(w).tolist() == pytest.approx([lam] * n)
+    assert torch.allclose(F.epfl_weights(scale * d, lam=lam), w)  # only relative distances matter
+    order = torch.randperm(n, generator=generator)
+    assert torch.allclose(F.epfl_weights(d[order][:, order], lam=lam), w[order][:, order])  # client order
+    if n > 2 and lam < 1:  # a closer client gets more: row 0 is ordered by inverse distance
+        others = list(range(1, n))
+        nearest, farthest = min(others, key=lambda j: d[0, j]), max(others, key=lambda j: d[0, j])
+        assert w[0, nearest] >= w[0, farthest]
 
 
 def test_epfl_weights_refuse_bad_input():
