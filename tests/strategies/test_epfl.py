@@ -171,6 +171,23 @@ def test_only_lora_a_stays_shared():
     assert roles["backbone.w"] == "frozen"
 
 
+def test_roles_and_psi_on_a_vit_with_qv_slice_lora():
+    from fedlit.models import TimmBackbone
+    from fedlit.tasks import ClassificationModule
+
+    with pytest.warns(UserWarning, match="randomly initialized"):
+        module = ClassificationModule(backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(fused_qkv="qv")),
+                                      num_classes=3, roles=[RoleRule("backbone.*lora_*", "shared")])
+    roles = EPFL(psi="first_half").configure_roles(module.parameter_roles())
+    lora = [f"backbone.blocks.{i}.attn.qkv.lora_{m}.{s}.weight" for i in (0, 1) for m in "AB" for s in "qv"]
+    assert roles.names("shared") == [n for n in lora if "lora_A" in n]
+    assert roles.names("personal") == [n for n in lora if "lora_B" in n] + ["head.weight", "head.bias"]
+    strategy = EPFL(psi="first_half")
+    strategy.configure_roles(module.parameter_roles())
+    assert strategy.distance_names == ["backbone.blocks.0.attn.qkv.lora_B.q.weight",
+                                       "backbone.blocks.0.attn.qkv.lora_B.v.weight"]  # block 0 of 2
+
+
 def test_bad_arguments_name_the_option():
     with pytest.raises(ConfigError) as err:
         EPFL(lam=-0.1, eps=-1.0, psi="middle")  # type: ignore[arg-type]
