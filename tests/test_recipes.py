@@ -25,6 +25,10 @@ FLAMBY_HEART = {
 }
 
 
+# EPFL recipes: FHBench's local training and LoRA (clients, partition), per recipe.
+EPFL_RECIPES = {"epfl_medical_abstracts.yaml": (20, 0.1), "epfl_pneumoniamnist.yaml": (10, 0.5)}
+
+
 def parse(recipe: Path):
     return build_parser().parse_args(["fit", "--config", str(recipe)]).fit
 
@@ -33,7 +37,7 @@ def test_the_expected_recipes_exist():
     names = {str(p.relative_to(ROOT / "recipes")) for p in RECIPES}
     assert {"quickstart.yaml", "pneumoniamnist_fedavg.yaml", "pneumoniamnist_fedbn.yaml",
             "pneumoniamnist_local.yaml", "pneumoniamnist_lora.yaml", "medical_abstracts_minilm_lora.yaml",
-            *FLAMBY_HEART} <= names
+            *FLAMBY_HEART, *EPFL_RECIPES} <= names
 
 
 def run_configs(text: str) -> list[str]:
@@ -60,7 +64,9 @@ def test_recipe_parses_and_documents_itself(recipe):
 def test_pretrained_recipes_name_their_weights():
     for name, weights in [("pneumoniamnist_fedavg.yaml", "efficientnet_lite0"),
                           ("pneumoniamnist_lora.yaml", "efficientnet_lite0"),
-                          ("medical_abstracts_minilm_lora.yaml", "minilm_l6_v2")]:
+                          ("medical_abstracts_minilm_lora.yaml", "minilm_l6_v2"),
+                          ("epfl_medical_abstracts.yaml", "minilm_l6_v2"),
+                          ("epfl_pneumoniamnist.yaml", "efficientnet_lite0")]:
         cfg = parse(ROOT / "recipes" / name)
         assert cfg.model.init_args.backbone.init_args.weights == weights
         assert cfg.model.init_args.backbone.init_args.lora is not None or "lora" not in name
@@ -99,3 +105,21 @@ def test_flamby_heart_recipes_use_flambys_settings(name):
     strategy = dict(cfg.strategy.init_args)
     assert {key: strategy.get(key) for key in strategy_args} == strategy_args
     assert strategy.get("weighting", "num_examples") == "num_examples"
+
+
+@pytest.mark.parametrize("name", EPFL_RECIPES)
+def test_epfl_recipes_use_fhbench_settings(name):
+    num_clients, alpha = EPFL_RECIPES[name]
+    cfg = parse(ROOT / "recipes" / name)
+    model, data = cfg.model.init_args, cfg.data.init_args
+    assert cfg.strategy.class_path == "fedlit.strategies.EPFL"
+    assert vars(cfg.strategy.init_args) == {"lam": 0.5, "psi": "all", "eps": 0.0}
+    lora = model.backbone.init_args.lora
+    assert (lora.r, lora.alpha) == (8, 16)
+    assert (model.optimizer, model.lr, model.momentum) == ("sgd", 0.001, 0.0)
+    schedule = model.lr_scheduler
+    assert schedule.class_path == "torch.optim.lr_scheduler.CosineAnnealingLR"
+    assert schedule.init_args.T_max == cfg.federation.rounds and model.lr_scheduler_interval == "round"
+    assert (data.batch_size, cfg.federation.local_epochs, cfg.federation.local_steps) == (32, 1, None)
+    assert tuple(data.split_fractions) == (0.4, 0.3, 0.3)
+    assert (data.num_clients, data.partitioner.init_args.alpha) == (num_clients, alpha)

@@ -8,6 +8,7 @@ from fedlit.strategies.aggregators import (
     WeightedMeanAggregator,
 )
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.epfl import EPFL
 from fedlit.strategies.fedadagrad import FedAdagrad
 from fedlit.strategies.fedadam import FedAdam
 from fedlit.strategies.fedavg import FedAvg
@@ -39,3 +40,4 @@ __all__ += ["FedDyn", "SCAFFOLD"]
 __all__ += ["FedSCA"]
 __all__ += ["FedHEAL", "FedRA", "FedSA"]
 __all__ += ["PGFed", "PGFedMo"]
+__all__ += ["EPFL"]

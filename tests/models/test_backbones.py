@@ -120,7 +120,8 @@ def test_repr_shows_arguments() -> None:
     spec = TimmBackbone(name="fedlit_test_vit", checkpoint_path="/w/vit.pth", lora=LoRA(r=2))
     assert repr(spec) == (
         "TimmBackbone(name='fedlit_test_vit', checkpoint_path='/w/vit.pth', key_mapping=None, "
-        "lora=LoRA(r=2, alpha=16, dropout=0.0, target_modules=None), model_args={}, weights=None)"
+        "lora=LoRA(r=2, alpha=16, dropout=0.0, target_modules=None, fused_qkv='all'), model_args={}, "
+        "weights=None)"
     )
     assert repr(SmallCNN(width=4)) == "SmallCNN(in_channels=1, width=4, depth=2)"
     assert repr(Identity(num_features=3)) == "Identity(num_features=3)"
