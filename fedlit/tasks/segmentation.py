@@ -19,6 +19,7 @@ and the predicted mask tinted red (all channels merged); the federation logs tha
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal
 
 import torch
@@ -57,6 +58,11 @@ class SegmentationModule(FederatedModule):
         lr_scheduler_interval: ``round`` or ``step``.
         log_images: Validation examples drawn per client and evaluation (:meth:`validation_images`); 0 keeps
             none and draws nothing.
+        hd95: Also report the 95th-percentile Hausdorff distance between the predicted and true mask boundaries
+            (MONAI's ``HausdorffDistanceMetric``, in pixels; lower is better), per image and channel; images whose
+            true or predicted mask of a channel is empty are left out of that channel's mean.
+        class_names: A name per mask channel (``[disc, cup]``), used in the per-channel metric names
+            (``dice_disc``); default the channel index (``dice_0``).
     """
 
     accepted_tasks = frozenset({"segmentation"})
@@ -78,6 +84,8 @@ class SegmentationModule(FederatedModule):
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: Literal["round", "step"] = "round",
         log_images: int = 4,
+        hd95: bool = False,
+        class_names: list[str] | None = None,
     ) -> None:
         super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
@@ -90,16 +98,23 @@ class SegmentationModule(FederatedModule):
             problems.append(f"model.init_args.pos_weight={pos_weight!r} must be a number > 0 (1 = unweighted)")
         if isinstance(log_images, bool) or not isinstance(log_images, int) or log_images < 0:
             problems.append(f"model.init_args.log_images={log_images!r} must be an integer >= 0 (0 = no images)")
+        if class_names is not None and (len(class_names) != num_classes or len(set(class_names)) != len(class_names)
+                                        or not all(isinstance(n, str) and n for n in class_names)):
+            problems.append(f"model.init_args.class_names={class_names!r} must be {num_classes} distinct non-empty "
+                            "names, one per mask channel (e.g. [disc, cup])")
         if problems:
             raise ConfigError("; ".join(problems) + ".")
         from monai.losses import DiceLoss
-        from monai.metrics import DiceMetric, MeanIoU
+        from monai.metrics import DiceMetric, HausdorffDistanceMetric, MeanIoU
 
         self.num_classes, self.loss_name, self.pos_weight = num_classes, loss, float(pos_weight)
         self.network = network.build(num_classes)
         self._dice_loss = DiceLoss(sigmoid=True)
         self._dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
         self._iou = MeanIoU(include_background=True, reduction="none", ignore_empty=True)
+        self.hd95 = bool(hd95)
+        self._hd95 = HausdorffDistanceMetric(include_background=True, percentile=95, reduction="none") if hd95 else None
+        self.channel_names = [str(c) for c in range(num_classes)] if class_names is None else list(class_names)
         self._loss_sum, self._loss_count = 0.0, 0
         self.log_images = log_images
         self._examples: list[tuple[Tensor, Tensor, Tensor]] = []  # (image, true mask, predicted mask), on the CPU
@@ -174,24 +189,36 @@ class SegmentationModule(FederatedModule):
         """Add (B, C, H, W) 0/1 predicted masks and true masks to the Dice and IoU of the split."""
         self._dice(y_pred=predicted, y=masks)
         self._iou(y_pred=predicted, y=masks)
+        if self._hd95 is not None:
+            with warnings.catch_warnings():  # MONAI warns for every empty mask; those images are left out below
+                warnings.simplefilter("ignore")
+                self._hd95(y_pred=predicted, y=masks)
 
     def reset_metrics(self) -> None:
         self._examples = []
         self._dice.reset()
         self._iou.reset()
+        if self._hd95 is not None:
+            self._hd95.reset()
         self._loss_sum, self._loss_count = 0.0, 0
 
     def compute_metrics(self) -> dict[str, float]:
-        """``dice``, ``iou`` (means over channels), ``dice_<c>``, ``iou_<c>`` (with two channels or more) and
+        """``dice``, ``iou`` (means over channels), ``dice_<c>``, ``iou_<c>`` (with two channels or more; ``<c>``
+        the channel's name from ``class_names``, else its index), ``hd95`` and ``hd95_<c>`` (with ``hd95``) and
         ``loss`` (the loss per image) since the last reset."""
         if self._dice.get_buffer() is None:
             return {}
         out: dict[str, float] = {}
-        for name, metric in (("dice", self._dice), ("iou", self._iou)):
-            # per image and channel (NaN where the true mask is empty), then the mean of the defined images
-            per_channel = torch.nanmean(metric.aggregate(reduction="none").float(), dim=0).tolist()
+        metrics = [("dice", self._dice), ("iou", self._iou)] + ([("hd95", self._hd95)] if self._hd95 else [])
+        for name, metric in metrics:
+            # per image and channel (NaN where the true mask is empty; for HD95 also where nothing is predicted:
+            # MONAI gives inf or NaN there), then the mean of the defined images
+            values = metric.aggregate(reduction="none").float()
+            values = torch.where(torch.isfinite(values), values, torch.nan)
+            per_channel = torch.nanmean(values, dim=0).tolist()
             if self.num_classes > 1:
-                out.update({f"{name}_{c}": float(value) for c, value in enumerate(per_channel)})
+                out.update({f"{name}_{c}": float(value) for c, value in zip(self.channel_names, per_channel,
+                                                                                  strict=True)})
             defined = [v for v in per_channel if not math.isnan(v)]
             out[name] = sum(defined) / len(defined) if defined else float("nan")
         out["loss"] = self._loss_sum / self._loss_count if self._loss_count else float("nan")
@@ -199,9 +226,10 @@ class SegmentationModule(FederatedModule):
 
     @property
     def higher_is_better(self) -> dict[str, bool]:
-        channels = range(self.num_classes) if self.num_classes > 1 else ()
-        per_channel = {f"{name}_{c}": True for name in ("dice", "iou") for c in channels}
-        return {"dice": True, "iou": True, **per_channel, "loss": False}
+        channels = self.channel_names if self.num_classes > 1 else ()
+        names = {"dice": True, "iou": True, **({"hd95": False} if self.hd95 else {})}
+        per_channel = {f"{name}_{c}": better for name, better in names.items() for c in channels}
+        return {**names, **per_channel, "loss": False}
 
 
 def overlay(image: Tensor, mask: Tensor, predicted: Tensor, alpha: float = 0.5) -> Tensor:

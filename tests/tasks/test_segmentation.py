@@ -90,6 +90,27 @@ def test_two_overlapping_channels_have_their_own_dice_and_iou():
                                     "iou_1": True, "loss": False}
 
 
+def test_hd95_of_single_pixels_and_named_channels():
+    # channel disc: one true pixel at (2, 2), one predicted at (2, 5): every boundary distance is 3, so HD95 = 3.
+    # channel cup: identical 2x2 squares: HD95 = 0. A second image predicts nothing for the disc (HD undefined:
+    # left out) and matches the cup exactly (0). Means: disc 3, cup 0, over channels 1.5.
+    predicted, true = torch.zeros(2, 2, 8, 8), torch.zeros(2, 2, 8, 8)
+    true[0, 0, 2, 2] = predicted[0, 0, 2, 5] = 1
+    true[:, 1, 4:6, 4:6] = predicted[:, 1, 4:6, 4:6] = 1
+    true[1, 0, 1, 1] = 1
+    seg = module(num_classes=2, hd95=True, class_names=["disc", "cup"])
+    seg.reset_metrics()
+    seg.update_metrics(predicted, true)
+    metrics = seg.compute_metrics()
+    assert metrics["hd95_disc"] == pytest.approx(3.0) and metrics["hd95_cup"] == pytest.approx(0.0)
+    assert metrics["hd95"] == pytest.approx(1.5)
+    assert {"dice_disc", "dice_cup", "iou_disc", "iou_cup"} <= set(metrics) and "dice_0" not in metrics
+    assert seg.higher_is_better["hd95"] is False and seg.higher_is_better["hd95_cup"] is False
+    assert "hd95" not in module().higher_is_better
+    with pytest.raises(ConfigError, match=r"class_names=\['disc'\] must be 2 distinct non-empty names"):
+        module(num_classes=2, class_names=["disc"])
+
+
 def test_validation_thresholds_the_sigmoid_at_one_half_and_records_the_loss_per_image():
     _, true = masks_4x4()
     seg = module(loss="bce", pos_weight=1.0)
