@@ -12,6 +12,7 @@ from torch import nn
 
 from fedlit.cli import build_parser
 from fedlit.errors import ConfigError
+from fedlit.loop.evaluate import evaluate_client
 from fedlit.module import FederatedModule
 from fedlit.roles import ParameterRoles
 from fedlit.strategies import APPLE, ClientUpdate, FedAvg
@@ -237,6 +238,11 @@ def test_two_rounds_differ_from_fedavg(tmp_path):
     # the server keeps one core per client and the p0 (uniform) mix of them
     mean = F.weighted_average(list(strategy.cores.values()), [1.0, 1.0, 1.0])
     assert all(torch.allclose(strategy.global_state[n], mean[n]) for n in mean if mean[n].is_floating_point())
+    # a client is evaluated with its personalized model, which differs from its own core
+    evaluate_client(federation, 2, "c1", ("val",))
+    model, live = federation.store.extra("c1", "APPLE")["model"], dict(federation.module.shared_parameters())
+    assert set(model) == set(live) and all(torch.equal(live[n], model[n]) for n in model)
+    assert not torch.equal(model["head.weight"], strategy.cores["c1"]["head.weight"])
     ours = _losses(tmp_path / "apple")
     assert ours == pytest.approx(PINNED, abs=2e-5)
     make_federation(tmp_path / "fedavg", FedAvg(), rounds=2).fit()
