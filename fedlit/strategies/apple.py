@@ -8,29 +8,31 @@ Client i keeps a core model ``theta_c,i`` (its shared tensors: uploaded, stored 
 relationship vector ``p_i`` of length N (personal: never uploaded). Its personalized model is, per shared
 parameter (weights and biases alike),
 
-    theta_p,i = sum_j p_ij theta_c,j                                                        (Eq. 1)
+    theta_p,i = sum_j p_ij theta_c,j                                                        (the mix)
 
 Per round r (counted from 0 as in the code; fedlit's ``server_round`` is r + 1):
 
 - down: every other client's core from the previous round (its shared parameters; the own core as
   ``configure_client``'s state), or only ``M = max_downloads`` of them under a bandwidth limit (below)
-- local training: each batch's forward runs the module with every shared parameter replaced by Eq. 1, the own core
+- local training: each batch's forward runs the module with every shared parameter replaced by the mix, the own core
   being the live parameter and the other cores constants, so exact autograd gives the own core
   ``p_ii dL/dtheta_p`` and ``p_ij`` the gradient ``<dL/dtheta_p, theta_c,j>``; no other core gets a gradient.
-  The loss is ``L = CE + coef(r) ||p_i - p0||^2`` (Eq. 4), ``p0 = (n_1 / n, ..., n_N / n)``, ``p_i`` starts at
+  The loss is ``L = CE + coef(r) ||p_i - p0||^2``, ``p0 = (n_1 / n, ..., n_N / n)``, ``p_i`` starts at
   ``p0`` and is unconstrained. The own core steps with the module's optimizer (SGD, lr 0.01, momentum 0.9 in
   the paper and the code), ``p_i`` with its own SGD (``lr_p`` = 1e-3, momentum ``p_momentum`` = 0.9, restarted
   every turn like the code's optimizer)
 - ``coef(r) = mu eps^(r / R_d)`` (``schedule="exponential"``) or ``mu (cos(pi r / R_d) + 1) / 2`` (``cosine``)
   for ``r < R_d``, 0 after; ``R_d = int(0.1 R)`` with R the federation's rounds unless ``decay_rounds`` is given
 - up: the trained core ``theta_c,i``; the server replaces its copy of client i's core
-- evaluation: client i's personalized model Eq. 1 as it stood at the end of its last turn (the cores it trained
+- evaluation: client i's personalized model (the mix) as it stood at the end of its last turn (the cores it trained
   with, its own trained core, its trained ``p_i``); a client that has not trained yet: ``sum_j p0_j theta_c,j``
 - bandwidth limit (``max_downloads = M < N - 1``): a client's first turn downloads every core (the initial
   cores, as in the code's round 0); after it, the client itself draws, at the end of a turn, the M cores it
   will download at its next: cores it has never downloaded since its first turn first (uniformly), the other
-  places with probability proportional to ``base^|p_ij|``, ``base = max(thresh, lamb r M / N)``; it uploads only
-  the indices. A core not downloaded enters Eq. 1 with the value the client last downloaded (kept on the client).
+  places with probability proportional to ``base^|p_ij|``, ``base = max(thresh, lamb r M / N)``, from a random
+  stream derived from the run's seed, the round and the client (a resumed run draws the same; no generator state
+  to checkpoint); it uploads only the indices. A core not downloaded enters the mix with the value the client
+  last downloaded (kept on the client).
 
 Symbols -> code: ``theta_c,j`` -> ``self.cores[j]`` (server; the initial shared tensors until j first uploads);
 ``p_i`` -> ``client_state["p"]`` (float32, in ``self.client_ids`` order); ``theta_p,i`` -> ``client_state["model"]``;
@@ -47,7 +49,7 @@ limit the last value it downloaded of every other core (N - 1 copies of the shar
 it has downloaded.
 
 Deviation: the code builds every core with its own random initialization; fedlit builds one model, so all cores
-start equal (Eq. 1 then starts at that model, since ``p0`` sums to 1). Deviation: the code mixes the outputs of
+start equal (the mix then starts at that model, since ``p0`` sums to 1). Deviation: the code mixes the outputs of
 each layer's N copies (``sum_j p_j layer_j(x)``); for convolutions and linear layers this equals mixing their
 weights and biases, which is what is done here for every shared parameter. Shared buffers (BatchNorm statistics)
 are not mixed: each client runs and uploads its own core's. Deviation: the code never marks a core as
@@ -243,18 +245,18 @@ class APPLE(Strategy):
         }
 
     def personalized(self) -> dict[str, Tensor]:
-        """Eq. 1 for every shared parameter, from this turn's ``p_i`` and cores (differentiable)."""
+        """The mix for every shared parameter, from this turn's ``p_i`` and cores (differentiable)."""
         turn = self._turn
         return {n: F.apple_mix(turn["p"], cores) for n, cores in turn["cores"].items()}
 
     def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
-        """Run the step with every shared parameter replaced by Eq. 1."""
+        """Run the step with every shared parameter replaced by the mix."""
         if not self._turn:
             return contextlib.nullcontext()
         return swapped_parameters(pl_module, self.personalized())
 
     def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
-        """``loss + coef(r) ||p_i - p0||^2`` (Eq. 4)."""
+        """``loss + coef(r) ||p_i - p0||^2``."""
         turn = self._turn
         if not turn or turn["coef"] == 0:
             return loss

@@ -105,7 +105,7 @@ def test_p_steps_with_the_proximal_term_and_the_client_keeps_its_personalized_mo
     update = ClientUpdate("a", 2, {W: module.shared.weight.detach().clone(), B: module.shared.bias.detach().clone()})
     strategy.on_client_fit_end(trainer=trainer, server_round=2, client_id="a", update=update, client_state=state)
     assert state["p"].tolist() == pytest.approx([0.189, -0.1925, -0.0725]) and update.extras == {}
-    # Eq. 1 with the trained core: w = 0.189 * 2.016 - 0.1925 * 2 - 0.0725 * -1, b = 0.189 * -1.492 - 0.385 - 0.03625
+    # the mix with the trained core: w = 0.189 * 2.016 - 0.1925 * 2 - 0.0725 * -1, b = 0.189 * -1.492 - 0.385 - 0.03625
     assert state["model"][W].item() == pytest.approx(0.068524, abs=1e-6)
     assert state["model"][B].item() == pytest.approx(-0.703238, abs=1e-6)
     fresh = Lin(w=9.0, b=9.0)
