@@ -17,6 +17,7 @@ from fedlit.module import FederatedModule
 from fedlit.roles import ParameterRoles
 from fedlit.strategies import APPLE, ClientUpdate, FedAvg
 from fedlit.strategies import functional as F
+from fedlit.strategies.apple import swapped_parameters
 from tests.conftest import assert_resume_is_exact, make_federation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,3 +265,12 @@ def test_the_recipe_selects_apple():
     assert cfg.strategy.init_args.mu == 0.1 and cfg.strategy.init_args.lr_p == 0.001
     assert cfg.model.init_args.lr == 0.01 and cfg.model.init_args.momentum == 0.9
     assert cfg.data.init_args.partitioner.class_path == "fedlit.data.Shards"
+
+
+def test_swapped_parameters_puts_the_parameters_back_in_order_even_after_an_error():
+    module = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    order = [(n, id(p)) for n, p in module.named_parameters()]
+    with pytest.raises(RuntimeError, match="boom"), swapped_parameters(module, {"0.bias": torch.ones(2)}):
+        assert torch.equal(module[0].bias, torch.ones(2)) and not isinstance(module[0].bias, nn.Parameter)
+        raise RuntimeError("boom")
+    assert [(n, id(p)) for n, p in module.named_parameters()] == order
