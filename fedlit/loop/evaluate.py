@@ -18,7 +18,7 @@ import torch
 from fedlit.errors import DataError
 from fedlit.evaluation import markdown_table, summarize
 from fedlit.loop import hparams, record
-from fedlit.loop.local import load_client
+from fedlit.loop.local import call_with_client_state, load_client
 from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ def evaluate_client(fed: Federation, server_round: int, client_id: str, splits: 
         return {}, 0
     received = fed.strategy.configure_evaluate(server_round, client_id)
     load_client(fed, client_id, received)
+    call_with_client_state(fed, "on_client_evaluate_start", trainer=fed, pl_module=fed.module,
+                           server_round=server_round, client_id=client_id)
     precision = fed.fabric.strategy.precision
     fed.module.eval()
     metrics = {}

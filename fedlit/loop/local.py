@@ -6,7 +6,8 @@
     load the client's personal tensors from the store, then ``received``, into the live module (in place)
     build the optimizer (fedlit.loop.optim: stored state, this round's learning rate)
     on_client_fit_start(..., client_state=<each callback's own slot>)
-    for each step: convert the batch to the run's precision; training_step under fabric.autocast();
+    for each step: convert the batch to the run's precision; training_step under strategy.client_forward(module)
+        and fabric.autocast();
         strategy.training_loss; backward; on_before_optimizer_step; optimizer.step (a 16-bit step that the
         gradient scaler skipped is not counted); on_before_zero_grad(..., stepped=...); on_train_batch_end;
         a scheduler of interval "step" steps if the optimizer did
@@ -81,7 +82,7 @@ def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn
         for batch_idx, batch in enumerate(loader):
             batch = precision.convert_input(fabric.to_device(batch))
             fed.call("on_train_batch_start", **hook_args, batch=batch, batch_idx=batch_idx)
-            with fabric.autocast():
+            with strategy.client_forward(module), fabric.autocast():
                 out = precision.convert_output(module.training_step(batch, batch_idx))
             loss = out["loss"] if isinstance(out, Mapping) else out
             value = float(loss.detach())

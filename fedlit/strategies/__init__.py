@@ -7,6 +7,7 @@ from fedlit.strategies.aggregators import (
     TrimmedMeanAggregator,
     WeightedMeanAggregator,
 )
+from fedlit.strategies.apple import APPLE
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.epfl import EPFL
 from fedlit.strategies.fedadagrad import FedAdagrad
@@ -41,3 +42,4 @@ __all__ += ["FedSCA"]
 __all__ += ["FedHEAL", "FedRA", "FedSA"]
 __all__ += ["PGFed", "PGFedMo"]
 __all__ += ["EPFL"]
+__all__ += ["APPLE"]

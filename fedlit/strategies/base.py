@@ -15,6 +15,9 @@ Side effects use Lightning's callback hooks, called by the federation with keywo
   precision's gradient scaler skipped the step over inf/NaN gradients)
 - ``on_client_fit_end(trainer, pl_module, server_round, client_id, update, client_state)``: add ``update.extras``
 - ``on_before_aggregate(trainer, pl_module, server_round, updates)``: filter or transform uploads in place
+- ``on_client_evaluate_start(trainer, pl_module, server_round, client_id, client_state)``: after a client's tensors
+  and what ``configure_evaluate`` sent are loaded, before its splits are evaluated (APPLE loads the client's
+  personalized model here)
 
 ``trainer`` is the :class:`~fedlit.federation.Federation`, ``pl_module`` the live client module and
 ``client_state`` a dict persisted per client in the :class:`~fedlit.store.ClientStore` under the callback's
@@ -24,6 +27,7 @@ Side effects use Lightning's callback hooks, called by the federation with keywo
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,6 +170,13 @@ class Strategy(Callback, abc.ABC):
             The loss to back-propagate. Default: ``loss``.
         """
         return loss
+
+    def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
+        """A context the local loop enters around each ``training_step`` of a client's turn (outside autocast),
+        between ``on_client_fit_start`` and ``on_client_fit_end``: a strategy that trains a function of the
+        module's tensors rather than the tensors themselves (APPLE's mix of every client's core model) swaps them
+        in here and restores them on exit; the backward pass runs after the exit. Default: nothing."""
+        return contextlib.nullcontext()
 
     def check_uploads(self, updates: list[ClientUpdate]) -> None:
         """Raise a ``KeyError`` if a client uploaded tensors the server does not share."""

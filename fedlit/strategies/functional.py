@@ -663,3 +663,79 @@ def epfl_weights(distances: Tensor, lam: float = 0.5, eps: float = 0.0) -> Tenso
     similarity = torch.where(off, similarity, torch.zeros_like(similarity))
     weights = (1 - lam) * similarity / similarity.sum(dim=1, keepdim=True)
     return weights + lam * torch.eye(n, dtype=torch.float64)
+
+
+# --- APPLE: personalized models as learned mixes of every client's core model ---------------------------------------
+# Luo, Wu, "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning", IJCAI 2022.
+
+
+def apple_mix(p: Tensor, cores: Sequence[Tensor]) -> Tensor:
+    """APPLE's personalized tensor ``sum_j p_j core_j`` (the same coefficient for a layer's weights and biases).
+
+    Differentiable in ``p`` and in every core that requires a gradient (APPLE trains the client's own core and
+    ``p``; the other cores enter as constants). ``p`` is cast to the cores' dtype.
+
+    Args:
+        p: ``(N,)`` directed-relationship vector (unconstrained: neither non-negative nor summing to 1).
+        cores: N tensors of one shape, ``cores[j]`` from client j's core model.
+    """
+    if p.ndim != 1 or p.shape[0] != len(cores) or not cores:
+        raise ValueError(f"apple_mix needs one coefficient per core: p has shape {tuple(p.shape)}, "
+                         f"{len(cores)} cores.")
+    weights = p.to(cores[0].dtype)
+    out = weights[0] * cores[0]
+    for j in range(1, len(cores)):
+        out = out + weights[j] * cores[j]
+    return out
+
+
+def apple_proximal_coefficient(round_index: int, decay_rounds: int, mu: float, schedule: str = "exponential",
+                               eps: float = 1e-3) -> float:
+    """APPLE's weight ``coef(r)`` of ``||p - p0||^2`` in round ``r`` (counted from 0): ``mu eps^(r / R_d)``
+    (``exponential``) or ``mu (cos(pi r / R_d) + 1) / 2`` (``cosine``) while ``r < R_d``, 0 from ``R_d`` on (and
+    for ``mu = 0``)."""
+    if schedule not in ("exponential", "cosine"):
+        raise ValueError(f"apple_proximal_coefficient: schedule={schedule!r} is not 'exponential' or 'cosine'.")
+    if mu == 0 or round_index >= decay_rounds:
+        return 0.0
+    if schedule == "cosine":
+        phase = torch.tensor(torch.pi * round_index / decay_rounds, dtype=torch.float64)
+        return float(mu * (torch.cos(phase) + 1) / 2)
+    return float(mu * eps ** (round_index / decay_rounds))
+
+
+def apple_proximal(p: Tensor, p0: Tensor, coef: float) -> Tensor:
+    """``coef * ||p - p0||_2^2`` (APPLE's pull of the directed relationships towards the sample shares ``p0``)."""
+    return coef * (p - p0.to(p.device, p.dtype)).pow(2).sum()
+
+
+def apple_download_choice(p: Tensor, own: int, touched: Tensor, limit: int, round_index: int,
+                          generator: torch.Generator, *, lamb: float = 1.0, thresh: float = 1.5) -> list[int]:
+    """The ``limit`` other cores client ``own`` downloads under APPLE's bandwidth limit, sorted.
+
+    Cores it has never downloaded (``touched[j]`` False) come first, drawn uniformly if there are more than
+    ``limit``; the remaining places are drawn without replacement among the other cores with probability
+    proportional to ``base^|p_j|``, ``base = max(thresh, lamb * r * limit / N)`` (``r`` the round, counted from 0):
+    a core the client relies on more is refreshed more often, and ``base`` grows with the rounds.
+
+    Args:
+        p: ``(N,)`` the client's directed relationships.
+        own: The client's index (never drawn: it holds its own core).
+        touched: ``(N,)`` bool, the cores it has downloaded before.
+        limit: ``M``, between 1 and ``N - 1``.
+        round_index: ``r``.
+        generator: The random stream of the draw.
+    """
+    n = p.shape[0]
+    if not 1 <= limit <= n - 1:
+        raise ValueError(f"apple_download_choice: limit={limit} must be in [1, N - 1] = [1, {n - 1}].")
+    others = [j for j in range(n) if j != own]
+    fresh = [j for j in others if not bool(touched[j])]
+    if len(fresh) >= limit:
+        order = torch.randperm(len(fresh), generator=generator)[:limit]
+        return sorted(fresh[i] for i in order.tolist())
+    candidates = [j for j in others if j not in fresh]
+    base = max(thresh, lamb * round_index * limit / n)
+    probs = torch.tensor([base ** abs(float(p[j])) for j in candidates], dtype=torch.float64)
+    drawn = torch.multinomial(probs / probs.sum(), limit - len(fresh), replacement=False, generator=generator)
+    return sorted(fresh + [candidates[i] for i in drawn.tolist()])

@@ -1,0 +1,319 @@
+"""APPLE: each client learns how much of every client's core model its personalized model takes.
+
+Luo, Wu. "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning." IJCAI 2022.
+https://arxiv.org/abs/2110.08394 (code: https://github.com/ljaiverson/pFL-APPLE, ``train_APPLE.py``,
+``utils/apple.py``, ``utils/losses.py``, read)
+
+Client i keeps a core model ``theta_c,i`` (its shared tensors: uploaded, stored by the server) and a directed-
+relationship vector ``p_i`` of length N (personal: never uploaded). Its personalized model is, per shared
+parameter (weights and biases alike),
+
+    theta_p,i = sum_j p_ij theta_c,j                                                        (the mix)
+
+Per round r (counted from 0 as in the code; fedlit's ``server_round`` is r + 1):
+
+- down: every other client's core from the previous round (its shared parameters; the own core as
+  ``configure_client``'s state), or only ``M = max_downloads`` of them under a bandwidth limit (below)
+- local training: each batch's forward runs the module with every shared parameter replaced by the mix, the own core
+  being the live parameter and the other cores constants, so exact autograd gives the own core
+  ``p_ii dL/dtheta_p`` and ``p_ij`` the gradient ``<dL/dtheta_p, theta_c,j>``; no other core gets a gradient.
+  The loss is ``L = CE + coef(r) ||p_i - p0||^2``, ``p0 = (n_1 / n, ..., n_N / n)``, ``p_i`` starts at
+  ``p0`` and is unconstrained. The own core steps with the module's optimizer (SGD, lr 0.01, momentum 0.9 in
+  the paper and the code), ``p_i`` with its own SGD (``lr_p`` = 1e-3, momentum ``p_momentum`` = 0.9, restarted
+  every turn like the code's optimizer)
+- ``coef(r) = mu eps^(r / R_d)`` (``schedule="exponential"``) or ``mu (cos(pi r / R_d) + 1) / 2`` (``cosine``)
+  for ``r < R_d``, 0 after; ``R_d = int(0.1 R)`` with R the federation's rounds unless ``decay_rounds`` is given
+- up: the trained core ``theta_c,i``; the server replaces its copy of client i's core
+- evaluation: client i's personalized model (the mix) as it stood at the end of its last turn (the cores it trained
+  with, its own trained core, its trained ``p_i``); a client that has not trained yet: ``sum_j p0_j theta_c,j``
+- bandwidth limit (``max_downloads = M < N - 1``): a client's first turn downloads every core (the initial
+  cores, as in the code's round 0); after it, the client itself draws, at the end of a turn, the M cores it
+  will download at its next: cores it has never downloaded since its first turn first (uniformly), the other
+  places with probability proportional to ``base^|p_ij|``, ``base = max(thresh, lamb r M / N)``, from a random
+  stream derived from the run's seed, the round and the client (a resumed run draws the same; no generator state
+  to checkpoint); it uploads only the indices. A core not downloaded enters the mix with the value the client
+  last downloaded (kept on the client).
+
+Symbols -> code: ``theta_c,j`` -> ``self.cores[j]`` (server; the initial shared tensors until j first uploads);
+``p_i`` -> ``client_state["p"]`` (float32, in ``self.client_ids`` order); ``theta_p,i`` -> ``client_state["model"]``;
+``p0`` -> ``self.p0``; ``coef(r)`` -> :meth:`APPLE.coefficient`; ``mu``, ``eps``, ``R_d``, ``M``, ``lamb``,
+``thresh`` -> ``mu``, ``eps``, ``decay_rounds``, ``max_downloads``, ``lamb``, ``thresh``; the math ->
+:func:`~fedlit.strategies.functional.apple_mix`, :func:`~fedlit.strategies.functional.apple_proximal`,
+:func:`~fedlit.strategies.functional.apple_proximal_coefficient`,
+:func:`~fedlit.strategies.functional.apple_download_choice`.
+
+Memory: the server holds N cores (shared tensors only, never the frozen backbone) and ``global_state``
+(``sum_j p0_j theta_c,j``, the model a new client would start from) plus the initial shared tensors. Each client's
+store holds ``p_i`` (N floats), its personalized model (one copy of the shared parameters), and under a bandwidth
+limit the last value it downloaded of every other core (N - 1 copies of the shared parameters) and which cores
+it has downloaded.
+
+Deviation: the code builds every core with its own random initialization; fedlit builds one model, so all cores
+start equal (the mix then starts at that model, since ``p0`` sums to 1). Deviation: the code mixes the outputs of
+each layer's N copies (``sum_j p_j layer_j(x)``); for convolutions and linear layers this equals mixing their
+weights and biases, which is what is done here for every shared parameter. Shared buffers (BatchNorm statistics)
+are not mixed: each client runs and uploads its own core's. Deviation: the code never marks a core as
+downloaded, so its draw is always uniform among the other cores; here downloads are remembered (the paper's
+intent) and a core drawn by ``base^|p|`` is never drawn twice. Deviation: the code's per-round learning-rate decay
+(``--decay``, 1 by default) is left to the module's scheduler for the core; ``lr_p`` is constant.
+Communication counts the own core in the download (the client holds it already).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from fedlit.errors import ConfigError
+from fedlit.strategies import functional as F
+from fedlit.strategies.base import ClientUpdate, Strategy
+
+
+@contextlib.contextmanager
+def swapped_parameters(module: nn.Module, tensors: Mapping[str, Tensor]) -> Iterator[None]:
+    """Inside the block, ``module``'s parameters named in ``tensors`` are those tensors (which may be functions of
+    the parameters, so autograd reaches them); the parameters are put back on exit, in their order. This is the
+    swap ``torch.func.functional_call`` makes, kept open around a whole ``training_step``."""
+    replaced = []
+    try:
+        for name, tensor in tensors.items():
+            prefix, _, attr = name.rpartition(".")
+            owner = module.get_submodule(prefix) if prefix else module
+            replaced.append((owner, attr, owner._parameters[attr]))
+            owner._parameters[attr] = tensor
+        yield
+    finally:
+        for owner, attr, original in reversed(replaced):
+            owner._parameters[attr] = original
+
+
+class APPLE(Strategy):
+    """Personalized models mixed from every client's core model by learned directed relationships ``p_i``.
+
+    Args:
+        mu: Weight ``mu`` of ``||p_i - p0||^2`` (default 0.1; 0: no pull towards ``p0``).
+        lr_p: Learning rate of ``p_i`` (default 1e-3; the core takes the module's optimizer and learning rate,
+            0.01 in the paper).
+        p_momentum: SGD momentum of ``p_i`` (default 0.9, as the code's shared optimizer).
+        schedule: Shape of ``coef(r)``: ``exponential`` (the code's default) or ``cosine``.
+        eps: ``coef`` reaches ``mu * eps`` at ``R_d`` in the exponential schedule (default 1e-3).
+        decay_rounds: ``R_d``, the rounds with the proximal term; None (default): ``int(0.1 * rounds)``.
+        max_downloads: ``M``, the other cores a client downloads per round; None (default): all of them.
+        lamb: ``lambda`` of the bandwidth limit's ``base`` (default 1).
+        thresh: The least ``base`` (default 1.5).
+    """
+
+    def __init__(self, *, mu: float = 0.1, lr_p: float = 1e-3, p_momentum: float = 0.9,
+                 schedule: Literal["exponential", "cosine"] = "exponential", eps: float = 1e-3,
+                 decay_rounds: int | None = None, max_downloads: int | None = None, lamb: float = 1.0,
+                 thresh: float = 1.5) -> None:
+        super().__init__()
+        problems = []
+        key = "strategy.init_args."
+        if not mu >= 0:
+            problems.append(f"{key}mu={mu!r} must be >= 0 (0.1 in the paper)")
+        if not lr_p > 0:
+            problems.append(f"{key}lr_p={lr_p!r} must be > 0 (1e-3 in the paper)")
+        if not 0 <= p_momentum < 1:
+            problems.append(f"{key}p_momentum={p_momentum!r} must be in [0, 1)")
+        if schedule not in ("exponential", "cosine"):
+            problems.append(f"{key}schedule={schedule!r} is not one of ['exponential', 'cosine']")
+        if not 0 < eps <= 1:
+            problems.append(f"{key}eps={eps!r} must be in (0, 1] (1e-3 in the paper)")
+        if decay_rounds is not None and (isinstance(decay_rounds, bool) or decay_rounds < 0):
+            problems.append(f"{key}decay_rounds={decay_rounds!r} must be >= 0, or null for 10% of the rounds")
+        if max_downloads is not None and (isinstance(max_downloads, bool) or max_downloads < 1):
+            problems.append(f"{key}max_downloads={max_downloads!r} must be >= 1, or null to download every core")
+        if not lamb >= 0 or not thresh > 0:
+            problems.append(f"{key}lamb={lamb!r} must be >= 0 and {key}thresh={thresh!r} > 0")
+        if problems:
+            raise ConfigError("Invalid APPLE settings: " + "; ".join(problems) + ".")
+        self.mu, self.lr_p, self.p_momentum, self.eps = float(mu), float(lr_p), float(p_momentum), float(eps)
+        self.schedule, self.decay_rounds, self.max_downloads = schedule, decay_rounds, max_downloads
+        self.lamb, self.thresh = float(lamb), float(thresh)
+        self.rounds: int | None = None
+        self.initial: dict[str, Tensor] = {}
+        self.cores: dict[str, dict[str, Tensor]] = {}
+        self.requests: dict[str, list[int]] = {}
+        self.p0 = torch.zeros(0, dtype=torch.float64)
+        self._turn: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------------------ server
+    def setup_server_state(self) -> None:
+        """Every core starts at the initial shared tensors; ``p0`` from the class counts (uniform without them)
+        until :meth:`on_fit_start` reads the clients' training sizes."""
+        self.initial = dict(self.global_state)
+        self.cores, self.requests = {}, {}
+        counts = [float(sum(self.class_counts[c])) if self.class_counts else 1.0 for c in self.client_ids]
+        self.p0 = F.normalized_weights(counts).to(torch.float64)
+
+    def on_fit_start(self, trainer: Any) -> None:
+        """``p0 = n_j / n`` over the clients that train; R, the federation's rounds, for ``R_d``."""
+        self.rounds = int(trainer.rounds)
+        sizes = [float(trainer.datamodule.num_examples(c, "train")) for c in self.client_ids]
+        self.p0 = F.normalized_weights(sizes).to(torch.float64)
+
+    def coefficient(self, server_round: int) -> float:
+        """``coef(r)`` of round ``server_round`` (r = server_round - 1)."""
+        decay = self.decay_rounds
+        if decay is None:
+            if self.rounds is None:
+                raise ValueError("APPLE needs the federation's rounds (on_fit_start) or decay_rounds for coef(r).")
+            decay = int(0.1 * self.rounds)
+        return F.apple_proximal_coefficient(server_round - 1, decay, self.mu, self.schedule, self.eps)
+
+    def _limited(self) -> bool:
+        return self.max_downloads is not None and self.max_downloads + 1 < len(self.client_ids)
+
+    def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
+        """The client's own core (the initial shared tensors before it first uploads one)."""
+        return dict(self.cores.get(client_id, self.initial))
+
+    def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
+        """``p0`` and the other clients' cores (shared parameters): all, or the ones the client asked for."""
+        names = self.shared_parameter_names()
+        own = self.client_ids.index(client_id)
+        wanted = self.requests.get(client_id) if self._limited() else None
+        indices = [j for j in range(len(self.client_ids)) if j != own and (wanted is None or j in wanted)]
+        cores = {}
+        for j in indices:
+            core = self.cores.get(self.client_ids[j], self.initial)
+            cores[self.client_ids[j]] = {n: core[n] for n in names}
+        return {"p0": self.p0.to(torch.float32), "cores": cores}
+
+    def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
+        """The client's own core (its buffers; the client puts its personalized model over the parameters in
+        :meth:`on_client_evaluate_start`); ``sum_j p0_j theta_c,j`` for a client without a core of its own."""
+        return dict(self.cores[client_id]) if client_id in self.cores else dict(self.global_state)
+
+    def expected_upload_extras(self, client_id: str) -> dict[str, Any]:
+        """The indices of the M cores requested for the next turn, under a bandwidth limit."""
+        return {"request": torch.zeros(self.max_downloads, dtype=torch.int64)} if self._limited() else {}
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
+        """Keep each uploaded core (and request); ``global_state = sum_j p0_j theta_c,j``."""
+        if not updates:
+            return dict(self.global_state)
+        self.check_uploads(updates)
+        for update in updates:
+            self.cores[update.client_id] = {n: t.detach().to(self.global_state[n].device)
+                                            for n, t in update.state.items()}
+            if "request" in update.extras:
+                self.requests[update.client_id] = [int(j) for j in update.extras["request"].tolist()]
+        states = [self.cores.get(c, self.initial) for c in self.client_ids]
+        self.global_state = F.weighted_average(states, self.p0.tolist())
+        return dict(self.global_state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server state plus every core, the initial tensors, ``p0`` and the requests (exact resume)."""
+        return {**super().state_dict(), "initial": self.initial, "cores": self.cores, "p0": self.p0,
+                "requests": self.requests}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        super().load_state_dict(state_dict)
+        self.initial = dict(state_dict["initial"])
+        self.cores = {c: dict(s) for c, s in state_dict["cores"].items()}
+        self.p0 = state_dict["p0"]
+        self.requests = {c: list(r) for c, r in state_dict["requests"].items()}
+
+    # ------------------------------------------------------------------------------------------ client
+    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str, received_extras: dict[str, Any],
+                            client_state: dict[str, Any]) -> None:
+        """Gather the N cores (own: live; others: received or, under a bandwidth limit, last downloaded), make
+        ``p_i`` a leaf to train (``p0`` the first time) and its optimizer."""
+        params = dict(pl_module.shared_parameters())
+        device = next(iter(params.values())).device if params else torch.device("cpu")
+        own = self.client_ids.index(client_id)
+        p0 = received_extras["p0"].to(device, torch.float32)
+        first = "p" not in client_state
+        received = received_extras["cores"]
+        if self._limited():  # the cores not downloaded: their last downloaded values, kept on the client
+            received = {**client_state.get("cores", {}), **received}
+        others = {j: {n: t.to(device, params[n].dtype) for n, t in core.items()} for j, core in received.items()}
+        p = (p0.clone() if first else client_state["p"].to(device, torch.float32).clone()).requires_grad_(True)
+        self._turn = {
+            "params": params, "own": own, "first": first, "received": received_extras["cores"],
+            "p": p, "p0": p0, "coef": self.coefficient(server_round),
+            "cores": {n: [params[n] if k == own else others[c][n] for k, c in enumerate(self.client_ids)]
+                      for n in params},
+            "optimizer": torch.optim.SGD([p], lr=self.lr_p, momentum=self.p_momentum),
+        }
+
+    def personalized(self) -> dict[str, Tensor]:
+        """The mix for every shared parameter, from this turn's ``p_i`` and cores (differentiable)."""
+        turn = self._turn
+        return {n: F.apple_mix(turn["p"], cores) for n, cores in turn["cores"].items()}
+
+    def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
+        """Run the step with every shared parameter replaced by the mix."""
+        if not self._turn:
+            return contextlib.nullcontext()
+        return swapped_parameters(pl_module, self.personalized())
+
+    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+        """``loss + coef(r) ||p_i - p0||^2``."""
+        turn = self._turn
+        if not turn or turn["coef"] == 0:
+            return loss
+        return loss + F.apple_proximal(turn["p"], turn["p0"], turn["coef"]).to(loss.dtype)
+
+    def on_before_optimizer_step(self, trainer: Any) -> None:
+        """Unscale ``p_i``'s gradient under 16-bit mixed precision (the loop unscales the module's only)."""
+        turn = self._turn
+        scaler = getattr(trainer.fabric.strategy.precision, "scaler", None)
+        if turn and turn["p"].grad is not None and scaler is not None and scaler.is_enabled():
+            turn["p"].grad.div_(scaler.get_scale())
+
+    def on_before_zero_grad(self, stepped: bool) -> None:
+        """Step ``p_i`` when the module's optimizer stepped (the same gradients), then clear its gradient."""
+        turn = self._turn
+        if not turn:
+            return
+        if stepped and turn["p"].grad is not None:
+            turn["optimizer"].step()
+        turn["p"].grad = None
+
+    def on_client_fit_end(self, trainer: Any, server_round: int, client_id: str, update: ClientUpdate,
+                          client_state: dict[str, Any]) -> None:
+        """Keep ``p_i`` and the personalized model on the client; under a bandwidth limit draw and upload the
+        indices of the cores to download next turn."""
+        turn = self._turn
+        if not turn:
+            return
+        store = trainer.store.device
+        with torch.no_grad():
+            client_state["model"] = {n: t.detach().to(store, copy=True) for n, t in self.personalized().items()}
+        p = turn["p"].detach().to(store, copy=True)
+        client_state["p"] = p
+        if self._limited():  # committed here, so a quarantined turn leaves the client's state as it was
+            cache = client_state.setdefault("cores", {})
+            touched = client_state.setdefault("touched", torch.eye(len(self.client_ids), dtype=torch.bool)[turn["own"]])
+            for j, core in turn["received"].items():
+                cache[j] = {n: t.detach().to(store, copy=True) for n, t in core.items()}
+                if not turn["first"]:  # the first turn's download is the initial cores
+                    touched[self.client_ids.index(j)] = True
+            generator = torch.Generator().manual_seed(trainer.derive_seed("apple", server_round, client_id))
+            request = F.apple_download_choice(p, turn["own"], touched, self.max_downloads,
+                                              server_round, generator, lamb=self.lamb, thresh=self.thresh)
+            update.extras["request"] = torch.tensor(request, dtype=torch.int64)
+        self._turn = {}
+
+    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+        """Put the client's personalized model over the shared parameters (before its first turn: as sent)."""
+        model = client_state.get("model")
+        if model is None:
+            return
+        live = dict(pl_module.shared_parameters())
+        with torch.no_grad():
+            for name, tensor in model.items():
+                live[name].copy_(tensor)
+
+    def hparams(self) -> dict[str, Any]:
+        return {"mu": self.mu, "lr_p": self.lr_p, "p_momentum": self.p_momentum, "schedule": self.schedule,
+                "eps": self.eps, "decay_rounds": self.decay_rounds, "max_downloads": self.max_downloads,
+                "lamb": self.lamb, "thresh": self.thresh}
