@@ -2,9 +2,11 @@
 
 Each evaluated client downloads what :meth:`~fedlit.strategies.base.Strategy.configure_evaluate` gives it (once per
 evaluated round, for both splits); those bytes are counted as ``comm/eval_download_bytes``, beside the training
-traffic. Validation metrics are logged per round; test metrics are recorded for the final report only (nothing
-is chosen or shown per round on test). A module whose ``validation_images()`` draws its validation examples
-(segmentation) has that picture logged per client and round, to the loggers that take images (TensorBoard).
+traffic. Then ``on_client_evaluate_start`` lets a strategy put a model the client holds into the live module (a
+personal model kept in its ``client_state``). Validation metrics are logged per round; test metrics are recorded
+for the final report only (nothing is chosen or shown per round on test). A module whose ``validation_images()``
+draws its validation examples (segmentation) has that picture logged per client and round, to the loggers that
+take images (TensorBoard).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from fedlit.errors import DataError
 from fedlit.evaluation import markdown_table, summarize
 from fedlit.loop import hparams, record
-from fedlit.loop.local import load_client
+from fedlit.loop.local import call_with_client_state, load_client
 from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ def evaluate_client(fed: Federation, server_round: int, client_id: str, splits: 
         return {}, 0
     received = fed.strategy.configure_evaluate(server_round, client_id)
     load_client(fed, client_id, received)
+    call_with_client_state(fed, "on_client_evaluate_start", trainer=fed, pl_module=fed.module,
+                           server_round=server_round, client_id=client_id)
     precision = fed.fabric.strategy.precision
     fed.module.eval()
     metrics = {}

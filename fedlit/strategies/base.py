@@ -15,6 +15,9 @@ Side effects use Lightning's callback hooks, called by the federation with keywo
   precision's gradient scaler skipped the step over inf/NaN gradients)
 - ``on_client_fit_end(trainer, pl_module, server_round, client_id, update, client_state)``: add ``update.extras``
 - ``on_before_aggregate(trainer, pl_module, server_round, updates)``: filter or transform uploads in place
+- ``on_client_evaluate_start(trainer, pl_module, server_round, client_id, client_state)``: before a client's
+  evaluation, after its personal tensors and :meth:`Strategy.configure_evaluate`'s are loaded (swap in a model
+  the client keeps in ``client_state``)
 
 ``trainer`` is the :class:`~fedlit.federation.Federation`, ``pl_module`` the live client module and
 ``client_state`` a dict persisted per client in the :class:`~fedlit.store.ClientStore` under the callback's
@@ -151,6 +154,10 @@ class Strategy(Callback, abc.ABC):
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """What ``client_id`` evaluates with, on top of its personal tensors. Default: as in training."""
         return self.configure_client(server_round, client_id)
+
+    def on_client_evaluate_start(self, trainer: Any, pl_module: Any, server_round: int, client_id: str) -> None:
+        """Called before ``client_id`` is evaluated, its tensors loaded; a strategy that evaluates a model kept in
+        the client's ``client_state`` (declare that argument) copies it into ``pl_module`` here. Default: nothing."""
 
     def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
         """The client objective: ``loss`` plus any regularizer of the strategy, or a replacement of it.
