@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 from lightning.fabric import Fabric
+from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from fedlit.cli import build_parser
 from fedlit.errors import ConfigError
+from fedlit.export import export_federation
 from fedlit.module import FederatedModule
 from fedlit.roles import ParameterRoles
 from fedlit.strategies import ClientUpdate, FedAvg, FedMetaMed
@@ -274,6 +276,9 @@ def test_the_personal_model_is_what_a_client_is_evaluated_with(tmp_path):
                for n, t in personal.module.named_tensors("shared", "personal").items())
     deputy = runs["deputy"].evaluate_client(1, "c0", "val")
     assert got["loss"] != pytest.approx(deputy["loss"], abs=1e-4)
+    exported = load_file(export_federation(personal, tmp_path / "export", ["c0"])["c0"] / "model.safetensors")
+    assert exported.keys() == state["personal"].keys()
+    assert all(torch.equal(t, state["personal"][n]) for n, t in exported.items())
 
 
 def test_bad_options_are_named():
