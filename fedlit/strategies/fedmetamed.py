@@ -64,6 +64,8 @@ turn (in round 1 both are the initial model, as in the code). As in the code: th
 without ``local_steps``) trains every batch in Reciprocate. Deviation: the code rebuilds both optimizers every
 round; here the personal optimizer follows ``federation.optimizer_state``. Binary tasks with one logit ``z`` use
 the two-class logits ``(0, z)``. 16-bit mixed precision with a gradient scaler is refused (use ``bf16-mixed``).
+Evaluation downloads are counted as for FedAvg (the client's mix), although the personal model it is evaluated
+with never leaves the client.
 """
 
 from __future__ import annotations
