@@ -3,7 +3,8 @@
 A checkpoint holds no backbone: the frozen tensors are rebuilt from the recipe. What makes client k's model its
 own is the set of trainable tensors it evaluates with: its personal tensors from the client store, plus what the
 strategy gives it for evaluation (:meth:`~fedlit.strategies.base.Strategy.configure_evaluate`: the global head
-for FedBN, FedDyn's server model, ...). :func:`export_federation` writes exactly those, per client::
+for FedBN, FedDyn's server model, ...), then what ``on_client_evaluate_start`` puts in place (FedMetaMed's personal
+model). :func:`export_federation` writes exactly those, per client::
 
     <out>/<client_id>/model.safetensors   # shared + personal tensors, named as in the FederatedModule
     <out>/<client_id>/export.json         # roles, round, checkpoint, model section of the recipe, metrics
@@ -124,7 +125,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     Raises:
         ConfigError: If the federation was not set up, or a client is not one of its clients.
     """
-    from fedlit.loop.local import load_client
+    from fedlit.loop.local import call_with_client_state, load_client
 
     if not fed.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
         raise ConfigError("export_federation needs a federation after fit() or setup(ckpt_path=...); this one has "
@@ -140,6 +141,8 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     written = {}
     for client_id in wanted:
         load_client(fed, client_id, fed.strategy.configure_evaluate(fed.server_round, client_id))
+        call_with_client_state(fed, "on_client_evaluate_start", trainer=fed, pl_module=fed.module,
+                               server_round=fed.server_round, client_id=client_id)  # the model it evaluates
         live = fed.module.named_tensors("shared", "personal")
         tensors = {n: t.detach().cpu().contiguous().clone() for n, t in live.items()}
         folder = Path(out) / client_id

@@ -2,9 +2,11 @@
 
 Each evaluated client downloads what :meth:`~fedlit.strategies.base.Strategy.configure_evaluate` gives it (once per
 evaluated round, for both splits); those bytes are counted as ``comm/eval_download_bytes``, beside the training
-traffic. Validation metrics are logged per round; test metrics are recorded for the final report only (nothing
-is chosen or shown per round on test). A module whose ``validation_images()`` draws its validation examples
-(segmentation) has that picture logged per client and round, to the loggers that take images (TensorBoard).
+traffic. Then ``on_client_evaluate_start`` lets a strategy put a model the client holds into the live module (a
+personal model kept in its ``client_state``). Validation metrics are logged per round; test metrics are recorded
+for the final report only (nothing is chosen or shown per round on test). A module whose ``validation_images()``
+draws its validation examples (segmentation) has that picture logged per client and round, to the loggers that
+take images (TensorBoard).
 """
 
 from __future__ import annotations

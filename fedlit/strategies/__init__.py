@@ -17,6 +17,7 @@ from fedlit.strategies.fedbn import FedBN
 from fedlit.strategies.feddyn import FedDyn
 from fedlit.strategies.fedheal import FedHEAL
 from fedlit.strategies.fedmedian import FedMedian
+from fedlit.strategies.fedmetamed import FedMetaMed
 from fedlit.strategies.fedopt import FedOpt
 from fedlit.strategies.fedprox import FedProx
 from fedlit.strategies.fedpxn import FedPxN
@@ -43,3 +44,4 @@ __all__ += ["FedHEAL", "FedRA", "FedSA"]
 __all__ += ["PGFed", "PGFedMo"]
 __all__ += ["EPFL"]
 __all__ += ["APPLE"]
+__all__ += ["FedMetaMed"]

@@ -16,8 +16,8 @@ Side effects use Lightning's callback hooks, called by the federation with keywo
 - ``on_client_fit_end(trainer, pl_module, server_round, client_id, update, client_state)``: add ``update.extras``
 - ``on_before_aggregate(trainer, pl_module, server_round, updates)``: filter or transform uploads in place
 - ``on_client_evaluate_start(trainer, pl_module, server_round, client_id, client_state)``: after a client's tensors
-  and what ``configure_evaluate`` sent are loaded, before its splits are evaluated (APPLE loads the client's
-  personalized model here)
+  and what ``configure_evaluate`` sent are loaded, before its splits are evaluated: put a model the client keeps
+  in ``client_state`` into the live module (APPLE's personalized model, FedMetaMed's personal model)
 
 ``trainer`` is the :class:`~fedlit.federation.Federation`, ``pl_module`` the live client module and
 ``client_state`` a dict persisted per client in the :class:`~fedlit.store.ClientStore` under the callback's
@@ -155,6 +155,10 @@ class Strategy(Callback, abc.ABC):
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """What ``client_id`` evaluates with, on top of its personal tensors. Default: as in training."""
         return self.configure_client(server_round, client_id)
+
+    def on_client_evaluate_start(self, trainer: Any, pl_module: Any, server_round: int, client_id: str) -> None:
+        """Called before ``client_id`` is evaluated, its tensors loaded; a strategy that evaluates a model kept in
+        the client's ``client_state`` (declare that argument) copies it into ``pl_module`` here. Default: nothing."""
 
     def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
         """The client objective: ``loss`` plus any regularizer of the strategy, or a replacement of it.
