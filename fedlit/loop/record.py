@@ -131,7 +131,9 @@ def describe(fed: Federation) -> dict[str, Any]:
         "started": fed.timing.get("started"),
         "ended": utc_now(),
         "wall_seconds": round(_wall_seconds(fed), 3),
-        "evaluation_only": [c for c in fed.client_ids if c not in set(fed.train_client_ids)],
+        "evaluation_only": [c for c in fed.client_ids
+                            if c not in set(fed.train_client_ids) | set(fed.unseen_client_ids)],
+        "unseen_clients": fed.unseen_client_ids,
     }
 
 

@@ -38,8 +38,9 @@ Deviation (partial participation): FHBench trains every client every round. Here
 the round's clients; a client outside the round keeps the last mix it was sent; a client that has not trained yet
 (or an evaluation-only client) receives ``global_state``, the sample-weighted mean of the round's A tensors (the
 initial A before round 1). That mean is also evaluated on every client, with the client's own B and head
-(:meth:`EPFL.global_model_state`; reported under ``global/...``). A round with one client leaves its A as it is (``s_11 = 1``). The LoRA scale is
-alpha / r (FHBench's code uses the integer alpha // r; equal for r = 8, alpha = 16).
+(:meth:`EPFL.global_model_state`; reported under ``global/...``). A round with one client leaves its A as it is
+(``s_11 = 1``). The LoRA scale is alpha / r (FHBench's code uses the integer alpha // r; equal for r = 8,
+alpha = 16).
 
 Memory: the server keeps one A mix per client that has trained (plus ``global_state``); each client's store holds
 its own B, its head and every other personal tensor.
