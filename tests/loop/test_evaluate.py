@@ -14,10 +14,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import tests.conftest
 from fedlit import Federation, RoleRule
+from fedlit.costs import estimate_costs
 from fedlit.errors import ConfigError
 from fedlit.models import MLP
 from fedlit.strategies import EPFL, PGFed
 from fedlit.strategies.fedavg import FedAvg
+from fedlit.strategies.functional import state_nbytes
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyTabular, make_federation
 from tests.strategies.test_epfl import LORA_ROLES, LoRAMLP, _aggregate, _strategy
@@ -68,6 +70,13 @@ def test_pgfed_is_also_evaluated_with_theta_glob(tmp_path):
     text = (tmp_path / "results.md").read_text()
     assert "## Global model" in text and "### Global model: test, last round (round 2)" in text
     assert json.loads((tmp_path / "results.json").read_text())["global"]["last"]["clients"]["c1"] == glob["c1"]
+    # the evaluation downloads theta_i and theta_glob; `fedlit cost` counts both
+    fresh = make_federation(tmp_path / "fresh", PGFed()).module
+    estimate = estimate_costs(fresh, [PGFed()], num_clients=3, rounds=2)["strategies"][0]["eval_download_bytes"]
+    assert estimate["run"] == fed.comm["eval_download_bytes"] == 2 * 3 * 2 * state_nbytes(strategy.global_state)
+    # `fedlit test` of the last checkpoint evaluates the global model too
+    tested = fed.evaluate("test", tmp_path / "checkpoints" / "last.ckpt")
+    assert tested["global"]["clients"] == glob and tested["clients"] == ours
 
 
 def test_fedavg_has_no_global_section(tmp_path):
@@ -149,6 +158,9 @@ def test_unseen_clients_never_train_and_are_tested_before_and_after_k_sgd_steps(
     assert {"unseen/client/c2/test/loss", "unseen_finetuned/server/test/loss_mean"} <= set(tags)
     text = (tmp_path / "results.md").read_text()
     assert "## Unseen clients" in text and "after 3 local fine-tuning steps" in text
+    tested = fed.evaluate("test", tmp_path / "checkpoints" / "last.ckpt")  # the same from the checkpoint
+    assert tested["unseen"]["finetuned"]["clients"]["c2"]["loss"] == pytest.approx(after, abs=1e-5)
+    assert set(tested["clients"]) == {"c0", "c1"}
 
 
 def test_unseen_clients_by_name_without_fine_tuning(tmp_path):
