@@ -94,6 +94,10 @@ def _subparser(name: str) -> ArgumentParser:
                         help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
                              "or, for validate and test, `best` (its best-validation checkpoint).")
     runnames.add_run_arguments(parser, name)
+    if name in ("fit", "test"):
+        parser.add_argument("--baseline_run", type=str | None, default=None,
+                            help="A finished run of strategy Local on the same data and seed: the report adds each "
+                                 "client's test gain over it, with their mean and std (gain_over_local).")
     if name in ("fit", "cost"):
         from fedlit import costs
 
@@ -236,6 +240,7 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
         check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
     config = json.loads(parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True))[subcommand]
     config.pop("dry_run", None)  # an option of fit only: validate/test --run rebuild the run from this
+    baseline_run = config.pop("baseline_run", None)  # what the run is compared with, not part of it
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     seed_everything(sub_cfg.federation.seed, verbose=False)
@@ -252,6 +257,7 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
     except BaseException:
         _remove_if_empty(created)
         raise
+    federation.baseline_run = Path(baseline_run) if baseline_run else None
     return _Job(subcommand, federation, ckpt_path, created)
 
 

@@ -12,7 +12,7 @@ Both build the recipe's model (on the meta device: no memory is allocated and, i
   :func:`~fedlit.strategies.functional.state_nbytes`): a selected client downloads ``configure_client`` and
   ``configure_client_extras`` and uploads its ``shared`` tensors plus the extras the strategy adds after training
   (:meth:`~fedlit.strategies.base.Strategy.expected_upload_extras`); every client downloads ``configure_evaluate``
-  once per evaluated round.
+  once per evaluated round, and ``global_model_state`` too where the strategy has one (PGFed, EPFL).
 
 What a client uploads is what its roles make ``shared``: a strategy that shares a subset (FedSCA's lowest
 adapters) is counted by the roles it sets. The figures are those of a run that goes to its last round (an early
@@ -130,7 +130,8 @@ def _strategy_costs(module: FederatedModule, base_roles: ParameterRoles, strateg
         return {k: None if factor is None else round(v * factor) for k, v in per_client.items()}
 
     share = None if per_round is None or not num_clients else per_round / num_clients
-    eval_bytes = state_nbytes(evaluation)
+    global_model = strategy.global_model_state(client)  # evaluated beside the personalized model when not None
+    eval_bytes = state_nbytes(evaluation) + (0 if global_model is None else state_nbytes(global_model))
     summary = {r["role"]: {"tensors": r["tensors"], "parameters": r["parameters"]} for r in role_summary(module, roles)}
     for role in ROLES:
         summary[role]["bytes"] = state_nbytes(module.named_tensors(role))

@@ -37,6 +37,7 @@ from lightning.fabric.loggers import Logger, TensorBoardLogger
 from lightning.pytorch import Callback
 from tqdm.auto import tqdm
 
+from fedlit import baseline
 from fedlit.callbacks import check_callbacks
 from fedlit.checkpoint import load_checkpoint
 from fedlit.data import FederatedDataModule
@@ -104,6 +105,13 @@ class Federation:
             ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
         loggers: Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in
             ``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.
+        unseen_clients: Clients held out of training, to measure how the federation serves newcomers: a list of
+            client ids, or an int k for the last k clients that would train; None (the default) holds out none.
+            They never train nor count in the per-round means; at the final test they are evaluated with what the
+            strategy sends a new client, and after ``unseen_finetune_steps`` local steps from it (see
+            :mod:`fedlit.loop.evaluate`).
+        unseen_finetune_steps: Local optimizer steps an unseen client takes on its own train split from the model
+            it receives before its second test (0, the default: no fine-tuned test).
     """
 
     def __init__(
@@ -132,6 +140,8 @@ class Federation:
         on_client_error: Literal["raise", "skip"] = "raise",
         min_clients: int = 1,
         loggers: list[Logger] | None = None,
+        unseen_clients: list[str] | int | None = None,
+        unseen_finetune_steps: int = 0,
     ) -> None:
         problems = []
         for key, value, low in (("rounds", rounds, 1), ("local_epochs", local_epochs, 1),
@@ -139,6 +149,12 @@ class Federation:
                                 ("min_clients", min_clients, 1)):
             if value < low:
                 problems.append(f"federation.{key}={value} must be >= {low}")
+        if unseen_finetune_steps < 0:
+            problems.append(f"federation.unseen_finetune_steps={unseen_finetune_steps} must be >= 0")
+        if isinstance(unseen_clients, int) and unseen_clients < 0:
+            problems.append(f"federation.unseen_clients={unseen_clients} must be >= 0 (a count) or a list of ids")
+        if isinstance(unseen_clients, list) and len(set(unseen_clients)) < len(unseen_clients):
+            problems.append(f"federation.unseen_clients={unseen_clients} lists a client twice")
         if local_steps is not None and local_steps < 1:
             problems.append(f"federation.local_steps={local_steps} must be >= 1 (or null for local_epochs)")
         if optimizer_state not in ("reset", "persist"):
@@ -165,6 +181,11 @@ class Federation:
         self.optimizer_state, self.eval_every, self.seed = optimizer_state, eval_every, seed
         self.checkpoint_every, self.progress_bar = checkpoint_every, progress_bar
         self.on_client_error, self.min_clients = on_client_error, min_clients
+        self.unseen_clients = list(unseen_clients) if isinstance(unseen_clients, list) else unseen_clients
+        self.unseen_finetune_steps = unseen_finetune_steps
+        #: A finished run of the Local strategy on the same data and seed: the report adds each client's gain over
+        #: it (:mod:`fedlit.baseline`); set by ``fedlit fit --baseline_run``.
+        self.baseline_run: Path | None = None
         self.out_dir = Path(out_dir)
         self.config = dict(config or {})
         check_callbacks(list(callbacks or []))
@@ -194,14 +215,34 @@ class Federation:
     # -------------------------------------------------------------------------------------------- set-up
     @property
     def client_ids(self) -> list[str]:
-        """Every client of the federation: every one is evaluated."""
+        """Every client of the federation (the unseen ones included)."""
         return self.datamodule.client_ids
 
     @property
+    def unseen_client_ids(self) -> list[str]:
+        """The clients ``federation.unseen_clients`` holds out: never trained, evaluated only at the final test."""
+        if not self.unseen_clients:
+            return []
+        if isinstance(self.unseen_clients, int):
+            return self._data_train_client_ids()[-self.unseen_clients:]
+        return [c for c in self.client_ids if c in set(self.unseen_clients)]
+
+    @property
+    def evaluated_client_ids(self) -> list[str]:
+        """The clients every evaluated round evaluates: all but the unseen ones."""
+        unseen = set(self.unseen_client_ids)
+        return [c for c in self.client_ids if c not in unseen]
+
+    @property
     def train_client_ids(self) -> list[str]:
-        """The clients that train: rounds select among them and the strategy counts them (all clients unless the
-        data set marks some evaluation-only; those receive what the strategy sends a client yet to train)."""
-        return getattr(self.datamodule, "train_client_ids", self.datamodule.client_ids)
+        """The clients that train: rounds select among them and the strategy counts them (all clients but the
+        unseen ones, unless the data set marks some evaluation-only; those receive what the strategy sends a
+        client yet to train)."""
+        unseen = set(self.unseen_client_ids)
+        return [c for c in self._data_train_client_ids() if c not in unseen]
+
+    def _data_train_client_ids(self) -> list[str]:
+        return list(getattr(self.datamodule, "train_client_ids", self.datamodule.client_ids))
 
     def setup(self, ckpt_path: str | Path | None = None) -> None:
         """Prepare data, roles, the live module, the store and the strategy; resume from ``ckpt_path``.
@@ -253,12 +294,35 @@ class Federation:
             ours, theirs = getattr(self.module, attr, None), getattr(self.datamodule, attr, None)
             if ours is not None and theirs is not None and ours != theirs:
                 problems.append(f"model.init_args.{attr}={ours!r} but the data set has {attr}={theirs!r}")
+        problems += self._unseen_problems()
         count = self._num_selected()
         if isinstance(self.clients_per_round, int) and count > len(self.train_client_ids):
             problems.append(f"federation.clients_per_round={count} but the data has only "
                             f"{len(self.train_client_ids)} clients that train")
         if problems:
             raise ConfigError("Model, strategy and data do not fit: " + "; ".join(problems) + ".")
+
+    def _unseen_problems(self) -> list[str]:
+        if not self.unseen_clients:
+            return []
+        trainable = self._data_train_client_ids()
+        if isinstance(self.unseen_clients, int):
+            if self.unseen_clients >= len(trainable):
+                return [f"federation.unseen_clients={self.unseen_clients} holds out every client that trains (the data "
+                        f"has {len(trainable)}); hold out fewer"]
+            return []
+        problems = []
+        unknown = [c for c in self.unseen_clients if c not in self.client_ids]
+        if unknown:
+            problems.append(f"federation.unseen_clients: {unknown} are not clients of the data set (its clients: "
+                            f"{self.client_ids[:10]}{' ...' if len(self.client_ids) > 10 else ''})")
+        evaluation_only = [c for c in self.unseen_clients if c in self.client_ids and c not in trainable]
+        if evaluation_only:
+            problems.append(f"federation.unseen_clients: {evaluation_only} are already evaluation-only in the data "
+                            "set (evaluated every round with what a new client receives); leave them out of the list")
+        if not set(trainable) - set(self.unseen_clients):
+            problems.append(f"federation.unseen_clients={self.unseen_clients} holds out every client that trains")
+        return problems
 
     def _num_selected(self) -> int:
         return num_selected(self.clients_per_round, len(self.train_client_ids))
@@ -272,6 +336,8 @@ class Federation:
         """
         with claim_run_dir(self.out_dir, resume=ckpt_path is not None):
             self.setup(ckpt_path)
+            if self.baseline_run is not None:  # refuse another data set or seed before training, not after
+                baseline.load(self.baseline_run, self)
             record.begin(self, resumed=ckpt_path is not None)
             state.save_config(self)
             rounds.log_class_counts(self)

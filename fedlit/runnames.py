@@ -89,7 +89,7 @@ def expand_run(argv: list[str]) -> list[str]:
         raise ConfigError(f"--run {folder} rebuilds the run from its config.json: leave out --config (options "
                           "such as --data.init_args.root still apply).")
     saved = json.loads(path.read_text())
-    for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "__path__"):
+    for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "baseline_run", "__path__"):
         saved.pop(key, None)
     return [argv[0], "--config", json.dumps(saved), *argv[1:]]
 

@@ -68,6 +68,8 @@ def metrics(fed: Federation) -> dict[str, float]:
     history, out = fed.history, {}
     for when, server_round in (("last", history.last_round), ("best", history.best_round())):
         for split, per_client in history.rounds.get(server_round, {}).items() if server_round is not None else ():
+            if split not in ("val", "test"):  # the global model's splits: the same columns in every run
+                continue
             weights = {c: fed.datamodule.num_examples(c, split) for c in per_client}
             summary = summarize(per_client, weights, fed.module.higher_is_better)
             out.update({f"hparams/{when}/{split}/{k}": v for k, v in summary.items()})

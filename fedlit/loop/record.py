@@ -7,7 +7,10 @@ so the file of a killed run holds every finished round. It is tidy (one value pe
 - ``round``: the server round (from 1);
 - ``client``: the client id, or empty for a value of the whole federation (the server);
 - ``split``: ``train``, ``val`` or ``test`` for metrics; ``comm`` for communication (bytes) and ``system`` for
-  seconds, memory and sizes, both on server rows;
+  seconds, memory and sizes, both on server rows; a metric of another evaluation has its section before the
+  split: ``global/val`` and ``global/test`` (each client with the strategy's global model, logged as
+  ``global/client/<id>/val/<metric>``), ``unseen/test`` and ``unseen_finetuned/test`` (the unseen clients, at
+  the last round only; see :mod:`fedlit.loop.evaluate`);
 - ``metric``: the metric (``accuracy``, ``loss``...; on server rows of a split, its aggregate over clients:
   ``accuracy_mean``, ``accuracy_wmean``, ``accuracy_worst``; ``upload_bytes``, ``round_seconds``...);
 - ``value``: the number.
@@ -48,6 +51,10 @@ CSV_NAME = "metrics.csv"
 CSV_COLUMNS = ("round", "client", "split", "metric", "value")
 EVALUATIONS = "evaluations"
 _GROUPS = {"comm": "comm", "system": "system"}  # log prefixes of server rows that are not a split
+#: Log prefixes of the other evaluations (:mod:`fedlit.loop.evaluate`): their rows' split is ``<section>/<split>``.
+SECTIONS = ("global", "unseen", "unseen_finetuned")
+#: Sections written by the final report only: a resumed run drops them, its own report writes them again.
+_FINAL_SECTIONS = ("unseen/", "unseen_finetuned/")
 
 
 def utc_now() -> str:
@@ -124,7 +131,9 @@ def describe(fed: Federation) -> dict[str, Any]:
         "started": fed.timing.get("started"),
         "ended": utc_now(),
         "wall_seconds": round(_wall_seconds(fed), 3),
-        "evaluation_only": [c for c in fed.client_ids if c not in set(fed.train_client_ids)],
+        "evaluation_only": [c for c in fed.client_ids
+                            if c not in set(fed.train_client_ids) | set(fed.unseen_client_ids)],
+        "unseen_clients": fed.unseen_client_ids,
     }
 
 
@@ -153,7 +162,8 @@ def open_metrics(fed: Federation) -> Path:
         return path
     with open(path, newline="") as file:
         rows = list(csv.reader(file))
-    kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= fed.server_round)]
+    kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= fed.server_round
+                           and not r[2].startswith(_FINAL_SECTIONS))]
     if len(kept) < len(rows):
         tmp = path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="") as file:
@@ -171,31 +181,51 @@ def _round_of(row: list[str]) -> int:
 
 def round_rows(fed: Federation, server_round: int, log: Mapping[str, float]) -> list[tuple[Any, ...]]:
     """The rows of ``server_round``: what the round logged, and the test metrics it recorded (not logged)."""
-    rows = []
-    for key, value in log.items():
-        group, _, rest = key.partition("/")
-        if group == "client":
-            client, split, metric = rest.rsplit("/", 2)
-            rows.append((server_round, client, split, metric, value))
-        elif group == "server":
-            split, _, metric = rest.partition("/")
-            rows.append((server_round, "", split, metric, value))
-        else:
-            rows.append((server_round, "", _GROUPS.get(group, ""), rest if group in _GROUPS else key, value))
-    per_client = fed.history.rounds.get(server_round, {}).get("test")
-    if per_client:
+    rows = [_row(server_round, key, value) for key, value in log.items()]
+    for split in ("test", "global/test"):
+        per_client = fed.history.rounds.get(server_round, {}).get(split)
+        if not per_client:
+            continue
         weights = {c: fed.datamodule.num_examples(c, "test") for c in per_client}
         for client, values in per_client.items():
-            rows += [(server_round, client, "test", m, v) for m, v in values.items()]
+            rows += [(server_round, client, split, m, v) for m, v in values.items()]
         summary = summarize(per_client, weights, fed.module.higher_is_better)
-        rows += [(server_round, "", "test", m, v) for m, v in summary.items()]
+        rows += [(server_round, "", split, m, v) for m, v in summary.items()]
     return rows
+
+
+def _row(server_round: int, key: str, value: Any) -> tuple[Any, ...]:
+    """One logged scalar as a row: ``[<section>/]client/<id>/<split>/<metric>``,
+    ``[<section>/]server/<split>/<metric>``, ``comm/...``, ``system/...``."""
+    group, _, rest = key.partition("/")
+    section = ""
+    if group in SECTIONS:
+        section = f"{group}/"
+        group, _, rest = rest.partition("/")
+    if group == "client":
+        client, split, metric = rest.rsplit("/", 2)
+        return (server_round, client, section + split, metric, value)
+    if group == "server":
+        split, _, metric = rest.partition("/")
+        return (server_round, "", section + split, metric, value)
+    return (server_round, "", _GROUPS.get(group, ""), rest if group in _GROUPS else key, value)
 
 
 def append_round(fed: Federation, server_round: int, log: Mapping[str, float]) -> None:
     """Append the round's rows to ``metrics.csv`` and flush them to the operating system."""
     with open(fed.out_dir / CSV_NAME, "a", newline="") as file:
         csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in round_rows(fed, server_round, log))
+        file.flush()
+
+
+def append_final(fed: Federation, server_round: int, log: Mapping[str, float]) -> None:
+    """Append rows the final report computes (the unseen clients) to ``metrics.csv``, if the run has one."""
+    path = fed.out_dir / CSV_NAME
+    if not path.is_file():
+        return
+    with open(path, "a", newline="") as file:
+        csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in
+                                   (_row(server_round, k, v) for k, v in log.items()))
         file.flush()
 
 

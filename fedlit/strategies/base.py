@@ -160,6 +160,16 @@ class Strategy(Callback, abc.ABC):
         """Called before ``client_id`` is evaluated, its tensors loaded; a strategy that evaluates a model kept in
         the client's ``client_state`` (declare that argument) copies it into ``pl_module`` here. Default: nothing."""
 
+    def global_model_state(self, client_id: str) -> dict[str, Tensor] | None:
+        """The server's global model for ``client_id`` (every shared tensor), evaluated beside the personalized one.
+
+        A personalized strategy whose :meth:`configure_evaluate` gives a client a model of its own, while the
+        server also keeps a global one (PGFed's ``theta_glob``, EPFL's mean A), returns the global shared tensors
+        here: every evaluation then also evaluates each client with them (its personal tensors kept), reported
+        under ``global/...`` (see :mod:`fedlit.loop.evaluate`). Default: None, for strategies whose evaluated
+        model already is the global one (the two evaluations would be identical)."""
+        return None
+
     def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
         """The client objective: ``loss`` plus any regularizer of the strategy, or a replacement of it.
 

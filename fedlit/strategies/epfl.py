@@ -37,8 +37,10 @@ own A and takes ``(1 - lam) / (N - 1)`` of every other client's, as with any ``e
 Deviation (partial participation): FHBench trains every client every round. Here the weights are computed among
 the round's clients; a client outside the round keeps the last mix it was sent; a client that has not trained yet
 (or an evaluation-only client) receives ``global_state``, the sample-weighted mean of the round's A tensors (the
-initial A before round 1). A round with one client leaves its A as it is (``s_11 = 1``). The LoRA scale is
-alpha / r (FHBench's code uses the integer alpha // r; equal for r = 8, alpha = 16).
+initial A before round 1). That mean is also evaluated on every client, with the client's own B and head
+(:meth:`EPFL.global_model_state`; reported under ``global/...``). A round with one client leaves its A as it is
+(``s_11 = 1``). The LoRA scale is alpha / r (FHBench's code uses the integer alpha // r; equal for r = 8,
+alpha = 16).
 
 Memory: the server keeps one A mix per client that has trained (plus ``global_state``); each client's store holds
 its own B, its head and every other personal tensor.
@@ -144,6 +146,11 @@ class EPFL(Strategy):
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """Client i's own mix ``sum_j s_ij A_j`` of its last round; before it has one, ``global_state``."""
         return dict(self.mixes.get(client_id, self.global_state))
+
+    def global_model_state(self, client_id: str) -> dict[str, Tensor]:
+        """``global_state``, the sample-weighted mean of the last round's A, evaluated on every client beside its
+        own mix (with the client's own B and head)."""
+        return dict(self.global_state)
 
     def on_client_fit_end(self, pl_module: Any, update: ClientUpdate) -> None:
         """Upload the client's B tensors beside its A (they stay personal: the server never sends them back)."""

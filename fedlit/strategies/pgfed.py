@@ -38,7 +38,8 @@ is formed and before the optimizer steps; the step uses the mean gradient ``gbar
 updated ``a_ij`` reach the server, and so the next ``g~_i``, after the round); only the previous round's
 gradients are used; ``a`` starts at ``1 / M``. The client's personalized model is its own ``theta_i`` after its
 last local training: each client is evaluated with ``self.local_states[i]`` (and its personal tensors), a client
-that has not trained yet with ``theta_glob``.
+that has not trained yet with ``theta_glob``. ``theta_glob`` itself is evaluated too, on every client
+(:meth:`PGFed.global_model_state`; reported under ``global/...``), as the paper reports both.
 
 Deviation: the code's ``a`` starts at ``1 / (clients per round)``; here ``1 / M`` with M the uploads the last
 round aggregated (the same unless clients were left out). Deviation: clients not trained yet are evaluated with
@@ -157,6 +158,10 @@ class PGFed(Strategy):
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The client's own ``theta_i`` after its last local training; ``theta_glob`` before it has trained."""
         return dict(self.local_states.get(client_id, self.global_state))
+
+    def global_model_state(self, client_id: str) -> dict[str, Tensor]:
+        """``theta_glob``, evaluated on every client beside its own ``theta_i``."""
+        return dict(self.global_state)
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``theta_glob = sum_i (n_i / n) theta_i``; keep each client's ``grad f_i``, ``mu l_i``, row of ``a`` and

@@ -226,7 +226,8 @@ def test_two_rounds_exchange_gradients_and_differ_from_fedavg(tmp_path):
     # down: theta_glob, and from round 2 g~_i + gbar + mu l_j and a_ij (3 + 3 float64)
     assert federation.comm["upload_bytes"] == 6 * (model + params + 8) + 3 * 24
     assert federation.comm["download_bytes"] == 6 * model + 3 * (2 * params + 48)
-    assert federation.comm["eval_download_bytes"] == 6 * model  # as FedAvg: each client's shared tensors
+    # each client's own theta_i, as FedAvg's shared tensors, and theta_glob for the global-model evaluation
+    assert federation.comm["eval_download_bytes"] == 2 * 6 * model
     assert all(0 < a < 1 / 3 for row in strategy.coefficients.values() for a in row.values())
     ours = _losses(tmp_path / "pgfed")
     assert ours == pytest.approx(PINNED, abs=2e-5)
