@@ -21,6 +21,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import SampleList, is_image
 from fedlit.data.segmentation_sites import (
     decode_image,
+    find_sites,
     pair_augmentation,
     report_unmatched,
     segmentation_option_problems,
@@ -137,17 +138,8 @@ class FedPolyp(FederatedDataModule):
         layout = (f"{self.root}/TrainDataset/{{image,mask}}/*.png and {self.root}/TestDataset/<site>/{{images,masks}}"
                   f"/*.png (PraNet's download), or {self.root}/<site>/{{images,masks}}/ (sites "
                   f"{', '.join(self.default_sites)})")
-        if not self.root.is_dir():
-            raise DataError(f"{_OPTION}.root: no folder {self.root}. FedPolyp expects {layout}. {_SOURCE}")
         self.pranet = (self.root / "TrainDataset").is_dir() or (self.root / "TestDataset").is_dir()
-        if sites is not None:
-            absent = [s for s in sites if not self._present(s)]
-            if absent:
-                raise DataError(f"{_OPTION}.sites: {absent} are not found under {self.root}; expected {layout}")
-        self.sites = list(sites) if sites is not None else [s for s in self.default_sites if self._present(s)]
-        if not self.sites:
-            raise DataError(f"{_OPTION}.root: {self.root} holds none of the sites {list(self.default_sites)}; "
-                            f"expected {layout}. {_SOURCE}")
+        self.sites = find_sites("FedPolyp", self.root, sites, self.default_sites, layout, _SOURCE, self._present)
         self.image_size, self.unmatched, self.augment, self.crop_size = image_size, unmatched, bool(augment), crop_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
 

@@ -23,7 +23,12 @@ import torch
 
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import SampleList
-from fedlit.data.segmentation_sites import pair_augmentation, report_unmatched, segmentation_option_problems
+from fedlit.data.segmentation_sites import (
+    find_sites,
+    pair_augmentation,
+    report_unmatched,
+    segmentation_option_problems,
+)
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
 from fedlit.errors import ConfigError, DataError
 
@@ -208,16 +213,7 @@ class FedProstateVolumes(FederatedDataModule):
         self.root = Path(root).expanduser()
         layout = (f"{self.root}/<site>/CaseXX.nii.gz with CaseXX_segmentation.nii.gz beside it (sites "
                   f"{', '.join(self.default_sites)})")
-        if not self.root.is_dir():
-            raise DataError(f"{_OPTION}.root: no folder {self.root}. FedProstateVolumes expects {layout}. {_SOURCE}")
-        if sites is not None:
-            absent = [s for s in sites if not (self.root / s).is_dir()]
-            if absent:
-                raise DataError(f"{_OPTION}.sites: {absent} are not folders of {self.root}; expected {layout}")
-        self.sites = list(sites) if sites is not None else [s for s in self.default_sites if (self.root / s).is_dir()]
-        if not self.sites:
-            raise DataError(f"{_OPTION}.root: {self.root} holds none of the sites {list(self.default_sites)}; "
-                            f"expected {layout}. {_SOURCE}")
+        self.sites = find_sites("FedProstateVolumes", self.root, sites, self.default_sites, layout, _SOURCE)
         self.image_size, self.unmatched, self.augment, self.crop_size = image_size, unmatched, bool(augment), crop_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.cache_size = cache_size

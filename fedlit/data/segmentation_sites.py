@@ -10,6 +10,7 @@ of unmatched files are shared with the other segmentation sites (``FedProstateVo
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -184,6 +185,30 @@ def report_unmatched(owner: str, lost: list[str], policy: str, partner: str = "a
         warnings.warn(f"{owner}: skipped {len(lost)} files without {partner}: {', '.join(lost)}", stacklevel=3)
 
 
+def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: tuple[str, ...], layout: str,
+               source: str, present: Callable[[str], bool] | None = None) -> list[str]:
+    """The sites a site-per-folder data set reads: ``sites`` (each must be present under ``root``) or those of
+    ``default_sites`` that are.
+
+    Raises:
+        DataError: naming ``data.init_args.root`` or ``data.init_args.sites``, the ``layout`` expected and, for a
+            missing root or no site, where to get the data (``source``).
+    """
+    present = present or (lambda site: (root / site).is_dir())
+    if not root.is_dir():
+        raise DataError(f"{_OPTION}.root: no folder {root}. {owner} expects {layout}. {source}")
+    if sites is not None:
+        absent = [s for s in sites if not present(s)]
+        if absent:
+            raise DataError(f"{_OPTION}.sites: {absent} are not found under {root}; expected {layout}")
+        return list(sites)
+    found = [s for s in default_sites if present(s)]
+    if not found:
+        raise DataError(f"{_OPTION}.root: {root} holds none of the sites {list(default_sites)}; expected {layout}. "
+                        f"{source}")
+    return found
+
+
 class _SegmentationSites(FederatedDataModule):
     """Sites of (image, mask) PNG pairs in their own train/test folders; subclasses fix the layout and levels."""
 
@@ -225,18 +250,8 @@ class _SegmentationSites(FederatedDataModule):
             raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
         layout = (f"{self.root}/<site>/{{train,test}}/{self.image_dir}/*.png with masks of the same name in "
-                  f"{self.mask_dir}/")
-        if not self.root.is_dir():
-            raise DataError(f"{_OPTION}.root: no folder {self.root}. {type(self).__name__} expects {layout} "
-                            f"(sites {', '.join(self.default_sites)}). {self.source}")
-        if sites is not None:
-            absent = [s for s in sites if not (self.root / s).is_dir()]
-            if absent:
-                raise DataError(f"{_OPTION}.sites: {absent} are not folders of {self.root}; expected {layout}")
-        self.sites = list(sites) if sites is not None else [s for s in self.default_sites if (self.root / s).is_dir()]
-        if not self.sites:
-            raise DataError(f"{_OPTION}.root: {self.root} holds none of the sites {self.default_sites}; expected "
-                            f"{layout}. {self.source}")
+                  f"{self.mask_dir}/ (sites {', '.join(self.default_sites)})")
+        self.sites = find_sites(type(self).__name__, self.root, sites, self.default_sites, layout, self.source)
         self.image_size, self.unmatched = image_size, unmatched
         self.val_fraction, self.augment, self.crop_size = float(val_fraction), bool(augment), crop_size
         self.sites_without_train = sites_without_train

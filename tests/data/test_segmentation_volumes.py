@@ -135,7 +135,7 @@ def test_unmatched_volumes_are_named_or_skipped(saml: Path) -> None:
 def test_missing_folders_shape_mismatch_and_bad_options_are_named(saml: Path, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"data\.init_args\.root: no folder .*CaseXX_segmentation.*liuquande"):
         FedProstateVolumes(root=tmp_path / "absent")
-    with pytest.raises(DataError, match=r"data\.init_args\.sites: \['UCL'\] are not folders"):
+    with pytest.raises(DataError, match=r"data\.init_args\.sites: \['UCL'\] are not found under"):
         FedProstateVolumes(root=saml, sites=["UCL"])
     with pytest.raises(DataError, match=r"holds none of the sites .*Shape-aware Meta-learning"):
         FedProstateVolumes(root=saml / "BIDMC")
