@@ -11,8 +11,8 @@ round, to the loggers that take images (TensorBoard).
 Personalized methods are evaluated three more ways:
 
 - **The global model.** A strategy whose :meth:`~fedlit.strategies.base.Strategy.global_model_state` is not None
-  (PGFed's ``theta_glob``, EPFL's mean A) has every client also evaluated with it, at every evaluated round: its
-  shared tensors are replaced by the global ones and its *personal tensors are kept* (a personal head, LoRA B,
+  (PGFed's ``theta_glob``, EPFL's mean A, APPLE's p0-mix of the cores, FedMetaMed's deputy) has every client also
+  evaluated with it, at every evaluated round: its shared tensors are replaced by the global ones and its *personal tensors are kept* (a personal head, LoRA B,
   normalization statistics), since the server has no personal tensors to give. The results are the history's
   ``global/val`` and ``global/test`` splits, logged as ``global/client/<id>/val/<metric>`` and
   ``global/server/val/<metric>_<agg>``, and reported (last round, and the run's best round: the one chosen on the

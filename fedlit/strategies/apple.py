@@ -190,6 +190,11 @@ class APPLE(Strategy):
         :meth:`on_client_evaluate_start`); ``sum_j p0_j theta_c,j`` for a client without a core of its own."""
         return dict(self.cores[client_id]) if client_id in self.cores else dict(self.global_state)
 
+    def global_model_state(self, client_id: str) -> dict[str, Tensor]:
+        """The FedAvg-style model ``sum_j p0_j theta_c,j`` (``global_state``), evaluated beside each client's
+        personalized mix."""
+        return dict(self.global_state)
+
     def expected_upload_extras(self, client_id: str) -> dict[str, Any]:
         """The indices of the M cores requested for the next turn, under a bandwidth limit."""
         return {"request": torch.zeros(self.max_downloads, dtype=torch.int64)} if self._limited() else {}

@@ -164,9 +164,9 @@ class Strategy(Callback, abc.ABC):
         """The server's global model for ``client_id`` (every shared tensor), evaluated beside the personalized one.
 
         A personalized strategy whose :meth:`configure_evaluate` gives a client a model of its own, while the
-        server also keeps a global one (PGFed's ``theta_glob``, EPFL's mean A), returns the global shared tensors
-        here: every evaluation then also evaluates each client with them (its personal tensors kept), reported
-        under ``global/...`` (see :mod:`fedlit.loop.evaluate`). Default: None, for strategies whose evaluated
+        server also keeps a global one (PGFed's ``theta_glob``, EPFL's mean A, APPLE's p0-mix of the cores,
+        FedMetaMed's deputy), returns the global shared tensors here: every evaluation then also evaluates each
+        client with them (its personal tensors kept), reported under ``global/...`` (see :mod:`fedlit.loop.evaluate`). Default: None, for strategies whose evaluated
         model already is the global one (the two evaluations would be identical)."""
         return None
 

@@ -198,6 +198,11 @@ class FedMetaMed(Strategy):
         """The shared tensors of ``client_id``'s deputy as its next turn starts (for a global evaluation)."""
         return self.configure_client(0, client_id)
 
+    def global_model_state(self, client_id: str) -> dict[str, Tensor] | None:
+        """The client's deputy (what the server's aggregation gives it), evaluated beside its personal model; None
+        with ``evaluate: deputy``, where the two evaluations would be the same."""
+        return self.deputy_state(client_id) if self.evaluate == "personal" else None
+
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Cumulative Fourier Aggregation: one mix per client of the round; ``global_state`` becomes the round's
         mean of every shared tensor, which clients that have not trained yet receive."""

@@ -17,7 +17,7 @@ from fedlit import Federation, RoleRule
 from fedlit.costs import estimate_costs
 from fedlit.errors import ConfigError
 from fedlit.models import MLP
-from fedlit.strategies import EPFL, PGFed
+from fedlit.strategies import APPLE, EPFL, FedMetaMed, PGFed
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.functional import state_nbytes
 from fedlit.tasks import ClassificationModule
@@ -77,6 +77,20 @@ def test_pgfed_is_also_evaluated_with_theta_glob(tmp_path):
     # `fedlit test` of the last checkpoint evaluates the global model too
     tested = fed.evaluate("test", tmp_path / "checkpoints" / "last.ckpt")
     assert tested["global"]["clients"] == glob and tested["clients"] == ours
+
+
+@pytest.mark.parametrize("strategy", [APPLE(lr_p=0.1, decay_rounds=2), FedMetaMed(schedule_rounds=1)],
+                         ids=["apple", "fedmetamed"])
+def test_apple_and_fedmetamed_are_also_evaluated_with_their_global_model(tmp_path, strategy):
+    # APPLE: sum_j p0_j core_j; FedMetaMed: the client's deputy. Each client keeps its personal tensors.
+    fed = make_federation(tmp_path, strategy, rounds=1)
+    results = fed.fit()
+    ours, glob = results["last"]["clients"], results["global"]["last"]["clients"]
+    for client in ("c0", "c1", "c2"):
+        state = {**fed.store.tensors(client), **strategy.global_model_state(client)}
+        assert glob[client]["loss"] == pytest.approx(_test_loss(fed.module, state, fed, client), abs=1e-5)
+    assert any(abs(glob[c]["loss"] - ours[c]["loss"]) > 1e-4 for c in ours)
+    assert FedMetaMed(evaluate="deputy").global_model_state("c0") is None
 
 
 def test_fedavg_has_no_global_section(tmp_path):
