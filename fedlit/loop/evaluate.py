@@ -12,11 +12,12 @@ Personalized methods are evaluated three more ways:
 
 - **The global model.** A strategy whose :meth:`~fedlit.strategies.base.Strategy.global_model_state` is not None
   (PGFed's ``theta_glob``, EPFL's mean A, APPLE's p0-mix of the cores, FedMetaMed's deputy) has every client also
-  evaluated with it, at every evaluated round: its shared tensors are replaced by the global ones and its *personal tensors are kept* (a personal head, LoRA B,
-  normalization statistics), since the server has no personal tensors to give. The results are the history's
-  ``global/val`` and ``global/test`` splits, logged as ``global/client/<id>/val/<metric>`` and
-  ``global/server/val/<metric>_<agg>``, and reported (last round, and the run's best round: the one chosen on the
-  personalized validation) under ``global`` in ``results.json``. Their downloads count as evaluation traffic.
+  evaluated with it, at every evaluated round: its shared tensors are replaced by the global ones and its *personal
+  tensors are kept* (a personal head, LoRA B, normalization statistics), since the server has no personal tensors to
+  give. The results are the history's ``global/val`` and ``global/test`` splits, logged as
+  ``global/client/<id>/val/<metric>`` and ``global/server/val/<metric>_<agg>``, and reported (last round, and the
+  run's best round: the one chosen on the personalized validation) under ``global`` in ``results.json``. Their
+  downloads count as evaluation traffic.
 - **Unseen clients** (``federation.unseen_clients``): never trained, left out of every per-round evaluation and
   mean, they are tested once, at the final report, with the server state of the last round: with what the
   strategy sends a client that has not trained (:meth:`~fedlit.strategies.base.Strategy.configure_evaluate`, the

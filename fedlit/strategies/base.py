@@ -166,8 +166,9 @@ class Strategy(Callback, abc.ABC):
         A personalized strategy whose :meth:`configure_evaluate` gives a client a model of its own, while the
         server also keeps a global one (PGFed's ``theta_glob``, EPFL's mean A, APPLE's p0-mix of the cores,
         FedMetaMed's deputy), returns the global shared tensors here: every evaluation then also evaluates each
-        client with them (its personal tensors kept), reported under ``global/...`` (see :mod:`fedlit.loop.evaluate`). Default: None, for strategies whose evaluated
-        model already is the global one (the two evaluations would be identical)."""
+        client with them (its personal tensors kept), reported under ``global/...`` (see
+        :mod:`fedlit.loop.evaluate`). Default: None, for strategies whose evaluated model already is the global
+        one (the two evaluations would be identical)."""
         return None
 
     def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
