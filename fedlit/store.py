@@ -21,6 +21,17 @@ def _nbytes(tensors: Mapping[str, Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def _deep_nbytes(value: Any) -> int:
+    """Bytes of every tensor in nested dicts, lists and tuples (a strategy's or an optimizer's per-client state)."""
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(_deep_nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_deep_nbytes(v) for v in value)
+    return 0
+
+
 class ClientStore:
     """Per-client tensors, optimizer states and strategy states, on ``device`` (CPU by default).
 
@@ -81,10 +92,13 @@ class ClientStore:
         return self._extra.setdefault(client_id, {}).setdefault(key, {})
 
     def nbytes(self, client_id: str | None = None) -> int:
-        """Bytes of stored tensors for one client, or for the whole store (template included)."""
+        """Bytes of what the store keeps for one client (its tensors, optimizer state and strategy/callback state),
+        or for the whole store (the template of untrained clients included)."""
         if client_id is not None:
-            return _nbytes(self._tensors.get(client_id, {}))
-        return _nbytes(self._initial) + sum(_nbytes(t) for t in self._tensors.values())
+            return (_nbytes(self._tensors.get(client_id, {})) + _deep_nbytes(self._optimizer.get(client_id))
+                    + _deep_nbytes(self._extra.get(client_id)))
+        clients = {*self._tensors, *self._optimizer, *self._extra}
+        return _nbytes(self._initial) + sum(self.nbytes(c) for c in clients)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything in the store, for a checkpoint (tensors and plain containers only)."""

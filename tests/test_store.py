@@ -41,6 +41,12 @@ def test_memory_grows_by_one_client_state_per_trained_client():
         store.save_from(str(i), state)
     assert store.nbytes() - base == 5 * 4000
     assert store.nbytes("3") == 4000
+    # a strategy's per-client state (APPLE's p_i and personalized model...) and optimizer state count too
+    store.extra("3", "APPLE").update({"p": torch.zeros(5), "model": {"w": torch.zeros(10, dtype=torch.float64)}})
+    store.set_optimizer_state("3", {"state": {0: {"momentum_buffer": torch.zeros(7)}}, "param_groups": [{"lr": 0.1}]})
+    store.extra("9", "APPLE")["p"] = torch.zeros(3)  # state without stored tensors
+    assert store.nbytes("3") == 4000 + 5 * 4 + 10 * 8 + 7 * 4
+    assert store.nbytes() - base == 5 * 4000 + 5 * 4 + 10 * 8 + 7 * 4 + 3 * 4
 
 
 def test_state_dict_round_trip_with_optimizer_and_extras():
