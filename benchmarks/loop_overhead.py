@@ -12,12 +12,13 @@
     randomly initialized; 24 adapters and the mask decoder trained; the lowest adapter shared, the rest personal)
     at 64-pixel inputs, one step per client, with 2, 6 and 12 clients.
 (d) The model of (b) under the personalized strategies that keep per-client state beside the store's entry:
-    one round of APPLE and one of FedMetaMed with 2, 10 and 20 clients. Printed besides: the strategies'
-    per-client state in the store (APPLE's ``p_i`` and personalized model, FedMetaMed's personal model), the
-    server's per-client state (APPLE's N cores, FedMetaMed's N Fourier mixes), one client's own tensors (store
-    entry + strategy state + its share of the server's state) and what one client downloads per round.
+    one round of APPLE and one of FedMetaMed with 2, 10 and 20 clients. Printed besides: the bytes of every tensor
+    alive after the round (what is kept, without the allocator's share of the RSS), the strategies' per-client
+    state in the store (APPLE's ``p_i`` and personalized model, FedMetaMed's personal model), the server's
+    per-client state (APPLE's N cores, FedMetaMed's N Fourier mixes), one client's own tensors (store entry +
+    strategy state + its share of the server's state) and what one client downloads per round.
 
-Run: python benchmarks/loop_overhead.py   (about 7 minutes on a 2-core CPU; --skip-sam leaves (c) out,
+Run: python benchmarks/loop_overhead.py   (about 9 minutes on a 2-core CPU, (d) about 4.5; --skip-sam leaves (c) out,
 --skip-personalized (d))
 """
 
