@@ -85,33 +85,48 @@ def overhead(rounds: int, clients: int, repeats: int = 3) -> dict[str, float]:
     return {**best, "ratio": best["federation_s"] / best["plain_fabric_s"]}
 
 
-def memory(num_clients: int) -> dict[str, float]:
-    """(b), in this process: one round of ``num_clients`` clients with a ViT-Small + LoRA; peak RSS."""
-    import resource
-
-    warnings.simplefilter("ignore")
-    torch.manual_seed(0)
+def _vit_lora() -> ClassificationModule:
+    """ViT-Small (frozen, randomly initialized, 32x32 grey inputs) + LoRA r=8 shared + a personal 3-class head."""
     backbone = TimmBackbone(name="vit_small_patch16_224", lora=LoRA(r=8, alpha=16),
                             model_args={"img_size": 32, "in_chans": 1})
-    module = ClassificationModule(backbone=backbone, num_classes=3, lr=0.01,
-                                  roles=[RoleRule("backbone.*lora_*", "shared"), RoleRule("head.*", "personal")])
+    return ClassificationModule(backbone=backbone, num_classes=3, lr=0.01,
+                                roles=[RoleRule("backbone.*lora_*", "shared"), RoleRule("head.*", "personal")])
+
+
+def _one_round(module, data, strategy, out: str) -> tuple[Federation, list]:
+    """Set up a federation and run one local step per client and one aggregation; the federation and the turns."""
+    federation = Federation(module, data, strategy, rounds=1, local_steps=1, out_dir=out, progress_bar=False)
+    federation.setup()
+    federation.fabric.call("on_fit_start", trainer=federation, pl_module=module)
+    turns = [federation.fit_client(1, c) for c in data.client_ids]
+    strategy.aggregate(1, [t.update for t in turns])
+    return federation, turns
+
+
+def _rss_and_store(federation: Federation, module) -> dict[str, float]:
+    import resource
+
+    frozen = sum(t.numel() * t.element_size() for t in module.named_tensors("frozen").values())
+    return {"clients": len(federation.client_ids),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "store_mb": federation.store.nbytes() / 2**20,
+            "client_state_mb": federation.store.nbytes(federation.client_ids[0]) / 2**20,
+            "backbone_mb": frozen / 2**20}
+
+
+def memory(num_clients: int) -> dict[str, float]:
+    """(b), in this process: one round of ``num_clients`` clients with a ViT-Small + LoRA; peak RSS."""
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    module = _vit_lora()
     data = SyntheticImages(num_clients=num_clients, samples_per_client=10, image_size=32, seed=0, batch_size=4)
     with tempfile.TemporaryDirectory() as out:
-        federation = Federation(module, data, FedAvg(), rounds=1, local_steps=1, out_dir=out, progress_bar=False)
-        federation.setup()
-        updates = [federation.fit_client(1, c).update for c in data.client_ids]
-        federation.strategy.aggregate(1, updates)
-        personal = federation.store.nbytes(data.client_ids[0])
-        frozen = sum(t.numel() * t.element_size() for t in module.named_tensors("frozen").values())
-        return {"clients": num_clients, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "store_mb": federation.store.nbytes() / 2**20, "client_state_mb": personal / 2**20,
-                "backbone_mb": frozen / 2**20}
+        federation, _ = _one_round(module, data, FedAvg(), out)
+        return _rss_and_store(federation, module)
 
 
 def memory_sam(num_clients: int) -> dict[str, float]:
     """(c), in this process: one FedSCA round of ``num_clients`` clients on the Medical-SAM-Adapter ViT-B."""
-    import resource
-
     from fedlit.data import SyntheticSegmentation
     from fedlit.models import SamAdapter
     from fedlit.strategies import FedSCA
@@ -122,16 +137,8 @@ def memory_sam(num_clients: int) -> dict[str, float]:
     module = SegmentationModule(network=SamAdapter(variant="vit_b", image_size=64), num_classes=1, lr=1e-4)
     data = SyntheticSegmentation(num_clients=num_clients, samples_per_client=4, image_size=64, seed=0, batch_size=1)
     with tempfile.TemporaryDirectory() as out:
-        federation = Federation(module, data, FedSCA(num_shared_adapters=1), rounds=1, local_steps=1, out_dir=out,
-                                progress_bar=False)
-        federation.setup()
-        updates = [federation.fit_client(1, c).update for c in data.client_ids]
-        federation.strategy.aggregate(1, updates)
-        personal = federation.store.nbytes(data.client_ids[0])
-        frozen = sum(t.numel() * t.element_size() for t in module.named_tensors("frozen").values())
-        return {"clients": num_clients, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "store_mb": federation.store.nbytes() / 2**20, "client_state_mb": personal / 2**20,
-                "backbone_mb": frozen / 2**20}
+        federation, _ = _one_round(module, data, FedSCA(num_shared_adapters=1), out)
+        return _rss_and_store(federation, module)
 
 
 def memory_personalized(strategy_name: str, num_clients: int) -> dict[str, float]:
@@ -142,23 +149,16 @@ def memory_personalized(strategy_name: str, num_clients: int) -> dict[str, float
 
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    backbone = TimmBackbone(name="vit_small_patch16_224", lora=LoRA(r=8, alpha=16),
-                            model_args={"img_size": 32, "in_chans": 1})
-    module = ClassificationModule(backbone=backbone, num_classes=3, lr=0.01,
-                                  roles=[RoleRule("backbone.*lora_*", "shared"), RoleRule("head.*", "personal")])
+    module = _vit_lora()
     data = SyntheticImages(num_clients=num_clients, samples_per_client=10, image_size=32, seed=0, batch_size=4)
     # The server's per-client state: APPLE's cores, FedMetaMed's mixes (each a dict client -> shared tensors).
     strategy, server_attr = (APPLE(), "cores") if strategy_name == "apple" else (FedMetaMed(), "mixes")
     with tempfile.TemporaryDirectory() as out:
-        federation = Federation(module, data, strategy, rounds=1, local_steps=1, out_dir=out, progress_bar=False)
-        federation.setup()
+        federation, turns = _one_round(module, data, strategy, out)
         shared, personal = module.named_tensors("shared"), module.named_tensors("personal")
         if not shared or not all("lora_" in n for n in shared) or not all(n.startswith("head.") for n in personal):
             raise RuntimeError(f"expected shared LoRA and a personal head, got shared {sorted(shared)[:3]}..., "
                                f"personal {sorted(personal)}")
-        federation.fabric.call("on_fit_start", trainer=federation, pl_module=module)
-        turns = [federation.fit_client(1, c) for c in data.client_ids]
-        strategy.aggregate(1, [t.update for t in turns])
         first, download = data.client_ids[0], turns[0].download_bytes
         extra = federation.store.state_dict()["extra"]
         server = getattr(strategy, server_attr)
