@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlit.cli import build_parser, run
+from fedlit.cli import build_parser, main, run
 from fedlit.models import minilm_l6_v2_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,3 +125,47 @@ def test_epfl_recipes_use_fhbench_settings(name):
     assert (data.batch_size, cfg.federation.local_epochs, cfg.federation.local_steps) == (32, 1, None)
     assert tuple(data.split_fractions) == (0.4, 0.3, 0.3)
     assert (data.num_clients, data.partitioner.init_args.alpha) == (num_clients, alpha)
+
+
+ORGANAMNIST = "recipes/personalized_partitions/organamnist_fhbench.yaml"
+PERSONALIZED = ["epfl", "apple", "pgfed", "pgfedmo", "fedmetamed"]
+
+
+def organamnist_args(method: str) -> list[str]:
+    """The overlay's documented command for one method (EPFL also spans its cosine schedule over 200 rounds)."""
+    line = next(line for line in (ROOT / ORGANAMNIST).read_text().splitlines()
+                if f"recipes/{method}_pneumoniamnist.yaml" in line)
+    words = line.split()
+    return ["fit", *[str(ROOT / w) if w.endswith(".yaml") else w for w in words[words.index("fit") + 1:]]]
+
+
+@pytest.mark.parametrize("method", PERSONALIZED)
+def test_organamnist_overlay_gives_fhbench_protocol_and_11_classes(method):
+    cfg = build_parser().parse_args(organamnist_args(method)).fit
+    data = cfg.data.init_args
+    assert Path(data.path).name == "organamnist.npz"
+    assert (data.num_clients, data.partitioner.class_path, data.partitioner.init_args.alpha) == (
+        20, "fedlit.data.Dirichlet", 0.1)
+    assert tuple(data.split_fractions) == (0.4, 0.3, 0.3) and cfg.federation.rounds == 200
+    # the head follows the 11 organs (the base recipe's 2 would be a silent mismatch), the rest stays the method's
+    assert cfg.model.init_args.num_classes == 11
+    base = parse(ROOT / "recipes" / f"{method}_pneumoniamnist.yaml")
+    assert cfg.strategy == base.strategy and cfg.model.init_args.backbone == base.model.init_args.backbone
+    assert cfg.out_dir == f"runs/{method}_organamnist"
+    if method == "epfl":
+        assert cfg.model.init_args.lr_scheduler.init_args.T_max == 200
+
+
+def test_organamnist_without_the_file_stops_with_one_line_naming_it(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)  # the recipe's path is relative to the repository root
+    if (ROOT / "../shared/data/organamnist/organamnist.npz").is_file():
+        pytest.skip("organamnist.npz is present: the missing-file message cannot be shown")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*organamnist_args("apple"), "--out_dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err == ("fedlit: error: data.init_args.path: no MedMNIST .npz file at "
+                   "../shared/data/organamnist/organamnist.npz: download organamnist.npz from "
+                   "https://zenodo.org/records/10519652\n")
+    assert not (tmp_path / "run").exists()
