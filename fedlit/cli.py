@@ -38,6 +38,7 @@ from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versi
 if TYPE_CHECKING:
     from fedlit.costs import CostJob
     from fedlit.federation import Federation
+    from fedlit.seeds import SeedsJob
 
 # torch, Lightning and the model libraries are imported where they are needed (building the parser of a
 # subcommand, building the objects), so `fedlit --help` and `fedlit --version` answer in a fraction of a second.
@@ -102,6 +103,10 @@ def _subparser(name: str) -> ArgumentParser:
         from fedlit import costs
 
         costs.add_arguments(parser, name)
+    if name == "fit":
+        from fedlit import seeds
+
+        seeds.add_arguments(parser)
     return parser
 
 
@@ -214,7 +219,7 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | SeedsJob:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -222,8 +227,11 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
         build_parser(summary=True).parse_args(argv[:1])  # prints and exits
     from lightning.fabric.utilities.seed import seed_everything
 
+    from fedlit import seeds
     from fedlit.federation import Federation
 
+    if seeds.requested(argv):
+        return seeds.prepare(argv)  # one plain fit per seed (fedlit.seeds)
     parser = build_parser()
     _precheck(argv)
     cfg = parser.parse_args(runnames.expand_run(argv))
@@ -239,7 +247,8 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
     if subcommand == "fit" and out_dir is not None:
         check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
     config = json.loads(parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True))[subcommand]
-    config.pop("dry_run", None)  # an option of fit only: validate/test --run rebuild the run from this
+    config.pop("dry_run", None)
+    config.pop("seeds", None)  # an option of fit only: validate/test --run rebuild the run from this
     baseline_run = config.pop("baseline_run", None)  # what the run is compared with, not part of it
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
     # generated data must be the same in a resumed or re-evaluated run as in the original one.

@@ -1,0 +1,62 @@
+"""``fedlit fit --seeds``: one run per seed under one experiment folder, each the same as a plain run of that seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedlit.cli import main, run
+from fedlit.seeds import split_seeds
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--federation.progress_bar", "false",
+        "--data.init_args.samples_per_client", "20", "--federation.local_epochs", "1", "--federation.rounds", "2"]
+
+
+def test_each_seed_is_its_own_run_and_reproduces_a_plain_run_of_that_seed(tmp_path):
+    results = run(["fit", *ARGS, "--seeds", "0", "1", "--out_dir", str(tmp_path / "exp")])
+    assert sorted(results) == [0, 1]
+    for seed in (0, 1):
+        config = json.loads((tmp_path / "exp" / f"seed_{seed}" / "config.json").read_text())
+        assert config["federation"]["seed"] == seed and config["data"]["init_args"]["seed"] == seed
+    plain = run(["fit", *ARGS, "--federation.seed", "1", "--data.init_args.seed", "1",
+                 "--out_dir", str(tmp_path / "plain")])
+    assert results[1]["last"] == plain["last"]
+    assert results[0]["last"] != plain["last"]  # the seed matters: seed 0 is another run
+    saved = json.loads((tmp_path / "exp" / "seed_1" / "results.json").read_text())
+    assert saved["last"] == json.loads((tmp_path / "plain" / "results.json").read_text())["last"]
+    experiment = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    assert experiment["seeds"] == [0, 1] and experiment["finished"] == [0, 1]
+    assert experiment["runs"] == {"0": str(tmp_path / "exp" / "seed_0"), "1": str(tmp_path / "exp" / "seed_1")}
+    assert "--seeds 0 1" in experiment["command"]
+
+
+def test_without_out_dir_the_seeds_share_one_version_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run(["fit", *ARGS, "--federation.rounds", "1", "--seeds", "3", "--name", "exp"])
+    assert sorted(p.name for p in (tmp_path / "runs" / "exp" / "version_0").iterdir()) == [
+        "experiment.json", "seed_3"]
+    assert (tmp_path / "runs" / "exp" / "version_0" / "seed_3" / "results.json").is_file()
+
+
+def test_split_seeds():
+    assert split_seeds(["fit", "--seeds", "2", "0", "--x", "1"]) == ([2, 0], ["fit", "--x", "1"])
+    assert split_seeds(["fit", "--seeds=[1,2]"]) == ([1, 2], ["fit"])
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--seeds", "0", "1", "0"], "seed 0 is given twice"),
+    (["--seeds", "0", "--ckpt_path", "last"], "--seeds with --ckpt_path"),
+    (["--seeds", "a"], "seeds are integers"),
+    (["--seeds"], "at least one seed"),
+    (["--seeds", "0", "--federation.seed", "4"], "leave out --federation.seed"),
+])
+def test_bad_seeds_are_one_line_errors(tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *ARGS, "--out_dir", str(tmp_path / "exp"), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "exp").exists()
