@@ -38,6 +38,7 @@ from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versi
 if TYPE_CHECKING:
     from fedlit.costs import CostJob
     from fedlit.federation import Federation
+    from fedlit.partition import PartitionJob
     from fedlit.seeds import SeedsJob
 
 # torch, Lightning and the model libraries are imported where they are needed (building the parser of a
@@ -49,6 +50,7 @@ SUBCOMMANDS = {
     "test": "Evaluate a checkpoint on every client's test split.",
     "export": "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
     "cost": "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
+    "partition": "Build a recipe's data only: print each client's samples per split and class, plot them.",
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
@@ -99,6 +101,10 @@ def _subparser(name: str) -> ArgumentParser:
         parser.add_argument("--baseline_run", type=str | None, default=None,
                             help="A finished run of strategy Local on the same data and seed: the report adds each "
                                  "client's test gain over it, with their mean and std (gain_over_local).")
+    if name == "partition":
+        from fedlit import partition
+
+        partition.add_arguments(parser)
     if name in ("fit", "cost"):
         from fedlit import costs
 
@@ -219,7 +225,7 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | SeedsJob:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | SeedsJob | PartitionJob:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -238,6 +244,10 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
     subcommand = cfg.subcommand
     if subcommand == "export":
         return _prepare_export(cfg.export)
+    if subcommand == "partition":
+        from fedlit import partition
+
+        return partition.prepare(cfg.partition)  # the data module alone: no model, no run folder
     sub_cfg = cfg[subcommand]
     if subcommand == "cost" or sub_cfg.get("dry_run"):
         from fedlit import costs
