@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 SPLITS = ("train", "val", "test")
+#: Up to this many clients, the plot writes each count beside its dot.
+LABELLED = 8
 
 
 def add_arguments(parser: Any) -> None:
@@ -92,9 +94,10 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
         for y, v in enumerate(row):
             if v > 0:
                 ax.scatter(x, y, s=max_area * v / largest, color="tab:blue", alpha=0.7, edgecolors="none")
-                if len(clients) <= 12:
-                    ax.annotate(str(v), (x, y), textcoords="offset points", xytext=(0, -3 - math.sqrt(
-                        max_area * v / largest) / 2 - 7), ha="center", fontsize=7)
+                if len(clients) <= LABELLED:  # the count beside its dot (marker size s is an area in points^2)
+                    ax.annotate(str(v), (x, y), textcoords="offset points",
+                                xytext=(math.sqrt(max_area * v / largest) / 2 + 2, 0), ha="left", va="center",
+                                fontsize=7)
     ax.set_xticks(range(len(clients)))
     ax.set_xticklabels(clients, rotation=45 if len(clients) > 6 or max(map(len, clients), default=0) > 8 else 0,
                        ha="right" if len(clients) > 6 else "center", fontsize=8)
