@@ -43,8 +43,8 @@ from fedlit.checkpoint import load_checkpoint
 from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError
 from fedlit.evaluation import EvaluationHistory
+from fedlit.loop import energy, local, optim, record, rounds, state
 from fedlit.loop import evaluate as evaluation
-from fedlit.loop import local, optim, record, rounds, state
 from fedlit.module import FederatedModule
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
@@ -356,6 +356,7 @@ class Federation:
                 print(f"Stopped after round {self.server_round} of {self.rounds}: {self.stopped_early['reason']}.",
                       flush=True)
             results = self.report()
+            energy.stop(self)
             self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results
 

@@ -43,6 +43,7 @@ import torch
 
 from fedlit.checkpoint import BEST, LAST
 from fedlit.evaluation import summarize
+from fedlit.loop import energy
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -99,17 +100,20 @@ def start(fed: Federation) -> None:
     fed.timing.setdefault("wall_seconds", 0.0)
     fed.timing["session_start"] = time.perf_counter()
     fed.timing["git"] = git_state()
+    energy.start(fed)
 
 
 def timing_state(fed: Federation) -> dict[str, Any]:
     """For a checkpoint: the first start and the wall time of the run so far (earlier sessions included)."""
-    return {"started": fed.timing.get("started"), "wall_seconds": _wall_seconds(fed)}
+    return {"started": fed.timing.get("started"), "wall_seconds": _wall_seconds(fed),
+            "energy_kwh": energy.summary(fed, fed.timing.get("energy_kwh", 0.0))["kwh"]}
 
 
 def load_timing(fed: Federation, saved: Mapping[str, Any] | None) -> None:
     """Restore :func:`timing_state` from a checkpoint."""
     if saved:
-        fed.timing.update({"started": saved.get("started"), "wall_seconds": float(saved.get("wall_seconds", 0.0))})
+        fed.timing.update({"started": saved.get("started"), "wall_seconds": float(saved.get("wall_seconds", 0.0)),
+                           "energy_kwh": float(saved.get("energy_kwh") or 0.0)})
 
 
 def _wall_seconds(fed: Federation) -> float:
@@ -131,6 +135,7 @@ def describe(fed: Federation) -> dict[str, Any]:
         "started": fed.timing.get("started"),
         "ended": utc_now(),
         "wall_seconds": round(_wall_seconds(fed), 3),
+        "energy": energy.summary(fed, fed.timing.get("energy_kwh", 0.0)),
         "evaluation_only": [c for c in fed.client_ids
                             if c not in set(fed.train_client_ids) | set(fed.unseen_client_ids)],
         "unseen_clients": fed.unseen_client_ids,

@@ -13,8 +13,8 @@ import torch
 
 from fedlit.checkpoint import LAST
 from fedlit.errors import FedlitError, NonFiniteError
+from fedlit.loop import energy, local, record
 from fedlit.loop import evaluate as evaluation
-from fedlit.loop import local, record
 from fedlit.roles import role_summary_table
 from fedlit.strategies.functional import state_nbytes
 
@@ -106,6 +106,9 @@ def run_round(fed: Federation, server_round: int, bar: Any) -> None:
                 "system/peak_memory_mb": _peak_memory_mb(fed.fabric.device),
                 "system/store_mb": fed.store.nbytes() / 2**20,
                 "system/trainable_parameters": fed.module.num_trainable_parameters()})
+    kwh = energy.round_kwh(fed)
+    if kwh is not None:  # measured only: no value where no counter can be read
+        log["system/energy_kwh"] = kwh
     if fed.lr_schedule is not None:
         log["server/train/lr"] = fed.lr_schedule.learning_rates()[0]
         fed.lr_schedule.step()
