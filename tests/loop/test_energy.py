@@ -103,3 +103,27 @@ def test_a_fit_with_a_fake_rapl_logs_energy_per_round(tmp_path, monkeypatch):
     assert results["energy"]["source"] == "rapl" and results["energy"]["kwh"] == pytest.approx(3.0)
     rows = [r for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines() if "energy_kwh" in r]
     assert len(rows) == 2 and rows[0].rstrip().endswith(",1.0") and rows[1].rstrip().endswith(",2.0")
+
+
+def test_nvml_integrates_power_over_time_with_trapezoids(monkeypatch):
+    import sys
+    import types
+
+    powers = iter([100_000, 300_000, 300_000])  # mW at t = 0, 2 and 5 s
+    clock = iter([0.0, 2.0, 5.0])
+    fake = types.SimpleNamespace(NVMLError=RuntimeError, nvmlInit=lambda: None,
+                                 nvmlDeviceGetHandleByIndex=lambda index: index,
+                                 nvmlDeviceGetPowerUsage=lambda handle: next(powers))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(energy.time, "perf_counter", lambda: next(clock))
+    counter = energy.NvmlPower(0)
+    assert counter.read() == pytest.approx(2 * (100 + 300) / 2)  # 400 J
+    assert counter.read() == pytest.approx(400 + 3 * 300)  # 1300 J
+
+
+def test_without_pynvml_a_gpu_is_unavailable(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(energy.Unavailable, match="nvidia-ml-py"):
+        energy.open_counter(torch.device("cuda", 0))
