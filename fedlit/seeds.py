@@ -60,15 +60,6 @@ def split_seeds(argv: list[str]) -> tuple[list[int], list[str]]:
     return values, rest
 
 
-def _option(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def _without(argv: list[str], names: tuple[str, ...]) -> list[str]:
     out, skip = [], False
     for arg in argv:
@@ -133,7 +124,7 @@ def prepare(argv: list[str]) -> SeedsJob:
 
     seeds, rest = split_seeds(argv)
     for option in ("--ckpt_path", "--dry_run"):
-        if _option(rest, option) is not None:
+        if any(a == option or a.startswith(option + "=") for a in rest):
             raise ConfigError(f"--seeds with {option}: --seeds starts one fresh run per seed. Resume one seed's "
                               "run on its own: fedlit fit --config RECIPE --out_dir EXPERIMENT/seed_<s> "
                               "--federation.seed <s> --ckpt_path last.")

@@ -49,6 +49,7 @@ def test_split_seeds():
 @pytest.mark.parametrize(("extra", "message"), [
     (["--seeds", "0", "1", "0"], "seed 0 is given twice"),
     (["--seeds", "0", "--ckpt_path", "last"], "--seeds with --ckpt_path"),
+    (["--seeds", "0", "--dry_run"], "--seeds with --dry_run"),
     (["--seeds", "a"], "seeds are integers"),
     (["--seeds"], "at least one seed"),
     (["--seeds", "0", "--federation.seed", "4"], "leave out --federation.seed"),
