@@ -12,7 +12,9 @@ checkpoint of the newest run of that name, or of ``--out_dir``; when that run ha
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
 and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :mod:`fedlit.loop.record` says what a
 run records). ``fedlit cost`` (and ``fit --dry_run``) prints the parameters per role and the bytes a run would
-exchange, before training and without reading data (see :mod:`fedlit.costs`).
+exchange, before training and without reading data (see :mod:`fedlit.costs`). ``fit --seeds 0 1 2`` runs the recipe
+once per seed (see :mod:`fedlit.seeds`); ``fedlit partition`` builds the data alone and counts and plots it per
+client (see :mod:`fedlit.partition`).
 """
 
 from __future__ import annotations
