@@ -12,7 +12,8 @@ checkpoint of the newest run of that name, or of ``--out_dir``; when that run ha
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
 and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :mod:`fedlit.loop.record` says what a
 run records). ``fedlit cost`` (and ``fit --dry_run``) prints the parameters per role and the bytes a run would
-exchange, before training and without reading data (see :mod:`fedlit.costs`).
+exchange, before training and without reading data (see :mod:`fedlit.costs`). ``fedlit report RUN...`` compares
+finished runs (see :mod:`fedlit.report`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from fedlit.errors import CheckpointError, ConfigError, FedlitError
 from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fedlit.costs import CostJob
     from fedlit.federation import Federation
 
@@ -48,6 +51,7 @@ SUBCOMMANDS = {
     "test": "Evaluate a checkpoint on every client's test split.",
     "export": "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
     "cost": "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
+    "report": "Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
@@ -118,7 +122,7 @@ def build_parser(*, summary: bool = False) -> ArgumentParser:
                         help="Print the version and exit.")
     subcommands = parser.add_subcommands(dest="subcommand")
     for name, help_text in SUBCOMMANDS.items():
-        if summary:
+        if summary or name == "report":  # report parses its own arguments (fedlit.report.main)
             sub = ArgumentParser(description=help_text, exit_on_error=False)
         else:
             sub = _export_parser() if name == "export" else _subparser(name)
@@ -214,12 +218,16 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Callable[[], Any]:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"], ["--version"]):
         build_parser(summary=True).parse_args(argv[:1])  # prints and exits
+    if argv[:1] == ["report"]:
+        from fedlit import report
+
+        return lambda: report.main(argv[1:])  # reads run folders only: no recipe, no torch
     from lightning.fabric.utilities.seed import seed_everything
 
     from fedlit.federation import Federation
