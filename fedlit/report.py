@@ -252,7 +252,7 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
         }
         if local and runs[0].strategy_class != baseline_class:
             gains, paired = [], []
-            for run, clients in zip(runs, values):
+            for run, clients in zip(runs, values, strict=True):
                 if run.seed in local and clients:
                     theirs = local[run.seed]
                     selection = when if when in theirs.results else "last"
@@ -288,83 +288,6 @@ def config_differences(runs: Sequence[Run], ignore: Sequence[str] = ("out_dir",)
                                                                     for f in flats}) > 1}
 
 
-def _bold_best(cells: dict[str, tuple[float, float]], methods: list[str], metric: str) -> list[str]:
-    from fedlit.report_figures import fmt
-
-    means = {m: cells[m][0] for m in methods if m in cells and not math.isnan(cells[m][0])}
-    best = (max if higher_is_better(metric) else min)(means.values()) if means else None
-    return [f"**{fmt(cells.get(m))}**" if m in means and means[m] == best else fmt(cells.get(m)) for m in methods]
-
-
-def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline_name: str) -> list[tuple]:
-    """The report's blocks (see :mod:`fedlit.report_figures`); writes the figures into ``out``."""
-    from fedlit import report_figures as figures
-    from fedlit.report_figures import fmt
-
-    groups = by_method(runs)
-    methods = list(groups)
-    baseline_class = next((r.strategy_class for r in runs if r.strategy_class == baseline_name
-                           or r.strategy_class.rsplit(".", 1)[-1] == baseline_name), None)
-    blocks: list[tuple] = [("h", 1, f"fedlit report: {metric}"),
-                           ("p", f"{len(runs)} runs, {len(methods)} methods: "
-                            + ", ".join(f"{m} ({len(r)} seed{'s' * (len(r) > 1)}: "
-                                        + ", ".join(str(x.seed) for x in r) + ")" for m, r in groups.items())
-                            + ". Values are test metrics, mean ± sample std over seeds (no ± with one seed).")]
-    for warning in warnings:
-        blocks.append(("p", "Warning: " + warning))
-    for when, title in (("best", "at the best-validation round"), ("last", "at the last round")):
-        table = client_table(groups, when, metric)
-        if not any(table.values()):
-            blocks += [("h", 2, f"Per-client test {metric} {title}"), ("p", f"No run has '{when}' results.")]
-            continue
-        rows = [[f"**{c}**" if c == "average" else c, *_bold_best(cells, methods, metric)]
-                for c, cells in table.items()]
-        blocks += [("h", 2, f"Per-client test {metric} {title}"), ("table", ["client", *methods], rows),
-                   ("p", "average: each run's mean over its clients, then mean ± std over seeds; bold: the best "
-                    "method of the row.")]
-    when = "best" if all("best" in r.results for r in runs) else "last"
-    rows = []
-    found_local = baseline_class is not None
-    stats = summary(groups, when, metric, baseline_class or baseline.LOCAL)
-    for method, row in stats.items():
-        gain = fmt(row["gain"], sign=True) if "gain" in row else "—"
-        paired = ", ".join(map(str, row.get("paired", []))) or "—"
-        rows.append([method, str(row["seeds"]), fmt(row["mean"]), fmt(row["worst"]),
-                     *([gain, paired] if found_local else [])])
-    header = ["method", "seeds", f"mean {metric}", f"worst-client {metric}"]
-    blocks += [("h", 2, f"Mean and worst client ({when} round)"),
-               ("table", header + ([f"gain over {baseline_name}", "seeds paired"] if found_local else []), rows)]
-    blocks.append(("p", f"Gain over {baseline_name}: per seed, each client's {metric} minus that of the "
-                   f"{baseline_name} run of the same seed (its {when} round), averaged over clients; then mean ± std "
-                   "over the paired seeds." if found_local else
-                   f"No run of {baseline_name} among the inputs: no gain over it."))
-    curves = out / "convergence.png"
-    blocks.append(("h", 2, "Convergence"))
-    blocks.append(("img", curves, f"Mean validation {metric} per round") if figures.convergence(groups, metric, curves)
-                  else ("p", "No validation rows in any metrics.csv: no convergence figure."))
-    rows = []
-    for method, method_runs in groups.items():
-        comm = [r.results.get("comm") or {} for r in method_runs]
-        params = [v for r in method_runs for v in [r.series("system", "trainable_parameters")] if v]
-        rows.append([method, *(fmt(mean_std([float(c[k]) for c in comm if k in c]))
-                               .replace(".0000", "").replace(" ± 0", "")
-                               for k in ("upload_bytes", "download_bytes", "eval_download_bytes")),
-                     f"{max(params[0].values()):,.0f}" if params else "—"])
-    blocks += [("h", 2, "Cost"), ("table", ["method", "upload bytes", "download bytes", "eval download bytes",
-                                            "trainable parameters"], rows),
-               ("p", "Bytes from results.json (comm), per run, mean over seeds; trainable parameters from "
-                "metrics.csv (system/trainable_parameters; — where a run's metrics.csv has none).")]
-    cost_png = out / "cost.png"
-    if figures.cost(groups, metric, cost_png):
-        blocks.append(("img", cost_png, f"Mean validation {metric} against cumulative upload bytes"))
-    diff = config_differences(runs)
-    names = [f"{r.method} [{r.folder.name}]" for r in runs]
-    blocks.append(("h", 2, "Configurations: the keys that differ"))
-    blocks.append(("table", ["key", *names], [[k, *map(str, v)] for k, v in diff.items()]) if diff
-                  else ("p", "The runs' configurations are the same (out_dir aside)."))
-    return blocks
-
-
 def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str = "accuracy",
           baseline_name: str = "Local") -> Path:
     """Read the runs under ``paths`` and write ``report.md``, ``report.html`` and the figures into ``out``.
@@ -373,7 +296,7 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str =
     Raises:
         DataError: When no run can be read.
     """
-    from fedlit.report_figures import markdown, to_html
+    from fedlit.report_figures import build, markdown, to_html
 
     runs, warnings = load_runs(paths)
     for warning in warnings:

@@ -1,5 +1,6 @@
-"""The figures of ``fedlit report`` (matplotlib, Agg backend) and the writing of ``report.md`` and the
-self-contained ``report.html`` (figures embedded as base64 PNG data URIs). See :mod:`fedlit.report`."""
+"""The figures of ``fedlit report`` (matplotlib, Agg backend), its content (:func:`build`) and the rendering of
+``report.md`` and of the self-contained ``report.html`` (figures embedded as base64 PNG data URIs). See
+:mod:`fedlit.report`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedlit import report
 from fedlit.report import Run
 
 
@@ -42,6 +44,7 @@ def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> boo
         drawn = True
     if drawn:
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_ylabel(f"mean validation {metric}")
         ax.set_title(f"Convergence: mean validation {metric} (band: min-max over seeds)")
         ax.grid(alpha=0.3)
@@ -93,6 +96,14 @@ def fmt(mean_std: tuple[float, float] | None, sign: bool = False) -> str:
     return text if math.isnan(std) else f"{text} ± {std:.4f}"
 
 
+def fmt_count(mean_std: tuple[float, float]) -> str:
+    """A count (bytes, parameters) with thousands separators; ± std only when the seeds differ."""
+    mean, std = mean_std
+    if math.isnan(mean):
+        return "—"
+    return f"{mean:,.0f}" if math.isnan(std) or std == 0 else f"{mean:,.0f} ± {std:,.0f}"
+
+
 def markdown(blocks: Sequence[Block]) -> str:
     lines = []
     for block in blocks:
@@ -139,3 +150,74 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
              "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _bold_best(cells: dict[str, tuple[float, float]], methods: list[str], metric: str) -> list[str]:
+    means = {m: cells[m][0] for m in methods if m in cells and not math.isnan(cells[m][0])}
+    best = (max if report.higher_is_better(metric) else min)(means.values()) if means else None
+    return [f"**{fmt(cells.get(m))}**" if m in means and means[m] == best else fmt(cells.get(m)) for m in methods]
+
+
+def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline_name: str) -> list[tuple]:
+    """The report's blocks (see :mod:`fedlit.report_figures`); writes the figures into ``out``."""
+    groups = report.by_method(runs)
+    methods = list(groups)
+    baseline_class = next((r.strategy_class for r in runs if r.strategy_class == baseline_name
+                           or r.strategy_class.rsplit(".", 1)[-1] == baseline_name), None)
+    blocks: list[tuple] = [("h", 1, f"fedlit report: {metric}"),
+                           ("p", f"{len(runs)} runs, {len(methods)} methods: "
+                            + ", ".join(f"{m} ({len(r)} seed{'s' * (len(r) > 1)}: "
+                                        + ", ".join(str(x.seed) for x in r) + ")" for m, r in groups.items())
+                            + ". Values are test metrics, mean ± sample std over seeds (no ± with one seed).")]
+    for warning in warnings:
+        blocks.append(("p", "Warning: " + warning))
+    for when, title in (("best", "at the best-validation round"), ("last", "at the last round")):
+        table = report.client_table(groups, when, metric)
+        if not any(table.values()):
+            blocks += [("h", 2, f"Per-client test {metric} {title}"), ("p", f"No run has '{when}' results.")]
+            continue
+        rows = [[f"**{c}**" if c == "average" else c, *_bold_best(cells, methods, metric)]
+                for c, cells in table.items()]
+        blocks += [("h", 2, f"Per-client test {metric} {title}"), ("table", ["client", *methods], rows),
+                   ("p", "average: each run's mean over its clients, then mean ± std over seeds; bold: the best "
+                    "method of the row.")]
+    when = "best" if all("best" in r.results for r in runs) else "last"
+    rows = []
+    found_local = baseline_class is not None
+    stats = report.summary(groups, when, metric, baseline_class or report.baseline.LOCAL)
+    for method, row in stats.items():
+        gain = fmt(row["gain"], sign=True) if "gain" in row else "—"
+        paired = ", ".join(map(str, row.get("paired", []))) or "—"
+        rows.append([method, str(row["seeds"]), fmt(row["mean"]), fmt(row["worst"]),
+                     *([gain, paired] if found_local else [])])
+    header = ["method", "seeds", f"mean {metric}", f"worst-client {metric}"]
+    blocks += [("h", 2, f"Mean and worst client ({when} round)"),
+               ("table", header + ([f"gain over {baseline_name}", "seeds paired"] if found_local else []), rows)]
+    blocks.append(("p", f"Gain over {baseline_name}: per seed, each client's {metric} minus that of the "
+                   f"{baseline_name} run of the same seed (its {when} round), averaged over clients; then mean ± std "
+                   "over the paired seeds." if found_local else
+                   f"No run of {baseline_name} among the inputs: no gain over it."))
+    curves = out / "convergence.png"
+    blocks.append(("h", 2, "Convergence"))
+    blocks.append(("img", curves, f"Mean validation {metric} per round") if convergence(groups, metric, curves)
+                  else ("p", "No validation rows in any metrics.csv: no convergence figure."))
+    rows = []
+    for method, method_runs in groups.items():
+        comm = [r.results.get("comm") or {} for r in method_runs]
+        params = [v for r in method_runs for v in [r.series("system", "trainable_parameters")] if v]
+        rows.append([method, *(fmt_count(report.mean_std([float(c[k]) for c in comm if k in c]))
+                               for k in ("upload_bytes", "download_bytes", "eval_download_bytes")),
+                     f"{max(params[0].values()):,.0f}" if params else "—"])
+    blocks += [("h", 2, "Cost"), ("table", ["method", "upload bytes", "download bytes", "eval download bytes",
+                                            "trainable parameters"], rows),
+               ("p", "Bytes from results.json (comm), per run, mean over seeds; trainable parameters from "
+                "metrics.csv (system/trainable_parameters; — where a run's metrics.csv has none).")]
+    cost_png = out / "cost.png"
+    if cost(groups, metric, cost_png):
+        blocks.append(("img", cost_png, f"Mean validation {metric} against cumulative upload bytes"))
+    diff = report.config_differences(runs)
+    names = [r.recipe + ("/" + r.folder.name if r.recipe != r.folder.name else "") for r in runs]
+    blocks.append(("h", 2, "Configurations: the keys that differ"))
+    blocks.append(("table", ["key", *names], [[k, *map(str, v)] for k, v in diff.items()]) if diff
+                  else ("p", "The runs' configurations are the same (out_dir aside)."))
+    return blocks

@@ -119,7 +119,8 @@ def test_no_readable_run_is_a_data_error(tmp_path: Path) -> None:
 
 def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "quickstart"
-    cli_run(["fit", "--config", "recipes/quickstart.yaml", "--federation.rounds", "2", "--out_dir", str(run_dir)])
+    cli_run(["fit", "--config", "recipes/quickstart.yaml", "--federation.rounds", "2", "--federation.local_epochs", "1",
+             "--data.init_args.samples_per_client", "60", "--out_dir", str(run_dir)])
     out = tmp_path / "report"
     cli_run(["report", str(run_dir), "--out", str(out)])
     text = (out / "report.md").read_text()
