@@ -72,9 +72,10 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
                             "that contain them.")
         candidates = [path] if (path / "results.json").exists() else sorted(
             p.parent for p in path.rglob("results.json"))
-        # a run's evaluations/ never hold results.json, but a folder of runs may also hold broken runs: those
-        # with a metrics.csv or config.json and no results.json are reported as unreadable by load_run
-        candidates += sorted(p.parent for p in path.rglob("metrics.csv") if not (p.parent / "results.json").exists())
+        # a folder of runs may also hold runs that did not finish or whose results.json was lost: a folder with
+        # fedlit's config.json and metrics.csv but no results.json is kept, to be named in a warning by load_run
+        candidates += sorted(p.parent for p in path.rglob("metrics.csv")
+                             if (p.parent / "config.json").exists() and not (p.parent / "results.json").exists())
         found += [c for c in candidates if c not in found]
     return found
 
@@ -299,6 +300,10 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str =
     from fedlit.report_figures import build, markdown, to_html
 
     runs, warnings = load_runs(paths)
+    known = sorted({m for r in runs for w in ("last", "best") for v in ((r.results.get(w) or {}).get("clients")
+                                                                         or {}).values() for m in v})
+    if metric not in known:
+        raise DataError(f"fedlit report --metric {metric}: no run has test values of it; the runs have {known}.")
     for warning in warnings:
         print(f"fedlit report: warning: {warning}")
     out = Path(out)
@@ -314,7 +319,9 @@ def main(argv: Sequence[str]) -> Path:
     """``fedlit report`` from the command line (``argv`` after ``report``)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="fedlit report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="fedlit report", description="Compare finished runs of `fedlit fit`, their seeds grouped by method: "
+        "per-client tables, gain over Local, curves, costs and config differences in report.md and report.html.")
     parser.add_argument("runs", nargs="+", help="Run folders, or folders that contain run folders.")
     parser.add_argument("--out", default="report", help="Folder to write the report into (default: report).")
     parser.add_argument("--metric", default="accuracy", help="The test/validation metric (default: accuracy).")

@@ -129,3 +129,8 @@ def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
         assert f"| {client} |" in text
     assert (out / "convergence.png").stat().st_size > 0 and (out / "cost.png").exists()
     assert "No run of Local among the inputs" in text
+
+
+def test_unknown_metric_lists_the_known_ones(experiment: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"--metric auroc: no run has test values of it; the runs have \['accuracy'\]"):
+        report.write([experiment], tmp_path / "out", metric="auroc")
