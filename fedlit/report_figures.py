@@ -153,7 +153,8 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
 
 
 def _bold_best(cells: dict[str, tuple[float, float]], methods: list[str], metric: str) -> list[str]:
-    means = {m: cells[m][0] for m in methods if m in cells and not math.isnan(cells[m][0])}
+    # compared as shown (4 decimals): 0.525 and 0.52499999 are a tie
+    means = {m: round(cells[m][0], 4) for m in methods if m in cells and not math.isnan(cells[m][0])}
     best = (max if report.higher_is_better(metric) else min)(means.values()) if means else None
     return [f"**{fmt(cells.get(m))}**" if m in means and means[m] == best else fmt(cells.get(m)) for m in methods]
 

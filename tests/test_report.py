@@ -134,3 +134,12 @@ def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
 def test_unknown_metric_lists_the_known_ones(experiment: Path, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"--metric auroc: no run has test values of it; the runs have \['accuracy'\]"):
         report.write([experiment], tmp_path / "out", metric="auroc")
+
+
+def test_ties_as_shown_are_both_bold(tmp_path: Path) -> None:
+    # FedAvg's client a: (0.1 + 0.2) / 2 = 0.15000000000000002 in floating point; Local's: 0.15
+    make_run(tmp_path / "f" / "seed_0", FEDAVG, 0, last={"a": 0.1})
+    make_run(tmp_path / "f" / "seed_1", FEDAVG, 1, last={"a": 0.2})
+    make_run(tmp_path / "l" / "seed_0", LOCAL, 0, last={"a": 0.15})
+    report.write([tmp_path], tmp_path / "out")
+    assert "| a | **0.1500 ± 0.0707** | **0.1500** |" in (tmp_path / "out" / "report.md").read_text()
