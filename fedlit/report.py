@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlit import baseline
-from fedlit.errors import DataError
+from fedlit.errors import ConfigError, DataError
 
 SEED_OR_VERSION = re.compile(r"^(seed|version)_\w+$")
 
@@ -257,9 +257,12 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
                 if run.seed in local and clients:
                     theirs = local[run.seed]
                     selection = when if when in theirs.results else "last"
-                    gain = baseline.gain_over_local(clients and {c: {metric: v} for c, v in clients.items()},
-                                                    run.results[when]["round"], selection, theirs.results,
-                                                    {metric: higher_is_better(metric)})
+                    try:
+                        gain = baseline.gain_over_local({c: {metric: v} for c, v in clients.items()},
+                                                        run.results[when]["round"], selection, theirs.results,
+                                                        {metric: higher_is_better(metric)})
+                    except ConfigError:  # clients the Local run does not have: other data, not a pair
+                        continue
                     if metric in gain["mean"]:
                         gains.append(gain["mean"][metric])
                         paired.append(run.seed)

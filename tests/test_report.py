@@ -143,3 +143,11 @@ def test_ties_as_shown_are_both_bold(tmp_path: Path) -> None:
     make_run(tmp_path / "l" / "seed_0", LOCAL, 0, last={"a": 0.15})
     report.write([tmp_path], tmp_path / "out")
     assert "| a | **0.1500 ± 0.0707** | **0.1500** |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_local_run_of_other_clients_is_not_paired(tmp_path: Path) -> None:
+    make_run(tmp_path / "f0", FEDAVG, 0, last={"a": 0.8})
+    make_run(tmp_path / "l0", LOCAL, 0, last={"z": 0.5})
+    runs, _ = report.load_runs([tmp_path])
+    stats = report.summary(report.by_method(runs), "last", "accuracy")
+    assert stats["FedAvg"]["paired"] == [] and math.isnan(stats["FedAvg"]["gain"][0])
