@@ -43,6 +43,7 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     rows: list[tuple[int, str, str, str, float]] | None = None
     method: str = ""
+    manifest: dict[str, Any] | None = None
 
     @property
     def strategy_class(self) -> str:
@@ -132,6 +133,11 @@ def load_run(folder: Path, warnings: list[str]) -> Run:
         run.config = config if isinstance(config, dict) else {}
     except DataError as err:
         warnings.append(str(err).replace("run left out of the report", "its configuration is left out"))
+    if (folder / "manifest.json").is_file():  # compared by the gain over Local; optional
+        try:
+            run.manifest = json.loads((folder / "manifest.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            warnings.append(f"{folder / 'manifest.json'}: cannot be read as JSON ({err}); its data is not compared.")
     return run
 
 
@@ -240,7 +246,9 @@ def client_table(groups: Mapping[str, list[Run]], when: str, metric: str
 def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
             baseline_class: str = baseline.LOCAL) -> dict[str, dict[str, Any]]:
     """Per method: ``mean`` and ``worst`` client (mean, std over seeds), and the mean individual gain over the
-    baseline strategy's runs (``gain``, with ``paired``: the seeds paired) when there are some."""
+    baseline strategy's runs (``gain``, with ``paired``: the seeds paired; ``unpaired``: why the other runs are
+    not) when there are some. Runs are paired by seed; a pair whose ``manifest.json`` files differ (other data)
+    or whose baseline lacks some of the run's clients is not a pair."""
     worst = min if higher_is_better(metric) else max
     local = {r.seed: r for runs in groups.values() for r in runs if r.strategy_class == baseline_class}
     out = {}
@@ -252,22 +260,25 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
             "worst": mean_std([worst(v.values()) for v in values if v]),
         }
         if local and runs[0].strategy_class != baseline_class:
-            gains, paired = [], []
+            gains, paired, unpaired = [], [], []
             for run, clients in zip(runs, values, strict=True):
-                if run.seed in local and clients:
-                    theirs = local[run.seed]
-                    selection = when if when in theirs.results else "last"
-                    try:
-                        gain = baseline.gain_over_local({c: {metric: v} for c, v in clients.items()},
-                                                        run.results[when]["round"], selection, theirs.results,
-                                                        {metric: higher_is_better(metric)})
-                    except ConfigError:  # clients the Local run does not have: other data, not a pair
-                        continue
-                    if metric in gain["mean"]:
-                        gains.append(gain["mean"][metric])
-                        paired.append(run.seed)
-            row["gain"] = mean_std(gains)
-            row["paired"] = paired
+                if run.seed not in local or not clients:
+                    unpaired.append(f"{run.folder}: no {baseline_class.rsplit('.', 1)[-1]} run of seed {run.seed}")
+                    continue
+                theirs = local[run.seed]
+                try:
+                    if run.manifest and theirs.manifest:
+                        baseline.check_same_data(theirs.manifest, theirs.seed, run.manifest, run.seed, theirs.folder)
+                    gain = baseline.gain_over_local({c: {metric: v} for c, v in clients.items()},
+                                                    run.results[when]["round"], when if when in theirs.results
+                                                    else "last", theirs.results, {metric: higher_is_better(metric)})
+                except ConfigError as err:  # other data or other clients: not a pair
+                    unpaired.append(f"{run.folder}: {err}")
+                    continue
+                if metric in gain["mean"]:
+                    gains.append(gain["mean"][metric])
+                    paired.append(run.seed)
+            row.update(gain=mean_std(gains), paired=paired, unpaired=unpaired)
         out[method] = row
     return out
 

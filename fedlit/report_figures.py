@@ -198,6 +198,9 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
                    f"{baseline_name} run of the same seed (its {when} round), averaged over clients; then mean ± std "
                    "over the paired seeds." if found_local else
                    f"No run of {baseline_name} among the inputs: no gain over it."))
+    for method, row in stats.items():
+        for why in row.get("unpaired", []):
+            blocks.append(("p", f"Not paired ({method}): {why}"))
     curves = out / "convergence.png"
     blocks.append(("h", 2, "Convergence"))
     blocks.append(("img", curves, f"Mean validation {metric} per round") if convergence(groups, metric, curves)

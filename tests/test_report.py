@@ -151,3 +151,15 @@ def test_a_local_run_of_other_clients_is_not_paired(tmp_path: Path) -> None:
     runs, _ = report.load_runs([tmp_path])
     stats = report.summary(report.by_method(runs), "last", "accuracy")
     assert stats["FedAvg"]["paired"] == [] and math.isnan(stats["FedAvg"]["gain"][0])
+
+
+def test_runs_on_other_data_are_not_paired_and_say_why(tmp_path: Path) -> None:
+    f0 = make_run(tmp_path / "f0", FEDAVG, 0, last={"a": 0.8})
+    l0 = make_run(tmp_path / "l0", LOCAL, 0, last={"a": 0.5})
+    (f0 / "manifest.json").write_text(json.dumps({"dataset": "one", "clients": {"a": {}}}))
+    (l0 / "manifest.json").write_text(json.dumps({"dataset": "two", "clients": {"a": {}}}))
+    runs, _ = report.load_runs([tmp_path])
+    stats = report.summary(report.by_method(runs), "last", "accuracy")
+    assert stats["FedAvg"]["paired"] == [] and "data dataset 'two'" in stats["FedAvg"]["unpaired"][0]
+    report.write([tmp_path], tmp_path / "out")
+    assert f"Not paired (FedAvg): {f0}" in (tmp_path / "out" / "report.md").read_text()
