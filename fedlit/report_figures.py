@@ -24,6 +24,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def _legend(ax: Any) -> None:
+    """Inside the axes for a few methods; beside them for many, where it would hide lines."""
+    if len(ax.get_lines()) > 5:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="small")
+
+
 def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
     """Mean validation ``metric`` per round, one line per method (mean over seeds), a min-max band over seeds.
     Returns False (and writes nothing) when no run has validation rows."""
@@ -48,7 +56,7 @@ def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> boo
         ax.set_ylabel(f"mean validation {metric}")
         ax.set_title(f"Convergence: mean validation {metric} (band: min-max over seeds)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        _legend(ax)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -67,16 +75,22 @@ def cost(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
         if not pairs:
             continue
         rounds = sorted(set(pairs[0][1]) & set(pairs[0][0]))
-        x = [pairs[0][0][k] / 1e6 for k in rounds]
+        x = [pairs[0][0][k] for k in rounds]
         y = [sum(m[k] for _, m in pairs if k in m) / sum(1 for _, m in pairs if k in m) for k in rounds]
         ax.plot(x, y, marker="o", markersize=3, label=method)
         drawn = True
     if drawn:
-        ax.set_xlabel("cumulative upload (MB)")
+        largest = max((x for line in ax.get_lines() for x in line.get_xdata()), default=0.0)
+        scale, unit = next(((f, u) for f, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")) if largest >= f), (1, "bytes"))
+        for line in ax.get_lines():  # a readable unit: tick labels of 0.000125 MB overlap
+            line.set_xdata([x / scale for x in line.get_xdata()])
+        ax.relim()
+        ax.autoscale_view()
+        ax.set_xlabel(f"cumulative upload ({unit})")
         ax.set_ylabel(f"mean validation {metric}")
         ax.set_title(f"Mean validation {metric} against bytes uploaded")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        _legend(ax)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
     plt.close(fig)
