@@ -257,7 +257,8 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
         row: dict[str, Any] = {
             "seeds": len(runs),
             "mean": mean_std([mean_std(list(v.values()))[0] for v in values if v]),
-            "worst": mean_std([worst(v.values()) for v in values if v]),
+            "worst": mean_std([worst(finite) for v in values
+                               if (finite := [x for x in v.values() if not math.isnan(x)])]),  # NaN: undefined
         }
         if local and runs[0].strategy_class != baseline_class:
             gains, paired, unpaired = [], [], []

@@ -163,3 +163,10 @@ def test_runs_on_other_data_are_not_paired_and_say_why(tmp_path: Path) -> None:
     assert stats["FedAvg"]["paired"] == [] and "data dataset 'two'" in stats["FedAvg"]["unpaired"][0]
     report.write([tmp_path], tmp_path / "out")
     assert f"Not paired (FedAvg): {f0}" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_an_undefined_client_value_is_left_out_of_mean_and_worst(tmp_path: Path) -> None:
+    make_run(tmp_path / "f0", FEDAVG, 0, last={"a": float("nan"), "b": 0.8, "c": 0.6})  # min(nan, ...) is nan
+    runs, _ = report.load_runs([tmp_path])
+    stats = report.summary(report.by_method(runs), "last", "accuracy")
+    assert stats["FedAvg"]["mean"][0] == pytest.approx(0.7) and stats["FedAvg"]["worst"][0] == pytest.approx(0.6)
