@@ -64,13 +64,14 @@ class Run:
         return {r: v for r, c, s, m, v in self.rows or [] if c == "" and s == split and m == metric}
 
 
-def find_runs(paths: Sequence[str | Path]) -> list[Path]:
-    """Every run folder (one holding ``results.json``) given or under the given folders, in order, once each."""
+def find_runs(paths: Sequence[str | Path], warnings: list[str]) -> list[Path]:
+    """Every run folder (one holding ``results.json``) given or under the given folders, in order, once each; a
+    path that is not a folder adds a warning."""
     found: list[Path] = []
     for path in map(Path, paths):
         if not path.is_dir():
-            raise DataError(f"fedlit report: {path} is not a folder; give run folders of `fedlit fit` or folders "
-                            "that contain them.")
+            warnings.append(f"{path}: not a folder; give run folders of `fedlit fit` or folders that contain them.")
+            continue
         candidates = [path] if (path / "results.json").exists() else sorted(
             p.parent for p in path.rglob("results.json"))
         # a folder of runs may also hold runs that did not finish or whose results.json was lost: a folder with
@@ -149,7 +150,7 @@ def load_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
     """
     warnings: list[str] = []
     runs = []
-    for folder in find_runs(paths):
+    for folder in find_runs(paths, warnings):
         try:
             runs.append(load_run(folder, warnings))
         except DataError as err:
@@ -311,6 +312,7 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str =
 
     Raises:
         DataError: When no run can be read.
+        ConfigError: When no run has ``metric``.
     """
     from fedlit.report_figures import build, markdown, to_html
 
@@ -318,7 +320,7 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str =
     known = sorted({m for r in runs for w in ("last", "best") for v in ((r.results.get(w) or {}).get("clients")
                                                                          or {}).values() for m in v})
     if metric not in known:
-        raise DataError(f"fedlit report --metric {metric}: no run has test values of it; the runs have {known}.")
+        raise ConfigError(f"fedlit report --metric {metric}: no run has test values of it; the runs have {known}.")
     for warning in warnings:
         print(f"fedlit report: warning: {warning}")
     out = Path(out)

@@ -10,7 +10,7 @@ import pytest
 
 from fedlit import report
 from fedlit.cli import run as cli_run
-from fedlit.errors import DataError
+from fedlit.errors import ConfigError, DataError
 
 LOCAL = "fedlit.strategies.local.Local"
 FEDAVG = "fedlit.strategies.fedavg.FedAvg"
@@ -104,8 +104,9 @@ def test_corrupt_files_are_named_and_the_others_reported(experiment: Path, tmp_p
     assert str(broken) in printed and str(bad_csv) in printed and "line 2 has 3 columns" in printed
     text = (out / "report.md").read_text()
     assert str(broken) in text
-    runs, _ = report.load_runs([experiment])
+    runs, warnings = report.load_runs([experiment, experiment / "nowhere"])
     assert len(runs) == 3  # the run with a bad metrics.csv is still in the tables
+    assert f"{experiment / 'nowhere'}: not a folder" in warnings[-1]
 
 
 def test_no_readable_run_is_a_data_error(tmp_path: Path) -> None:
@@ -113,7 +114,7 @@ def test_no_readable_run_is_a_data_error(tmp_path: Path) -> None:
     (tmp_path / "r" / "results.json").write_text("[")
     with pytest.raises(DataError, match=r"no readable run.*results.json"):
         report.load_runs([tmp_path])
-    with pytest.raises(DataError, match="is not a folder"):
+    with pytest.raises(DataError, match="missing: not a folder"):
         report.load_runs([tmp_path / "missing"])
 
 
@@ -132,7 +133,7 @@ def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
 
 
 def test_unknown_metric_lists_the_known_ones(experiment: Path, tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"--metric auroc: no run has test values of it; the runs have \['accuracy'\]"):
+    with pytest.raises(ConfigError, match=r"--metric auroc: no run has test values of it; the runs have \[.accuracy.\]"):
         report.write([experiment], tmp_path / "out", metric="auroc")
 
 
