@@ -106,7 +106,7 @@ def test_corrupt_files_are_named_and_the_others_reported(experiment: Path, tmp_p
     assert str(broken) in text
     runs, warnings = report.load_runs([experiment, experiment / "nowhere"])
     assert len(runs) == 3  # the run with a bad metrics.csv is still in the tables
-    assert f"{experiment / 'nowhere'}: not a folder" in warnings[-1]
+    assert any(f"{experiment / 'nowhere'}: not a folder" in w for w in warnings)
 
 
 def test_no_readable_run_is_a_data_error(tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
 
 
 def test_unknown_metric_lists_the_known_ones(experiment: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--metric auroc: no run has test values of it; the runs have \[.accuracy.\]"):
+    with pytest.raises(ConfigError, match=r"--metric auroc: no run has test values of it; the runs have \['accuracy"):
         report.write([experiment], tmp_path / "out", metric="auroc")
 
 
