@@ -265,7 +265,8 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
             gains, paired, unpaired = [], [], []
             for run, clients in zip(runs, values, strict=True):
                 if run.seed not in local or not clients:
-                    unpaired.append(f"{run.folder}: no {baseline_class.rsplit('.', 1)[-1]} run of seed {run.seed}")
+                    unpaired.append(f"{run.folder}: " + (f"no {metric} at its {when} round" if not clients else
+                                    f"no {baseline_class.rsplit('.', 1)[-1]} run of seed {run.seed}"))
                     continue
                 theirs = local[run.seed]
                 try:
