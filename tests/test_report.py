@@ -75,6 +75,7 @@ def test_gain_pairs_only_matching_seeds(tmp_path: Path) -> None:
     runs, _ = report.load_runs([tmp_path])
     stats = report.summary(report.by_method(runs), "last", "accuracy")
     assert stats["FedAvg"]["paired"] == [0]
+    assert stats["FedAvg"]["unpaired"] == [f"{tmp_path / 'f5'}: no Local run of seed 5"]
     assert stats["FedAvg"]["gain"][0] == pytest.approx(0.3)
     assert math.isnan(stats["FedAvg"]["gain"][1])  # one paired seed: no std
 
