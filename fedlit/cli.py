@@ -14,7 +14,7 @@ and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :m
 run records). ``fedlit cost`` (and ``fit --dry_run``) prints the parameters per role and the bytes a run would
 exchange, before training and without reading data (see :mod:`fedlit.costs`). ``fit --seeds 0 1 2`` runs the recipe
 once per seed (see :mod:`fedlit.seeds`); ``fedlit partition`` builds the data alone and counts and plots it per
-client (see :mod:`fedlit.partition`).
+client (see :mod:`fedlit.partition`); ``fedlit report RUN...`` compares finished runs (see :mod:`fedlit.report`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from fedlit.errors import CheckpointError, ConfigError, FedlitError
 from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fedlit.costs import CostJob
     from fedlit.federation import Federation
     from fedlit.partition import PartitionJob
@@ -53,6 +55,7 @@ SUBCOMMANDS = {
     "export": "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
     "cost": "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
     "partition": "Build a recipe's data only: print each client's samples per split and class, plot them.",
+    "report": "Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
@@ -131,7 +134,7 @@ def build_parser(*, summary: bool = False) -> ArgumentParser:
                         help="Print the version and exit.")
     subcommands = parser.add_subcommands(dest="subcommand")
     for name, help_text in SUBCOMMANDS.items():
-        if summary:
+        if summary or name == "report":  # report parses its own arguments (fedlit.report.main)
             sub = ArgumentParser(description=help_text, exit_on_error=False)
         else:
             sub = _export_parser() if name == "export" else _subparser(name)
@@ -227,12 +230,16 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | SeedsJob | PartitionJob:
+def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | SeedsJob | PartitionJob | Callable[[], Any]:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
     raised here); calling the result runs the subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"], ["--version"]):
         build_parser(summary=True).parse_args(argv[:1])  # prints and exits
+    if argv[:1] == ["report"]:
+        from fedlit import report
+
+        return lambda: report.main(argv[1:])  # reads run folders only: no recipe, no torch
     from lightning.fabric.utilities.seed import seed_everything
 
     from fedlit import seeds

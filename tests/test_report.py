@@ -1,0 +1,174 @@
+"""``fedlit report``: table arithmetic on hand-made run folders, unreadable files, a real quickstart run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedlit import report
+from fedlit.cli import run as cli_run
+from fedlit.errors import ConfigError, DataError
+
+LOCAL = "fedlit.strategies.local.Local"
+FEDAVG = "fedlit.strategies.fedavg.FedAvg"
+
+
+def make_run(folder: Path, strategy: str, seed: int, last: dict[str, float], best: dict[str, float] | None = None,
+             val: dict[int, float] | None = None, lr: float = 0.1) -> Path:
+    """A minimal run folder: results.json (last/best per client accuracy), config.json and metrics.csv."""
+    folder.mkdir(parents=True)
+    results = {"strategy_class": strategy, "seed": seed, "comm": {"upload_bytes": 1000 * (seed + 1)},
+               "last": {"round": 3, "clients": {c: {"accuracy": v} for c, v in last.items()}}}
+    if best is not None:
+        results["best"] = {"round": 2, "clients": {c: {"accuracy": v} for c, v in best.items()}}
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "config.json").write_text(json.dumps({"model": {"init_args": {"lr": lr}},
+                                                    "federation": {"seed": seed}, "out_dir": str(folder)}))
+    rows = ["round,client,split,metric,value"]
+    for r, v in (val or {1: 0.5, 2: 0.6, 3: 0.7}).items():
+        rows += [f"{r},,val,accuracy_mean,{v}", f"{r},,comm,upload_bytes_cumulative,{100 * r}",
+                 f"{r},,system,trainable_parameters,1234"]
+    (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+@pytest.fixture
+def experiment(tmp_path: Path) -> Path:
+    # FedAvg, seeds 0 and 1; Local, seeds 0 and 1; clients a and b
+    make_run(tmp_path / "fedavg" / "seed_0", FEDAVG, 0, last={"a": 0.8, "b": 0.6}, best={"a": 0.9, "b": 0.5})
+    make_run(tmp_path / "fedavg" / "seed_1", FEDAVG, 1, last={"a": 0.6, "b": 0.4}, best={"a": 0.7, "b": 0.3})
+    make_run(tmp_path / "local" / "seed_0", LOCAL, 0, last={"a": 0.7, "b": 0.7}, best={"a": 0.6, "b": 0.6}, lr=0.2)
+    make_run(tmp_path / "local" / "seed_1", LOCAL, 1, last={"a": 0.5, "b": 0.3}, best={"a": 0.5, "b": 0.1}, lr=0.2)
+    return tmp_path
+
+
+def test_tables_mean_std_over_seeds_and_gain_over_local(experiment: Path) -> None:
+    runs, warnings = report.load_runs([experiment])
+    assert warnings == []
+    groups = report.by_method(runs)
+    assert sorted(groups) == ["FedAvg", "Local"] and all(len(r) == 2 for r in groups.values())
+    last = report.client_table(groups, "last", "accuracy")
+    # client a, FedAvg: 0.8 and 0.6 -> mean 0.7, sample std sqrt(((0.1)^2 + (0.1)^2) / 1) = 0.141421
+    assert last["a"]["FedAvg"] == pytest.approx((0.7, math.sqrt(0.02)))
+    # average row: per-seed means 0.7 (seed 0) and 0.5 (seed 1) -> 0.6 +- 0.141421
+    assert last["average"]["FedAvg"] == pytest.approx((0.6, math.sqrt(0.02)))
+    # Local client b: 0.7, 0.3 -> 0.5 +- sqrt(0.08) = 0.282843
+    assert last["b"]["Local"] == pytest.approx((0.5, math.sqrt(0.08)))
+    stats = report.summary(groups, "best", "accuracy")
+    # FedAvg best: seed 0 mean (0.9 + 0.5) / 2 = 0.7, worst 0.5; seed 1 mean 0.5, worst 0.3
+    assert stats["FedAvg"]["mean"] == pytest.approx((0.6, math.sqrt(0.02)))
+    assert stats["FedAvg"]["worst"] == pytest.approx((0.4, math.sqrt(0.02)))
+    # gain paired by seed, at best: seed 0 (0.9 - 0.6 + 0.5 - 0.6) / 2 = 0.1; seed 1 (0.2 + 0.2) / 2 = 0.2
+    # -> mean 0.15, std sqrt((0.05^2 * 2) / 1) = 0.070711
+    assert stats["FedAvg"]["gain"] == pytest.approx((0.15, math.sqrt(0.005)))
+    assert stats["FedAvg"]["paired"] == [0, 1]
+    assert "gain" not in stats["Local"]
+
+
+def test_gain_pairs_only_matching_seeds(tmp_path: Path) -> None:
+    make_run(tmp_path / "f0", FEDAVG, 0, last={"a": 0.8})
+    make_run(tmp_path / "f5", FEDAVG, 5, last={"a": 0.1})  # no Local run of seed 5: not paired
+    make_run(tmp_path / "l0", LOCAL, 0, last={"a": 0.5})
+    runs, _ = report.load_runs([tmp_path])
+    stats = report.summary(report.by_method(runs), "last", "accuracy")
+    assert stats["FedAvg"]["paired"] == [0]
+    assert stats["FedAvg"]["unpaired"] == [f"{tmp_path / 'f5'}: no Local run of seed 5"]
+    assert stats["FedAvg"]["gain"][0] == pytest.approx(0.3)
+    assert math.isnan(stats["FedAvg"]["gain"][1])  # one paired seed: no std
+
+
+def test_write_report_bold_best_and_config_differences(experiment: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    report.main([str(experiment), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    # last round, client a: FedAvg 0.7 beats Local 0.6 (0.7, 0.5)
+    assert "| a | **0.7000 ± 0.1414** | 0.6000 ± 0.1414 |" in text
+    assert "+0.1500 ± 0.0707" in text
+    assert "model.init_args.lr" in text and "federation.seed" in text and "out_dir" not in text.split("differ")[1]
+    assert {p.name for p in out.iterdir()} >= {"report.md", "report.html", "convergence.png", "cost.png"}
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "<b>0.7000 ± 0.1414</b>" in page
+
+
+def test_corrupt_files_are_named_and_the_others_reported(experiment: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    broken = experiment / "fedavg" / "seed_1" / "results.json"
+    broken.write_text("{not json")
+    bad_csv = experiment / "local" / "seed_1" / "metrics.csv"
+    bad_csv.write_text("round,client,split,metric,value\n1,,val\n")
+    out = tmp_path / "out"
+    report.main([str(experiment), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert str(broken) in printed and str(bad_csv) in printed and "line 2 has 3 columns" in printed
+    text = (out / "report.md").read_text()
+    assert str(broken) in text
+    runs, warnings = report.load_runs([experiment, experiment / "nowhere"])
+    assert len(runs) == 3  # the run with a bad metrics.csv is still in the tables
+    assert any(f"{experiment / 'nowhere'}: not a folder" in w for w in warnings)
+
+
+def test_no_readable_run_is_a_data_error(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text("[")
+    with pytest.raises(DataError, match=r"no readable run.*results.json"):
+        report.load_runs([tmp_path])
+    with pytest.raises(DataError, match="missing: not a folder"):
+        report.load_runs([tmp_path / "missing"])
+
+
+def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "quickstart"
+    cli_run(["fit", "--config", "recipes/quickstart.yaml", "--federation.rounds", "2", "--federation.local_epochs", "1",
+             "--data.init_args.samples_per_client", "60", "--out_dir", str(run_dir)])
+    out = tmp_path / "report"
+    cli_run(["report", str(run_dir), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    assert "FedBN (1 seed: 0)" in text
+    for client in ("site_0", "site_1", "site_2", "site_3"):
+        assert f"| {client} |" in text
+    assert (out / "convergence.png").stat().st_size > 0 and (out / "cost.png").exists()
+    assert "No run of Local among the inputs" in text
+
+
+def test_unknown_metric_lists_the_known_ones(experiment: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--metric auroc: no run has test values of it; the runs have \['accuracy"):
+        report.write([experiment], tmp_path / "out", metric="auroc")
+
+
+def test_ties_as_shown_are_both_bold(tmp_path: Path) -> None:
+    # FedAvg's client a: (0.1 + 0.2) / 2 = 0.15000000000000002 in floating point; Local's: 0.15
+    make_run(tmp_path / "f" / "seed_0", FEDAVG, 0, last={"a": 0.1})
+    make_run(tmp_path / "f" / "seed_1", FEDAVG, 1, last={"a": 0.2})
+    make_run(tmp_path / "l" / "seed_0", LOCAL, 0, last={"a": 0.15})
+    report.write([tmp_path], tmp_path / "out")
+    assert "| a | **0.1500 ± 0.0707** | **0.1500** |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_local_run_of_other_clients_is_not_paired(tmp_path: Path) -> None:
+    make_run(tmp_path / "f0", FEDAVG, 0, last={"a": 0.8})
+    make_run(tmp_path / "l0", LOCAL, 0, last={"z": 0.5})
+    runs, _ = report.load_runs([tmp_path])
+    stats = report.summary(report.by_method(runs), "last", "accuracy")
+    assert stats["FedAvg"]["paired"] == [] and math.isnan(stats["FedAvg"]["gain"][0])
+
+
+def test_runs_on_other_data_are_not_paired_and_say_why(tmp_path: Path) -> None:
+    f0 = make_run(tmp_path / "f0", FEDAVG, 0, last={"a": 0.8})
+    l0 = make_run(tmp_path / "l0", LOCAL, 0, last={"a": 0.5})
+    (f0 / "manifest.json").write_text(json.dumps({"dataset": "one", "clients": {"a": {}}}))
+    (l0 / "manifest.json").write_text(json.dumps({"dataset": "two", "clients": {"a": {}}}))
+    runs, _ = report.load_runs([tmp_path])
+    stats = report.summary(report.by_method(runs), "last", "accuracy")
+    assert stats["FedAvg"]["paired"] == [] and "data dataset 'two'" in stats["FedAvg"]["unpaired"][0]
+    report.write([tmp_path], tmp_path / "out")
+    assert f"Not paired (FedAvg): {f0}" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_an_undefined_client_value_is_left_out_of_mean_and_worst(tmp_path: Path) -> None:
+    make_run(tmp_path / "f0", FEDAVG, 0, last={"a": float("nan"), "b": 0.8, "c": 0.6})  # min(nan, ...) is nan
+    runs, _ = report.load_runs([tmp_path])
+    stats = report.summary(report.by_method(runs), "last", "accuracy")
+    assert stats["FedAvg"]["mean"][0] == pytest.approx(0.7) and stats["FedAvg"]["worst"][0] == pytest.approx(0.6)
