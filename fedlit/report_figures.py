@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -230,6 +231,16 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
                                             "trainable parameters"], rows),
                ("p", "Bytes from results.json (comm), per run, mean over seeds; trainable parameters from "
                 "metrics.csv (system/trainable_parameters; — where a run's metrics.csv has none).")]
+    partition = partition_summary(runs[0])
+    if partition is not None:
+        part_png = out / "partition.png"
+        from fedlit.partition import plot
+
+        plot(partition, part_png)
+        blocks += [("h", 2, "Partition"),
+                   ("img", part_png, f"Train samples per client of {runs[0].method}'s seed {runs[0].seed}"),
+                   ("p", f"From {runs[0].folder / 'class_counts.json'} (or its manifest.json): the run of "
+                    f"{runs[0].method}, seed {runs[0].seed}; runs of other seeds or data may differ.")]
     cost_png = out / "cost.png"
     if cost(groups, metric, cost_png):
         blocks.append(("img", cost_png, f"Mean validation {metric} against cumulative upload bytes"))
@@ -239,3 +250,27 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     blocks.append(("table", ["key", *names], [[k, *map(str, v)] for k, v in diff.items()]) if diff
                   else ("p", "The runs' configurations are the same (out_dir aside)."))
     return blocks
+
+
+def partition_summary(run: Run) -> dict[str, Any] | None:
+    """What :func:`fedlit.partition.plot` draws, from a run folder: ``class_counts.json`` (train samples per class
+    and client) or, for a task without classes, the manifest's train samples per client; None when neither is
+    readable."""
+    manifest = run.manifest or {}
+    dataset = str(manifest.get("class") or manifest.get("dataset") or "data")
+    try:
+        counts = json.loads((run.folder / "class_counts.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        counts = None
+    if isinstance(counts, dict) and counts:
+        width = len(next(iter(counts.values()))["train"])
+        names = manifest.get("class_names") or (manifest.get("details") or {}).get("class_names")
+        names = [str(n) for n in names] if names and len(names) == width else [f"class {i}" for i in range(width)]
+        return {"dataset": dataset, "classes": names,
+                "clients": {c: {"classes": {"train": list(v["train"])}, "samples": {"train": sum(v["train"])}}
+                            for c, v in counts.items()}}
+    clients = manifest.get("clients")
+    if isinstance(clients, dict) and clients:
+        return {"dataset": dataset, "classes": None,
+                "clients": {c: {"samples": {"train": len(v.get("train", []))}} for c, v in clients.items()}}
+    return None

@@ -130,6 +130,7 @@ def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
     for client in ("site_0", "site_1", "site_2", "site_3"):
         assert f"| {client} |" in text
     assert (out / "convergence.png").stat().st_size > 0 and (out / "cost.png").exists()
+    assert (out / "partition.png").stat().st_size > 0 and "## Partition" in text
     assert "No run of Local among the inputs" in text
 
 
