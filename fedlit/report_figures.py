@@ -52,16 +52,9 @@ def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> boo
                             color=line.get_color())
         drawn = True
     if drawn:
-        ax.set_xlabel("round")
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-        ax.set_ylabel(f"mean validation {metric}")
-        ax.set_title(f"Convergence: mean validation {metric} (band: min-max over seeds)")
-        ax.grid(alpha=0.3)
-        _legend(ax)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return drawn
+    return _finish(plt, fig, ax, path, drawn, "round", f"mean validation {metric}",
+                   f"Convergence: mean validation {metric} (band: min-max over seeds)")
 
 
 def cost(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
@@ -87,9 +80,16 @@ def cost(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
             line.set_xdata([x / scale for x in line.get_xdata()])
         ax.relim()
         ax.autoscale_view()
-        ax.set_xlabel(f"cumulative upload ({unit})")
-        ax.set_ylabel(f"mean validation {metric}")
-        ax.set_title(f"Mean validation {metric} against bytes uploaded")
+    return _finish(plt, fig, ax, path, drawn, f"cumulative upload ({unit if drawn else 'bytes'})",
+                   f"mean validation {metric}", f"Mean validation {metric} against bytes uploaded")
+
+
+def _finish(plt: Any, fig: Any, ax: Any, path: Path, drawn: bool, xlabel: str, ylabel: str, title: str) -> bool:
+    """Label, grid, legend and save a drawn figure to ``path``; close it either way. Returns ``drawn``."""
+    if drawn:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
         ax.grid(alpha=0.3)
         _legend(ax)
         fig.tight_layout()
