@@ -20,7 +20,9 @@ One live module is trained; every client's personal tensors live in the :class:`
 Each client's local training re-seeds the global and data-loader RNGs from ``(seed, round, client)``, so a run
 does not depend on client order and a resumed run continues exactly. The phases live in :mod:`fedlit.loop`:
 a round in :mod:`~fedlit.loop.rounds`, a client's turn in :mod:`~fedlit.loop.local`, evaluation and the report
-in :mod:`~fedlit.loop.evaluate`, checkpoints and resume checks in :mod:`~fedlit.loop.state`.
+in :mod:`~fedlit.loop.evaluate`, checkpoints and resume checks in :mod:`~fedlit.loop.state`; where the clients'
+turns run (this process, the ranks of a multi-device run, a Flower deployment) is ``Federation.executor``
+(:mod:`~fedlit.loop.executor`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from fedlit.errors import ConfigError
 from fedlit.evaluation import EvaluationHistory
 from fedlit.loop import energy, local, optim, record, rounds, state
 from fedlit.loop import evaluate as evaluation
+from fedlit.loop.executor import LocalExecutor
 from fedlit.module import FederatedModule
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
@@ -195,6 +198,8 @@ class Federation:
                              loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
                              if loggers is None else list(loggers))
         self.store = ClientStore(store_device)
+        #: Where the clients' turns and evaluations run (:mod:`fedlit.loop.executor`): this process by default.
+        self.executor: Any = LocalExecutor()
         self.history = EvaluationHistory(selection_metric, module.higher_is_better)
         self.server_round = 0
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
@@ -282,6 +287,7 @@ class Federation:
         if ckpt_path is not None:
             state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             state.record_resume(self, self.out_dir)
+        self.executor.setup(self)
 
     def _check_compatible(self) -> None:
         task = getattr(self.datamodule, "task", None)
@@ -346,16 +352,20 @@ class Federation:
             bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
                        initial=self.server_round, total=self.rounds)
             self._bar = bar
-            for server_round in bar:
-                if self.should_stop:
-                    break
-                rounds.run_round(self, server_round, bar)
-            bar.close()
-            if self.should_stop and self.server_round < self.rounds:
-                self.stopped_early = {"round": self.server_round, "reason": self.stop_reason or "a callback stopped"}
-                print(f"Stopped after round {self.server_round} of {self.rounds}: {self.stopped_early['reason']}.",
-                      flush=True)
-            results = self.report()
+            try:
+                for server_round in bar:
+                    if self.should_stop:
+                        break
+                    rounds.run_round(self, server_round, bar)
+                bar.close()
+                if self.should_stop and self.server_round < self.rounds:
+                    self.stopped_early = {"round": self.server_round,
+                                          "reason": self.stop_reason or "a callback stopped"}
+                    print(f"Stopped after round {self.server_round} of {self.rounds}: "
+                          f"{self.stopped_early['reason']}.", flush=True)
+                results = self.report()
+            finally:
+                self.executor.teardown(self)
             energy.stop(self)
             self.fabric.call("on_fit_end", trainer=self, pl_module=self.module)
         return results

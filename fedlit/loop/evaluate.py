@@ -42,7 +42,7 @@ from fedlit import baseline
 from fedlit.checkpoint import BEST
 from fedlit.errors import DataError
 from fedlit.evaluation import markdown_table, summarize
-from fedlit.loop import hparams, optim, record
+from fedlit.loop import executor, hparams, optim, record
 from fedlit.loop.local import call_with_client_state, load_client
 from fedlit.strategies.functional import state_nbytes
 
@@ -58,15 +58,18 @@ UNSEEN, UNSEEN_FINETUNED = "unseen", "unseen_finetuned"
 
 def evaluate_client(fed: Federation, server_round: int, client_id: str, splits: tuple[str, ...] = SPLITS,
                     images: dict[str, torch.Tensor] | None = None,
-                    received: Mapping[str, torch.Tensor] | None = None) -> tuple[dict[str, dict[str, float]], int]:
+                    received: Mapping[str, torch.Tensor] | None = None,
+                    personalized: bool | None = None) -> tuple[dict[str, dict[str, float]], int]:
     """``client_id``'s metrics on each of ``splits`` that it has (personal tensors + what the strategy gives it, or
     ``received`` when given), and the bytes it downloaded for that (0 when it has none of the splits). With
     ``images`` given, the module's ``validation_images()`` after the validation split, if any, is put there under
-    ``client_id``."""
+    ``client_id``. ``personalized`` (by default: ``received`` not given) lets the strategy put a model the client
+    keeps into the live module (``on_client_evaluate_start``); the global model is evaluated as received."""
     loaders = _loaders(fed, client_id, splits)
     if not loaders:
         return {}, 0
-    personalized = received is None
+    if personalized is None:
+        personalized = received is None
     if received is None:
         received = fed.strategy.configure_evaluate(server_round, client_id)
     load_client(fed, client_id, received)
@@ -109,16 +112,14 @@ def evaluate_round(fed: Federation, server_round: int) -> dict[str, float]:
     per_split: dict[str, dict[str, dict[str, float]]] = {s: {} for s in SPLITS}
     per_split.update({f"{GLOBAL}/{s}": {} for s in SPLITS})
     download = 0
-    images: dict[str, torch.Tensor] | None = {} if record.image_writers(fed) else None
-    for client_id in fed.evaluated_client_ids:
-        metrics, received = evaluate_client(fed, server_round, client_id, images=images)
-        download += received
-        global_state = fed.strategy.global_model_state(client_id)
-        if global_state is not None:
-            global_metrics, received = evaluate_client(fed, server_round, client_id, received=global_state)
-            download += received
-            metrics.update({f"{GLOBAL}/{s}": v for s, v in global_metrics.items()})
-        for split, values in metrics.items():
+    images: dict[str, torch.Tensor] = {}
+    clients = fed.evaluated_client_ids
+    tasks = executor.evaluate_tasks(fed, server_round, clients, SPLITS, images=bool(record.image_writers(fed)))
+    for client_id, result in zip(clients, fed.executor.evaluate(fed, server_round, tasks), strict=True):
+        download += result.download_bytes
+        if result.image is not None:
+            images[client_id] = result.image
+        for split, values in result.metrics.items():
             if values:
                 per_split[split][client_id] = values
     if images:
@@ -242,15 +243,13 @@ def evaluate_checkpoint(fed: Federation, split: str, ckpt_path: str | Path) -> d
     the unseen clients, as in :func:`report`); prints the tables."""
     per_client: dict[str, dict[str, float]] = {}
     global_per_client: dict[str, dict[str, float]] = {}
-    for client_id in fed.evaluated_client_ids:
-        metrics, _ = evaluate_client(fed, fed.server_round, client_id, (split,))
-        if metrics.get(split):
-            per_client[client_id] = metrics[split]
-        global_state = fed.strategy.global_model_state(client_id)
-        if global_state is not None:
-            metrics, _ = evaluate_client(fed, fed.server_round, client_id, (split,), received=global_state)
-            if metrics.get(split):
-                global_per_client[client_id] = metrics[split]
+    clients = fed.evaluated_client_ids
+    tasks = executor.evaluate_tasks(fed, fed.server_round, clients, (split,))
+    for client_id, result in zip(clients, fed.executor.evaluate(fed, fed.server_round, tasks), strict=True):
+        if result.metrics.get(split):
+            per_client[client_id] = result.metrics[split]
+        if result.metrics.get(f"{GLOBAL}/{split}"):
+            global_per_client[client_id] = result.metrics[f"{GLOBAL}/{split}"]
     if not per_client:
         raise DataError(f"The data set has no {split!r} split to evaluate.")
     weights = {c: fed.datamodule.num_examples(c, split) for c in fed.client_ids}

@@ -56,10 +56,16 @@ class ClientTurn:
 
 
 def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn:
-    """Train ``client_id`` for one round (see the module docstring)."""
+    """Train ``client_id`` for one round with what the strategy sends it (see the module docstring)."""
+    return train_client(fed, server_round, client_id, fed.strategy.configure_client(server_round, client_id),
+                        fed.strategy.configure_client_extras(server_round, client_id))
+
+
+def train_client(fed: Federation, server_round: int, client_id: str, received: Mapping[str, Tensor],
+                 received_extras: Mapping[str, Any]) -> ClientTurn:
+    """Train ``client_id`` for one round from ``received`` (every shared tensor) and ``received_extras``, the
+    client's side of a turn: what runs where the client's data and store entry are."""
     module, fabric, strategy = fed.module, fed.fabric, fed.strategy
-    received = strategy.configure_client(server_round, client_id)
-    received_extras = strategy.configure_client_extras(server_round, client_id)
     load_client(fed, client_id, received)
     torch.manual_seed(fed.derive_seed("train", server_round, client_id))
     loader = fed.datamodule.train_dataloader(

@@ -13,7 +13,7 @@ import torch
 
 from fedlit.checkpoint import LAST
 from fedlit.errors import FedlitError, NonFiniteError
-from fedlit.loop import energy, local, record
+from fedlit.loop import energy, executor, record
 from fedlit.loop import evaluate as evaluation
 from fedlit.roles import role_summary_table
 from fedlit.strategies.functional import state_nbytes
@@ -63,10 +63,8 @@ def run_round(fed: Federation, server_round: int, bar: Any) -> None:
     selected = fed.strategy.select_clients(server_round, fed.train_client_ids, fed._num_selected(), generator)
     updates, log, faults = [], {}, []
     upload = download = 0
-    for i, client_id in enumerate(selected, 1):
-        fed._bar_client = f"client {client_id} ({i}/{len(selected)})"
-        bar.set_postfix_str(fed._bar_client, refresh=False)
-        turn = client_turn(fed, server_round, client_id)
+    turns = fed.executor.fit(fed, server_round, executor.fit_tasks(fed, server_round, selected))
+    for client_id, turn in zip(selected, turns, strict=True):
         if isinstance(turn, str):
             faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
             continue
@@ -119,18 +117,6 @@ def run_round(fed: Federation, server_round: int, bar: Any) -> None:
     record.save_best(fed, server_round)  # before last.ckpt: a resume drops a best.ckpt newer than it
     if server_round % fed.checkpoint_every == 0 or server_round == fed.rounds or fed.should_stop:
         fed.save_checkpoint(fed.out_dir / "checkpoints" / LAST)
-
-def client_turn(fed: Federation, server_round: int, client_id: str) -> local.ClientTurn | str:
-    """The client's turn; with ``on_client_error="skip"``, a description of what it raised instead."""
-    if fed.on_client_error == "raise":
-        return local.fit_client(fed, server_round, client_id)
-    try:
-        return local.fit_client(fed, server_round, client_id)
-    except Exception as err:  # noqa: BLE001  (skip means: any failure of one client's turn)
-        detail = f"{type(err).__name__}: {err}"
-        warnings.warn(f"Round {server_round}: client {client_id!r} raised {detail}; it is left out of this "
-                      "round (federation.on_client_error=skip).", stacklevel=2)
-        return detail
 
 def check_round(fed: Federation, server_round: int, selected: list[str], updates: list[Any],
                  faults: list[dict[str, Any]]) -> None:
