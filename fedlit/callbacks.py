@@ -21,7 +21,8 @@ from fedlit.errors import ConfigError
 LOOP_HOOKS = frozenset({
     "on_fit_start", "on_round_start", "on_client_fit_start", "on_train_epoch_start", "on_train_batch_start",
     "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
-    "on_train_batch_end", "on_train_epoch_end", "on_client_fit_end", "on_before_aggregate", "on_round_end",
+    "on_train_batch_end", "on_train_epoch_end", "on_client_fit_end", "on_before_aggregate", "on_after_aggregate",
+    "on_round_end",
     "on_fit_end", "on_client_evaluate_start",
 })
 

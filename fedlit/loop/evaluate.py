@@ -296,6 +296,10 @@ def report(fed: Federation) -> dict[str, Any]:
     results["comm"] = dict(fed.comm)
     results["checkpoints"] = record.checkpoints(fed)
     results.update(record.describe(fed))
+    for callback in fed.callbacks:  # sections a callback adds (fedlit.privacy's ``privacy``), merged by key
+        sections = getattr(callback, "results_json", None)
+        for key, value in (sections(fed) if callable(sections) else {}).items():
+            results.setdefault(key, {}).update(value)
     if fed.faults:
         results["faults"] = fed.faults
     if fed.stopped_early is not None:

@@ -7,7 +7,8 @@ so the file of a killed run holds every finished round. It is tidy (one value pe
 - ``round``: the server round (from 1);
 - ``client``: the client id, or empty for a value of the whole federation (the server);
 - ``split``: ``train``, ``val`` or ``test`` for metrics; ``comm`` for communication (bytes) and ``system`` for
-  seconds, memory and sizes, both on server rows; a metric of another evaluation has its section before the
+  seconds, memory and sizes, ``privacy`` for epsilon and the settings of :mod:`fedlit.privacy`'s callbacks, all on
+  server rows; a metric of another evaluation has its section before the
   split: ``global/val`` and ``global/test`` (each client with the strategy's global model, logged as
   ``global/client/<id>/val/<metric>``), ``unseen/test`` and ``unseen_finetuned/test`` (the unseen clients, at
   the last round only; see :mod:`fedlit.loop.evaluate`);
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 CSV_NAME = "metrics.csv"
 CSV_COLUMNS = ("round", "client", "split", "metric", "value")
 EVALUATIONS = "evaluations"
-_GROUPS = {"comm": "comm", "system": "system"}  # log prefixes of server rows that are not a split
+_GROUPS = {"comm": "comm", "system": "system", "privacy": "privacy"}  # log prefixes of server rows, not a split
 #: Log prefixes of the other evaluations (:mod:`fedlit.loop.evaluate`): their rows' split is ``<section>/<split>``.
 SECTIONS = ("global", "unseen", "unseen_finetuned")
 #: Sections written by the final report only: a resumed run drops them, its own report writes them again.

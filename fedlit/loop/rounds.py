@@ -83,6 +83,9 @@ def run_round(fed: Federation, server_round: int, bar: Any) -> None:
     fed.fabric.call("on_before_aggregate", trainer=fed, pl_module=fed.module, server_round=server_round,
                      updates=updates)
     fed.strategy.aggregate(server_round, updates)
+    # After the new server state, before evaluation: a callback may change it (ClientLevelDP's noise) and add
+    # scalars to the round's log.
+    fed.fabric.call("on_after_aggregate", trainer=fed, pl_module=fed.module, server_round=server_round, log=log)
     aggregate_seconds = time.perf_counter() - start - train_seconds
     fed.comm["upload_bytes"] += upload
     fed.comm["download_bytes"] += download

@@ -15,6 +15,9 @@ Side effects use Lightning's callback hooks, called by the federation with keywo
   precision's gradient scaler skipped the step over inf/NaN gradients)
 - ``on_client_fit_end(trainer, pl_module, server_round, client_id, update, client_state)``: add ``update.extras``
 - ``on_before_aggregate(trainer, pl_module, server_round, updates)``: filter or transform uploads in place
+- ``on_after_aggregate(trainer, pl_module, server_round, log)``: right after :meth:`Strategy.aggregate`, before
+  evaluation: change the new ``strategy.global_state`` (ClientLevelDP's noise); ``log`` is the round's dict of
+  scalars, to which a callback may add ``<group>/<name>`` values (logged to the loggers and ``metrics.csv``)
 - ``on_client_evaluate_start(trainer, pl_module, server_round, client_id, client_state)``: after a client's tensors
   and what ``configure_evaluate`` sent are loaded, before its splits are evaluated: put a model the client keeps
   in ``client_state`` into the live module (APPLE's personalized model, FedMetaMed's personal model)
