@@ -10,7 +10,8 @@
             load k from the store; received = strategy.configure_client(...) copied into the model
             on_client_fit_start; local training (training_step, fabric.backward, optimizer step, Lightning
             hook names on the callbacks); update = k's shared tensors + extras; on_client_fit_end; save k
-        quarantine non-finite updates (and, with on_client_error=skip, clients that raised)
+        quarantine non-finite updates, leave out turns past client_timeout (and, with on_client_error=skip,
+        clients that raised)
         on_before_aggregate; strategy.aggregate(server_round, updates)
         evaluation (validation and test, per client), logging
         on_round_end; checkpoint; stop here if a callback set should_stop (EarlyStopping)
@@ -104,8 +105,12 @@ class Federation:
         config: The resolved run configuration, saved with the run (``config.json``) and checked on resume.
         on_client_error: ``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of
             the round with a warning (recorded in the results and TensorBoard).
-        min_clients: The fewest clients whose updates a round needs to aggregate (after skipped and quarantined
-            ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
+        min_clients: The fewest clients whose updates a round needs to aggregate (after skipped, quarantined and
+            timed-out ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
+        client_timeout: Seconds a client's turn may take (None, the default: no limit). In simulation a turn
+            that takes longer (loading and training, checked after each optimizer step) stops there and is left
+            out of the round as timed out, with a warning, its stored state unchanged (as a quarantined one); in
+            a deployment it is how long the server waits for a client's reply.
         loggers: Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in
             ``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.
         unseen_clients: Clients held out of training, to measure how the federation serves newcomers: a list of
@@ -142,6 +147,7 @@ class Federation:
         config: Mapping[str, Any] | None = None,
         on_client_error: Literal["raise", "skip"] = "raise",
         min_clients: int = 1,
+        client_timeout: float | None = None,
         loggers: list[Logger] | None = None,
         unseen_clients: list[str] | int | None = None,
         unseen_finetune_steps: int = 0,
@@ -152,6 +158,8 @@ class Federation:
                                 ("min_clients", min_clients, 1)):
             if value < low:
                 problems.append(f"federation.{key}={value} must be >= {low}")
+        if client_timeout is not None and not client_timeout > 0:
+            problems.append(f"federation.client_timeout={client_timeout} must be > 0 seconds (or null: no limit)")
         if unseen_finetune_steps < 0:
             problems.append(f"federation.unseen_finetune_steps={unseen_finetune_steps} must be >= 0")
         if isinstance(unseen_clients, int) and unseen_clients < 0:
@@ -184,6 +192,7 @@ class Federation:
         self.optimizer_state, self.eval_every, self.seed = optimizer_state, eval_every, seed
         self.checkpoint_every, self.progress_bar = checkpoint_every, progress_bar
         self.on_client_error, self.min_clients = on_client_error, min_clients
+        self.client_timeout = None if client_timeout is None else float(client_timeout)
         self.unseen_clients = list(unseen_clients) if isinstance(unseen_clients, list) else unseen_clients
         self.unseen_finetune_steps = unseen_finetune_steps
         #: A finished run of the Local strategy on the same data and seed: the report adds each client's gain over

@@ -39,7 +39,8 @@ class LoopHooksOnly(Callback):
     (LightningEarlyStopping(monitor="val_loss"), "on_validation_end", "fedlit.callbacks.EarlyStopping"),
     (ModelCheckpoint(), "on_validation_end", "checkpoint_every"),
     (LearningRateMonitor(), "on_train_start", "model.init_args.lr"),
-    (OnValidationEnd(), "relies on on_validation_end,", "implements the loop's hooks instead: on_after_backward"),
+    (OnValidationEnd(), "relies on on_validation_end,",
+     "implements the loop's hooks instead: on_after_aggregate, on_after_backward"),
 ])
 def test_trainer_only_callbacks_are_refused_naming_hooks_and_the_replacement(tmp_path, callback, hooks, instead):
     with pytest.raises(ConfigError) as err:

@@ -16,13 +16,16 @@
 
 A client whose loss or upload is not finite stops training at once and is *quarantined*: its turn carries the
 ``problem`` (the round leaves its update out of aggregation), ``on_client_fit_end`` is not called and nothing of
-it is saved, so its stored state and the strategy's per-client state stay as they were before the turn.
+it is saved, so its stored state and the strategy's per-client state stay as they were before the turn. A turn
+that takes longer than ``federation.client_timeout`` seconds (loading and training, measured after each step) is
+*timed out* the same way: it stops at the step that passed the limit and is left out like a quarantined one.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,12 +50,18 @@ class ClientTurn:
         update: What it uploads; ``metrics`` holds ``loss`` (mean training loss) and ``steps`` (optimizer steps
             that happened).
         download_bytes: Bytes of what the server sent it (tensors and extras).
-        problem: Why the turn is quarantined (a non-finite loss or tensor), or None.
+        problem: Why the turn is left out of aggregation (a non-finite loss or tensor, a timeout), or None.
+        problem_kind: ``non-finite`` (quarantined) or ``timeout`` (past ``federation.client_timeout``).
     """
 
     update: ClientUpdate
     download_bytes: int
     problem: str | None = None
+    problem_kind: str = "non-finite"
+
+
+#: The clock of ``federation.client_timeout`` (a test replaces it with a fake one).
+_clock = time.monotonic
 
 
 def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn:
@@ -66,6 +75,7 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
     """Train ``client_id`` for one round from ``received`` (every shared tensor) and ``received_extras``, the
     client's side of a turn: what runs where the client's data and store entry are."""
     module, fabric, strategy = fed.module, fed.fabric, fed.strategy
+    started, timeout = _clock(), getattr(fed, "client_timeout", None)
     load_client(fed, client_id, received)
     torch.manual_seed(fed.derive_seed("train", server_round, client_id))
     loader = fed.datamodule.train_dataloader(
@@ -80,6 +90,7 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
     module.set_train_mode()
     steps, loss_sum, seen, epoch = 0, 0.0, 0, 0
     bad: str | None = None
+    kind = "non-finite"
     max_steps = fed.local_steps if fed.local_steps is not None else math.inf
     show_progress = bool(getattr(fed, "progress_bar", False))  # the bar itself throttles its updates
     while (epoch < fed.local_epochs or fed.local_steps is not None) and steps < max_steps and bad is None:
@@ -123,6 +134,10 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
                 scheduler.step()
             if show_progress:
                 fed.show_progress(steps, loss_sum / seen)
+            if timeout is not None and _clock() - started > timeout:
+                bad, kind = (f"timed out: {_clock() - started:.3g} s after {steps} steps, over "
+                             f"federation.client_timeout={timeout:g} s"), "timeout"
+                break
             if steps >= max_steps:
                 break
         if batches == 0:
@@ -144,7 +159,7 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
         bad = _non_finite(_tensors_in(update.extras), "uploaded extra")
     download = state_nbytes(received) + state_nbytes(received_extras)
     if bad is not None:
-        return ClientTurn(update, download, bad)
+        return ClientTurn(update, download, bad, kind)
     fed.store.save_from(client_id, module.named_tensors("personal"))
     optim.save_client(fed, client_id, optimizer, scheduler)
     return ClientTurn(update, download)

@@ -73,9 +73,9 @@ def run_round(fed: Federation, server_round: int, bar: Any) -> None:
         download += turn.download_bytes
         log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
         if turn.problem is not None:
-            faults.append({"round": server_round, "client": client_id, "kind": "non-finite",
-                           "detail": turn.problem})
-            log[f"client/{client_id}/train/quarantined"] = 1.0
+            kind = getattr(turn, "problem_kind", "non-finite")
+            faults.append({"round": server_round, "client": client_id, "kind": kind, "detail": turn.problem})
+            log[f"client/{client_id}/train/{'timed_out' if kind == 'timeout' else 'quarantined'}"] = 1.0
             continue
         updates.append(update)
     check_round(fed, server_round, selected, updates, faults)
@@ -129,6 +129,9 @@ def check_round(fed: Federation, server_round: int, selected: list[str], updates
         if fault["kind"] == "non-finite":
             warnings.warn(f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
                           f"out of aggregation ({fault['detail']}).", stacklevel=3)
+        elif fault["kind"] == "timeout":
+            warnings.warn(f"Round {server_round}: client {fault['client']!r} timed out, its update is left out of "
+                          f"aggregation and its stored state is unchanged ({fault['detail']}).", stacklevel=3)
     if len(updates) >= min(fed.min_clients, len(selected)):
         return
     checkpoint = fed.out_dir / "checkpoints" / LAST

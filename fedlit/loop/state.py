@@ -32,7 +32,7 @@ SECTIONS = ("model", "data", "strategy", "federation")
 
 #: Federation settings that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
-                       "store_device", "on_client_error", "min_clients", "loggers"})
+                       "store_device", "on_client_error", "min_clients", "loggers", "client_timeout"})
 
 
 def identity(fed: Federation) -> dict[str, Any]:

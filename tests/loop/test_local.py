@@ -12,8 +12,8 @@ from lightning.fabric.plugins.precision import MixedPrecision
 from lightning.pytorch import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedlit import FedAvg
-from fedlit.errors import FedlitError, NonFiniteError
+from fedlit import FedAvg, RoleRule
+from fedlit.errors import ConfigError, FedlitError, NonFiniteError
 from fedlit.strategies import SCAFFOLD
 from tests.conftest import make_federation
 
@@ -180,3 +180,107 @@ def test_a_step_skipped_by_the_gradient_scaler_is_not_counted(tmp_path):
     assert recorder.stepped == [True, False, True, True]
     assert scaler.get_scale() == 2.0**7  # halved once, by the skipped step
     assert strategy.steps == [3.0]
+
+
+class FailIn(Callback):
+    """Makes ``client``'s turn raise in round ``round`` only."""
+
+    def __init__(self, client: str, round: int) -> None:
+        self.client, self.round = client, round
+
+    def on_client_fit_start(self, server_round, client_id) -> None:
+        if client_id == self.client and server_round == self.round:
+            raise OSError("site link down")
+
+
+class Uploads(Callback):
+    """The clients whose updates reach aggregation, per round."""
+
+    def __init__(self) -> None:
+        self.rounds: dict[int, list[str]] = {}
+
+    def on_before_aggregate(self, server_round, updates) -> None:
+        self.rounds[server_round] = [u.client_id for u in updates]
+
+
+def test_a_client_failing_in_round_2_is_left_out_of_round_2_only(tmp_path):
+    seen = Uploads()
+    federation = make_federation(tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2), seen],
+                                 on_client_error="skip")
+    with pytest.warns(UserWarning, match=r"Round 2: client 'c1' raised OSError: site link down") as caught:
+        results = federation.fit()
+    assert not [w for w in caught if "Round 1" in str(w.message) or "Round 3" in str(w.message)]
+    assert seen.rounds == {1: ["c0", "c1", "c2"], 2: ["c0", "c2"], 3: ["c0", "c1", "c2"]}
+    assert results["faults"] == [{"round": 2, "client": "c1", "kind": "error", "detail": "OSError: site link down"}]
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert [e.value for e in events.Scalars("server/train/clients_left_out")] == [0.0, 1.0, 0.0]
+
+
+def test_too_few_survivors_stop_at_the_last_good_checkpoint_which_resumes_with_a_lower_min_clients(tmp_path):
+    federation = make_federation(tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2)], on_client_error="skip",
+                                 min_clients=3)
+    with pytest.warns(UserWarning, match="c1"), pytest.raises(FedlitError) as err:
+        federation.fit()
+    message = str(err.value)
+    assert "Round 2: only 2 of 3 clients" in message and "federation.min_clients=3" in message
+    assert "last good checkpoint" in message and "c1: OSError: site link down" in message
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(checkpoint, weights_only=True)["server_round"] == 1
+    seen = Uploads()
+    again = make_federation(tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2), seen],
+                            on_client_error="skip", min_clients=2)
+    with pytest.warns(UserWarning, match=r"Round 2: client 'c1' raised"):
+        results = again.fit(ckpt_path=checkpoint)
+    assert seen.rounds == {2: ["c0", "c2"], 3: ["c0", "c1", "c2"]}  # it went on from round 2
+    assert results["last"]["round"] == 3
+    assert [f["round"] for f in results["faults"]] == [2]  # the stopped run's round 2 is not counted twice
+
+
+class SlowFor(Callback):
+    """Advances the fake clock of ``federation.client_timeout`` by ``seconds`` at each of ``client``'s steps in
+    ``round``; counts each client's finished turns in its ``client_state``."""
+
+    def __init__(self, clock: list[float], client: str, round: int, seconds: float) -> None:
+        self.clock, self.client, self.round, self.seconds = clock, client, round, seconds
+        self.current = ("", 0)
+
+    def on_client_fit_start(self, server_round, client_id) -> None:
+        self.current = (client_id, server_round)
+
+    def on_train_batch_end(self) -> None:
+        self.clock[0] += self.seconds if self.current == (self.client, self.round) else 0.001
+
+    def on_client_fit_end(self, client_state) -> None:
+        client_state["turns"] = client_state.get("turns", 0) + 1
+
+    def on_round_end(self, trainer, server_round) -> None:
+        self.stored = getattr(self, "stored", {})
+        self.stored[server_round] = {n: t.clone() for n, t in trainer.store.tensors(self.client).items()}
+
+
+def test_a_client_past_client_timeout_is_left_out_and_keeps_its_stored_state(tmp_path, monkeypatch):
+    from fedlit.loop import local
+
+    clock = [0.0]
+    monkeypatch.setattr(local, "_clock", lambda: clock[0])
+    seen, slow = Uploads(), SlowFor(clock, "c2", round=2, seconds=30.0)
+    federation = make_federation(tmp_path, FedAvg(), rounds=2, callbacks=[slow, seen], client_timeout=10.0,
+                                 roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")])
+    with pytest.warns(UserWarning, match=r"Round 2: client 'c2' timed out, its update is left out") as caught:
+        results = federation.fit()
+    assert len([w for w in caught if "timed out" in str(w.message)]) == 1
+    assert seen.rounds == {1: ["c0", "c1", "c2"], 2: ["c0", "c1"]}
+    fault = results["faults"][0]
+    assert (fault["round"], fault["client"], fault["kind"]) == (2, "c2", "timeout") and len(results["faults"]) == 1
+    assert fault["detail"] == "timed out: 30 s after 1 steps, over federation.client_timeout=10 s"  # stopped at once
+    assert federation.store.extra("c2", "SlowFor") == {"turns": 1}  # round 2's turn left nothing behind
+    assert slow.stored[1].keys() == {"head.weight", "head.bias"}
+    assert all(torch.equal(slow.stored[1][n], slow.stored[2][n]) for n in slow.stored[1])
+    assert federation.store.extra("c1", "SlowFor") == {"turns": 2}
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert events.Scalars("client/c2/train/timed_out")[0].value == 1.0
+
+
+def test_client_timeout_must_be_positive(tmp_path):
+    with pytest.raises(ConfigError, match=r"federation.client_timeout=0 must be > 0 seconds"):
+        make_federation(tmp_path, FedAvg(), client_timeout=0)
