@@ -5,16 +5,19 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch import Callback
 from opacus.accountants import RDPAccountant
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from fedlit import FedAvg, FedBN, Federation, FedProx, Local, RoleRule
+from fedlit.cli import prepare
 from fedlit.errors import ConfigError
 from fedlit.federation import derive_seed
 from fedlit.models import Backbone
@@ -249,3 +252,14 @@ def test_sample_level_dp_refuses_batchnorm_and_gradient_changing_strategies(tmp_
         fed.fit()
     with pytest.raises(ConfigError, match=r"FedProx.*training_loss"):
         SampleLevelDP(1.0, 1.0).on_fit_start(_trainer(FedProx(mu=0.1)), Negated())
+
+
+def test_the_cli_builds_the_privacy_callbacks_and_client_timeout_from_a_recipe(tmp_path):
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml").read_text())
+    recipe["callbacks"] = [{"class_path": "fedlit.privacy.ClientLevelDP",
+                            "init_args": {"noise_multiplier": 1.0, "clip_norm": 0.5}}]
+    recipe["federation"]["client_timeout"] = 120
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(recipe))
+    job = prepare(["fit", "--config", str(tmp_path / "dp.yaml"), "--out_dir", str(tmp_path / "a")])
+    assert repr(job.federation.callbacks[1:]) == "[ClientLevelDP(noise_multiplier=1.0, clip_norm=0.5, delta=1e-05)]"
+    assert job.federation.client_timeout == 120.0
