@@ -378,7 +378,9 @@ class SampleLevelDP(Callback):
 
     def on_client_fit_start(self, trainer: Any, pl_module: Any, server_round: int, client_id: str) -> None:
         """Start the turn's step count and noise generator; clear any stale per-sample gradient."""
-        _clear_grad_samples(pl_module)
+        _reset_hooks_state(pl_module)
+        if self._hooks is not None:
+            self._hooks.enable_hooks()
         train = trainer.datamodule.num_examples(client_id, "train")
         self._turn = {"steps": 0, "clipped": 0, "samples": 0,
                       "sample_rate": min(1.0, trainer.datamodule.batch_size / max(train, 1))}
@@ -412,7 +414,11 @@ class SampleLevelDP(Callback):
 
     def on_client_fit_end(self, trainer: Any, pl_module: Any, server_round: int, client_id: str,
                           update: ClientUpdate, client_state: dict[str, Any]) -> None:
-        """Add the turn's steps to the client's accountant (kept in its ``client_state``) and upload its epsilon."""
+        """Add the turn's steps to the client's accountant (kept in its ``client_state``) and upload its epsilon.
+        A turn left out of aggregation (quarantined, timed out) never gets here: nothing of it is released, so
+        nothing is counted."""
+        if self._hooks is not None:  # outside a turn (evaluation, unseen clients' fine-tuning) no per-sample work
+            self._hooks.disable_hooks()
         accountant = _rdp_accountant(client_state.get("history"))
         for _ in range(self._turn["steps"]):
             accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self._turn["sample_rate"])
@@ -423,6 +429,9 @@ class SampleLevelDP(Callback):
     def on_before_aggregate(self, trainer: Any, pl_module: Any, server_round: int,
                             updates: list[ClientUpdate]) -> None:
         """Keep each client's epsilon as it uploaded it."""
+        if self._hooks is not None:  # also after a turn that stopped before on_client_fit_end
+            self._hooks.disable_hooks()
+            _clear_grad_samples(pl_module)
         self._round_clipped = []
         for update in updates:
             if "dp_sample_epsilon" in update.metrics:
@@ -463,3 +472,18 @@ def _clear_grad_samples(module: nn.Module) -> None:
     for p in module.parameters():
         if getattr(p, "grad_sample", None) is not None:
             p.grad_sample = None
+
+
+def _reset_hooks_state(module: nn.Module) -> None:
+    """Forget what Opacus's hooks kept from a forward pass without its backward pass (a turn that stopped at a
+    non-finite loss): stale activations and forward counters would misplace the next per-sample gradients."""
+    _clear_grad_samples(module)
+    for sub in module.modules():
+        for attr in ("activations", "max_batch_len"):
+            if hasattr(sub, attr):
+                delattr(sub, attr)
+    for p in module.parameters():
+        if hasattr(p, "_forward_counter"):
+            p._forward_counter = 0
+        if hasattr(p, "_current_grad_sample"):
+            del p._current_grad_sample

@@ -263,3 +263,27 @@ def test_the_cli_builds_the_privacy_callbacks_and_client_timeout_from_a_recipe(t
     job = prepare(["fit", "--config", str(tmp_path / "dp.yaml"), "--out_dir", str(tmp_path / "a")])
     assert repr(job.federation.callbacks[1:]) == "[ClientLevelDP(noise_multiplier=1.0, clip_norm=0.5, delta=1e-05)]"
     assert job.federation.client_timeout == 120.0
+
+
+def test_sample_level_dp_goes_on_after_a_quarantined_turn(tmp_path):
+    class Poisoned(FedAvg):
+        def on_client_fit_start(self, server_round, client_id) -> None:
+            self.poison = (server_round, client_id) == (1, "c1")
+
+    torch.manual_seed(0)
+    module = ClassificationModule(backbone=PlainMLP(), num_classes=3, lr=0.1, roles=[RoleRule("backbone.*", "shared")])
+    original = module.training_step
+
+    def training_step(batch, batch_idx):  # c1's first loss of round 1 is NaN: forward without backward
+        out = original(batch, batch_idx)
+        return {**out, "loss": out["loss"] * math.nan} if fed.strategy.poison else out
+
+    module.training_step = training_step
+    dp = SampleLevelDP(noise_multiplier=1.0, max_grad_norm=0.5)
+    fed = Federation(module, TinyTabular(), Poisoned(), rounds=2, out_dir=tmp_path, progress_bar=False,
+                     accelerator="cpu", callbacks=[dp])
+    with pytest.warns(UserWarning, match="'c1' is quarantined"):
+        results = fed.fit()
+    per_client = results["privacy"]["sample_level"]["epsilon_per_client"]
+    assert per_client["c1"] == pytest.approx(_epsilon(2, 8 / 15, 1.0, 1e-5))  # round 2 only: nothing released
+    assert per_client["c0"] == pytest.approx(_epsilon(4, 8 / 15, 1.0, 1e-5))
