@@ -79,6 +79,14 @@ def _check_settings(owner: str, noise_multiplier: float, clip: tuple[str, float]
         raise ConfigError(f"{owner}: " + "; ".join(problems) + ".")
 
 
+def _warn_uncovered(owner: str, covered: int, trainer: Any) -> None:
+    """Warn when a resumed run has rounds that ran without the callback: its epsilon does not cover them."""
+    if getattr(trainer, "server_round", 0) > covered:
+        warnings.warn(f"{owner}: the checkpoint's rounds {covered + 1}..{trainer.server_round} ran without it, so "
+                      "the epsilon it reports covers only the rounds it sees (those rounds had no privacy "
+                      "guarantee).", stacklevel=3)
+
+
 # ----------------------------------------------------------------------------------------------- client level
 def clip_update(state: dict[str, Tensor], reference: Mapping[str, Tensor], names: list[str],
                 clip_norm: float) -> float:
@@ -182,6 +190,7 @@ class ClientLevelDP(Callback):
                 f"(calibrated for the unweighted mean) is smaller than z * the largest weighted contribution; the "
                 "accountant uses the round's effective noise multiplier (privacy/effective_noise_multiplier). Set "
                 "strategy.init_args.weighting: uniform for the exact calibration.", stacklevel=2)
+        _warn_uncovered("ClientLevelDP", self.rounds, trainer)
 
     def on_before_aggregate(self, trainer: Any, pl_module: Any, server_round: int,
                             updates: list[ClientUpdate]) -> None:
@@ -337,6 +346,7 @@ class SampleLevelDP(Callback):
         self.noise_multiplier, self.max_grad_norm = float(noise_multiplier), float(max_grad_norm)
         self.delta = float(delta)
         self.epsilons: dict[str, float] = {}  # the latest epsilon of each client, as it uploaded it
+        self.rounds = 0
         self._hooks: Any = None
         self._generator: torch.Generator | None = None
         self._turn: dict[str, Any] = {}
@@ -371,6 +381,7 @@ class SampleLevelDP(Callback):
                             + " (replace them, or freeze them with a role rule)")
         if problems:
             raise ConfigError("SampleLevelDP: " + "; ".join(problems) + ".")
+        _warn_uncovered("SampleLevelDP", self.rounds, trainer)
         if self._hooks is None:
             from opacus.grad_sample import GradSampleHooks
 
@@ -441,6 +452,7 @@ class SampleLevelDP(Callback):
     def on_after_aggregate(self, trainer: Any, pl_module: Any, server_round: int,
                            log: dict[str, float] | None = None) -> None:
         """Log the max and mean epsilon over the clients that have trained, and the round's clipped fraction."""
+        self.rounds += 1
         if log is None or not self.epsilons:
             return
         values = list(self.epsilons.values())
@@ -461,11 +473,11 @@ class SampleLevelDP(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"epsilons": dict(self.epsilons)}
+        return {"epsilons": dict(self.epsilons), "rounds": self.rounds}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epsilons = dict(state_dict["epsilons"])
+        self.epsilons, self.rounds = dict(state_dict["epsilons"]), int(state_dict["rounds"])
 
 
 def _clear_grad_samples(module: nn.Module) -> None:

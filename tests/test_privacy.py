@@ -287,3 +287,12 @@ def test_sample_level_dp_goes_on_after_a_quarantined_turn(tmp_path):
     per_client = results["privacy"]["sample_level"]["epsilon_per_client"]
     assert per_client["c1"] == pytest.approx(_epsilon(2, 8 / 15, 1.0, 1e-5))  # round 2 only: nothing released
     assert per_client["c0"] == pytest.approx(_epsilon(4, 8 / 15, 1.0, 1e-5))
+
+
+def test_adding_client_level_dp_on_resume_warns_that_earlier_rounds_are_not_covered(tmp_path):
+    make_federation(tmp_path, FedBN(weighting="uniform"), rounds=1).fit()
+    dp = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1)
+    fed = make_federation(tmp_path, FedBN(weighting="uniform"), rounds=2, callbacks=[dp])
+    with pytest.warns(UserWarning, match=r"ClientLevelDP: the checkpoint's rounds 1..1 ran without it"):
+        fed.fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
+    assert dp.history == [[1.0, 1.0, 1]]

@@ -51,7 +51,8 @@ class ClientUpdate:
         num_examples: Training examples the client used (the FedAvg weight).
         state: Its shared tensors after training, by name (nothing personal).
         metrics: Local training metrics: ``loss`` (the mean training loss) and ``steps`` (optimizer steps that
-            happened; a step the gradient scaler skipped is not one).
+            happened; a step the gradient scaler skipped is not one); callbacks may add their own numbers in
+            ``on_client_fit_end`` (SampleLevelDP's ``dp_sample_epsilon``).
         extras: Strategy uploads (SCAFFOLD's delta c_i...); tensors here count as communication.
     """
 
