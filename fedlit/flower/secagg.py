@@ -1,7 +1,7 @@
 """Secure aggregation of a round's uploads with Flower's SecAgg+ (the server learns only their weighted mean).
 
 Bell, Bonawitz, Gascón, Lepoint, Raykova. "Secure Single-Server Aggregation with (Poly)Logarithmic Overhead."
-ACM CCS 2020. https://eprint.iacr.org/2020/704
+ACM CCS 2020.
 
 Each client of a round uploads ``[w_k, w_k x_k]`` (``w_k = n_k / max_weight``, ``x_k`` its shared tensors, ``n_k``
 its ``num_examples``), quantized to integers and masked by pairwise masks agreed with its neighbours plus a private
@@ -20,15 +20,18 @@ into the ``ClientApp``; its train function hands the messages for which :func:`i
 Quantization (``SecAggOptions``): a client multiplies its tensors by ``w_k``, clips them to
 ``[-clipping_range, clipping_range]`` and rounds them stochastically (unbiased) to a grid of step
 ``2 clipping_range / quantization_range``. The mean of K clients is therefore off by at most
-``K max_weight (2 clipping_range + max|x|) / (quantization_range sum_k n_k)`` per value (the rounding of the values
-and of the weights ``w_k``); its expected error is 0. A client refuses to upload (and drops out of the round with an
-error naming the option) when a value would be clipped, ``max|x| n_k / max_weight > clipping_range``, or when
-``n_k > max_weight``; the server refuses a round whose ``K quantization_range`` reaches the masks' modulus ``2^32``.
+``K max_weight (2 clipping_range + max|x|) / (quantization_range sum_k n_k)`` per value (the rounding of the
+values, and of the weights ``w_k`` to multiples of ``1 / quantization_range``). A client refuses to upload (and
+drops out of the round with an error naming the option) when a value would be clipped,
+``max|x| n_k / max_weight > clipping_range``, or when ``n_k > max_weight``; the server refuses a round whose
+``K quantization_range`` reaches the masks' modulus ``2^32``.
 
 What the secure path does not hide: the clients' ``num_examples``, training loss and step count, and integer
 tensors (BatchNorm's ``num_batches_tracked``, a step counter that would not fit the clipping range), which
 travel in the clear beside the masked vector. Extras (``configure_client_extras``, ``update.extras``) cannot be
-masked and are refused.
+masked and are refused. Deviation from the paper's cryptographic pseudo-random generator: flwr 1.41 expands each
+mask with NumPy's Mersenne Twister seeded by 32 bits folded from the agreed key, so a mask is one of 2^32; the
+protection is that of this implementation.
 
 Faults: a turn whose ``problem`` is set (non-finite loss or tensor) or whose training raised is never masked into
 the sum: the client raises, the ``ClientApp`` answers with an error, the protocol treats the client as dropped
@@ -40,6 +43,7 @@ turn of the round is an error.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -77,7 +81,9 @@ from torch import Tensor
 
 from fedlit.errors import ConfigError
 from fedlit.loop.local import ClientTurn
+from fedlit.strategies.aggregators import WeightedMeanAggregator
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
@@ -102,8 +108,9 @@ class SecAggOptions:
     """The SecAgg+ settings of a Flower deployment (recipe key ``flower.secure_aggregation``).
 
     The defaults suit small federations (a few to a few dozen clients per round): every client is every other's
-    neighbour, and a client's secrets can be rebuilt from two thirds of them, so a third of a round's clients may
-    drop out while fewer than two thirds colluding with the server learn nothing about a single upload.
+    neighbour and its secrets are rebuilt from two thirds of their shares (at least 2), so up to a third of a
+    round's clients may drop out, and the server would need the shares of two thirds of a client's neighbours
+    (colluding with it) to unmask that client's upload.
 
     Attributes:
         num_shares: Neighbours each client shares its secrets with, itself included: an integer > 2, or a fraction
@@ -218,9 +225,7 @@ def _class_problem(cls: type) -> str | None:
 
 def compatible_strategies() -> list[str]:
     """The strategies of :mod:`fedlit.strategies` that can aggregate securely (with their default arguments)."""
-    import inspect
-
-    import fedlit.strategies as strategies
+    import fedlit.strategies as strategies  # the registry, imported when asked: it loads every strategy
 
     classes = [getattr(strategies, n) for n in strategies.__all__]
     return sorted(c.__name__ for c in classes if isinstance(c, type) and issubclass(c, Strategy)
@@ -232,9 +237,6 @@ def check_secure_aggregation(strategy: Strategy) -> None:
     its ``aggregate`` needs more than the ``num_examples``-weighted mean of the uploaded states
     (:attr:`~fedlit.strategies.Strategy.secure_aggregation`), its aggregator is not the weighted mean, its
     weighting is not by ``num_examples``, or it overrides a method that reads the uploads without declaring it."""
-    from fedlit.strategies.aggregators import WeightedMeanAggregator
-    from fedlit.strategies.fedavg import FedAvg
-
     why = _class_problem(type(strategy))
     if why is None and isinstance(strategy, FedAvg):
         if type(strategy.aggregator) is not WeightedMeanAggregator:
@@ -269,9 +271,7 @@ def secure_fit(grid: Grid, fed: Federation, server_round: int, tasks: list[FitTa
         options: The protocol's settings.
     """
     check_secure_aggregation(fed.strategy)
-    ids = [t.client_id for t in tasks]
     _check_round(tasks, node_ids, options)
-    nodes = [node_ids[c] for c in ids]
     recorder = _RecordingGrid(grid)
     adapter = _LegacyStrategy(tasks, node_ids, server_round, options, recorder)
     state = RecordDict()
@@ -283,7 +283,8 @@ def secure_fit(grid: Grid, fed: Federation, server_round: int, tasks: list[FitTa
     results = {proxy.node_id: res for proxy, res in adapter.results or []}
     mean = parameters_to_ndarrays(next(iter(results.values())).parameters) if results else []
     turns: list[ClientTurn | str] = []
-    for task, node in zip(tasks, nodes, strict=True):
+    for task in tasks:
+        node = node_ids[task.client_id]
         fault = recorder.faults.get(node)
         download = state_nbytes(task.received) + state_nbytes(task.received_extras)
         if node in results:

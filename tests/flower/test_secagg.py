@@ -126,11 +126,12 @@ WEIGHTED_B = torch.full((3,), -0.25)
 
 def _upload(cid: str) -> dict[str, torch.Tensor]:
     return {"w": C[cid] * P + D[cid], "b": torch.full((3,), D[cid]),
-            "bn.num_batches_tracked": torch.tensor(T[cid])}
+            "bn.num_batches_tracked": torch.tensor(T[cid]), "s": torch.tensor([1.5], dtype=torch.bfloat16)}
 
 
 def _received() -> dict[str, torch.Tensor]:
-    return {"w": torch.zeros(2, 3), "b": torch.ones(3), "bn.num_batches_tracked": torch.tensor(0)}
+    return {"w": torch.zeros(2, 3), "b": torch.ones(3), "bn.num_batches_tracked": torch.tensor(0),
+            "s": torch.tensor([1.25], dtype=torch.bfloat16)}
 
 
 def _client_app(train: Any) -> ClientApp:
@@ -242,11 +243,12 @@ def test_secure_round_gives_the_weighted_mean_to_every_client_and_fedavg_the_sam
         update = turn.update
         assert update.client_id == cid and update.num_examples == N[cid]
         assert update.metrics == {"loss": 0.5, "steps": 4.0}
-        assert turn.download_bytes == 6 * 4 + 3 * 4 + 8
+        assert turn.download_bytes == 6 * 4 + 3 * 4 + 8 + 2
         assert update.state["w"].dtype == torch.float32
         assert (update.state["w"] - WEIGHTED_W).abs().max() <= bound
         assert (update.state["b"] - WEIGHTED_B).abs().max() <= bound
         assert update.state["bn.num_batches_tracked"].item() == T[cid]  # integer tensors travel in the clear
+        assert update.state["s"].dtype == torch.bfloat16 and update.state["s"].item() == 1.5
     assert (turns[0].update.state["w"] - (0.2333 * P - 0.1667)).abs().max() > 0.01  # not the uniform mean
     # FedAvg's aggregate of the secure turns equals its aggregate of the plain uploads, to the bound.
     secure, plain = FedAvg(), FedAvg()
@@ -287,7 +289,8 @@ def test_dropped_and_quarantined_clients_are_left_out_of_the_sum() -> None:
         if client_id == "b":
             raise DataError("Client 'b' has no training batch")
         value = {"a": 1.0, "c": float("nan"), "d": -0.5}[client_id]
-        state = {"w": torch.full((2, 3), value), "b": torch.zeros(3), "bn.num_batches_tracked": torch.tensor(1)}
+        state = {"w": torch.full((2, 3), value), "b": torch.zeros(3), "bn.num_batches_tracked": torch.tensor(1),
+                 "s": torch.ones(1, dtype=torch.bfloat16)}
         update = ClientUpdate(client_id, n[client_id], state, {"loss": 0.25, "steps": 2.0})
         return ClientTurn(update, 0, "non-finite tensor 'w'" if client_id == "c" else None)
 
