@@ -74,11 +74,20 @@ class Strategy(Callback, abc.ABC):
             given when no tensor is shared.
         accepted_tasks: The data set tasks the algorithm is defined for (FedSLD: ``multiclass`` and ``binary``,
             whose class counts it needs); None (the default): any task. The federation refuses other data.
+        secure_aggregation: True when :meth:`aggregate` depends on the uploads only through the
+            ``num_examples``-weighted mean of ``update.state`` (and the clients' counts), so that a secure
+            aggregation protocol revealing nothing but that mean (SecAgg+ in a Flower deployment,
+            :mod:`fedlit.flower.secagg`) can stand in for the individual uploads: FedAvg and the strategies that
+            only change roles or the client objective (FedProx, FedBN, SiloBN...), the FedOpt family. False (the
+            default) for rules that need each upload (median, Krum, SCAFFOLD's extras, similarity weights). A
+            subclass that overrides ``aggregate`` or another method reading the uploads must declare it again
+            (:func:`fedlit.flower.secagg.check_secure_aggregation` refuses it otherwise).
         global_state, client_ids, class_counts, roles: What :meth:`initialize` received.
     """
 
     communicates: bool = True
     accepted_tasks: frozenset[str] | None = None
+    secure_aggregation: bool = False
 
     def __init__(self) -> None:
         super().__init__()

@@ -27,6 +27,8 @@ from fedlit.strategies.fedavg import FedAvg
 class FedMedian(FedAvg):
     """FedAvg whose average is the coordinate-wise median of the client updates (weights ignored)."""
 
+    secure_aggregation = False  # the median needs each coordinate of every upload
+
     def __init__(self) -> None:
         super().__init__(aggregator=MedianAggregator())
 

@@ -66,6 +66,10 @@ class FedOpt(FedAvg):
         aggregator: As in :class:`FedAvg`; the pseudo-gradient is ``aggregator(x_k) - x``.
     """
 
+    #: :meth:`aggregate` reads the uploads only through :meth:`combine`, FedAvg's weighted mean (``m``, ``v`` are the
+    #: server's own), so SecAgg+ can replace them as for FedAvg.
+    secure_aggregation = True
+
     def __init__(
         self,
         *,

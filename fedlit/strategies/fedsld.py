@@ -57,6 +57,7 @@ class FedSLD(FedAvg):
     """
 
     accepted_tasks = frozenset({"multiclass", "binary"})
+    secure_aggregation = False  # its aggregate is FedAvg's, but it sends the prior P as an extra each round
 
     def __init__(
         self,

@@ -37,6 +37,8 @@ class FedTrimmedAvg(FedAvg):
         beta: Fraction of the clients cut at each end, per coordinate, in [0, 0.5) (Flower's default 0.2).
     """
 
+    secure_aggregation = False  # the trimmed mean sorts each coordinate over the individual uploads
+
     def __init__(self, *, beta: float = 0.2) -> None:
         check_beta(beta, "strategy.init_args.beta")
         aggregator = TrimmedMeanAggregator(beta=beta)

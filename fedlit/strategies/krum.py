@@ -39,6 +39,8 @@ class Krum(FedAvg):
         weighting: How Multi-Krum weighs the kept updates, as in :class:`FedAvg`.
     """
 
+    secure_aggregation = False  # Krum scores each upload by its distances to the others
+
     def __init__(
         self,
         *,
