@@ -286,6 +286,7 @@ class Federation:
             self._wrapped = self.fabric.strategy.precision.convert_module(self.module).to(self.fabric.device)
             if type(self.executor) is LocalExecutor:
                 self.executor = RankExecutor()
+                self.executor.setup(self)  # before a resume fills the store: each rank keeps its own clients only
         self.lr_schedule = optim.round_schedule(self.module)
         self._active_hooks = _overridden_hooks(self.fabric._callbacks)
         self.identity = state.identity(self)

@@ -104,7 +104,10 @@ class RankExecutor:
         self.owner: dict[str, int] = {}
 
     def setup(self, fed: Federation) -> None:
-        """Assign every client to a rank and drop the store entries of the others' clients."""
+        """Assign every client to a rank and drop the store entries of the others' clients (once; a later call
+        does nothing)."""
+        if self.owner:
+            return
         sizes = {c: fed.datamodule.num_examples(c, "train") for c in fed.client_ids}
         shards = assign_clients(fed.client_ids, sizes, fed.fabric.world_size)
         self.owner = {c: rank for rank, clients in shards.items() for c in clients}
