@@ -151,7 +151,7 @@ class RankExecutor:
                 raise error
             r, (client_id, detail) = failed[0]
             raise RankError(f"Round {server_round}: the {what} of client {client_id!r} raised on rank {r}: {detail} "
-                            f"(federation.on_client_error=raise; its traceback is in rank {r}'s output).")
+                            f"(its traceback is in rank {r}'s output).")
         results: dict[int, Any] = {}
         for part, _ in gathered:
             results.update(part)
