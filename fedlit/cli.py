@@ -215,7 +215,8 @@ class _Job:
     created: Path | None  # the new version folder made for this run, removed again if the run leaves it empty
 
     def __call__(self) -> Any:
-        print(f"fedlit {self.subcommand}: out_dir={self.federation.out_dir}", flush=True)
+        if self.federation.fabric.is_global_zero:
+            print(f"fedlit {self.subcommand}: out_dir={self.federation.out_dir}", flush=True)
         try:
             if self.subcommand == "fit":
                 return self.federation.fit(ckpt_path=self.ckpt_path)
@@ -244,6 +245,7 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
 
     from fedlit import seeds
     from fedlit.federation import Federation
+    from fedlit.loop.ranks import launched_rank_zero
 
     if seeds.requested(argv):
         return seeds.prepare(argv)  # one plain fit per seed (fedlit.seeds)
@@ -263,7 +265,9 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
 
         return costs.prepare(parser, cfg, subcommand)  # builds no data, writes no run folder
     out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
-    if subcommand == "fit" and out_dir is not None:
+    # Over several processes only the first one checks and makes the run folder; the others take it from rank 0.
+    first = (sub_cfg.federation.devices in (1, "1") and sub_cfg.federation.num_nodes == 1) or launched_rank_zero()
+    if subcommand == "fit" and out_dir is not None and first:
         check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
     config = json.loads(parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True))[subcommand]
     config.pop("dry_run", None)
@@ -276,7 +280,8 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
     objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
     created = None
     if out_dir is None:
-        out_dir = created = new_version_dir(runnames.run_root(sub_cfg))
+        root = runnames.run_root(sub_cfg)
+        out_dir = created = new_version_dir(root) if first else root / "version_of_rank_0"  # replaced at launch
     try:
         federation = Federation(
             objects.model, objects.data, objects.strategy, **objects.federation.as_dict(),
@@ -286,7 +291,25 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
         _remove_if_empty(created)
         raise
     federation.baseline_run = Path(baseline_run) if baseline_run else None
+    if federation.fabric.world_size > 1:
+        ckpt_path, created = _launch(federation, ckpt_path, created)
     return _Job(subcommand, federation, ckpt_path, created)
+
+
+def _launch(federation: Federation, ckpt_path: Path | None, created: Path | None) -> tuple[Path | None, Path | None]:
+    """Start the processes of a run over several devices or nodes (Fabric's own launcher re-runs this command up to
+    here in each further local process); every rank then takes rank 0's run folder and checkpoint."""
+    try:
+        federation.launch()
+        out_dir, ckpt = federation.fabric.broadcast((str(federation.out_dir), ckpt_path and str(ckpt_path)))
+    except BaseException:
+        _remove_if_empty(created)
+        raise
+    if not federation.fabric.is_global_zero:
+        _remove_if_empty(created)
+        created = None
+    federation.out_dir = Path(out_dir)
+    return (Path(ckpt) if ckpt else None), created
 
 
 def run(argv: list[str] | None = None) -> Any:

@@ -28,6 +28,7 @@ turns run (this process, the ranks of a multi-device run, a Flower deployment) i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import warnings
@@ -46,9 +47,10 @@ from fedlit.checkpoint import load_checkpoint
 from fedlit.data import FederatedDataModule
 from fedlit.errors import ConfigError
 from fedlit.evaluation import EvaluationHistory
-from fedlit.loop import energy, local, optim, record, rounds, state
+from fedlit.loop import energy, local, optim, ranks, record, rounds, state
 from fedlit.loop import evaluate as evaluation
 from fedlit.loop.executor import LocalExecutor
+from fedlit.loop.ranks import RankExecutor
 from fedlit.module import FederatedModule
 from fedlit.rundir import claim_run_dir
 from fedlit.store import ClientStore
@@ -92,7 +94,13 @@ class Federation:
         seed: Seed of client sampling and local training.
         accelerator: Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``,
             ``cuda``, ``mps``...
-        devices: Fabric devices.
+        devices: Fabric devices: the processes per node. More than one process in all (``devices`` x
+            ``num_nodes``) shards the *clients* over the ranks, each rank training and evaluating the clients it
+            owns (balanced by train-split size) on one unwrapped module, the uploads gathered on every rank before
+            the same aggregation (no DDP; see :mod:`fedlit.loop.ranks`). Results do not depend on the number of
+            processes.
+        num_nodes: Fabric nodes (machines) of a multi-node run, ``devices`` processes each (torchrun or SLURM's
+            ``srun`` start them; see ``docs/deployment.md``).
         precision: Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).
         out_dir: Where TensorBoard logs, checkpoints, the manifest and the result tables go.
         callbacks: Extra callbacks, called after the strategy. They must act in the loop's hooks
@@ -138,6 +146,7 @@ class Federation:
         seed: int = 0,
         accelerator: str = "auto",
         devices: int | str = 1,
+        num_nodes: int = 1,
         precision: str = "32-true",
         out_dir: str | Path = "runs/fedlit",
         callbacks: list[Callback] | None = None,
@@ -155,7 +164,7 @@ class Federation:
         problems = []
         for key, value, low in (("rounds", rounds, 1), ("local_epochs", local_epochs, 1),
                                 ("eval_every", eval_every, 1), ("checkpoint_every", checkpoint_every, 1),
-                                ("min_clients", min_clients, 1)):
+                                ("min_clients", min_clients, 1), ("num_nodes", num_nodes, 1)):
             if value < low:
                 problems.append(f"federation.{key}={value} must be >= {low}")
         if client_timeout is not None and not client_timeout > 0:
@@ -202,7 +211,7 @@ class Federation:
         self.config = dict(config or {})
         check_callbacks(list(callbacks or []))
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
-        self.fabric = Fabric(accelerator=accelerator, devices=devices, precision=precision,
+        self.fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
                              callbacks=list(self.callbacks),
                              loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
                              if loggers is None else list(loggers))
@@ -217,6 +226,7 @@ class Federation:
         self.lr_schedule: optim.RoundSchedule | None = None  # the module's schedule of interval "round"
         self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.loop.record)
         self._wrapped: Any = None
+        self._launched = False
         self._active_hooks: set[str] = set()
         #: Set by a callback (e.g. :class:`~fedlit.callbacks.EarlyStopping`) to end the run after this round.
         self.should_stop = False
@@ -267,12 +277,7 @@ class Federation:
             if ckpt_path is not None:
                 state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             return
-        if self.fabric.world_size > 1:
-            raise ConfigError(
-                f"federation.devices={self.fabric.world_size}: sharding clients over several devices or nodes is "
-                "not implemented yet (every rank would train every client). Use devices: 1; several clients "
-                "still share one device."
-            )
+        self.launch()
         self.datamodule.setup()
         self._check_compatible()
         roles = self.strategy.configure_roles(self.module.parameter_roles())
@@ -284,7 +289,13 @@ class Federation:
             )
         if not roles.names("shared") and self.strategy.communicates:
             warnings.warn(f"{self.strategy!r} shares no tensor: every client will train alone.", stacklevel=2)
-        self._wrapped = self.fabric.setup_module(self.module)
+        if self.fabric.world_size == 1:
+            self._wrapped = self.fabric.setup_module(self.module)
+        else:  # ranks train different clients: no DDP wrapper, whose backward would average their gradients
+            self._wrapped = self.fabric.strategy.precision.convert_module(self.module).to(self.fabric.device)
+            if type(self.executor) is LocalExecutor:
+                self.executor = RankExecutor()
+                self.executor.setup(self)  # before a resume fills the store: each rank keeps its own clients only
         self.lr_schedule = optim.round_schedule(self.module)
         self._active_hooks = _overridden_hooks(self.fabric._callbacks)
         self.identity = state.identity(self)
@@ -297,6 +308,14 @@ class Federation:
             state.restore(self, load_checkpoint(ckpt_path), ckpt_path)
             state.record_resume(self, self.out_dir)
         self.executor.setup(self)
+
+    def launch(self) -> None:
+        """Start the run's processes when it spans several devices or nodes (``fabric.launch()``: Fabric's own
+        launcher re-runs this command once per further local device, torchrun and SLURM start them themselves);
+        nothing for one process, or once launched."""
+        if self.fabric.world_size > 1 and not self._launched:
+            self.fabric.launch()
+            self._launched = True
 
     def _check_compatible(self) -> None:
         task = getattr(self.datamodule, "task", None)
@@ -349,17 +368,22 @@ class Federation:
         The run holds ``out_dir`` (see :mod:`fedlit.rundir`) from start to end: a fresh fit refuses a folder that
         already holds a run, and any fit refuses a folder that another live run holds.
         """
-        with claim_run_dir(self.out_dir, resume=ckpt_path is not None):
+        self.launch()
+        zero = self.fabric.is_global_zero  # rank 0 holds the folder and writes the files, the others write nothing
+        # On an error, end the processes this one launched: they would wait for it in their next collective.
+        with ranks.abort_on_error(self), (claim_run_dir(self.out_dir, resume=ckpt_path is not None) if zero
+                                          else contextlib.nullcontext()):
             self.setup(ckpt_path)
             if self.baseline_run is not None:  # refuse another data set or seed before training, not after
                 baseline.load(self.baseline_run, self)
             record.begin(self, resumed=ckpt_path is not None)
-            state.save_config(self)
-            rounds.log_class_counts(self)
-            rounds.log_role_summary(self)
+            if zero:
+                state.save_config(self)
+                rounds.log_class_counts(self)
+                rounds.log_role_summary(self)
             self.fabric.call("on_fit_start", trainer=self, pl_module=self.module)
-            bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds", disable=not self.progress_bar,
-                       initial=self.server_round, total=self.rounds)
+            bar = tqdm(range(self.server_round + 1, self.rounds + 1), desc="rounds",
+                       disable=not self.progress_bar or not zero, initial=self.server_round, total=self.rounds)
             self._bar = bar
             try:
                 for server_round in bar:
@@ -370,8 +394,9 @@ class Federation:
                 if self.should_stop and self.server_round < self.rounds:
                     self.stopped_early = {"round": self.server_round,
                                           "reason": self.stop_reason or "a callback stopped"}
-                    print(f"Stopped after round {self.server_round} of {self.rounds}: "
-                          f"{self.stopped_early['reason']}.", flush=True)
+                    if zero:
+                        print(f"Stopped after round {self.server_round} of {self.rounds}: "
+                              f"{self.stopped_early['reason']}.", flush=True)
                 results = self.report()
             finally:
                 self.executor.teardown(self)

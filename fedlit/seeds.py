@@ -134,6 +134,11 @@ def prepare(argv: list[str]) -> SeedsJob:
     cli._precheck(rest)
     cfg = cli.build_parser().parse_args(rest)
     sub = cfg.fit
+    if sub.federation.devices not in (1, "1") or sub.federation.num_nodes != 1:
+        raise ConfigError(f"--seeds with federation.devices={sub.federation.devices}, num_nodes="
+                          f"{sub.federation.num_nodes}: the runs of several processes are launched once per "
+                          "command. Start one command per seed: fedlit fit --config RECIPE --federation.seed <s> "
+                          "--out_dir EXPERIMENT/seed_<s>, or use --federation.devices 1.")
     named = [f"--{key} {sub[key]}" for key in ("name", "version") if sub[key] is not None]
     if sub.out_dir and named:
         raise ConfigError(f"{' and '.join(named)} and --out_dir {sub.out_dir}: give one of them (--out_dir is the "

@@ -45,6 +45,7 @@ class ClientStore:
         self._tensors: dict[str, dict[str, Tensor]] = {}
         self._optimizer: dict[str, dict[str, Any]] = {}
         self._extra: dict[str, dict[str, dict[str, Any]]] = {}
+        self._kept: set[str] | None = None  # the clients this process holds (None: all of them)
 
     def set_initial(self, tensors: Mapping[str, Tensor]) -> None:
         """The state of a client that has not trained yet (one copy, shared by all such clients)."""
@@ -100,6 +101,14 @@ class ClientStore:
         clients = {*self._tensors, *self._optimizer, *self._extra}
         return _nbytes(self._initial) + sum(self.nbytes(c) for c in clients)
 
+    def retain(self, client_ids: set[str]) -> None:
+        """Keep only ``client_ids``' entries, now and whenever a state is loaded later (a rank of a multi-device run
+        holds its own clients only; see :mod:`fedlit.loop.ranks`)."""
+        self._kept = set(client_ids)
+        for entries in (self._tensors, self._optimizer, self._extra):
+            for client_id in [c for c in entries if c not in self._kept]:
+                del entries[client_id]
+
     def state_dict(self) -> dict[str, Any]:
         """Everything in the store, for a checkpoint (tensors and plain containers only)."""
         return {
@@ -110,11 +119,14 @@ class ClientStore:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (only the retained clients' entries, after :meth:`retain`)."""
         self._initial = _to_device(dict(state["initial"]), self.device)
-        self._tensors = _to_device(dict(state["tensors"]), self.device)
-        self._optimizer = _to_device(dict(state["optimizer"]), self.device)
-        self._extra = _to_device(dict(state["extra"]), self.device)
+        self._tensors = _to_device(self._own(state["tensors"]), self.device)
+        self._optimizer = _to_device(self._own(state["optimizer"]), self.device)
+        self._extra = _to_device(self._own(state["extra"]), self.device)
+
+    def _own(self, entries: Mapping[str, Any]) -> dict[str, Any]:
+        return {c: v for c, v in entries.items() if self._kept is None or c in self._kept}
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:

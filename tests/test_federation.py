@@ -172,10 +172,9 @@ def test_evaluate_after_fit_on_the_same_object_uses_the_trained_state(tmp_path):
     assert again["summary"]["accuracy_mean"] == pytest.approx(results["last"]["summary"]["accuracy_mean"])
 
 
-def test_several_devices_are_refused_until_clients_are_sharded(tmp_path):
-    federation = make(tmp_path, FedAvg(), devices=2)
-    with pytest.raises(ValueError, match="federation.devices=2: sharding clients"):
-        federation.fit()
+def test_num_nodes_must_be_at_least_one(tmp_path):
+    with pytest.raises(ValueError, match="federation.num_nodes=0 must be >= 1"):
+        make(tmp_path, FedAvg(), num_nodes=0)
 
 
 def test_resume_refuses_another_frozen_backbone(tmp_path):

@@ -53,6 +53,7 @@ def test_split_seeds():
     (["--seeds", "a"], "seeds are integers"),
     (["--seeds"], "at least one seed"),
     (["--seeds", "0", "--federation.seed", "4"], "leave out --federation.seed"),
+    (["--seeds", "0", "1", "--federation.devices", "2"], "Start one command per seed"),
 ])
 def test_bad_seeds_are_one_line_errors(tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as exit_info:

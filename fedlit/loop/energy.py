@@ -134,7 +134,8 @@ def start(fed: Federation, rapl_root: str | Path = RAPL_ROOT) -> None:
         meter, why = EnergyMeter(open_counter(fed.fabric.device, rapl_root)), None
     except Unavailable as err:
         meter, why = None, str(err)
-        print(f"energy: unavailable ({why})", flush=True)
+        if fed.fabric.is_global_zero:  # once per run, not once per rank
+            print(f"energy: unavailable ({why})", flush=True)
     fed._energy = {"meter": meter, "why": why, "round_start": 0.0}
 
 

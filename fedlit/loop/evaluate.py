@@ -21,7 +21,8 @@ Personalized methods are evaluated three more ways:
 - **Unseen clients** (``federation.unseen_clients``): never trained, left out of every per-round evaluation and
   mean, they are tested once, at the final report, with the server state of the last round: with what the
   strategy sends a client that has not trained (:meth:`~fedlit.strategies.base.Strategy.configure_evaluate`, the
-  global model for FedAvg, PGFed and EPFL) and their initial personal tensors, then, with
+  global model for FedAvg, PGFed and EPFL) and their initial personal tensors (every rank of a multi-device run
+  holds both, and tests them itself with the same result; see :mod:`fedlit.loop.ranks`), then, with
   ``federation.unseen_finetune_steps: k > 0``, again after k plain local optimizer steps from it on their own
   train split (the module's loss and optimizer at the last round's learning rate, no strategy term: a newcomer
   fine-tuning what it was given, as PGFed's paper evaluates new clients). Reported under ``unseen`` in
@@ -271,7 +272,8 @@ def evaluate_checkpoint(fed: Federation, split: str, ckpt_path: str | Path) -> d
                                         fed.module.higher_is_better)
         result[baseline.KEY] = gain
         tables.append(baseline.markdown(gain, metric_names))
-    print("\n".join(tables))
+    if fed.fabric.is_global_zero:
+        print("\n".join(tables))
     return result
 
 
@@ -334,10 +336,11 @@ def report(fed: Federation) -> dict[str, Any]:
         lines = [f"- round {f['round']}, client {f['client']}: {f['kind']} ({f['detail']})" for f in fed.faults]
         sections.append("Clients left out of aggregation:\n\n" + "\n".join(lines) + "\n")
     text = "\n".join(sections)
-    print(text)
-    fed.out_dir.mkdir(parents=True, exist_ok=True)
-    (fed.out_dir / "results.md").write_text(text)
-    (fed.out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    if fed.fabric.is_global_zero:  # over several ranks, every rank has the results and rank 0 writes them
+        print(text)
+        fed.out_dir.mkdir(parents=True, exist_ok=True)
+        (fed.out_dir / "results.md").write_text(text)
+        (fed.out_dir / "results.json").write_text(json.dumps(results, indent=1))
     final: dict[str, float] = {}
     for section, block in (("", results), (f"{GLOBAL}/", results.get(GLOBAL, {}))):
         for key, split_key in (("last", "test"), ("best", "test_at_best_val")):

@@ -83,7 +83,11 @@ def git_state(folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------------- run record
 def begin(fed: Federation, *, resumed: bool) -> None:
     """At the start of a fit: the run's data files (written by a fit only, an evaluation leaves them alone), its
-    start, ``metrics.csv`` (continued at the resumed round) and, on resume, no ``best.ckpt`` from the future."""
+    start, ``metrics.csv`` (continued at the resumed round) and, on resume, no ``best.ckpt`` from the future. In a
+    run over several ranks, rank 0 writes the files (:mod:`fedlit.loop.ranks`)."""
+    if not fed.fabric.is_global_zero:
+        start(fed)
+        return
     fed.out_dir.mkdir(parents=True, exist_ok=True)
     (fed.out_dir / "manifest.json").write_text(json.dumps(fed.datamodule.manifest()))
     counts = fed.datamodule.class_counts()
@@ -218,7 +222,9 @@ def _row(server_round: int, key: str, value: Any) -> tuple[Any, ...]:
 
 
 def append_round(fed: Federation, server_round: int, log: Mapping[str, float]) -> None:
-    """Append the round's rows to ``metrics.csv`` and flush them to the operating system."""
+    """Append the round's rows to ``metrics.csv`` and flush them to the operating system (rank 0 only)."""
+    if not fed.fabric.is_global_zero:
+        return
     with open(fed.out_dir / CSV_NAME, "a", newline="") as file:
         csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in round_rows(fed, server_round, log))
         file.flush()
@@ -227,7 +233,7 @@ def append_round(fed: Federation, server_round: int, log: Mapping[str, float]) -
 def append_final(fed: Federation, server_round: int, log: Mapping[str, float]) -> None:
     """Append rows the final report computes (the unseen clients) to ``metrics.csv``, if the run has one."""
     path = fed.out_dir / CSV_NAME
-    if not path.is_file():
+    if not path.is_file() or not fed.fabric.is_global_zero:
         return
     with open(path, "a", newline="") as file:
         csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in
@@ -295,8 +301,10 @@ def write_evaluation(fed: Federation, split: str, ckpt_path: str | os.PathLike,
     from fedlit import __version__
 
     folder = fed.out_dir / EVALUATIONS
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{split}_{Path(ckpt_path).stem}.json"
+    if not fed.fabric.is_global_zero:  # rank 0 writes it
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
     record = {"split": split, "checkpoint": str(ckpt_path), "evaluated": utc_now(), "fedlit_version": __version__,
               **result}
     path.write_text(json.dumps(record, indent=1))

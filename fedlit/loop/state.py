@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fedlit.checkpoint import rng_state, save_checkpoint, set_rng_state
 from fedlit.errors import CheckpointError
-from fedlit.loop import optim, record
+from fedlit.loop import optim, ranks, record
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -32,7 +32,8 @@ SECTIONS = ("model", "data", "strategy", "federation")
 
 #: Federation settings that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
-                       "store_device", "on_client_error", "min_clients", "loggers", "client_timeout"})
+                       "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
+                       "client_timeout"})
 
 
 def identity(fed: Federation) -> dict[str, Any]:
@@ -50,13 +51,17 @@ def identity(fed: Federation) -> dict[str, Any]:
 
 
 def save(fed: Federation, path: str | Path) -> Path:
-    """Write everything needed to continue the run exactly, and the configuration beside it."""
+    """Write everything needed to continue the run exactly, and the configuration beside it. Over several ranks
+    every rank calls it: the store entries of every rank's clients are gathered, rank 0 writes."""
+    store = fed.store.state_dict() if fed.fabric.world_size == 1 else ranks.gather_store(fed)
+    if store is None:  # a rank other than 0
+        return Path(path)
     payload = {
         "server_round": fed.server_round,
         "identity": fed.identity,
         "strategy": fed.strategy.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in fed.callbacks[1:]},
-        "store": fed.store.state_dict(),
+        "store": store,
         "history": fed.history.state_dict(),
         "comm": dict(fed.comm),
         "faults": [dict(f) for f in fed.faults],
