@@ -230,9 +230,11 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | SeedsJob | PartitionJob | Callable[[], Any]:
+def prepare(argv: list[str] | None = None, *, wrap_data: Callable[[Any], Any] | None = None,
+            ) -> _Job | _ExportJob | CostJob | SeedsJob | PartitionJob | Callable[[], Any]:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
-    raised here); calling the result runs the subcommand."""
+    raised here); calling the result runs the subcommand. ``wrap_data`` replaces the recipe's data module, built
+    but not set up, by what it returns (a Flower server's view of the nodes' data, :mod:`fedlit.flower`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"], ["--version"]):
         build_parser(summary=True).parse_args(argv[:1])  # prints and exits
@@ -273,6 +275,8 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     seed_everything(sub_cfg.federation.seed, verbose=False)
     objects = parser.instantiate_classes(cfg)[subcommand]
+    if wrap_data is not None:
+        objects.data = wrap_data(objects.data)
     objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
     created = None
     if out_dir is None:

@@ -1,0 +1,11 @@
+"""Cross-silo deployment through Flower's deployment runtime (SuperLink, SuperNodes, ``flwr run``).
+
+- :mod:`fedlit.flower.server`: the ServerApp, the ordinary fedlit loop with a
+  :class:`~fedlit.flower.server.FlowerExecutor` and a :class:`~fedlit.flower.server.RemoteData` (no client data);
+- :mod:`fedlit.flower.client`: the ClientApp, one site's client built from the same recipe;
+- :mod:`fedlit.flower.codec`: tensors and extras in Flower records;
+- :mod:`fedlit.flower.inprocess`: the same server and clients without Flower's processes (tests);
+- :mod:`fedlit.flower.app`: ``fedlit flower-app``, which writes a Flower app folder for a recipe.
+
+Needs ``flwr`` (``pip install 'fedlit[flower]'``). See docs/deployment.md.
+"""
