@@ -160,6 +160,8 @@ class ClientRuntime:
         self.client_id = client_id
         fed = build()
         fed.datamodule = OwnClientData(fed.datamodule, client_id)
+        # The node's federation has one client, which the server selects: no selection, no unseen clients here.
+        fed.clients_per_round, fed.unseen_clients = None, None
         fed.setup()
         # What a simulation's process has run before the first turn (FedRA takes the seed, FedMetaMed the rounds).
         fed.fabric.call("on_fit_start", trainer=fed, pl_module=fed.module)
@@ -284,10 +286,9 @@ def runtime_from_context(context: Context) -> ClientRuntime:
     workdir = Path(tempfile.mkdtemp(prefix=f"fedlit-{client_id}-"))
     recipe = workdir / "recipe.yaml"
     recipe.write_text(str(context.run_config["recipe"]))
-    # The client never fits: no run folder of its own, no progress bar, and every client of its data (one) trains.
+    # The client never fits: no run folder of its own, no progress bar.
     argv = [*recipe_argv(context.run_config, recipe, str(node.get("overrides", ""))),
-            "--out_dir", str(workdir / "run"), "--federation.progress_bar", "false",
-            "--federation.clients_per_round", "null", "--federation.unseen_clients", "null"]
+            "--out_dir", str(workdir / "run"), "--federation.progress_bar", "false"]
     return ClientRuntime(lambda: prepare(argv).federation, client_id)
 
 

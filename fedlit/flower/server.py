@@ -321,8 +321,8 @@ class FlowerExecutor:
         node = self.data.nodes.get(client_id)
         if fed.on_client_error == "raise":
             raise FedlitError(f"Round {server_round}: the {what} of client {client_id!r} (Flower node {node}) "
-                              f"failed: {detail}. Set federation.on_client_error: skip to leave such a client out "
-                              "of the round.")
+                              f"failed: {detail.rstrip('.')}. Set federation.on_client_error: skip to leave such a "
+                              "client out of the round.")
         warnings.warn(f"Round {server_round}: client {client_id!r} (Flower node {node}) failed: {detail}; it is left "
                       f"out of this round's {what}s (federation.on_client_error=skip).", stacklevel=3)
         return detail
