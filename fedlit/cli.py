@@ -56,6 +56,7 @@ SUBCOMMANDS = {
     "cost": "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
     "partition": "Build a recipe's data only: print each client's samples per split and class, plot them.",
     "report": "Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
+    "flower-app": "Write a Flower app folder that deploys a recipe on a SuperLink and SuperNodes (`flwr run`).",
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
@@ -134,7 +135,7 @@ def build_parser(*, summary: bool = False) -> ArgumentParser:
                         help="Print the version and exit.")
     subcommands = parser.add_subcommands(dest="subcommand")
     for name, help_text in SUBCOMMANDS.items():
-        if summary or name == "report":  # report parses its own arguments (fedlit.report.main)
+        if summary or name in ("report", "flower-app"):  # they parse their own arguments
             sub = ArgumentParser(description=help_text, exit_on_error=False)
         else:
             sub = _export_parser() if name == "export" else _subparser(name)
@@ -242,6 +243,10 @@ def prepare(argv: list[str] | None = None, *, wrap_data: Callable[[Any], Any] | 
         from fedlit import report
 
         return lambda: report.main(argv[1:])  # reads run folders only: no recipe, no torch
+    if argv[:1] == ["flower-app"]:
+        from fedlit.flower import app
+
+        return lambda: app.main(argv[1:])  # fedlit.flower.app
     from lightning.fabric.utilities.seed import seed_everything
 
     from fedlit import seeds

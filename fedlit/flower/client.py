@@ -274,8 +274,9 @@ def recipe_argv(run_config: Mapping[str, Any], recipe_file: Path, extra: str = "
             *shlex.split(extra)]
 
 
-def runtime_from_context(context: Context) -> ClientRuntime:
-    """Build the node's client from the run config (the recipe) and the node config (``client-id``)."""
+def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:
+    """Build the node's client from the run config (the recipe) and the node config (``client-id``); ``workdir``
+    is a scratch folder for the recipe file (the client writes no run folder)."""
     from fedlit.cli import prepare
 
     node = context.node_config
@@ -283,7 +284,6 @@ def runtime_from_context(context: Context) -> ClientRuntime:
         raise ConfigError("This SuperNode has no client id: start it with --node-config \"client-id='site_0'\" "
                           "(the id of the recipe's client it holds).")
     client_id = str(node["client-id"])
-    workdir = Path(tempfile.mkdtemp(prefix=f"fedlit-{client_id}-"))
     recipe = workdir / "recipe.yaml"
     recipe.write_text(str(context.run_config["recipe"]))
     # The client never fits: no run folder of its own, no progress bar.
@@ -327,13 +327,18 @@ def _secagg() -> Any:
 
 def handle_message(msg: Message, context: Context) -> Message:
     """Build the node's client, restore its store entry, answer ``msg``, save the entry."""
+    with tempfile.TemporaryDirectory(prefix="fedlit-client-") as workdir:
+        try:
+            runtime = runtime_from_context(context, Path(workdir))
+            runtime.load_state(_load(context))
+        except Exception as err:  # noqa: BLE001  (a node that cannot build its client answers why)
+            traceback.print_exc()
+            return Message(error_content(f"{type(err).__name__}: {err}"), reply_to=msg)
+        return _answer(runtime, msg, context)
+
+
+def _answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
     message_type = msg.metadata.message_type
-    try:
-        runtime = runtime_from_context(context)
-        runtime.load_state(_load(context))
-    except Exception as err:  # noqa: BLE001  (a node that cannot build its client answers why)
-        traceback.print_exc()
-        return Message(error_content(f"{type(err).__name__}: {err}"), reply_to=msg)
     secagg = _secagg()
     if secagg is not None and secagg.is_secure_train(msg):
         reply = secagg.handle_secure_train(msg, context, runtime.train)
