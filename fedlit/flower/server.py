@@ -289,8 +289,10 @@ class FlowerExecutor:
         if self.secure_aggregation:
             secagg = _secagg("secure-aggregation = true")
             grid = getattr(self.transport, "grid", None)
-            turns = secagg.secure_fit(grid, fed, server_round, tasks, [self.data.nodes[t.client_id] for t in tasks],
-                                      {"timeout": self._timeout(fed)})
+            if grid is None:
+                raise ConfigError("secure-aggregation = true needs Flower's grid: it runs on a SuperLink only.")
+            turns = secagg.secure_fit(grid, fed, server_round, tasks, self.data.nodes,
+                                      secagg.SecAggOptions.from_config(self.secure_aggregation))
             return [self._failed(fed, server_round, t.client_id, r) if isinstance(r, str) else r
                     for t, r in zip(tasks, turns, strict=True)]
         schedule = None if fed.lr_schedule is None else [

@@ -80,8 +80,8 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"}
     port = _free_port()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\n'
-                                      f'root-certificates = "{certs["ca.crt"]}"\n')
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+                                      f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs["ca.crt"]}"\n')
     app = write_app(ROOT / "recipes" / "quickstart.yaml", tmp_path / "app", overrides=OVERRIDES,
                     out_dir=str(tmp_path / "deployed"), client_ids=",".join(CLIENTS), connect_timeout=120.0,
                     client_timeout=300.0).parent
@@ -93,8 +93,9 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
                                               stderr=subprocess.STDOUT, start_new_session=True))
 
     try:
-        start(["flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]), "--ssl-certfile", str(certs["server.pem"]),
-               "--ssl-keyfile", str(certs["server.key"]), "--port", str(port), "--enable-supernode-auth",
+        start(["flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]),
+               "--ssl-certfile", str(certs["server.pem"]), "--ssl-keyfile", str(certs["server.key"]),
+               "--port", str(port), "--enable-supernode-auth",
                "--disable-runtime-dependency-installation"], "superlink.log")
         for i, client in enumerate(CLIENTS):
             registered = None

@@ -166,3 +166,28 @@ def test_unseen_clients_are_refused_in_deployment(tmp_path):
     transport = InProcessTransport({c: _fed(tmp_path / "node") for c in CLIENTS})
     with pytest.raises(ConfigError, match="federation.unseen_clients=1: unseen clients are evaluated"):
         deploy(_fed(tmp_path / "dep", unseen_clients=1)(), transport)
+
+
+def _scheduled(path, **kwargs):
+    """The tiny federation with a learning rate halved every round (a schedule of interval ``round``)."""
+    from fedlit import Federation
+    from fedlit.tasks import ClassificationModule
+
+    def build():
+        torch.manual_seed(0)
+        module = ClassificationModule(
+            backbone=TinyMLP(), num_classes=3, lr=0.1, momentum=0.9, roles=[RoleRule("backbone.*", "shared")],
+            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
+            lr_scheduler_interval="round")
+        return Federation(module, tests.conftest.TinyTabular(), S.FedAvg(), rounds=3, out_dir=path,
+                          progress_bar=False, accelerator="cpu", **kwargs)
+    return build
+
+
+def test_the_servers_round_schedule_reaches_the_clients(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        simulated = _scheduled(tmp_path / "sim")().fit()
+        transport = InProcessTransport({c: _scheduled(tmp_path / "node") for c in CLIENTS})
+        deployed = deploy(_scheduled(tmp_path / "dep")(), transport)
+    _close(simulated["last"], deployed["last"], "last")
