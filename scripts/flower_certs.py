@@ -63,6 +63,7 @@ def make_certificates(out: Path, hosts: list[str], nodes: int = 0, days: int = 3
                .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(start).not_valid_after(end)
                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                             content_commitment=False, key_encipherment=False,
                                             data_encipherment=False, key_agreement=False, encipher_only=False,
@@ -74,6 +75,9 @@ def make_certificates(out: Path, hosts: list[str], nodes: int = 0, days: int = 3
                    .not_valid_before(start).not_valid_after(end)
                    .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                                  critical=False)
+                   .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
                    .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
                    .sign(ca_key, hashes.SHA256()))
     files = {"ca.crt": ca_cert.public_bytes(serialization.Encoding.PEM), "ca.key": _pem_key(ca_key),
