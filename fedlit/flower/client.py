@@ -30,12 +30,13 @@ Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shlex
 import tempfile
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,16 +149,86 @@ class OwnClientData:
         return self.inner.test_dataloader(self._own(client_id))
 
 
+class FolderTable(MutableMapping[str, bytes]):
+    """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file).
+
+    Args:
+        folder: The folder (created on the first write).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __getitem__(self, key: str) -> bytes:
+        path = self.folder / f"{key}.pt"
+        if not path.is_file():
+            raise KeyError(key)
+        return path.read_bytes()
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / f"{key}.tmp"
+        partial.write_bytes(value)
+        partial.replace(self.folder / f"{key}.pt")
+
+    def __delitem__(self, key: str) -> None:
+        (self.folder / f"{key}.pt").unlink()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(p.stem for p in self.folder.glob("*.pt"))) if self.folder.is_dir() else iter(())
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+class Snapshots:
+    """The client's store entry after each round it took part in, so that a resumed server gets from every node
+    exactly the state its checkpoint expects: a turn of round r starts from the newest snapshot of a round before r,
+    an evaluation of round r from the newest up to r. Snapshots older than the newest one at or before the server's
+    last checkpoint are deleted.
+
+    Args:
+        table: Where the snapshots live, by key ``round_<r>`` (a dict, a :class:`FolderTable`, a ConfigRecord).
+    """
+
+    def __init__(self, table: MutableMapping[str, bytes]) -> None:
+        self.table = table
+
+    def _rounds(self) -> list[int]:
+        return sorted(int(k.removeprefix("round_")) for k in self.table if k.startswith("round_"))
+
+    def before(self, server_round: int, *, inclusive: bool = False) -> bytes | None:
+        """The newest snapshot of a round before ``server_round`` (or equal, with ``inclusive``), or None."""
+        rounds = [r for r in self._rounds() if r < server_round or (inclusive and r == server_round)]
+        return bytes(self.table[f"round_{rounds[-1]}"]) if rounds else None
+
+    def save(self, server_round: int, blob: bytes, checkpointed: int | None = None) -> None:
+        """Keep ``blob`` as the snapshot of ``server_round``; drop those a resume from ``checkpointed`` can't need."""
+        for r in self._rounds():
+            if r > server_round:  # a resumed server redoes these rounds
+                del self.table[f"round_{r}"]
+        self.table[f"round_{server_round}"] = blob
+        if checkpointed is not None:
+            kept = [r for r in self._rounds() if r <= checkpointed]
+            for r in kept[:-1]:
+                del self.table[f"round_{r}"]
+
+
 class ClientRuntime:
     """One client of the recipe, built in this process: answers the server's messages.
 
     Args:
         build: Builds the recipe's :class:`~fedlit.federation.Federation` (the data set up, not fitted).
         client_id: The node's client.
+        snapshots: Where its store entry is restored from before a turn or an evaluation and saved to after.
     """
 
-    def __init__(self, build: Callable[[], Federation], client_id: str) -> None:
+    def __init__(self, build: Callable[[], Federation], client_id: str, snapshots: Snapshots | None = None) -> None:
         self.client_id = client_id
+        #: Where the client's store entry is kept between messages (None: in this object only).
+        self.snapshots = snapshots
+        #: The round of the server's last checkpoint, as the last task said.
+        self.checkpointed: int | None = None
         fed = build()
         fed.datamodule = OwnClientData(fed.datamodule, client_id)
         # The node's federation has one client, which the server selects: no selection, no unseen clients here.
@@ -202,12 +273,18 @@ class ClientRuntime:
         """The client's turn on what the server sent (the callable the secure-aggregation path calls too)."""
         self._check(client_id)
         self.federation.server_round = server_round
-        return local.train_client(self.federation, server_round, client_id, dict(received), dict(received_extras))
+        if self.snapshots is not None:
+            self.load_state(self.snapshots.before(server_round))
+        turn = local.train_client(self.federation, server_round, client_id, dict(received), dict(received_extras))
+        if self.snapshots is not None:  # a quarantined turn left the entry as it was: saved all the same
+            self.snapshots.save(server_round, self.dump_state(), self.checkpointed)
+        return turn
 
     def handle_train(self, content: RecordDict) -> RecordDict:
         """A ``train`` message: the turn, or ``error`` with what it raised."""
         task = content.config_records["task"]
         server_round = int(task["round"])
+        self.checkpointed = int(task["checkpointed"])
         schedule = codec.get_tree(content, "schedule")
         if schedule is not None and self.federation.lr_schedule is not None:
             # The server's schedule of interval "round" is where the server is: take this round's hyperparameters.
@@ -223,9 +300,13 @@ class ClientRuntime:
         client_id, server_round = str(task["client-id"]), int(task["round"])
         self._check(client_id)
         self.federation.server_round = server_round
+        if self.snapshots is not None:
+            self.load_state(self.snapshots.before(server_round, inclusive=True))
         evaluate = EvaluateTask(client_id, codec.get_tree(content, "received"), codec.get_tree(content, "global"),
                                 tuple(json.loads(str(task["splits"]))), bool(task["images"]))
         result = run_evaluate_task(self.federation, server_round, evaluate)
+        if self.snapshots is not None:  # a strategy may keep what an evaluation computes in client_state
+            self.snapshots.save(server_round, self.dump_state(), int(task["checkpointed"]))
         reply = RecordDict({"evaluation": ConfigRecord({"download-bytes": int(result.download_bytes)})})
         codec.put_tree(reply, "metrics", result.metrics)
         codec.put_tree(reply, "image", result.image)
@@ -292,28 +373,19 @@ def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:
     return ClientRuntime(lambda: prepare(argv).federation, client_id)
 
 
-def _state_file(context: Context) -> Path | None:
+def snapshots_of(context: Context) -> Snapshots:
+    """Where this node keeps its client's snapshots for this run: ``<state-dir>/<run>/<client-id>/`` with the node
+    config ``state-dir``, else the record ``fedlit.<run>`` of ``context.state``. ``<run>`` names the server's run
+    folder (the run config's ``out-dir``), so a resumed run finds its snapshots and another run starts afresh."""
+    out_dir = str(context.run_config.get("out-dir", ""))
+    run = hashlib.sha256(out_dir.encode()).hexdigest()[:16] if out_dir else f"run{context.run_id}"
     folder = context.node_config.get("state-dir")
-    return Path(str(folder)) / f"{context.node_config['client-id']}.pt" if folder else None
-
-
-def _load(context: Context) -> bytes | None:
-    path = _state_file(context)
-    if path is not None:
-        return path.read_bytes() if path.is_file() else None
-    record = context.state.config_records.get(STATE_RECORD)
-    return bytes(record["store"]) if record is not None else None
-
-
-def _save(context: Context, blob: bytes) -> None:
-    path = _state_file(context)
-    if path is None:
-        context.state[STATE_RECORD] = ConfigRecord({"store": blob})
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    partial.write_bytes(blob)
-    partial.replace(path)  # a crash mid-write keeps the previous entry
+    if folder:
+        return Snapshots(FolderTable(Path(str(folder)) / run / str(context.node_config["client-id"])))
+    name = f"{STATE_RECORD}.{run}"
+    if name not in context.state.config_records:
+        context.state[name] = ConfigRecord()
+    return Snapshots(context.state.config_records[name])
 
 
 def _secagg() -> Any:
@@ -326,11 +398,11 @@ def _secagg() -> Any:
 
 
 def handle_message(msg: Message, context: Context) -> Message:
-    """Build the node's client, restore its store entry, answer ``msg``, save the entry."""
+    """Build the node's client and answer ``msg`` (restoring and saving its store entry, :class:`Snapshots`)."""
     with tempfile.TemporaryDirectory(prefix="fedlit-client-") as workdir:
         try:
             runtime = runtime_from_context(context, Path(workdir))
-            runtime.load_state(_load(context))
+            runtime.snapshots = snapshots_of(context)
         except Exception as err:  # noqa: BLE001  (a node that cannot build its client answers why)
             traceback.print_exc()
             return Message(error_content(f"{type(err).__name__}: {err}"), reply_to=msg)
@@ -347,9 +419,6 @@ def _answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
                                       "available"), reply_to=msg)
     else:
         reply = Message(runtime.handle(message_type, msg.content), reply_to=msg)
-    if message_type.split(".")[0] in ("train", "evaluate") and not reply.has_error() \
-            and "error" not in reply.content.config_records:
-        _save(context, runtime.dump_state())
     return reply
 
 

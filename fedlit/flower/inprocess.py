@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import RecordDict
 
-from fedlit.flower.client import ClientRuntime
+from fedlit.flower.client import ClientRuntime, Snapshots
 from fedlit.flower.server import FlowerExecutor, RemoteData
 
 if TYPE_CHECKING:
@@ -36,7 +36,8 @@ class InProcessTransport:
                  fail: Callable[[str, str, int], None] | None = None) -> None:
         self.builders = dict(builders)
         self.clients = {node: client for node, client in enumerate(self.builders, start=101)}
-        self.states: dict[str, bytes | None] = dict.fromkeys(self.builders)
+        #: Each node's snapshots of its client's store entry (:class:`~fedlit.flower.client.Snapshots`).
+        self.tables: dict[str, dict[str, bytes]] = {c: {} for c in self.builders}
         self.fail = fail
         self.sent: list[tuple[str, str]] = []
 
@@ -57,12 +58,8 @@ class InProcessTransport:
                 except Exception as err:  # noqa: BLE001  (a node process that died)
                     replies.append(f"node {node} failed: {type(err).__name__}: {err}")
                     continue
-            runtime = ClientRuntime(self.builders[client_id], client_id)
-            runtime.load_state(self.states[client_id])
-            reply = runtime.handle(message_type, content)
-            if message_type != "query" and "error" not in reply.config_records:
-                self.states[client_id] = runtime.dump_state()
-            replies.append(reply)
+            runtime = ClientRuntime(self.builders[client_id], client_id, Snapshots(self.tables[client_id]))
+            replies.append(runtime.handle(message_type, content))
         return replies
 
 

@@ -264,6 +264,7 @@ class FlowerExecutor:
                  secure_aggregation: bool = False) -> None:
         self.transport, self.data, self.timeout = transport, data, timeout
         self.secure_aggregation = secure_aggregation
+        self.resumed_round = 0
 
     def setup(self, fed: Federation) -> None:
         """Refuse what cannot run where the server holds no data and the clients only what they receive."""
@@ -279,6 +280,13 @@ class FlowerExecutor:
             secagg.check_secure_aggregation(fed.strategy)
         if problems:
             raise ConfigError("Not available in a Flower deployment: " + "; ".join(problems) + ".")
+        self.resumed_round = fed.server_round  # 0, or the round of the checkpoint the run resumes
+
+    def _checkpointed(self, fed: Federation, server_round: int) -> int:
+        """The round of the newest ``last.ckpt`` a resume could start from while ``server_round`` runs (the nodes
+        keep their client's state from it on)."""
+        saved = [r for r in range(1, server_round) if r % fed.checkpoint_every == 0]
+        return max([self.resumed_round, *saved])
 
     def _timeout(self, fed: Federation) -> float | None:
         value = getattr(fed, "client_timeout", None)
@@ -299,7 +307,8 @@ class FlowerExecutor:
             {k: v for k, v in g.items() if k != "params"} for g in fed.lr_schedule.optimizer.param_groups]
         messages = []
         for task in tasks:
-            content = RecordDict({"task": ConfigRecord({"client-id": task.client_id, "round": server_round})})
+            content = RecordDict({"task": ConfigRecord({"client-id": task.client_id, "round": server_round,
+                                                        "checkpointed": self._checkpointed(fed, server_round)})})
             codec.put_tree(content, "received", task.received)
             codec.put_tree(content, "extras", task.received_extras)
             codec.put_tree(content, "schedule", schedule)
@@ -334,6 +343,7 @@ class FlowerExecutor:
         messages = []
         for task in tasks:
             content = RecordDict({"task": ConfigRecord({"client-id": task.client_id, "round": server_round,
+                                                        "checkpointed": self._checkpointed(fed, server_round),
                                                         "splits": json.dumps(list(task.splits)),
                                                         "images": task.images})})
             codec.put_tree(content, "received", task.received)

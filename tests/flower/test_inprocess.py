@@ -191,3 +191,36 @@ def test_the_servers_round_schedule_reaches_the_clients(tmp_path):
         transport = InProcessTransport({c: _scheduled(tmp_path / "node") for c in CLIENTS})
         deployed = deploy(_scheduled(tmp_path / "dep")(), transport)
     _close(simulated["last"], deployed["last"], "last")
+
+
+class CrashAt(Callback):
+    """A server-side callback that kills the server after the clients' turns of one round, before its checkpoint."""
+
+    def __init__(self, server_round: int) -> None:
+        self.server_round = server_round
+
+    def on_round_end(self, server_round):
+        if server_round == self.server_round:
+            raise KeyboardInterrupt("server killed")
+
+
+def test_a_resumed_server_gets_the_nodes_state_of_its_checkpoint(tmp_path):
+    """The server dies in round 3, after the nodes trained (their state moved on) but before its checkpoint (the
+    last one is round 2's): resumed, the nodes restart from their round-2 state and the run ends as if never
+    interrupted."""
+    def build(path, *callbacks):
+        return lambda: make_federation(path, S.FedBN(), rounds=4, checkpoint_every=2, optimizer_state="persist",
+                                       callbacks=list(callbacks))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        straight = deploy(build(tmp_path / "straight")(), InProcessTransport({c: build(tmp_path / "n") for c in CLIENTS}))
+        transport = InProcessTransport({c: build(tmp_path / "n") for c in CLIENTS})
+        with pytest.raises(KeyboardInterrupt):
+            deploy(build(tmp_path / "dep", CrashAt(3))(), transport)
+        assert {k for t in transport.tables.values() for k in t} == {"round_2", "round_3"}
+        resumed = deploy(build(tmp_path / "dep")(), transport,
+                         ckpt_path=tmp_path / "dep" / "checkpoints" / "last.ckpt")
+    _close(straight["last"], resumed["last"], "last")
+    _close(straight["comm"], resumed["comm"], "comm")
+    assert {k for t in transport.tables.values() for k in t} == {"round_2", "round_3", "round_4"}
