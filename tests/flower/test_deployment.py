@@ -1,8 +1,9 @@
 """A real cross-silo deployment on 127.0.0.1: a SuperLink with TLS and SuperNode authentication, two authenticated
-SuperNodes (one client each), ``flwr run`` of the app that ``fedlit flower-app`` writes for the 2-client quickstart;
-the deployed run gives the simulation's per-client results, and every process it started is gone at the end.
+SuperNodes (one client each; one keeps its client's state in files), ``flwr run`` of the app that
+``fedlit flower-app`` writes for the 2-client quickstart; the deployed run gives the simulation's per-client
+results, and every process it started is gone at the end.
 
-Slow (about 2 minutes on 2 CPU cores: each message starts a fresh ``flwr-clientapp`` process that imports torch and
+Slow (about 90 s on 2 CPU cores: each message starts a fresh ``flwr-clientapp`` process that imports torch and
 Lightning and builds the recipe): ``pytest -m slow tests/flower/test_deployment.py``.
 """
 
@@ -108,7 +109,8 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
             assert registered.returncode == 0, registered.stdout + registered.stderr
             start(["flower-supernode", "--root-certificates", str(certs["ca.crt"]), "--superlink", f"127.0.0.1:{port}",
                    "--port", str(_free_port()), "--auth-supernode-private-key", str(certs[f"node_{i}.key"]),
-                   "--node-config", f"client-id='{client}'"], f"supernode_{i}.log")
+                   "--node-config", f"client-id='{client}'" + (f" state-dir='{tmp_path / 'state'}'" if i else "")],
+                  f"supernode_{i}.log")
         deployed = subprocess.run([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env, cwd=tmp_path,
                                   capture_output=True, text=True, timeout=480)
         assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
@@ -117,6 +119,8 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
     assert not any(_alive(p.pid) for p in processes)
     logs = "".join((tmp_path / f"supernode_{i}.log").read_text() for i in range(len(CLIENTS)))
     assert logs.count("Receiving: train message") == 2 * len(CLIENTS)  # each node trained its client twice
+    # site_1's node keeps its client's state in files (node config state-dir), site_0's in context.state
+    assert sorted(p.name for p in (tmp_path / "state").glob("*/site_1/*")) == ["round_1.pt", "round_2.pt"]
 
     simulated = run(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), *OVERRIDES.split(),
                      "--out_dir", str(tmp_path / "simulated"), "--federation.progress_bar", "false"])

@@ -214,7 +214,8 @@ def test_a_resumed_server_gets_the_nodes_state_of_its_checkpoint(tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        straight = deploy(build(tmp_path / "straight")(), InProcessTransport({c: build(tmp_path / "n") for c in CLIENTS}))
+        nodes = InProcessTransport({c: build(tmp_path / "n") for c in CLIENTS})
+        straight = deploy(build(tmp_path / "straight")(), nodes)
         transport = InProcessTransport({c: build(tmp_path / "n") for c in CLIENTS})
         with pytest.raises(KeyboardInterrupt):
             deploy(build(tmp_path / "dep", CrashAt(3))(), transport)
