@@ -9,3 +9,8 @@
 
 Needs ``flwr`` (``pip install 'fedlit[flower]'``). See docs/deployment.md.
 """
+
+try:
+    import flwr  # noqa: F401
+except ImportError as err:  # pragma: no cover  (flwr is in the dev extra)
+    raise ImportError("fedlit.flower needs Flower: pip install 'fedlit[flower]' (flwr>=1.40,<1.42).") from err
