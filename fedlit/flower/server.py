@@ -23,8 +23,9 @@ when the federation has it, else the run config's ``client-timeout``) gives the 
 ``min_clients`` applies; with ``raise`` the run stops with an error naming the client, the last checkpoint kept.
 
 Not available in deployment (refused when the run starts, with the reason): ``federation.unseen_clients`` (the
-unseen clients are evaluated and fine-tuned on the server, which holds no data) and the strategies of
-:data:`NOT_DEPLOYABLE`.
+unseen clients are evaluated and fine-tuned on the server, which holds no data). Every built-in strategy deploys
+with the simulation's results (``tests/flower/test_inprocess.py`` checks each one): their client-side hooks use
+only what the client receives and keeps.
 """
 
 from __future__ import annotations
@@ -50,9 +51,6 @@ from fedlit.strategies.base import ClientUpdate
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
-
-#: Strategies whose client-side hooks need server state that a client never receives, with the reason.
-NOT_DEPLOYABLE: dict[str, str] = {}
 
 #: Run config keys of fedlit's Flower app and their defaults (``fedlit flower-app`` writes them).
 RUN_CONFIG: dict[str, Any] = {
@@ -272,9 +270,6 @@ class FlowerExecutor:
         if fed.unseen_clients:
             problems.append(f"federation.unseen_clients={fed.unseen_clients}: unseen clients are evaluated and "
                             "fine-tuned on the server, which holds no data in a deployment; leave it null")
-        name = type(fed.strategy).__name__
-        if name in NOT_DEPLOYABLE:
-            problems.append(f"strategy {name} cannot be deployed: {NOT_DEPLOYABLE[name]}")
         if self.secure_aggregation:
             secagg = _secagg("secure-aggregation = true")
             secagg.check_secure_aggregation(fed.strategy)

@@ -1,7 +1,8 @@
 """A real cross-silo deployment on 127.0.0.1: a SuperLink with TLS and SuperNode authentication, two authenticated
 SuperNodes (one client each; one keeps its client's state in files), ``flwr run`` of the app that
-``fedlit flower-app`` writes for the 2-client quickstart; the deployed run gives the simulation's per-client
-results, and every process it started is gone at the end.
+``fedlit flower-app`` writes for the 2-client quickstart in which site_1's turn raises in round 2 (on its node;
+``on_client_error: skip``); the deployed run gives the simulation's per-client results and faults, and every process
+it started is gone at the end.
 
 Slow (about 90 s on 2 CPU cores: each message starts a fresh ``flwr-clientapp`` process that imports torch and
 Lightning and builds the recipe): ``pytest -m slow tests/flower/test_deployment.py``.
@@ -29,7 +30,11 @@ from fedlit.flower.app import write_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-OVERRIDES = "--data.init_args.num_clients 2 --federation.rounds 2 --federation.local_epochs 1"
+OVERRIDES = ("--data.init_args.num_clients 2 --federation.rounds 2 --federation.local_epochs 1 "
+             "--federation.on_client_error skip")
+# site_1's turn raises in round 2 (a recipe callback, so it runs on site_1's node): it is left out of that round
+FAULT = ("\ncallbacks:\n  - class_path: tests.flower.faults.RaiseAt\n"
+         "    init_args: {client_id: site_1, server_round: 2}\n")
 CLIENTS = ["site_0", "site_1"]
 
 
@@ -83,7 +88,9 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
     port = _free_port()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
                                       f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs["ca.crt"]}"\n')
-    app = write_app(ROOT / "recipes" / "quickstart.yaml", tmp_path / "app", overrides=OVERRIDES,
+    recipe = tmp_path / "quickstart_fault.yaml"
+    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text() + FAULT)
+    app = write_app(recipe, tmp_path / "app", overrides=OVERRIDES,
                     out_dir=str(tmp_path / "deployed"), client_ids=",".join(CLIENTS), connect_timeout=120.0,
                     client_timeout=300.0).parent
     processes: list[subprocess.Popen] = []
@@ -122,9 +129,12 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
     # site_1's node keeps its client's state in files (node config state-dir), site_0's in context.state
     assert sorted(p.name for p in (tmp_path / "state").glob("*/site_1/*")) == ["round_1.pt", "round_2.pt"]
 
-    simulated = run(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), *OVERRIDES.split(),
-                     "--out_dir", str(tmp_path / "simulated"), "--federation.progress_bar", "false"])
+    with pytest.warns(UserWarning, match="Round 2: client 'site_1' raised RuntimeError: disk full on site_1"):
+        simulated = run(["fit", "--config", str(recipe), *OVERRIDES.split(),
+                         "--out_dir", str(tmp_path / "simulated"), "--federation.progress_bar", "false"])
     results = json.loads((tmp_path / "deployed" / "results.json").read_text())
+    assert results["faults"] == simulated["faults"] == [
+        {"round": 2, "client": "site_1", "kind": "error", "detail": "RuntimeError: disk full on site_1"}]
     assert results["comm"] == simulated["comm"]
     for key in ("last", "best"):
         assert results[key]["round"] == simulated[key]["round"]

@@ -25,6 +25,7 @@ from fedlit.errors import ConfigError, DataError, FedlitError  # noqa: E402
 from fedlit.flower.inprocess import InProcessTransport, deploy  # noqa: E402
 from fedlit.flower.server import RemoteData  # noqa: E402
 from tests.conftest import TinyMLP, make_federation  # noqa: E402
+from tests.flower.faults import RaiseAt  # noqa: E402
 from tests.strategies.test_epfl import LORA_ROLES, LoRAMLP  # noqa: E402
 from tests.strategies.test_fedsa import LoRANet  # noqa: E402
 from tests.strategies.test_fedsca import ADAPTER_ROLES, AdapterNet  # noqa: E402
@@ -103,17 +104,6 @@ def test_deployed_in_process_equals_simulation(tmp_path, monkeypatch, case):
 
 
 # --- faults ---------------------------------------------------------------------------------------------------------
-
-
-class RaiseAt(Callback):
-    """A recipe callback that raises in one client's turn of one round (it runs where the client trains)."""
-
-    def __init__(self, client_id: str, server_round: int) -> None:
-        self.client_id, self.server_round = client_id, server_round
-
-    def on_client_fit_start(self, server_round, client_id):
-        if (client_id, server_round) == (self.client_id, self.server_round):
-            raise RuntimeError(f"disk full on {client_id}")
 
 
 def _fed(path, **kwargs):
