@@ -4,7 +4,7 @@ SuperNodes (one client each; one keeps its client's state in files), ``flwr run`
 ``on_client_error: skip``); the deployed run gives the simulation's per-client results and faults, and every process
 it started is gone at the end.
 
-Slow (about 90 s on 2 CPU cores: each message starts a fresh ``flwr-clientapp`` process that imports torch and
+Slow (60 to 90 s on 2 shared CPU cores: each message starts a fresh ``flwr-clientapp`` process that imports torch and
 Lightning and builds the recipe): ``pytest -m slow tests/flower/test_deployment.py``.
 """
 
