@@ -72,7 +72,8 @@ def main(argv: list[str]) -> Path:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="The recipe (YAML).")
     parser.add_argument("--out", required=True, help="The app folder to write.")
-    parser.add_argument("--overrides", default="", help="Overrides of the recipe, e.g. '--federation.rounds 3'.")
+    parser.add_argument("--overrides", default="",
+                        help="Overrides of the recipe, e.g. --overrides='--federation.rounds 3'.")
     parser.add_argument("--out_dir", default=None, help="The server's run folder (default: <out>/run).")
     parser.add_argument("--client_ids", default=None, help="The expected clients, comma-separated.")
     parser.add_argument("--num_clients", type=int, default=None, help="The expected number of nodes.")
@@ -80,9 +81,12 @@ def main(argv: list[str]) -> Path:
     parser.add_argument("--connect_timeout", type=float, default=None, help="Seconds to wait for the nodes.")
     parser.add_argument("--secure_aggregation", action="store_true", help="SecAgg+ for the training uploads.")
     args = parser.parse_args(argv)
-    from fedlit.cli import build_parser
+    from fedlit.cli import CONFIG_ERRORS, build_parser, explain
 
-    build_parser().parse_args(["fit", "--config", args.config, *shlex.split(args.overrides)])  # fails on a typo
+    try:  # the recipe and overrides as `fedlit fit` reads them: a typo fails here, not on the nodes
+        build_parser().parse_args(["fit", "--config", args.config, *shlex.split(args.overrides)])
+    except CONFIG_ERRORS as err:
+        raise ConfigError(f"--config {args.config} --overrides {args.overrides!r}: {explain(err)}") from None
     path = write_app(args.config, args.out, overrides=args.overrides,
                      out_dir=str(Path(args.out_dir).resolve()) if args.out_dir else None,
                      client_ids=args.client_ids, num_clients=args.num_clients, client_timeout=args.client_timeout,

@@ -13,6 +13,7 @@ pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedl
 from flwr.common.config import validate_config  # noqa: E402
 
 from fedlit.cli import run  # noqa: E402
+from fedlit.errors import ConfigError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "quickstart.yaml"
@@ -38,7 +39,7 @@ def test_flower_app_writes_a_valid_app_with_the_recipe(tmp_path):
 
 
 def test_flower_app_refuses_a_misspelled_override(tmp_path):
-    with pytest.raises(Exception, match="federation.roundz"):
+    with pytest.raises(ConfigError, match="federation.roundz is not an option. Did you mean .rounds.?"):
         run(["flower-app", "--config", str(RECIPE), "--out", str(tmp_path / "app"),
              "--overrides", "--federation.roundz 2"])
     assert not (tmp_path / "app").exists()
