@@ -215,3 +215,19 @@ def test_a_resumed_server_gets_the_nodes_state_of_its_checkpoint(tmp_path):
     _close(straight["last"], resumed["last"], "last")
     _close(straight["comm"], resumed["comm"], "comm")
     assert {k for t in transport.tables.values() for k in t} == {"round_2", "round_3", "round_4"}
+
+
+def test_a_node_uses_its_own_client_only(tmp_path):
+    from fedlit.flower.client import ClientRuntime
+
+    runtime = ClientRuntime(_fed(tmp_path / "node"), "c1")
+    data, fed = runtime.federation.datamodule, runtime.federation
+    assert fed.client_ids == fed.train_client_ids == ["c1"] and data.position() == 1
+    assert list(data.manifest()["clients"]) == ["c1"] and list(data.class_counts()) == ["c1"]
+    assert len(data.train_dataloader("c1", torch.Generator()).dataset) == 15  # TinyTabular: half of 30 samples
+    for read in (lambda: data.train_dataloader("c0", torch.Generator()), lambda: data.test_dataloader("c2"),
+                 lambda: data.num_examples("c0", "train")):
+        with pytest.raises(KeyError, match="This node holds client 'c1', not"):
+            read()
+    with pytest.raises(DataError, match="node config client-id='c7' is not a client of TinyTabular"):
+        ClientRuntime(_fed(tmp_path / "node"), "c7")
