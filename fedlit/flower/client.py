@@ -6,10 +6,11 @@ recipe's objects again (:class:`ClientRuntime`: model, data, strategy and callba
 overrides as the server, a :class:`~fedlit.federation.Federation` with the local executor that never fits by
 itself), restores the client's store entry (its personal tensors, optimizer state and the per-client state of the
 strategy and callbacks), answers, and saves the entry again. Nothing is cached in globals that a new process
-would need. The entry is kept in ``context.state`` (record ``fedlit``, a ``torch.save`` of
-:meth:`~fedlit.store.ClientStore.client_state`, loaded with ``weights_only=True``), or, when the node is started
-with ``--node-config "... state-dir='/path'"``, in ``<state-dir>/<client-id>.pt``, which outlives the SuperNode
-process. The entry never leaves the node.
+would need. The entry (a ``torch.save`` of :meth:`~fedlit.store.ClientStore.client_state`, loaded with
+``weights_only=True``) is kept per round (:class:`Snapshots`, so a resumed server finds the state of its
+checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the node is started with
+``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives the
+SuperNode process (:func:`snapshots_of`). The entry never leaves the node.
 
 What the data module builds: the recipe's data section, as on a simulation (``setup()``), with the node's own
 ``overrides`` (node config) on top; the runtime then keeps one client, the node's ``client-id``
