@@ -56,6 +56,7 @@ SUBCOMMANDS = {
     "cost": "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
     "partition": "Build a recipe's data only: print each client's samples per split and class, plot them.",
     "report": "Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
+    "flower-app": "Write a Flower app folder that deploys a recipe on a SuperLink and SuperNodes (`flwr run`).",
 }
 SECTIONS = ("model", "data", "strategy")
 LAST_KEYWORD = "last"
@@ -134,7 +135,7 @@ def build_parser(*, summary: bool = False) -> ArgumentParser:
                         help="Print the version and exit.")
     subcommands = parser.add_subcommands(dest="subcommand")
     for name, help_text in SUBCOMMANDS.items():
-        if summary or name == "report":  # report parses its own arguments (fedlit.report.main)
+        if summary or name in ("report", "flower-app"):  # they parse their own arguments
             sub = ArgumentParser(description=help_text, exit_on_error=False)
         else:
             sub = _export_parser() if name == "export" else _subparser(name)
@@ -231,9 +232,11 @@ def _remove_if_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
-def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | SeedsJob | PartitionJob | Callable[[], Any]:
+def prepare(argv: list[str] | None = None, *, wrap_data: Callable[[Any], Any] | None = None,
+            ) -> _Job | _ExportJob | CostJob | SeedsJob | PartitionJob | Callable[[], Any]:
     """Parse ``argv``, resolve the run folder and checkpoint, and build the objects (configuration errors are
-    raised here); calling the result runs the subcommand."""
+    raised here); calling the result runs the subcommand. ``wrap_data`` replaces the recipe's data module, built
+    but not set up, by what it returns (a Flower server's view of the nodes' data, :mod:`fedlit.flower`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"], ["--version"]):
         build_parser(summary=True).parse_args(argv[:1])  # prints and exits
@@ -241,6 +244,10 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
         from fedlit import report
 
         return lambda: report.main(argv[1:])  # reads run folders only: no recipe, no torch
+    if argv[:1] == ["flower-app"]:
+        from fedlit.flower import app
+
+        return lambda: app.main(argv[1:])  # fedlit.flower.app
     from lightning.fabric.utilities.seed import seed_everything
 
     from fedlit import seeds
@@ -277,6 +284,8 @@ def prepare(argv: list[str] | None = None) -> _Job | _ExportJob | CostJob | Seed
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     seed_everything(sub_cfg.federation.seed, verbose=False)
     objects = parser.instantiate_classes(cfg)[subcommand]
+    if wrap_data is not None:
+        objects.data = wrap_data(objects.data)
     objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
     created = None
     if out_dir is None:

@@ -109,6 +109,20 @@ class ClientStore:
             for client_id in [c for c in entries if c not in self._kept]:
                 del entries[client_id]
 
+    def client_state(self, client_id: str) -> dict[str, Any]:
+        """Everything the store keeps for ``client_id`` (its tensors, optimizer state and strategy/callback state):
+        what a client process saves between its turns when the store lives where the client is (a Flower node)."""
+        return {"tensors": self._tensors.get(client_id), "optimizer": self._optimizer.get(client_id),
+                "extra": self._extra.get(client_id)}
+
+    def load_client_state(self, client_id: str, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`client_state` returned for ``client_id``."""
+        for key, table in (("tensors", self._tensors), ("optimizer", self._optimizer), ("extra", self._extra)):
+            if state[key] is None:
+                table.pop(client_id, None)
+            else:
+                table[client_id] = _to_device(state[key], self.device)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything in the store, for a checkpoint (tensors and plain containers only)."""
         return {

@@ -1,1 +1,16 @@
-"""fedlit on Flower: the server's rounds and the clients' turns as Flower apps (needs ``flwr``)."""
+"""Cross-silo deployment through Flower's deployment runtime (SuperLink, SuperNodes, ``flwr run``).
+
+- :mod:`fedlit.flower.server`: the ServerApp, the ordinary fedlit loop with a
+  :class:`~fedlit.flower.server.FlowerExecutor` and a :class:`~fedlit.flower.server.RemoteData` (no client data);
+- :mod:`fedlit.flower.client`: the ClientApp, one site's client built from the same recipe;
+- :mod:`fedlit.flower.codec`: tensors and extras in Flower records;
+- :mod:`fedlit.flower.inprocess`: the same server and clients without Flower's processes (tests);
+- :mod:`fedlit.flower.app`: ``fedlit flower-app``, which writes a Flower app folder for a recipe.
+
+Needs ``flwr`` (``pip install 'fedlit[flower]'``). See docs/deployment.md.
+"""
+
+try:
+    import flwr  # noqa: F401
+except ImportError as err:  # pragma: no cover  (flwr is in the dev extra)
+    raise ImportError("fedlit.flower needs Flower: pip install 'fedlit[flower]' (flwr>=1.40,<1.42).") from err

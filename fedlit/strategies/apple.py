@@ -183,7 +183,9 @@ class APPLE(Strategy):
         for j in indices:
             core = self.cores.get(self.client_ids[j], self.initial)
             cores[self.client_ids[j]] = {n: core[n] for n in names}
-        return {"p0": self.p0.to(torch.float32), "cores": cores}
+        # The clients' order (no tensor: nothing counted as download): a client knows its own index and N from
+        # what it receives, not from the server's ``client_ids``.
+        return {"p0": self.p0.to(torch.float32), "cores": cores, "clients": list(self.client_ids)}
 
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The client's own core (its buffers; the client puts its personalized model over the parameters in
@@ -233,18 +235,21 @@ class APPLE(Strategy):
         ``p_i`` a leaf to train (``p0`` the first time) and its optimizer."""
         params = dict(pl_module.shared_parameters())
         device = next(iter(params.values())).device if params else torch.device("cpu")
-        own = self.client_ids.index(client_id)
+        clients = list(received_extras["clients"])
+        own = clients.index(client_id)
+        limited = self.max_downloads is not None and self.max_downloads + 1 < len(clients)
         p0 = received_extras["p0"].to(device, torch.float32)
         first = "p" not in client_state
         received = received_extras["cores"]
-        if self._limited():  # the cores not downloaded: their last downloaded values, kept on the client
+        if limited:  # the cores not downloaded: their last downloaded values, kept on the client
             received = {**client_state.get("cores", {}), **received}
         others = {j: {n: t.to(device, params[n].dtype) for n, t in core.items()} for j, core in received.items()}
         p = (p0.clone() if first else client_state["p"].to(device, torch.float32).clone()).requires_grad_(True)
         self._turn = {
             "params": params, "own": own, "first": first, "received": received_extras["cores"],
+            "clients": clients, "limited": limited,
             "p": p, "p0": p0, "coef": self.coefficient(server_round),
-            "cores": {n: [params[n] if k == own else others[c][n] for k, c in enumerate(self.client_ids)]
+            "cores": {n: [params[n] if k == own else others[c][n] for k, c in enumerate(clients)]
                       for n in params},
             "optimizer": torch.optim.SGD([p], lr=self.lr_p, momentum=self.p_momentum),
         }
@@ -295,13 +300,13 @@ class APPLE(Strategy):
             client_state["model"] = {n: t.detach().to(store, copy=True) for n, t in self.personalized().items()}
         p = turn["p"].detach().to(store, copy=True)
         client_state["p"] = p
-        if self._limited():  # committed here, so a quarantined turn leaves the client's state as it was
+        if turn["limited"]:  # committed here, so a quarantined turn leaves the client's state as it was
             cache = client_state.setdefault("cores", {})
-            touched = client_state.setdefault("touched", torch.eye(len(self.client_ids), dtype=torch.bool)[turn["own"]])
+            touched = client_state.setdefault("touched", torch.eye(len(turn["clients"]), dtype=torch.bool)[turn["own"]])
             for j, core in turn["received"].items():
                 cache[j] = {n: t.detach().to(store, copy=True) for n, t in core.items()}
                 if not turn["first"]:  # the first turn's download is the initial cores
-                    touched[self.client_ids.index(j)] = True
+                    touched[turn["clients"].index(j)] = True
             generator = torch.Generator().manual_seed(trainer.derive_seed("apple", server_round, client_id))
             request = F.apple_download_choice(p, turn["own"], touched, self.max_downloads,
                                               server_round, generator, lamb=self.lamb, thresh=self.thresh)

@@ -164,9 +164,15 @@ class FedSCA(Strategy):
         self.global_state.update(on_server(F.weighted_average(states, sizes)))
         return dict(self.global_state)
 
-    def on_client_fit_start(self, server_round: int, client_id: str, received: dict[str, Tensor]) -> None:
+    def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
+        """Whether what the client receives is its own mix (no tensor: nothing counted as download), so the client
+        knows it without the server's ``mixes`` (a deployed client has only what it receives)."""
+        return {"has_mix": client_id in self.mixes}
+
+    def on_client_fit_start(self, server_round: int, received: dict[str, Tensor],
+                            received_extras: dict[str, Any]) -> None:
         """Keep the received mix as the cosine target, except in round 1 or before the client has a mix."""
-        regularize = self.beta > 0 and server_round > 1 and client_id in self.mixes
+        regularize = self.beta > 0 and server_round > 1 and bool(received_extras["has_mix"])
         self._target = {n: t.detach().clone() for n, t in received.items()} if regularize else None
 
     def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:

@@ -175,14 +175,17 @@ def test_cosine_regularizer_value_and_round_one_skip():
     strategy = _three_clients(alpha=0.5, beta=0.5)
     client = _Client(w=[0.0, 1.0])
     loss = torch.tensor(2.0)
-    strategy.on_client_fit_start(server_round=1, client_id="c0", received={"w": torch.tensor([1.0, 1.0])})
+    strategy.on_client_fit_start(server_round=1, received={"w": torch.tensor([1.0, 1.0])},
+                                 received_extras=strategy.configure_client_extras(1, "c0"))
     assert strategy.training_loss(client, loss, None) is loss  # round 1: no regularizer
-    strategy.on_client_fit_start(server_round=2, client_id="c0", received={"w": torch.tensor([1.0, 1.0])})
+    strategy.on_client_fit_start(server_round=2, received={"w": torch.tensor([1.0, 1.0])},
+                                 received_extras=strategy.configure_client_extras(2, "c0"))
     out = strategy.training_loss(client, loss, None)
     assert out.item() == pytest.approx(2.0 - 0.5 / math.sqrt(2))
     out.backward()
     assert client.params["w"].grad is not None
-    strategy.on_client_fit_start(server_round=2, client_id="c9", received={"w": torch.tensor([1.0, 1.0])})
+    strategy.on_client_fit_start(server_round=2, received={"w": torch.tensor([1.0, 1.0])},
+                                 received_extras=strategy.configure_client_extras(2, "c9"))
     assert strategy.training_loss(client, loss, None) is loss  # a client without a mix yet
 
 

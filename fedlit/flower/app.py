@@ -1,0 +1,96 @@
+"""``fedlit flower-app``: write a Flower app folder that runs a recipe on a SuperLink and its SuperNodes.
+
+::
+
+    fedlit flower-app --config recipes/quickstart.yaml --out flower_app [--overrides "--federation.rounds 5"]
+    flwr run flower_app <superlink connection>
+
+The folder holds one ``pyproject.toml``: the app's components are fedlit's ServerApp and ClientApp
+(``fedlit.flower.server:app``, ``fedlit.flower.client:app``; fedlit and flwr must be installed where the SuperLink
+and the SuperNodes run), and its run config carries the recipe's text, the overrides (applied on the server and on
+every node) and the server's settings (:data:`fedlit.flower.server.RUN_CONFIG`). Any of them can be changed per run
+with ``flwr run ... --run-config "key=value"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from fedlit.errors import ConfigError
+from fedlit.flower.server import RUN_CONFIG
+
+FLWR_REQUIREMENT = "flwr>=1.40,<1.42"
+
+
+def write_app(recipe: str | Path, out: str | Path, *, overrides: str = "", **settings: Any) -> Path:
+    """Write the app folder ``out`` for ``recipe`` and return its ``pyproject.toml``.
+
+    Args:
+        recipe: The recipe file.
+        out: The app folder (created).
+        overrides: Command-line overrides of the recipe (``--federation.rounds 3 ...``), for the server and every
+            node.
+        settings: Other run config values (:data:`fedlit.flower.server.RUN_CONFIG`, ``_`` for ``-``); ``out_dir``
+            defaults to ``<out>/run``.
+    """
+    recipe, out = Path(recipe), Path(out).resolve()
+    if not recipe.is_file():
+        raise ConfigError(f"--config {recipe}: no such recipe file.")
+    config = {**RUN_CONFIG, "recipe": recipe.read_text(), "overrides": overrides, "out-dir": str(out / "run")}
+    for key, value in settings.items():
+        name = key.replace("_", "-")
+        if name not in RUN_CONFIG:
+            raise ConfigError(f"{key} is not a setting of fedlit's Flower app; valid: {sorted(RUN_CONFIG)}.")
+        if value is not None:
+            config[name] = value
+    name = "fedlit-" + re.sub(r"[^a-z0-9]+", "-", recipe.stem.lower()).strip("-")
+    project = {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": name, "version": "1.0.0", "description": f"fedlit recipe {recipe.name} on Flower",
+                    "license": "Apache-2.0", "dependencies": [FLWR_REQUIREMENT]},
+        "tool": {"flwr": {"app": {
+            "publisher": "fedlit",
+            "components": {"serverapp": "fedlit.flower.server:app", "clientapp": "fedlit.flower.client:app"},
+            "config": config,
+        }}},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "pyproject.toml"
+    path.write_text(tomli_w.dumps(project, multiline_strings=True))
+    return path
+
+
+def main(argv: list[str]) -> Path:
+    """``fedlit flower-app``: parse ``argv``, check the recipe with the real parser, write the app folder."""
+    parser = argparse.ArgumentParser(prog="fedlit flower-app", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="The recipe (YAML).")
+    parser.add_argument("--out", required=True, help="The app folder to write.")
+    parser.add_argument("--overrides", default="",
+                        help="Overrides of the recipe, e.g. --overrides='--federation.rounds 3'.")
+    parser.add_argument("--out_dir", default=None, help="The server's run folder (default: <out>/run).")
+    parser.add_argument("--client_ids", default=None, help="The expected clients, comma-separated.")
+    parser.add_argument("--num_clients", type=int, default=None, help="The expected number of nodes.")
+    parser.add_argument("--client_timeout", type=float, default=None, help="Seconds per turn (0: no limit).")
+    parser.add_argument("--connect_timeout", type=float, default=None, help="Seconds to wait for the nodes.")
+    parser.add_argument("--secure_aggregation", action="store_true", help="SecAgg+ for the training uploads.")
+    args = parser.parse_args(argv)
+    from fedlit.cli import CONFIG_ERRORS, build_parser, explain
+
+    try:  # the recipe and overrides as `fedlit fit` reads them: a typo fails here, not on the nodes
+        build_parser().parse_args(["fit", "--config", args.config, *shlex.split(args.overrides)])
+    except CONFIG_ERRORS as err:
+        raise ConfigError(f"--config {args.config} --overrides {args.overrides!r}: {explain(err)}") from None
+    path = write_app(args.config, args.out, overrides=args.overrides,
+                     out_dir=str(Path(args.out_dir).resolve()) if args.out_dir else None,
+                     client_ids=args.client_ids, num_clients=args.num_clients, client_timeout=args.client_timeout,
+                     connect_timeout=args.connect_timeout, secure_aggregation=args.secure_aggregation or None)
+    print(f"fedlit flower-app: wrote {path}; run it with `flwr run {path.parent} <superlink connection>`.",
+          flush=True)
+    return path

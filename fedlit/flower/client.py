@@ -1,0 +1,447 @@
+"""The client's side of a Flower deployment: one site's process, its data, its store entry.
+
+A SuperNode of Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message it receives (its
+SuperExec launches one task per message) and keeps ``context.state`` between them. So every message builds the
+recipe's objects again (:class:`ClientRuntime`: model, data, strategy and callbacks from the same recipe, seed and
+overrides as the server, a :class:`~fedlit.federation.Federation` with the local executor that never fits by
+itself), restores the client's store entry (its personal tensors, optimizer state and the per-client state of the
+strategy and callbacks), answers, and saves the entry again. Nothing is cached in globals that a new process
+would need. The entry (a ``torch.save`` of :meth:`~fedlit.store.ClientStore.client_state`, loaded with
+``weights_only=True``) is kept per round (:class:`Snapshots`, so a resumed server finds the state of its
+checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the node is started with
+``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives the
+SuperNode process (:func:`snapshots_of`). The entry never leaves the node.
+
+What the data module builds: the recipe's data section, as on a simulation (``setup()``), with the node's own
+``overrides`` (node config) on top; the runtime then keeps one client, the node's ``client-id``
+(:class:`OwnClientData`): loaders, sizes and class counts of the other clients are never used. A data set that
+generates every client from one seed (``SyntheticImages``) generates them all on every node (synthetic data:
+nothing private); a site data set (``SiteFolders``, ``SiteTable``...) reads what its section lists, so give each
+node a data section (or a node ``overrides`` such as ``--data.init_args.root /data/site_0``) that lists its own
+site only.
+
+Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
+
+- ``query``: the client's id, whether it trains, its split sizes, class counts and manifest entry;
+- ``train``: :meth:`ClientRuntime.train` (:func:`fedlit.loop.local.train_client` on what the server sent);
+  replies the update's shared tensors, extras, metrics, ``num_examples``, the download bytes and the ``problem``
+  of a quarantined turn, or ``error`` with what the turn raised;
+- ``evaluate``: :func:`fedlit.loop.executor.run_evaluate_task`; replies the metrics per split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from torch import Tensor
+
+from fedlit.errors import ConfigError, DataError
+from fedlit.flower import codec
+from fedlit.loop import local
+from fedlit.loop.executor import EvaluateTask, run_evaluate_task
+
+if TYPE_CHECKING:
+    from fedlit.federation import Federation
+
+#: The record of ``context.state`` that keeps the client's store entry (when the node has no ``state-dir``).
+STATE_RECORD = "fedlit"
+
+
+class OwnClientData:
+    """The data module of one site: the recipe's data module seen through one client.
+
+    Args:
+        datamodule: The recipe's data module (set up).
+        client_id: The node's client.
+    """
+
+    def __init__(self, datamodule: Any, client_id: str) -> None:
+        self.inner, self.client_id = datamodule, client_id
+
+    def setup(self) -> None:
+        """Set up the data and check that it holds the node's client."""
+        self.inner.setup()
+        if self.client_id not in self.inner.client_ids:
+            ids = self.inner.client_ids
+            raise DataError(f"node config client-id={self.client_id!r} is not a client of "
+                            f"{type(self.inner).__name__} (its clients: {ids[:10]}{' ...' if len(ids) > 10 else ''}). "
+                            "Start the SuperNode with --node-config \"client-id='<one of them>'\", or give the node a "
+                            "data section that holds its site.")
+
+    @property
+    def task(self) -> str:
+        """The data set's task."""
+        return self.inner.task
+
+    @property
+    def num_classes(self) -> int:
+        """The data set's number of classes."""
+        return self.inner.num_classes
+
+    @property
+    def data(self) -> Any:
+        """The inner data module's built data (its other clients are never read)."""
+        return self.inner.data
+
+    @property
+    def client_ids(self) -> list[str]:
+        """The node's client only."""
+        return [self.client_id]
+
+    @property
+    def evaluation_only(self) -> frozenset[str]:
+        """The node's client if the data set marks it evaluation-only."""
+        return frozenset({self.client_id}) & frozenset(getattr(self.inner, "evaluation_only", frozenset()))
+
+    @property
+    def train_client_ids(self) -> list[str]:
+        """The node's client, unless it is evaluation-only."""
+        return [] if self.evaluation_only else [self.client_id]
+
+    def expected_num_clients(self) -> int:
+        """One."""
+        return 1
+
+    def position(self) -> int:
+        """The client's place in the data set's client order (the server orders the clients by it)."""
+        return list(self.inner.client_ids).index(self.client_id)
+
+    def _own(self, client_id: str) -> str:
+        if client_id != self.client_id:
+            raise KeyError(f"This node holds client {self.client_id!r}, not {client_id!r}.")
+        return client_id
+
+    def num_examples(self, client_id: str, split: str) -> int:
+        """Samples of the node's client in ``split``."""
+        return self.inner.num_examples(self._own(client_id), split)
+
+    def class_counts(self) -> dict[str, dict[str, list[int]]] | None:
+        """The node's client's samples per class and split (None for a task without classes)."""
+        counts = self.inner.class_counts()
+        return None if counts is None else {self.client_id: counts[self.client_id]}
+
+    def manifest(self) -> dict[str, Any]:
+        """The data set's manifest with the node's client's entry only."""
+        manifest = dict(self.inner.manifest())
+        manifest["clients"] = {self.client_id: manifest["clients"][self.client_id]}
+        return manifest
+
+    def train_dataloader(self, client_id: str, generator: torch.Generator) -> Any:
+        """The node's client's train loader."""
+        return self.inner.train_dataloader(self._own(client_id), generator)
+
+    def val_dataloader(self, client_id: str) -> Any:
+        """The node's client's validation loader (None without a validation split)."""
+        return self.inner.val_dataloader(self._own(client_id))
+
+    def test_dataloader(self, client_id: str) -> Any:
+        """The node's client's test loader."""
+        return self.inner.test_dataloader(self._own(client_id))
+
+
+class FolderTable(MutableMapping[str, bytes]):
+    """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file).
+
+    Args:
+        folder: The folder (created on the first write).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __getitem__(self, key: str) -> bytes:
+        path = self.folder / f"{key}.pt"
+        if not path.is_file():
+            raise KeyError(key)
+        return path.read_bytes()
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / f"{key}.tmp"
+        partial.write_bytes(value)
+        partial.replace(self.folder / f"{key}.pt")
+
+    def __delitem__(self, key: str) -> None:
+        (self.folder / f"{key}.pt").unlink()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(p.stem for p in self.folder.glob("*.pt"))) if self.folder.is_dir() else iter(())
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+class Snapshots:
+    """The client's store entry after each round it took part in, so that a resumed server gets from every node
+    exactly the state its checkpoint expects: a turn of round r starts from the newest snapshot of a round before r,
+    an evaluation of round r from the newest up to r. Snapshots older than the newest one at or before the server's
+    last checkpoint are deleted.
+
+    Args:
+        table: Where the snapshots live, by key ``round_<r>`` (a dict, a :class:`FolderTable`, a ConfigRecord).
+    """
+
+    def __init__(self, table: MutableMapping[str, bytes]) -> None:
+        self.table = table
+
+    def _rounds(self) -> list[int]:
+        return sorted(int(k.removeprefix("round_")) for k in self.table if k.startswith("round_"))
+
+    def before(self, server_round: int, *, inclusive: bool = False) -> bytes | None:
+        """The newest snapshot of a round before ``server_round`` (or equal, with ``inclusive``), or None."""
+        rounds = [r for r in self._rounds() if r < server_round or (inclusive and r == server_round)]
+        return bytes(self.table[f"round_{rounds[-1]}"]) if rounds else None
+
+    def save(self, server_round: int, blob: bytes, checkpointed: int | None = None) -> None:
+        """Keep ``blob`` as the snapshot of ``server_round``; drop those a resume from ``checkpointed`` can't need."""
+        for r in self._rounds():
+            if r > server_round:  # a resumed server redoes these rounds
+                del self.table[f"round_{r}"]
+        self.table[f"round_{server_round}"] = blob
+        if checkpointed is not None:
+            kept = [r for r in self._rounds() if r <= checkpointed]
+            for r in kept[:-1]:
+                del self.table[f"round_{r}"]
+
+
+class ClientRuntime:
+    """One client of the recipe, built in this process: answers the server's messages.
+
+    Args:
+        build: Builds the recipe's :class:`~fedlit.federation.Federation` (the data set up, not fitted).
+        client_id: The node's client.
+        snapshots: Where its store entry is restored from before a turn or an evaluation and saved to after.
+    """
+
+    def __init__(self, build: Callable[[], Federation], client_id: str, snapshots: Snapshots | None = None) -> None:
+        self.client_id = client_id
+        #: Where the client's store entry is kept between messages (None: in this object only).
+        self.snapshots = snapshots
+        #: The round of the server's last checkpoint, as the last task said.
+        self.checkpointed: int | None = None
+        fed = build()
+        fed.datamodule = OwnClientData(fed.datamodule, client_id)
+        # The node's federation has one client, which the server selects: no selection, no unseen clients here.
+        fed.clients_per_round, fed.unseen_clients = None, None
+        fed.setup()
+        # What a simulation's process has run before the first turn (FedRA takes the seed, FedMetaMed the rounds).
+        fed.fabric.call("on_fit_start", trainer=fed, pl_module=fed.module)
+        self.federation = fed
+
+    # ---------------------------------------------------------------------------------------- the store entry
+    def load_state(self, blob: bytes | None) -> None:
+        """Restore the client's store entry from :meth:`dump_state`'s bytes (None: a client that has not trained)."""
+        if blob:
+            state = torch.load(io.BytesIO(blob), map_location=self.federation.store.device, weights_only=True)
+            self.federation.store.load_client_state(self.client_id, state)
+
+    def dump_state(self) -> bytes:
+        """The client's store entry, as bytes."""
+        buffer = io.BytesIO()
+        torch.save(self.federation.store.client_state(self.client_id), buffer)
+        return buffer.getvalue()
+
+    # ------------------------------------------------------------------------------------------- the messages
+    def query(self) -> RecordDict:
+        """What the server asks every node before round 1."""
+        data: OwnClientData = self.federation.datamodule
+        counts = data.class_counts()
+        info = {
+            "client-id": self.client_id,
+            "trains": bool(data.train_client_ids),
+            "position": data.position(),
+            "num-examples": json.dumps({s: data.num_examples(self.client_id, s) for s in ("train", "val", "test")}),
+            "class-counts": json.dumps(None if counts is None else counts[self.client_id]),
+            "manifest": json.dumps(data.manifest()),
+            "task": str(data.task),
+            "num-classes": int(data.num_classes),
+        }
+        return RecordDict({"query": ConfigRecord(info)})
+
+    def train(self, client_id: str, server_round: int, received: Mapping[str, Tensor],
+              received_extras: Mapping[str, Any]) -> local.ClientTurn:
+        """The client's turn on what the server sent (the callable the secure-aggregation path calls too)."""
+        self._check(client_id)
+        self.federation.server_round = server_round
+        if self.snapshots is not None:
+            self.load_state(self.snapshots.before(server_round))
+        turn = local.train_client(self.federation, server_round, client_id, dict(received), dict(received_extras))
+        if self.snapshots is not None:  # a quarantined turn left the entry as it was: saved all the same
+            self.snapshots.save(server_round, self.dump_state(), self.checkpointed)
+        return turn
+
+    def handle_train(self, content: RecordDict) -> RecordDict:
+        """A ``train`` message: the turn, or ``error`` with what it raised."""
+        task = content.config_records["task"]
+        server_round = int(task["round"])
+        self.checkpointed = int(task["checkpointed"])
+        schedule = codec.get_tree(content, "schedule")
+        if schedule is not None and self.federation.lr_schedule is not None:
+            # The server's schedule of interval "round" is where the server is: take this round's hyperparameters.
+            for group, values in zip(self.federation.lr_schedule.optimizer.param_groups, schedule, strict=True):
+                group.update(values)
+        turn = self.train(str(task["client-id"]), server_round, codec.get_tree(content, "received"),
+                          codec.get_tree(content, "extras"))
+        return encode_turn(turn)
+
+    def handle_evaluate(self, content: RecordDict) -> RecordDict:
+        """An ``evaluate`` message: the metrics of the personalized model (and of the global one if sent)."""
+        task = content.config_records["task"]
+        client_id, server_round = str(task["client-id"]), int(task["round"])
+        self._check(client_id)
+        self.federation.server_round = server_round
+        if self.snapshots is not None:
+            self.load_state(self.snapshots.before(server_round, inclusive=True))
+        evaluate = EvaluateTask(client_id, codec.get_tree(content, "received"), codec.get_tree(content, "global"),
+                                tuple(json.loads(str(task["splits"]))), bool(task["images"]))
+        result = run_evaluate_task(self.federation, server_round, evaluate)
+        if self.snapshots is not None:  # a strategy may keep what an evaluation computes in client_state
+            self.snapshots.save(server_round, self.dump_state(), int(task["checkpointed"]))
+        reply = RecordDict({"evaluation": ConfigRecord({"download-bytes": int(result.download_bytes)})})
+        codec.put_tree(reply, "metrics", result.metrics)
+        codec.put_tree(reply, "image", result.image)
+        return reply
+
+    def handle(self, message_type: str, content: RecordDict) -> RecordDict:
+        """Answer one message; what a turn or an evaluation raises is answered as ``error`` (and printed here)."""
+        if message_type == "query":
+            return self.query()
+        handler = {"train": self.handle_train, "evaluate": self.handle_evaluate}.get(message_type.split(".")[0])
+        if handler is None:
+            return error_content(f"unknown message type {message_type!r}")
+        try:
+            return handler(content)
+        except Exception as err:  # noqa: BLE001  (the server decides: federation.on_client_error)
+            traceback.print_exc()
+            return error_content(f"{type(err).__name__}: {err}")
+
+    def _check(self, client_id: str) -> None:
+        if client_id != self.client_id:
+            raise ConfigError(f"The server sent a task for client {client_id!r} to the node of client "
+                              f"{self.client_id!r}: two SuperNodes were started with the same node config client-id?")
+
+
+def encode_turn(turn: local.ClientTurn) -> RecordDict:
+    """A :class:`~fedlit.loop.local.ClientTurn` as a reply's content."""
+    update = turn.update
+    content = RecordDict({"turn": ConfigRecord({
+        "client-id": update.client_id, "num-examples": int(update.num_examples),
+        "download-bytes": int(turn.download_bytes), "problem": json.dumps(turn.problem)})})
+    codec.put_tree(content, "state", update.state)
+    codec.put_tree(content, "update-extras", update.extras)
+    codec.put_tree(content, "metrics", update.metrics)
+    return content
+
+
+def error_content(detail: str) -> RecordDict:
+    """A reply saying that the client's work raised ``detail``."""
+    return RecordDict({"error": ConfigRecord({"detail": detail})})
+
+
+# ------------------------------------------------------------------------------------------------ the ClientApp
+def recipe_argv(run_config: Mapping[str, Any], recipe_file: Path, extra: str = "") -> list[str]:
+    """The ``fedlit fit`` command line of the run: the recipe, the run's overrides, then ``extra``."""
+    return ["fit", "--config", str(recipe_file), *shlex.split(str(run_config.get("overrides", ""))),
+            *shlex.split(extra)]
+
+
+def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:
+    """Build the node's client from the run config (the recipe) and the node config (``client-id``); ``workdir``
+    is a scratch folder for the recipe file (the client writes no run folder)."""
+    from fedlit.cli import prepare
+
+    node = context.node_config
+    if "client-id" not in node:
+        raise ConfigError("This SuperNode has no client id: start it with --node-config \"client-id='site_0'\" "
+                          "(the id of the recipe's client it holds).")
+    client_id = str(node["client-id"])
+    recipe = workdir / "recipe.yaml"
+    recipe.write_text(str(context.run_config["recipe"]))
+    # The client never fits: no run folder of its own, no progress bar.
+    argv = [*recipe_argv(context.run_config, recipe, str(node.get("overrides", ""))),
+            "--out_dir", str(workdir / "run"), "--federation.progress_bar", "false"]
+    return ClientRuntime(lambda: prepare(argv).federation, client_id)
+
+
+def snapshots_of(context: Context) -> Snapshots:
+    """Where this node keeps its client's snapshots for this run: ``<state-dir>/<run>/<client-id>/`` with the node
+    config ``state-dir``, else the record ``fedlit.<run>`` of ``context.state``. ``<run>`` names the server's run
+    folder (the run config's ``out-dir``), so a resumed run finds its snapshots and another run starts afresh."""
+    out_dir = str(context.run_config.get("out-dir", ""))
+    run = hashlib.sha256(out_dir.encode()).hexdigest()[:16] if out_dir else f"run{context.run_id}"
+    folder = context.node_config.get("state-dir")
+    if folder:
+        return Snapshots(FolderTable(Path(str(folder)) / run / str(context.node_config["client-id"])))
+    name = f"{STATE_RECORD}.{run}"
+    if name not in context.state.config_records:
+        context.state[name] = ConfigRecord()
+    return Snapshots(context.state.config_records[name])
+
+
+def _secagg() -> Any:
+    """:mod:`fedlit.flower.secagg` if it is installed with fedlit, else None."""
+    try:
+        from fedlit.flower import secagg
+    except ImportError:
+        return None
+    return secagg
+
+
+def handle_message(msg: Message, context: Context) -> Message:
+    """Build the node's client and answer ``msg`` (restoring and saving its store entry, :class:`Snapshots`)."""
+    with tempfile.TemporaryDirectory(prefix="fedlit-client-") as workdir:
+        try:
+            runtime = runtime_from_context(context, Path(workdir))
+            runtime.snapshots = snapshots_of(context)
+        except Exception as err:  # noqa: BLE001  (a node that cannot build its client answers why)
+            traceback.print_exc()
+            return Message(error_content(f"{type(err).__name__}: {err}"), reply_to=msg)
+        return _answer(runtime, msg, context)
+
+
+def _answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
+    message_type = msg.metadata.message_type
+    secagg = _secagg()
+    if secagg is not None and secagg.is_secure_train(msg):
+        reply = secagg.handle_secure_train(msg, context, runtime.train)
+    elif secagg is None and message_type.startswith("train.secagg"):
+        reply = Message(error_content("this node's fedlit has no fedlit.flower.secagg: secure aggregation is not "
+                                      "available"), reply_to=msg)
+    else:
+        reply = Message(runtime.handle(message_type, msg.content), reply_to=msg)
+    return reply
+
+
+def _mods() -> list[Any]:
+    secagg = _secagg()
+    return list(secagg.client_mods()) if secagg is not None else []
+
+
+#: The ClientApp of fedlit's Flower app (``[tool.flwr.app.components] clientapp = "fedlit.flower.client:app"``).
+app = ClientApp(mods=_mods())
+
+
+@app.query()
+def _query(msg: Message, context: Context) -> Message:
+    return handle_message(msg, context)
+
+
+@app.train()
+def _train(msg: Message, context: Context) -> Message:
+    return handle_message(msg, context)
+
+
+@app.evaluate()
+def _evaluate(msg: Message, context: Context) -> Message:
+    return handle_message(msg, context)

@@ -1,0 +1,22 @@
+"""A recipe callback for fault tests: it raises in one client's turn of one round, where that client trains (in
+the simulation's process, or on its Flower node)."""
+
+from __future__ import annotations
+
+from lightning.pytorch import Callback
+
+
+class RaiseAt(Callback):
+    """Raise ``RuntimeError`` at the start of ``client_id``'s turn in ``server_round``.
+
+    Args:
+        client_id: The client that fails.
+        server_round: The round it fails in.
+    """
+
+    def __init__(self, client_id: str, server_round: int) -> None:
+        self.client_id, self.server_round = client_id, server_round
+
+    def on_client_fit_start(self, server_round: int, client_id: str) -> None:
+        if (client_id, server_round) == (self.client_id, self.server_round):
+            raise RuntimeError(f"disk full on {client_id}")

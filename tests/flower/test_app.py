@@ -1,0 +1,65 @@
+"""``fedlit flower-app`` writes an app folder Flower accepts, with the recipe in its run config; the certificates
+script makes a SuperLink certificate that verifies against its CA for the hosts asked."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedlit[flower]'): no Flower deployment")
+
+from flwr.common.config import validate_config  # noqa: E402
+
+from fedlit.cli import run  # noqa: E402
+from fedlit.errors import ConfigError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "quickstart.yaml"
+
+
+def test_flower_app_writes_a_valid_app_with_the_recipe(tmp_path):
+    run(["flower-app", "--config", str(RECIPE), "--out", str(tmp_path / "app"),
+         "--overrides", "--federation.rounds 2", "--client_ids", "site_0,site_1", "--client_timeout", "60"])
+    import tomli  # a dependency of flwr (tomllib is Python 3.11+)
+
+    config = tomli.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    valid, errors, _ = validate_config(config, check_module=True, project_dir=tmp_path / "app")
+    assert valid, errors
+    app = config["tool"]["flwr"]["app"]
+    assert app["components"] == {"serverapp": "fedlit.flower.server:app", "clientapp": "fedlit.flower.client:app"}
+    run_config = app["config"]
+    assert run_config["recipe"] == RECIPE.read_text()
+    assert run_config["overrides"] == "--federation.rounds 2"
+    assert run_config["out-dir"] == str((tmp_path / "app" / "run").resolve())
+    assert (run_config["client-ids"], run_config["client-timeout"], run_config["secure-aggregation"]) == (
+        "site_0,site_1", 60.0, False)
+    assert config["project"]["dependencies"] == ["flwr>=1.40,<1.42"]
+
+
+def test_flower_app_refuses_a_misspelled_override(tmp_path):
+    with pytest.raises(ConfigError, match="federation.roundz is not an option. Did you mean .rounds.?"):
+        run(["flower-app", "--config", str(RECIPE), "--out", str(tmp_path / "app"),
+             "--overrides", "--federation.roundz 2"])
+    assert not (tmp_path / "app").exists()
+
+
+def test_certificates_verify_for_the_hosts(tmp_path):
+    from cryptography import x509
+    from cryptography.x509.verification import PolicyBuilder, Store
+
+    spec = importlib.util.spec_from_file_location("flower_certs", ROOT / "scripts" / "flower_certs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    paths = module.make_certificates(tmp_path, ["127.0.0.1", "localhost"], nodes=1)
+    ca = x509.load_pem_x509_certificate(paths["ca.crt"].read_bytes())
+    server = x509.load_pem_x509_certificate(paths["server.pem"].read_bytes())
+    for host in (x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1")), x509.DNSName("localhost")):
+        verifier = PolicyBuilder().store(Store([ca])).build_server_verifier(host)
+        assert verifier.verify(server, [])[-1] == ca
+    with pytest.raises(Exception, match="(?i)match|subject"):
+        PolicyBuilder().store(Store([ca])).build_server_verifier(x509.DNSName("example.org")).verify(server, [])
+    assert paths["node_0.key"].read_bytes().startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert paths["node_0.pub"].read_bytes().startswith(b"ecdsa-sha2-nistp384 ")
+    assert paths["ca.key"].stat().st_mode & 0o077 == 0
