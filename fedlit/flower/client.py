@@ -47,7 +47,7 @@ from flwr.clientapp import ClientApp
 from torch import Tensor
 
 from fedlit.errors import ConfigError, DataError
-from fedlit.flower import codec
+from fedlit.flower import codec, secagg
 from fedlit.loop import local
 from fedlit.loop.executor import EvaluateTask, run_evaluate_task
 
@@ -389,15 +389,6 @@ def snapshots_of(context: Context) -> Snapshots:
     return Snapshots(context.state.config_records[name])
 
 
-def _secagg() -> Any:
-    """:mod:`fedlit.flower.secagg` if it is installed with fedlit, else None."""
-    try:
-        from fedlit.flower import secagg
-    except ImportError:
-        return None
-    return secagg
-
-
 def handle_message(msg: Message, context: Context) -> Message:
     """Build the node's client and answer ``msg`` (restoring and saving its store entry, :class:`Snapshots`)."""
     with tempfile.TemporaryDirectory(prefix="fedlit-client-") as workdir:
@@ -411,25 +402,13 @@ def handle_message(msg: Message, context: Context) -> Message:
 
 
 def _answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
-    message_type = msg.metadata.message_type
-    secagg = _secagg()
-    if secagg is not None and secagg.is_secure_train(msg):
-        reply = secagg.handle_secure_train(msg, context, runtime.train)
-    elif secagg is None and message_type.startswith("train.secagg"):
-        reply = Message(error_content("this node's fedlit has no fedlit.flower.secagg: secure aggregation is not "
-                                      "available"), reply_to=msg)
-    else:
-        reply = Message(runtime.handle(message_type, msg.content), reply_to=msg)
-    return reply
-
-
-def _mods() -> list[Any]:
-    secagg = _secagg()
-    return list(secagg.client_mods()) if secagg is not None else []
+    if secagg.is_secure_train(msg):
+        return secagg.handle_secure_train(msg, context, runtime.train)
+    return Message(runtime.handle(msg.metadata.message_type, msg.content), reply_to=msg)
 
 
 #: The ClientApp of fedlit's Flower app (``[tool.flwr.app.components] clientapp = "fedlit.flower.client:app"``).
-app = ClientApp(mods=_mods())
+app = ClientApp(mods=secagg.client_mods())
 
 
 @app.query()

@@ -44,7 +44,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlit.errors import ConfigError, DataError, FedlitError
-from fedlit.flower import codec
+from fedlit.flower import codec, secagg
 from fedlit.loop.executor import EvaluateResult, EvaluateTask, FitTask
 from fedlit.loop.local import ClientTurn
 from fedlit.strategies.base import ClientUpdate
@@ -271,7 +271,6 @@ class FlowerExecutor:
             problems.append(f"federation.unseen_clients={fed.unseen_clients}: unseen clients are evaluated and "
                             "fine-tuned on the server, which holds no data in a deployment; leave it null")
         if self.secure_aggregation:
-            secagg = _secagg("secure-aggregation = true")
             secagg.check_secure_aggregation(fed.strategy)
         if problems:
             raise ConfigError("Not available in a Flower deployment: " + "; ".join(problems) + ".")
@@ -290,7 +289,6 @@ class FlowerExecutor:
     def fit(self, fed: Federation, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn on its node, in task order (an error string for a node that failed or timed out)."""
         if self.secure_aggregation:
-            secagg = _secagg("secure-aggregation = true")
             grid = getattr(self.transport, "grid", None)
             if grid is None:
                 raise ConfigError("secure-aggregation = true needs Flower's grid: it runs on a SuperLink only.")
@@ -358,15 +356,6 @@ class FlowerExecutor:
 
     def teardown(self, fed: Federation) -> None:
         """Nothing to release: the nodes keep running for the next run."""
-
-
-def _secagg(option: str) -> Any:
-    try:
-        from fedlit.flower import secagg
-    except ImportError:
-        raise ConfigError(f"{option}: secure aggregation needs fedlit.flower.secagg, which this fedlit does not "
-                          "have; set secure-aggregation = false.") from None
-    return secagg
 
 
 # ------------------------------------------------------------------------------------------------ the ServerApp

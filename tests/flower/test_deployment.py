@@ -1,15 +1,19 @@
-"""A real cross-silo deployment on 127.0.0.1: a SuperLink with TLS and SuperNode authentication, two authenticated
-SuperNodes (one client each; one keeps its client's state in files), ``flwr run`` of the app that
-``fedlit flower-app`` writes for the 2-client quickstart in which site_1's turn raises in round 2 (on its node;
-``on_client_error: skip``); the deployed run gives the simulation's per-client results and faults, and every process
-it started is gone at the end.
+"""Real cross-silo deployments on 127.0.0.1: a SuperLink with TLS and SuperNode authentication and two authenticated
+SuperNodes (one client each), running with ``flwr run`` the app that ``fedlit flower-app`` writes for the 2-client
+quickstart:
 
-Slow (60 to 90 s on 2 shared CPU cores: each message starts a fresh ``flwr-clientapp`` process that imports torch and
-Lightning and builds the recipe): ``pytest -m slow tests/flower/test_deployment.py``.
+- FedBN, where site_1's turn raises in round 2 (on its node; ``on_client_error: skip``), one node keeping its
+  client's state in files: the deployed run gives the simulation's per-client results and faults;
+- FedAvg with SecAgg+: the aggregated model is the simulation's to the protocol's quantization error.
+
+Every process a test starts is gone at its end. They are part of the default run although they take 70 s and 130 s
+on 2 CPU cores: most of that is waiting (the SuperNode polls every 3 s, and each message starts a fresh
+``flwr-clientapp`` process that imports torch and builds the recipe), little CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -19,12 +23,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedlit[flower]'): no Flower deployment")
 
+from fedlit.checkpoint import load_checkpoint  # noqa: E402
 from fedlit.cli import run  # noqa: E402
 from fedlit.flower.app import write_app  # noqa: E402
 
@@ -75,10 +81,15 @@ def _stop(processes: list[subprocess.Popen]) -> None:
         p.wait(timeout=10)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("flower-superlink", path=str(BIN)) is None,
-                    reason=f"flower-superlink is not installed next to {sys.executable}")
-def test_tls_authenticated_deployment_equals_simulation(tmp_path):
+NEEDS_SUPERLINK = pytest.mark.skipif(shutil.which("flower-superlink", path=str(BIN)) is None,
+                                     reason=f"flower-superlink is not installed next to {sys.executable}")
+
+
+@contextlib.contextmanager
+def _deployment(tmp_path: Path, state_dir: Path | None = None) -> Iterator[dict[str, str]]:
+    """A SuperLink (TLS, SuperNode authentication) and one authenticated SuperNode per client of ``CLIENTS`` on
+    127.0.0.1 (the second keeps its client's state in ``state_dir`` when given); yields the environment for ``flwr``
+    and stops every process, checking that none is left."""
     certs = _certificates(tmp_path / "certs")
     home = tmp_path / "flwr_home"
     home.mkdir()
@@ -88,11 +99,6 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
     port = _free_port()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
                                       f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs["ca.crt"]}"\n')
-    recipe = tmp_path / "quickstart_fault.yaml"
-    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text() + FAULT)
-    app = write_app(recipe, tmp_path / "app", overrides=OVERRIDES,
-                    out_dir=str(tmp_path / "deployed"), client_ids=",".join(CLIENTS), connect_timeout=120.0,
-                    client_timeout=300.0).parent
     processes: list[subprocess.Popen] = []
 
     def start(args: list[str], log: str) -> None:
@@ -116,14 +122,29 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
             assert registered.returncode == 0, registered.stdout + registered.stderr
             start(["flower-supernode", "--root-certificates", str(certs["ca.crt"]), "--superlink", f"127.0.0.1:{port}",
                    "--port", str(_free_port()), "--auth-supernode-private-key", str(certs[f"node_{i}.key"]),
-                   "--node-config", f"client-id='{client}'" + (f" state-dir='{tmp_path / 'state'}'" if i else "")],
+                   "--node-config", f"client-id='{client}'" + (f" state-dir='{state_dir}'" if i and state_dir else "")],
                   f"supernode_{i}.log")
-        deployed = subprocess.run([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env, cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=480)
-        assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+        yield env
     finally:
         _stop(processes)
     assert not any(_alive(p.pid) for p in processes)
+
+
+def _flwr_run(app: Path, env: dict[str, str], cwd: Path) -> None:
+    deployed = subprocess.run([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env, cwd=cwd,
+                              capture_output=True, text=True, timeout=480)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+
+
+@NEEDS_SUPERLINK
+def test_tls_authenticated_deployment_equals_simulation(tmp_path):
+    recipe = tmp_path / "quickstart_fault.yaml"
+    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text() + FAULT)
+    app = write_app(recipe, tmp_path / "app", overrides=OVERRIDES,
+                    out_dir=str(tmp_path / "deployed"), client_ids=",".join(CLIENTS), connect_timeout=120.0,
+                    client_timeout=300.0).parent
+    with _deployment(tmp_path, state_dir=tmp_path / "state") as env:
+        _flwr_run(app, env, tmp_path)
     logs = "".join((tmp_path / f"supernode_{i}.log").read_text() for i in range(len(CLIENTS)))
     assert logs.count("Receiving: train message") == 2 * len(CLIENTS)  # each node trained its client twice
     # site_1's node keeps its client's state in files (node config state-dir), site_0's in context.state
@@ -143,3 +164,34 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
             for metric, value in simulated[key]["clients"][client].items():
                 assert results[key]["clients"][client][metric] == pytest.approx(value, abs=1e-5), (key, client, metric)
     assert (tmp_path / "deployed" / "checkpoints" / "last.ckpt").is_file()
+
+
+@NEEDS_SUPERLINK
+def test_secagg_plus_fedavg_deployment_gives_the_simulations_aggregate(tmp_path):
+    """FedAvg with SecAgg+ through the same TLS deployment: the server only ever sees the masked sum, and the model
+    it aggregates is the plain simulation's to the protocol's quantization error (2**22 levels over +-8: a few 1e-6
+    per value per round)."""
+    recipe = tmp_path / "quickstart_fedavg.yaml"
+    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text().replace("class_path: FedBN",
+                                                                                  "class_path: FedAvg"))
+    overrides = OVERRIDES.replace(" --federation.on_client_error skip", "")
+    app = write_app(recipe, tmp_path / "app", overrides=overrides, out_dir=str(tmp_path / "deployed"),
+                    client_ids=",".join(CLIENTS), connect_timeout=120.0, client_timeout=300.0,
+                    secure_aggregation=True).parent
+    with _deployment(tmp_path) as env:
+        _flwr_run(app, env, tmp_path)
+    logs = "".join((tmp_path / f"supernode_{i}.log").read_text() for i in range(len(CLIENTS)))
+    # SecAgg+'s four stages (setup, share keys, collect masked vectors, unmask) are four train messages a round
+    assert logs.count("Receiving: train message") == 4 * 2 * len(CLIENTS)
+    simulated = run(["fit", "--config", str(recipe), *overrides.split(), "--out_dir", str(tmp_path / "simulated"),
+                     "--federation.progress_bar", "false"])
+    deployed = load_checkpoint(tmp_path / "deployed" / "checkpoints" / "last.ckpt")["strategy"]["global_state"]
+    plain = load_checkpoint(tmp_path / "simulated" / "checkpoints" / "last.ckpt")["strategy"]["global_state"]
+    assert set(deployed) == set(plain)
+    worst = max(float((deployed[n].double() - plain[n].double()).abs().max()) for n in plain)
+    assert 0 < worst < 1e-4, worst  # not bit-identical (quantized masks), yet the same model
+    results = json.loads((tmp_path / "deployed" / "results.json").read_text())
+    assert results["comm"] == simulated["comm"]
+    for client in CLIENTS:
+        for metric, value in simulated["last"]["clients"][client].items():
+            assert results["last"]["clients"][client][metric] == pytest.approx(value, abs=1e-3), (client, metric)
