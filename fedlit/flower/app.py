@@ -79,8 +79,13 @@ def main(argv: list[str]) -> Path:
     parser.add_argument("--num_clients", type=int, default=None, help="The expected number of nodes.")
     parser.add_argument("--client_timeout", type=float, default=None, help="Seconds per turn (0: no limit).")
     parser.add_argument("--connect_timeout", type=float, default=None, help="Seconds to wait for the nodes.")
-    parser.add_argument("--secure_aggregation", action="store_true", help="SecAgg+ for the training uploads.")
+    parser.add_argument("--secure_aggregation", nargs="?", const="true", default=None,
+                        help="SecAgg+ for the training uploads; optionally its options as JSON, e.g. "
+                             "--secure_aggregation '{\"max_weight\": 200}'.")
     args = parser.parse_args(argv)
+    from fedlit.flower.secagg import SecAggOptions
+
+    SecAggOptions.from_config(args.secure_aggregation)  # bad options fail here, not on the SuperLink
     from fedlit.cli import CONFIG_ERRORS, build_parser, explain
 
     try:  # the recipe and overrides as `fedlit fit` reads them: a typo fails here, not on the nodes
@@ -90,7 +95,7 @@ def main(argv: list[str]) -> Path:
     path = write_app(args.config, args.out, overrides=args.overrides,
                      out_dir=str(Path(args.out_dir).resolve()) if args.out_dir else None,
                      client_ids=args.client_ids, num_clients=args.num_clients, client_timeout=args.client_timeout,
-                     connect_timeout=args.connect_timeout, secure_aggregation=args.secure_aggregation or None)
+                     connect_timeout=args.connect_timeout, secure_aggregation=args.secure_aggregation)
     print(f"fedlit flower-app: wrote {path}; run it with `flwr run {path.parent} <superlink connection>`.",
           flush=True)
     return path

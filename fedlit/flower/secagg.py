@@ -90,7 +90,7 @@ if TYPE_CHECKING:
     from fedlit.federation import Federation
     from fedlit.loop.executor import FitTask
 
-OPTION = "flower.secure_aggregation"
+OPTION = "secure-aggregation"
 #: The masks' modulus (Flower's ``modulus_range``): sums of quantized values must stay below it.
 MODULUS = 2**32
 #: Methods that read the uploads: a class that overrides one below the class declaring ``secure_aggregation``
@@ -103,9 +103,20 @@ _FAULT = "fedlit-secagg-fault"  # marks the description of a client's fault insi
 TrainFn = Callable[[str, int, dict[str, Tensor], dict[str, Any]], ClientTurn]
 
 
+def _parse_setting(text: str) -> Any:
+    """The run config's ``secure-aggregation`` text: ``true``/``false`` or a JSON mapping of options."""
+    if text.strip().lower() in ("true", "false", ""):
+        return text.strip().lower() == "true"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{OPTION}={text!r} must be true, false or a JSON mapping of options such as "
+                          f"'{{\"max_weight\": 200}}' ({err}).") from None
+
+
 @dataclass
 class SecAggOptions:
-    """The SecAgg+ settings of a Flower deployment (recipe key ``flower.secure_aggregation``).
+    """The SecAgg+ settings of a Flower deployment (the Flower run config's ``secure-aggregation``).
 
     The defaults suit small federations (a few to a few dozen clients per round): every client is every other's
     neighbour and its secrets are rebuilt from two thirds of their shares (at least 2), so up to a third of a
@@ -164,9 +175,14 @@ class SecAggOptions:
             raise ConfigError("; ".join(problems) + ".")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | bool | None) -> SecAggOptions | None:
-        """The options from a recipe's ``flower.secure_aggregation``: a mapping of the fields above, ``true`` for
-        the defaults, ``false`` or null for no secure aggregation (None). Unknown keys are refused."""
+    def from_config(cls, config: SecAggOptions | Mapping[str, Any] | str | bool | None) -> SecAggOptions | None:
+        """The options from the run config's ``secure-aggregation``: a mapping of the fields above (or its JSON
+        text), ``true`` for the defaults, ``false`` or null for no secure aggregation (None). Unknown keys are
+        refused."""
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, str):
+            config = _parse_setting(config)
         if config is None or config is False:
             return None
         if config is True:

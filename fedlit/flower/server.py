@@ -255,13 +255,14 @@ class FlowerExecutor:
         data: The server's :class:`RemoteData` (which node holds which client).
         timeout: Seconds a node has to answer one turn or evaluation when the federation has no
             ``client_timeout``; None: no limit.
-        secure_aggregation: Train with SecAgg+ (:mod:`fedlit.flower.secagg`).
+        secure_aggregation: Train with SecAgg+ (:mod:`fedlit.flower.secagg`): ``True`` for the default options, a
+            mapping of options or its JSON text, :class:`~fedlit.flower.secagg.SecAggOptions`; None or False: off.
     """
 
     def __init__(self, transport: Transport, data: RemoteData, *, timeout: float | None = 3600.0,
-                 secure_aggregation: bool = False) -> None:
+                 secure_aggregation: Any = None) -> None:
         self.transport, self.data, self.timeout = transport, data, timeout
-        self.secure_aggregation = secure_aggregation
+        self.secure_aggregation = secagg.SecAggOptions.from_config(secure_aggregation)
         self.resumed_round = 0
 
     def setup(self, fed: Federation) -> None:
@@ -272,6 +273,15 @@ class FlowerExecutor:
                             "fine-tuned on the server, which holds no data in a deployment; leave it null")
         if self.secure_aggregation:
             secagg.check_secure_aggregation(fed.strategy)
+            clipped = [type(cb).__name__ for cb in fed.callbacks if type(cb).__name__ == "ClientLevelDP"]
+            if clipped:
+                problems.append("secure-aggregation = true with ClientLevelDP: it clips each client's update on the "
+                                "server, which SecAgg+ hides (the server sees only the mean); use one of them, or "
+                                "SampleLevelDP on the sites")
+            if fed.lr_schedule is not None:
+                problems.append("secure-aggregation = true with a learning-rate schedule of interval 'round': the "
+                                "SecAgg+ train message carries no schedule, so the nodes would train at the initial "
+                                "rate; use a schedule of interval 'step' or no schedule")
         if problems:
             raise ConfigError("Not available in a Flower deployment: " + "; ".join(problems) + ".")
         self.resumed_round = fed.server_round  # 0, or the round of the checkpoint the run resumes
@@ -293,7 +303,7 @@ class FlowerExecutor:
             if grid is None:
                 raise ConfigError("secure-aggregation = true needs Flower's grid: it runs on a SuperLink only.")
             turns = secagg.secure_fit(grid, fed, server_round, tasks, self.data.nodes,
-                                      secagg.SecAggOptions.from_config(self.secure_aggregation))
+                                      self.secure_aggregation)
             return [self._failed(fed, server_round, t.client_id, r) if isinstance(r, str) else r
                     for t, r in zip(tasks, turns, strict=True)]
         schedule = None if fed.lr_schedule is None else [
@@ -390,7 +400,7 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
         job = prepare(server_argv(config, recipe), wrap_data=remote)
     timeout = float(config["client-timeout"])
     job.federation.executor = FlowerExecutor(transport, holder["data"], timeout=timeout if timeout > 0 else None,
-                                             secure_aggregation=bool(config["secure-aggregation"]))
+                                             secure_aggregation=config["secure-aggregation"])
     return job()
 
 

@@ -183,6 +183,30 @@ def test_the_servers_round_schedule_reaches_the_clients(tmp_path):
     _close(simulated["last"], deployed["last"], "last")
 
 
+def test_secure_aggregation_refuses_a_round_schedule(tmp_path):
+    from fedlit.flower.server import FlowerExecutor, RemoteData
+
+    transport = InProcessTransport({c: _scheduled(tmp_path / "node") for c in CLIENTS})
+    server = _scheduled(tmp_path / "dep")()
+    server.datamodule = RemoteData(server.datamodule, transport, num_clients=len(CLIENTS), connect_timeout=1.0)
+    server.executor = FlowerExecutor(transport, server.datamodule, secure_aggregation=True)
+    with pytest.raises(ConfigError, match="secure-aggregation = true with a learning-rate schedule of interval"):
+        server.fit()
+
+
+def test_secure_aggregation_refuses_client_level_dp(tmp_path):
+    from fedlit.flower.server import FlowerExecutor, RemoteData
+    from fedlit.privacy import ClientLevelDP
+
+    transport = InProcessTransport({c: _fed(tmp_path / "node") for c in CLIENTS})
+    server = make_federation(tmp_path / "dep", S.FedAvg(), callbacks=[ClientLevelDP(noise_multiplier=1.0,
+                                                                                    clip_norm=1.0)])
+    server.datamodule = RemoteData(server.datamodule, transport, num_clients=len(CLIENTS), connect_timeout=1.0)
+    server.executor = FlowerExecutor(transport, server.datamodule, secure_aggregation=True)
+    with pytest.raises(ConfigError, match="secure-aggregation = true with ClientLevelDP"):
+        server.fit()
+
+
 class CrashAt(Callback):
     """A server-side callback that kills the server after the clients' turns of one round, before its checkpoint."""
 

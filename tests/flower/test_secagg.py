@@ -187,7 +187,7 @@ def test_other_strategies_are_refused_with_their_name_and_the_compatible_ones(st
     with pytest.raises(ConfigError) as err:
         check_secure_aggregation(strategy)
     message = str(err.value)
-    assert type(strategy).__name__ in message and why in message and "flower.secure_aggregation" in message
+    assert type(strategy).__name__ in message and why in message and "secure-aggregation" in message
     compatible = message.split("need no more: ")[1].split(".")[0].split(", ")
     assert {"FedAvg", "FedProx", "FedBN", "SiloBN", "FedAdam", "FedYogi", "FedAdagrad"} <= set(compatible)
     assert not {"SCAFFOLD", "Krum", "FedSCA", "FedMedian", "FedTrimmedAvg", "FedSLD", "FedDyn", "PGFed", "EPFL",
@@ -215,12 +215,17 @@ def test_options_from_config() -> None:
     assert SecAggOptions.from_config(None) is None and SecAggOptions.from_config(False) is None
     assert SecAggOptions.from_config(True) == SecAggOptions()
     assert SecAggOptions.from_config({"max_weight": 50}).max_weight == 50
+    # the run config's text: `--run-config 'secure-aggregation="{\"max_weight\": 50}"'` or `true`
+    assert SecAggOptions.from_config('{"max_weight": 50}') == SecAggOptions(max_weight=50)
+    assert SecAggOptions.from_config("true") == SecAggOptions() and SecAggOptions.from_config("false") is None
+    with pytest.raises(ConfigError, match="secure-aggregation='max_weight=50' must be true, false or a JSON"):
+        SecAggOptions.from_config("max_weight=50")
     with pytest.raises(ConfigError, match="'num_share' \\(did you mean 'num_shares'\\?\\)"):
         SecAggOptions.from_config({"num_share": 3})
     with pytest.raises(ConfigError) as err:
         SecAggOptions(num_shares=2, reconstruction_threshold=1.5, clipping_range=0, quantization_range=2**31)
     for name in ("num_shares=2", "reconstruction_threshold=1.5", "clipping_range=0", "quantization_range="):
-        assert f"flower.secure_aggregation.{name}" in str(err.value)
+        assert f"secure-aggregation.{name}" in str(err.value)
     with pytest.raises(ConfigError, match="reconstruction_threshold=3 must be below num_shares=3"):
         SecAggOptions(num_shares=3, reconstruction_threshold=3)
 
@@ -327,11 +332,11 @@ def test_a_value_that_would_be_clipped_is_refused_by_its_client() -> None:
     options = SecAggOptions(max_weight=30, clipping_range=1.5)
     turns, _ = _run(["a", "b", "c"], _train({}), options)
     assert isinstance(turns[0], ClientTurn) and isinstance(turns[2], ClientTurn) and isinstance(turns[1], str)
-    assert "tensor 'w' reaches 2.9" in turns[1] and "flower.secure_aggregation.clipping_range=1.5" in turns[1]
+    assert "tensor 'w' reaches 2.9" in turns[1] and "secure-aggregation.clipping_range=1.5" in turns[1]
     assert "above 1.933" in turns[1]
     options = SecAggOptions(max_weight=25)
     turns, _ = _run(["a", "b", "c"], _train({}), options)
-    assert isinstance(turns[2], str) and "30 training examples exceed flower.secure_aggregation.max_weight=25" \
+    assert isinstance(turns[2], str) and "30 training examples exceed secure-aggregation.max_weight=25" \
         in turns[2]
 
 
