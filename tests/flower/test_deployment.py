@@ -177,7 +177,7 @@ def test_secagg_plus_fedavg_deployment_gives_the_simulations_aggregate(tmp_path)
     overrides = OVERRIDES.replace(" --federation.on_client_error skip", "")
     app = write_app(recipe, tmp_path / "app", overrides=overrides, out_dir=str(tmp_path / "deployed"),
                     client_ids=",".join(CLIENTS), connect_timeout=120.0, client_timeout=300.0,
-                    secure_aggregation=True).parent
+                    secure_aggregation='{"max_weight": 200}').parent  # about the clients' sizes: a finer grid
     with _deployment(tmp_path) as env:
         _flwr_run(app, env, tmp_path)
     logs = "".join((tmp_path / f"supernode_{i}.log").read_text() for i in range(len(CLIENTS)))
@@ -189,7 +189,9 @@ def test_secagg_plus_fedavg_deployment_gives_the_simulations_aggregate(tmp_path)
     plain = load_checkpoint(tmp_path / "simulated" / "checkpoints" / "last.ckpt")["strategy"]["global_state"]
     assert set(deployed) == set(plain)
     worst = max(float((deployed[n].double() - plain[n].double()).abs().max()) for n in plain)
-    assert 0 < worst < 1e-4, worst  # not bit-identical (quantized masks), yet the same model
+    # Not bit-identical (SecAgg+ quantizes: at most about 5e-6 per value and round with max_weight 200), yet the
+    # same model: round 2 trains from round 1's slightly different aggregate, which grows the gap (4e-5 measured).
+    assert 0 < worst < 2e-4, worst
     results = json.loads((tmp_path / "deployed" / "results.json").read_text())
     assert results["comm"] == simulated["comm"]
     for client in CLIENTS:
