@@ -389,7 +389,7 @@ class Federation:
                 for server_round in bar:
                     if self.should_stop:
                         break
-                    rounds.run_round(self, server_round, bar)
+                    rounds.run_round(self, server_round)
                 bar.close()
                 if self.should_stop and self.server_round < self.rounds:
                     self.stopped_early = {"round": self.server_round,

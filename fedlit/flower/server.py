@@ -293,8 +293,7 @@ class FlowerExecutor:
         return max([self.resumed_round, *saved])
 
     def _timeout(self, fed: Federation) -> float | None:
-        value = getattr(fed, "client_timeout", None)
-        return float(value) if value is not None else self.timeout
+        return float(fed.client_timeout) if fed.client_timeout is not None else self.timeout
 
     def fit(self, fed: Federation, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn on its node, in task order (an error string for a node that failed or timed out)."""

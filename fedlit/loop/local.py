@@ -75,7 +75,7 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
     """Train ``client_id`` for one round from ``received`` (every shared tensor) and ``received_extras``, the
     client's side of a turn: what runs where the client's data and store entry are."""
     module, fabric, strategy = fed.module, fed.fabric, fed.strategy
-    started, timeout = _clock(), getattr(fed, "client_timeout", None)
+    started, timeout = _clock(), fed.client_timeout
     load_client(fed, client_id, received)
     torch.manual_seed(fed.derive_seed("train", server_round, client_id))
     loader = fed.datamodule.train_dataloader(

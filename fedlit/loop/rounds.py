@@ -55,7 +55,7 @@ def _add_text(fed: Federation, tag: str, table: str) -> None:
             experiment.add_text(tag, table, global_step=fed.server_round)
 
 
-def run_round(fed: Federation, server_round: int, bar: Any) -> None:
+def run_round(fed: Federation, server_round: int) -> None:
     start = time.perf_counter()
     fed.server_round = server_round
     fed.fabric.call("on_round_start", trainer=fed, pl_module=fed.module, server_round=server_round)
@@ -73,7 +73,7 @@ def run_round(fed: Federation, server_round: int, bar: Any) -> None:
         download += turn.download_bytes
         log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
         if turn.problem is not None:
-            kind = getattr(turn, "problem_kind", "non-finite")
+            kind = turn.problem_kind
             faults.append({"round": server_round, "client": client_id, "kind": kind, "detail": turn.problem})
             log[f"client/{client_id}/train/{'timed_out' if kind == 'timeout' else 'quarantined'}"] = 1.0
             continue
