@@ -10,16 +10,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fedlit.core.roles import ParameterRoles, RoleRule
+    from fedlit.core.store import ClientStore
     from fedlit.federation import Federation
     from fedlit.module import FederatedModule
-    from fedlit.roles import ParameterRoles, RoleRule
-    from fedlit.store import ClientStore
     from fedlit.strategies import ClientUpdate, FedAvg, FedBN, FedProx, Local, Strategy
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ClientStore": "fedlit.store",
+    "ClientStore": "fedlit.core.store",
     "ClientUpdate": "fedlit.strategies",
     "FedAvg": "fedlit.strategies",
     "FedBN": "fedlit.strategies",
@@ -27,8 +27,8 @@ _EXPORTS = {
     "FederatedModule": "fedlit.module",
     "Federation": "fedlit.federation",
     "Local": "fedlit.strategies",
-    "ParameterRoles": "fedlit.roles",
-    "RoleRule": "fedlit.roles",
+    "ParameterRoles": "fedlit.core.roles",
+    "RoleRule": "fedlit.core.roles",
     "Strategy": "fedlit.strategies",
 }
 __all__ = [

@@ -15,7 +15,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule
 from typing_extensions import override
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 
 #: The hooks the federated loop calls on callbacks (see docs/concepts.md, "The loop").
 LOOP_HOOKS = frozenset({

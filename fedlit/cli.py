@@ -7,14 +7,14 @@ settings: :class:`~fedlit.federation.Federation`'s keyword arguments) and option
 
 A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``<recipe>_<strategy>``,
 ``--version`` to the next ``version_<n>``), or into ``--out_dir``, which must not hold another run (see
-:mod:`fedlit.rundir`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
+:mod:`fedlit.engine.run_folder`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
 checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
-and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.runnames`; :mod:`fedlit.loop.record` says what a
+and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.config.resolve`; :mod:`fedlit.engine.record` says what a
 run records). ``fedlit cost`` (and ``fit --dry_run``) prints the parameters per role and the bytes a run would
-exchange, before training and without reading data (see :mod:`fedlit.costs`). ``fit --seeds 0 1 2`` runs the recipe
-once per seed (see :mod:`fedlit.seeds`); ``fedlit partition`` builds the data alone and counts and plots it per
-client (see :mod:`fedlit.partition`); ``fedlit report RUN...`` compares finished runs (see :mod:`fedlit.report`).
+exchange, before training and without reading data (see :mod:`fedlit.commands.cost`). ``fit --seeds 0 1 2`` runs the recipe
+once per seed (see :mod:`fedlit.commands.seeds`); ``fedlit partition`` builds the data alone and counts and plots it per
+client (see :mod:`fedlit.commands.partition`); ``fedlit report RUN...`` compares finished runs (see :mod:`fedlit.commands.report`).
 """
 
 from __future__ import annotations
@@ -33,17 +33,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from fedlit import __version__, runnames
-from fedlit.errors import CheckpointError, ConfigError, FedlitError
-from fedlit.rundir import check_run_dir, lock_holder, new_version_dir, run_versions
+from fedlit import __version__
+from fedlit.config import resolve as runnames
+from fedlit.core.errors import CheckpointError, ConfigError, FedlitError
+from fedlit.engine.run_folder import check_run_dir, lock_holder, new_version_dir, run_versions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from fedlit.costs import CostJob
+    from fedlit.commands.cost import CostJob
+    from fedlit.commands.partition import PartitionJob
+    from fedlit.commands.seeds import SeedsJob
     from fedlit.federation import Federation
-    from fedlit.partition import PartitionJob
-    from fedlit.seeds import SeedsJob
 
 # torch, Lightning and the model libraries are imported where they are needed (building the parser of a
 # subcommand, building the objects), so `fedlit --help` and `fedlit --version` answer in a fraction of a second.
@@ -108,15 +109,15 @@ def _subparser(name: str) -> ArgumentParser:
                             help="A finished run of strategy Local on the same data and seed: the report adds each "
                                  "client's test gain over it, with their mean and std (gain_over_local).")
     if name == "partition":
-        from fedlit import partition
+        from fedlit.commands import partition
 
         partition.add_arguments(parser)
     if name in ("fit", "cost"):
-        from fedlit import costs
+        from fedlit.commands import cost as costs
 
         costs.add_arguments(parser, name)
     if name == "fit":
-        from fedlit import seeds
+        from fedlit.commands import seeds
 
         seeds.add_arguments(parser)
     return parser
@@ -152,7 +153,7 @@ def _resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | N
       ``best.ckpt``) of ``--run`` or the folders above; without them a checkpoint file is evaluated in its own
       run folder.
     """
-    from fedlit.checkpoint import LAST
+    from fedlit.core.checkpoint_io import LAST
 
     named = [f"--{key} {cfg[key]}" for key in ("name", "version") if cfg[key] is not None]
     if cfg.out_dir and named:
@@ -241,7 +242,7 @@ def prepare(argv: list[str] | None = None, *, wrap_data: Callable[[Any], Any] | 
     if argv[:1] in (["-h"], ["--help"], ["--version"]):
         build_parser(summary=True).parse_args(argv[:1])  # prints and exits
     if argv[:1] == ["report"]:
-        from fedlit import report
+        from fedlit.commands import report
 
         return lambda: report.main(argv[1:])  # reads run folders only: no recipe, no torch
     if argv[:1] == ["flower-app"]:
@@ -250,12 +251,12 @@ def prepare(argv: list[str] | None = None, *, wrap_data: Callable[[Any], Any] | 
         return lambda: app.main(argv[1:])  # fedlit.flower.app
     from lightning.fabric.utilities.seed import seed_everything
 
-    from fedlit import seeds
+    from fedlit.commands import seeds
+    from fedlit.engine.ranks import launched_rank_zero
     from fedlit.federation import Federation
-    from fedlit.loop.ranks import launched_rank_zero
 
     if seeds.requested(argv):
-        return seeds.prepare(argv)  # one plain fit per seed (fedlit.seeds)
+        return seeds.prepare(argv)  # one plain fit per seed (fedlit.commands.seeds)
     parser = build_parser()
     _precheck(argv)
     cfg = parser.parse_args(runnames.expand_run(argv))
@@ -263,12 +264,12 @@ def prepare(argv: list[str] | None = None, *, wrap_data: Callable[[Any], Any] | 
     if subcommand == "export":
         return _prepare_export(cfg.export)
     if subcommand == "partition":
-        from fedlit import partition
+        from fedlit.commands import partition
 
         return partition.prepare(cfg.partition)  # the data module alone: no model, no run folder
     sub_cfg = cfg[subcommand]
     if subcommand == "cost" or sub_cfg.get("dry_run"):
-        from fedlit import costs
+        from fedlit.commands import cost as costs
 
         return costs.prepare(parser, cfg, subcommand)  # builds no data, writes no run folder
     out_dir, ckpt_path = _resolve_run(sub_cfg, subcommand)
@@ -347,7 +348,7 @@ class _ExportJob:
     out: Path
 
     def __call__(self) -> dict[str, Path]:
-        from fedlit.export import export_federation
+        from fedlit.commands.export import export_federation
 
         written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint)
         print(f"fedlit export: round {self.federation.server_round} of {self.checkpoint}, {len(written)} clients "
@@ -357,7 +358,7 @@ class _ExportJob:
 
 def _prepare_export(cfg: Namespace) -> _ExportJob:
     """Rebuild the run and restore its checkpoint (configuration errors are raised here, as for the others)."""
-    from fedlit.export import checkpoint_of, load_run
+    from fedlit.commands.export import checkpoint_of, load_run
 
     ckpt = checkpoint_of(cfg.run, cfg.ckpt_path)
     clients = [c.strip() for c in cfg.clients.split(",") if c.strip()] if cfg.clients else None
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point.
 
     Errors in the recipe, the command line, the input files or the run folder end with one clear line and exit
-    code 2: anything raised while parsing and building the objects, and :class:`~fedlit.errors.FedlitError`
+    code 2: anything raised while parsing and building the objects, and :class:`~fedlit.core.errors.FedlitError`
     raised while running. Any other exception raised while running (a bug in a custom strategy or module, say)
     keeps its traceback (exit code 1).
     """

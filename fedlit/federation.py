@@ -17,13 +17,13 @@
         on_round_end; checkpoint; stop here if a callback set should_stop (EarlyStopping)
     on_fit_end
 
-One live module is trained; every client's personal tensors live in the :class:`~fedlit.store.ClientStore`.
+One live module is trained; every client's personal tensors live in the :class:`~fedlit.core.store.ClientStore`.
 Each client's local training re-seeds the global and data-loader RNGs from ``(seed, round, client)``, so a run
-does not depend on client order and a resumed run continues exactly. The phases live in :mod:`fedlit.loop`:
-a round in :mod:`~fedlit.loop.rounds`, a client's turn in :mod:`~fedlit.loop.local`, evaluation and the report
-in :mod:`~fedlit.loop.evaluate`, checkpoints and resume checks in :mod:`~fedlit.loop.state`; where the clients'
+does not depend on client order and a resumed run continues exactly. The phases live in :mod:`fedlit.engine`:
+a round in :mod:`~fedlit.engine.rounds`, a client's turn in :mod:`~fedlit.engine.client`, evaluation and the report
+in :mod:`~fedlit.engine.evaluate`, checkpoints and resume checks in :mod:`~fedlit.engine.resume`; where the clients'
 turns run (this process, the ranks of a multi-device run, a Flower deployment) is ``Federation.executor``
-(:mod:`~fedlit.loop.executor`).
+(:mod:`~fedlit.engine.executor`).
 """
 
 from __future__ import annotations
@@ -41,19 +41,20 @@ from lightning.fabric.loggers import Logger, TensorBoardLogger
 from lightning.pytorch import Callback
 from tqdm.auto import tqdm
 
-from fedlit import baseline
 from fedlit.callbacks import check_callbacks
-from fedlit.checkpoint import load_checkpoint
+from fedlit.core.checkpoint_io import load_checkpoint
+from fedlit.core.errors import ConfigError
+from fedlit.core.store import ClientStore
 from fedlit.data import FederatedDataModule
-from fedlit.errors import ConfigError
-from fedlit.evaluation import EvaluationHistory
-from fedlit.loop import energy, local, optim, ranks, record, rounds, state
-from fedlit.loop import evaluate as evaluation
-from fedlit.loop.executor import LocalExecutor
-from fedlit.loop.ranks import RankExecutor
+from fedlit.engine import baseline, energy, optim, ranks, record, rounds
+from fedlit.engine import client as local
+from fedlit.engine import evaluate as evaluation
+from fedlit.engine import resume as state
+from fedlit.engine.executor import LocalExecutor
+from fedlit.engine.history import EvaluationHistory
+from fedlit.engine.ranks import RankExecutor
+from fedlit.engine.run_folder import claim_run_dir
 from fedlit.module import FederatedModule
-from fedlit.rundir import claim_run_dir
-from fedlit.store import ClientStore
 from fedlit.strategies.base import Strategy
 
 
@@ -97,7 +98,7 @@ class Federation:
         devices: Fabric devices: the processes per node. More than one process in all (``devices`` x
             ``num_nodes``) shards the *clients* over the ranks, each rank training and evaluating the clients it
             owns (balanced by train-split size) on one unwrapped module, the uploads gathered on every rank before
-            the same aggregation (no DDP; see :mod:`fedlit.loop.ranks`). Results do not depend on the number of
+            the same aggregation (no DDP; see :mod:`fedlit.engine.ranks`). Results do not depend on the number of
             processes.
         num_nodes: Fabric nodes (machines) of a multi-node run, ``devices`` processes each (torchrun or SLURM's
             ``srun`` start them; see ``docs/deployment.md``).
@@ -125,7 +126,7 @@ class Federation:
             client ids, or an int k for the last k clients that would train; None (the default) holds out none.
             They never train nor count in the per-round means; at the final test they are evaluated with what the
             strategy sends a new client, and after ``unseen_finetune_steps`` local steps from it (see
-            :mod:`fedlit.loop.evaluate`).
+            :mod:`fedlit.engine.evaluate`).
         unseen_finetune_steps: Local optimizer steps an unseen client takes on its own train split from the model
             it receives before its second test (0, the default: no fine-tuned test).
     """
@@ -205,7 +206,7 @@ class Federation:
         self.unseen_clients = list(unseen_clients) if isinstance(unseen_clients, list) else unseen_clients
         self.unseen_finetune_steps = unseen_finetune_steps
         #: A finished run of the Local strategy on the same data and seed: the report adds each client's gain over
-        #: it (:mod:`fedlit.baseline`); set by ``fedlit fit --baseline_run``.
+        #: it (:mod:`fedlit.engine.baseline`); set by ``fedlit fit --baseline_run``.
         self.baseline_run: Path | None = None
         self.out_dir = Path(out_dir)
         self.config = dict(config or {})
@@ -216,7 +217,7 @@ class Federation:
                              loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
                              if loggers is None else list(loggers))
         self.store = ClientStore(store_device)
-        #: Where the clients' turns and evaluations run (:mod:`fedlit.loop.executor`): this process by default.
+        #: Where the clients' turns and evaluations run (:mod:`fedlit.engine.executor`): this process by default.
         self.executor: Any = LocalExecutor()
         self.history = EvaluationHistory(selection_metric, module.higher_is_better)
         self.server_round = 0
@@ -224,7 +225,7 @@ class Federation:
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
         self.lr_schedule: optim.RoundSchedule | None = None  # the module's schedule of interval "round"
-        self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.loop.record)
+        self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.engine.record)
         self._wrapped: Any = None
         self._launched = False
         self._active_hooks: set[str] = set()
@@ -365,7 +366,7 @@ class Federation:
     def fit(self, ckpt_path: str | Path | None = None) -> dict[str, Any]:
         """Run the remaining rounds (all of them, or those after ``ckpt_path``) and return the test results.
 
-        The run holds ``out_dir`` (see :mod:`fedlit.rundir`) from start to end: a fresh fit refuses a folder that
+        The run holds ``out_dir`` (see :mod:`fedlit.engine.run_folder`) from start to end: a fresh fit refuses a folder that
         already holds a run, and any fit refuses a folder that another live run holds.
         """
         self.launch()
@@ -424,7 +425,7 @@ class Federation:
         return derive_seed(self.seed, *parts)
 
     def fit_client(self, server_round: int, client_id: str) -> local.ClientTurn:
-        """Train one client for one round (:func:`fedlit.loop.local.fit_client`)."""
+        """Train one client for one round (:func:`fedlit.engine.client.fit_client`)."""
         return local.fit_client(self, server_round, client_id)
 
     # ---------------------------------------------------------------------------------------- evaluation
@@ -444,7 +445,7 @@ class Federation:
         return evaluation.report(self)
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Write everything needed to continue this run exactly (:func:`fedlit.loop.state.save`)."""
+        """Write everything needed to continue this run exactly (:func:`fedlit.engine.resume.save`)."""
         return state.save(self, path)
 
 

@@ -10,8 +10,8 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from fedlit.errors import ConfigError
-from fedlit.roles import ParameterRoles, RoleRule
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles, RoleRule
 
 
 class FederatedModule(LightningModule):
@@ -140,7 +140,7 @@ class FederatedModule(LightningModule):
         scheduler if one is configured (Lightning's dict form, its ``interval`` being ``round`` or ``step``).
 
         A subclass may override this and return an optimizer, or ``{"optimizer": opt, "lr_scheduler":
-        {"scheduler": sched, "interval": "round" | "step"}}`` (see :mod:`fedlit.loop.optim`).
+        {"scheduler": sched, "interval": "round" | "step"}}`` (see :mod:`fedlit.engine.optim`).
         """
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:

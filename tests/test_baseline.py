@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from fedlit.baseline import LOCAL, gain_over_local, load
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
+from fedlit.engine.baseline import LOCAL, gain_over_local, load
 from fedlit.strategies import FedAvg
 from tests.conftest import TinyTabular, make_federation
 

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from fedlit import Federation, Local, RoleRule
 from fedlit.callbacks import EarlyStopping, check_callbacks
 from fedlit.cli import main, prepare
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.models import Backbone
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyTabular

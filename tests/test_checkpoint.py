@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlit import checkpoint
-from fedlit.checkpoint import load_checkpoint, save_checkpoint
-from fedlit.errors import CheckpointError, RunDirError
+from fedlit.core import checkpoint_io as checkpoint
+from fedlit.core.checkpoint_io import load_checkpoint, save_checkpoint
+from fedlit.core.errors import CheckpointError, RunDirError
 
 
 class NotData:

@@ -9,7 +9,7 @@ import pytest
 from torch import nn
 
 from fedlit import RoleRule, cli
-from fedlit.costs import estimate_costs
+from fedlit.commands.cost import estimate_costs
 from fedlit.models import Backbone
 from fedlit.strategies import FedAvg, FedSCA
 from fedlit.tasks import ClassificationModule

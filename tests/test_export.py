@@ -16,11 +16,11 @@ from safetensors.torch import load_file, save_file
 
 from fedlit import FedBN
 from fedlit.cli import main, run
+from fedlit.commands.export import export_federation, load_export
+from fedlit.core.errors import CheckpointError, ConfigError
+from fedlit.core.roles import RoleRule
 from fedlit.data import SyntheticImages
-from fedlit.errors import CheckpointError, ConfigError
-from fedlit.export import export_federation, load_export
 from fedlit.models import LoRA, SmallCNN, TimmBackbone
-from fedlit.roles import RoleRule
 from fedlit.tasks import ClassificationModule
 from tests.conftest import make_federation
 
@@ -195,7 +195,7 @@ def test_a_bert_adapter_is_relative_to_the_transformers_model(tmp_path):
     from peft import PeftModel
     from transformers import BertConfig, BertModel
 
-    from fedlit.export import _peft_modules, _save_adapters
+    from fedlit.commands.export import _peft_modules, _save_adapters
     from fedlit.models import HFEncoder, tiny_bert_config
 
     module = _fresh(lambda: ClassificationModule(backbone=HFEncoder(config=tiny_bert_config(), lora=LoRA(r=2)),

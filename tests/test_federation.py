@@ -186,7 +186,7 @@ def test_resume_refuses_another_frozen_backbone(tmp_path):
 
 
 def test_a_second_fresh_fit_into_the_same_folder_is_refused_and_keeps_the_first(tmp_path):
-    from fedlit.errors import RunDirError
+    from fedlit.core.errors import RunDirError
 
     make(tmp_path, FedAvg(), rounds=1).fit()
     first = (tmp_path / "results.json").read_bytes()
@@ -197,8 +197,8 @@ def test_a_second_fresh_fit_into_the_same_folder_is_refused_and_keeps_the_first(
 
 
 def test_a_folder_held_by_a_live_run_is_refused_even_on_resume(tmp_path):
-    from fedlit.errors import RunDirError
-    from fedlit.rundir import claim_run_dir
+    from fedlit.core.errors import RunDirError
+    from fedlit.engine.run_folder import claim_run_dir
 
     make(tmp_path, FedAvg(), rounds=1).fit()
     with claim_run_dir(tmp_path, resume=True), pytest.raises(RunDirError, match="wait for that run to end"):

@@ -18,7 +18,7 @@ from torch import nn
 
 from fedlit import FedAvg, FedBN, Federation, FedProx, Local, RoleRule
 from fedlit.cli import prepare
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.federation import derive_seed
 from fedlit.models import Backbone
 from fedlit.privacy import ClientLevelDP, SampleLevelDP, clip_and_noise, clip_update, gaussian_noise

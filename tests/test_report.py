@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fedlit import report
 from fedlit.cli import run as cli_run
-from fedlit.errors import ConfigError, DataError
+from fedlit.commands import report
+from fedlit.core.errors import ConfigError, DataError
 
 LOCAL = "fedlit.strategies.local.Local"
 FEDAVG = "fedlit.strategies.fedavg.FedAvg"

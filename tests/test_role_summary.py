@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from fedlit import FedBN, RoleRule
 from fedlit.cli import prepare
-from fedlit.roles import ParameterRoles, role_summary
+from fedlit.core.roles import ParameterRoles, role_summary
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyMLP, make_federation
 

@@ -1,7 +1,7 @@
 import pytest
 from torch import nn
 
-from fedlit.roles import ParameterRoles, RoleRule
+from fedlit.core.roles import ParameterRoles, RoleRule
 
 
 class Net(nn.Module):

@@ -1,4 +1,4 @@
-"""Normalization layers are found by class, by class name and by structure (fedlit.roles.is_norm_module)."""
+"""Normalization layers are found by class, by class name and by structure (fedlit.core.roles.is_norm_module)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from timm.layers import LayerNorm2d, LayerScale, RmsNorm
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from fedlit.roles import ParameterRoles, is_norm_module
+from fedlit.core.roles import ParameterRoles, is_norm_module
 from fedlit.strategies import FedBN, SiloBN
 
 

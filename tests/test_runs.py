@@ -16,8 +16,8 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from fedlit.loop.hparams import hparams
-from fedlit.loop.record import git_state
+from fedlit.engine.hparams import hparams
+from fedlit.engine.record import git_state
 from fedlit.strategies import FedAvg, FedProx
 from tests.conftest import TinyTabular, make_federation
 

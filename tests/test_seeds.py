@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedlit.cli import main, run
-from fedlit.seeds import split_seeds
+from fedlit.commands.seeds import split_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--federation.progress_bar", "false",

@@ -1,6 +1,6 @@
 import torch
 
-from fedlit.store import ClientStore
+from fedlit.core.store import ClientStore
 
 
 def test_clients_start_from_the_template_and_keep_their_own_state():

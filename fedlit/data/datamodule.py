@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fedlit.core.errors import DataError
 from fedlit.data.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
 from fedlit.data.splits import SPLITS, split_problems
-from fedlit.errors import DataError
 
 #: A data set's task: one of :data:`CLASSIFICATION_TASKS`, ``"survival"``, ``"regression"`` or any other name
 #: that a module accepts (``FederatedModule.accepted_tasks``).

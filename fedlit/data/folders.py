@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedlit.core.errors import DataError
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import (
     Compose,
@@ -24,7 +25,6 @@ from fedlit.data.samples import (
     split_samples,
 )
 from fedlit.data.splits import SPLITS, check_split_fractions
-from fedlit.errors import DataError
 
 _OPTION = "data.init_args"
 

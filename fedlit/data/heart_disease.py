@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fedlit.core.errors import DataError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData
 from fedlit.data.splits import stratified_split
-from fedlit.errors import DataError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
 from fedlit.data.partition import Dirichlet, Partitioner
 from fedlit.data.splits import check_split_fractions, split_clients
-from fedlit.errors import ConfigError, DataError
 
 TEXT_FILE = "medical_tc_test.csv"
 LABELS_FILE = "medical_tc_labels.csv"

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedlit.core.errors import DataError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, TaskType
 from fedlit.data.partition import Dirichlet, Partitioner
 from fedlit.data.splits import check_split_fractions, split_clients
-from fedlit.errors import DataError
 
 _SPLITS = ("train", "val", "test")
 _KEYS = tuple(f"{split}_{kind}" for split in _SPLITS for kind in ("images", "labels"))

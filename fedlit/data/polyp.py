@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import SampleList, is_image
 from fedlit.data.segmentation_sites import (
@@ -27,7 +28,6 @@ from fedlit.data.segmentation_sites import (
     segmentation_option_problems,
 )
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
-from fedlit.errors import ConfigError, DataError
 
 _OPTION = "data.init_args"
 _SOURCE = ("Get PraNet's TrainDataset and TestDataset (Fan et al., \"PraNet: Parallel Reverse Attention Network for "

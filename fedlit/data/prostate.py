@@ -6,11 +6,11 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.samples import SampleList
 from fedlit.data.segmentation_sites import FedProstateSlices
-from fedlit.errors import ConfigError, DataError
 
 _OPTION = "data.init_args"
 _LAYOUTS = ("auto", "volumes", "slices")

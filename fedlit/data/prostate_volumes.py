@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import SampleList
 from fedlit.data.segmentation_sites import (
@@ -30,7 +31,6 @@ from fedlit.data.segmentation_sites import (
     segmentation_option_problems,
 )
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
-from fedlit.errors import ConfigError, DataError
 
 _OPTION = "data.init_args"
 # CaseXX.nii.gz (image) and CaseXX_segmentation.nii.gz / CaseXX_Segmentation.nii.gz (mask); .nii too.

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from fedlit.core.errors import DataError
 from fedlit.data.splits import SPLITS, split_problems, stratified_split
-from fedlit.errors import DataError
 
 CLASSIFICATION = ("multiclass", "binary", "multilabel")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp")

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import Compose, SampleList, is_image
-from fedlit.errors import ConfigError, DataError
 
 _OPTION = "data.init_args"
 

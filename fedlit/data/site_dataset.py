@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from fedlit.core.errors import DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import SampleList, TransformSpec, class_sort_key, make_transform, split_samples
 from fedlit.data.splits import check_split_fractions
-from fedlit.errors import DataError
 
 _OPTION = "data.init_args"
 

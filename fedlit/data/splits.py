@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedlit.errors import DataError
+from fedlit.core.errors import DataError
 
 SPLITS = ("train", "val", "test")
 

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedlit.core.errors import DataError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData
 from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
 from fedlit.data.splits import check_split_fractions
-from fedlit.errors import DataError
 
 _OPTION = "data.init_args"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import tomli_w
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.flower.server import RUN_CONFIG
 
 FLWR_REQUIREMENT = "flwr>=1.40,<1.42"

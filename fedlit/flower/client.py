@@ -6,7 +6,7 @@ recipe's objects again (:class:`ClientRuntime`: model, data, strategy and callba
 overrides as the server, a :class:`~fedlit.federation.Federation` with the local executor that never fits by
 itself), restores the client's store entry (its personal tensors, optimizer state and the per-client state of the
 strategy and callbacks), answers, and saves the entry again. Nothing is cached in globals that a new process
-would need. The entry (a ``torch.save`` of :meth:`~fedlit.store.ClientStore.client_state`, loaded with
+would need. The entry (a ``torch.save`` of :meth:`~fedlit.core.store.ClientStore.client_state`, loaded with
 ``weights_only=True``) is kept per round (:class:`Snapshots`, so a resumed server finds the state of its
 checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the node is started with
 ``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives the
@@ -23,10 +23,10 @@ site only.
 Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
 
 - ``query``: the client's id, whether it trains, its split sizes, class counts and manifest entry;
-- ``train``: :meth:`ClientRuntime.train` (:func:`fedlit.loop.local.train_client` on what the server sent);
+- ``train``: :meth:`ClientRuntime.train` (:func:`fedlit.engine.client.train_client` on what the server sent);
   replies the update's shared tensors, extras, metrics, ``num_examples``, the download bytes and the ``problem``
   of a quarantined turn, or ``error`` with what the turn raised;
-- ``evaluate``: :func:`fedlit.loop.executor.run_evaluate_task`; replies the metrics per split.
+- ``evaluate``: :func:`fedlit.engine.executor.run_evaluate_task`; replies the metrics per split.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import Tensor
 
-from fedlit.errors import ConfigError, DataError
+from fedlit.core.errors import ConfigError, DataError
+from fedlit.engine import client as local
+from fedlit.engine.executor import EvaluateTask, run_evaluate_task
 from fedlit.flower import codec, secagg
-from fedlit.loop import local
-from fedlit.loop.executor import EvaluateTask, run_evaluate_task
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -333,7 +333,7 @@ class ClientRuntime:
 
 
 def encode_turn(turn: local.ClientTurn) -> RecordDict:
-    """A :class:`~fedlit.loop.local.ClientTurn` as a reply's content."""
+    """A :class:`~fedlit.engine.client.ClientTurn` as a reply's content."""
     update = turn.update
     content = RecordDict({"turn": ConfigRecord({
         "client-id": update.client_id, "num-examples": int(update.num_examples),

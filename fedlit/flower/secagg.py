@@ -79,16 +79,16 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 from torch import Tensor
 
-from fedlit.errors import ConfigError
-from fedlit.loop.local import ClientTurn
+from fedlit.core.errors import ConfigError
+from fedlit.engine.client import ClientTurn
 from fedlit.strategies.aggregators import WeightedMeanAggregator
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
+    from fedlit.engine.executor import FitTask
     from fedlit.federation import Federation
-    from fedlit.loop.executor import FitTask
 
 OPTION = "secure-aggregation"
 #: The masks' modulus (Flower's ``modulus_range``): sums of quantized values must stay below it.
@@ -511,7 +511,7 @@ def handle_secure_train(msg: Message, context: Context, train: TrainFn) -> Messa
     """Train the client named in ``msg`` and reply with its FitRes, for ``secaggplus_mod`` to mask.
 
     ``train(client_id, server_round, received, received_extras)`` runs the client's turn (fedlit's
-    :func:`~fedlit.loop.local.train_client` where the client lives). The reply's parameters are the client's
+    :func:`~fedlit.engine.client.train_client` where the client lives). The reply's parameters are the client's
     floating shared tensors in the order the server named them (float64), ``num_examples`` its count, metrics its
     ``loss`` and ``steps`` and its integer tensors (in the clear). A turn that raised, is quarantined, uploads
     extras or would be clipped raises :class:`SecureTrainFault` instead: the client drops out of the round.

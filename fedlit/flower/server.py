@@ -10,9 +10,9 @@ does (same parser, seed, model, strategy, callbacks, out_dir, resume), with two 
   recipe's data section's ``expected_num_clients()``), and stops with the missing clients named after
   ``connect-timeout`` seconds.
 - ``fed.executor`` is a :class:`FlowerExecutor`: each client's turn (or evaluation) is one message to the node
-  that holds it, with what the strategy computed on the server (:class:`~fedlit.loop.executor.FitTask`); the
-  replies are decoded into :class:`~fedlit.loop.local.ClientTurn` and
-  :class:`~fedlit.loop.executor.EvaluateResult`, in task order.
+  that holds it, with what the strategy computed on the server (:class:`~fedlit.engine.executor.FitTask`); the
+  replies are decoded into :class:`~fedlit.engine.client.ClientTurn` and
+  :class:`~fedlit.engine.executor.EvaluateResult`, in task order.
 
 Everything else (selection, aggregation, server state, evaluation bookkeeping, history, ``metrics.csv``,
 ``results.json``, TensorBoard, checkpoints, resume with ``ckpt-path``) is the unchanged loop; communication is
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedlit.errors import ConfigError, DataError, FedlitError
+from fedlit.core.errors import ConfigError, DataError, FedlitError
+from fedlit.engine.client import ClientTurn
+from fedlit.engine.executor import EvaluateResult, EvaluateTask, FitTask
 from fedlit.flower import codec, secagg
-from fedlit.loop.executor import EvaluateResult, EvaluateTask, FitTask
-from fedlit.loop.local import ClientTurn
 from fedlit.strategies.base import ClientUpdate
 
 if TYPE_CHECKING:

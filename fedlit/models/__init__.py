@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fedlit.models.backbones import MLP, Backbone, Identity, SmallCNN, TimmBackbone
-    from fedlit.models.checkpoints import LoadReport, load_checkpoint, read_state_dict
     from fedlit.models.hf import HFEncoder, TransformersEncoder, tiny_bert_config
     from fedlit.models.lora import LoRA
+    from fedlit.models.pretrained import LoadReport, load_checkpoint, read_state_dict
     from fedlit.models.registry import list_models, register_model
     from fedlit.models.sam_adapter import SamAdapter
     from fedlit.models.unet import SegmentationNetwork, SmpUnet, TinyUNet

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from fedlit.errors import ConfigError
-from fedlit.models.checkpoints import CHECKPOINT_SUFFIXES, load_checkpoint
+from fedlit.core.errors import ConfigError
 from fedlit.models.lora import LoRA
+from fedlit.models.pretrained import CHECKPOINT_SUFFIXES, load_checkpoint
 from fedlit.models.weights import PRETRAINED, check_weights_name, resolve_weights
 
 __all__ = ["Backbone", "Identity", "SmallCNN", "TimmBackbone"]

@@ -55,10 +55,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fedlit.errors import CheckpointError, ConfigError, DataError
+from fedlit.core.errors import CheckpointError, ConfigError, DataError
+from fedlit.core.roles import RoleRule
 from fedlit.models.dry import weight_loading_enabled
 from fedlit.models.unet import SegmentationNetwork
-from fedlit.roles import RoleRule
 
 __all__ = ["VARIANTS", "Adapter", "AdapterBlock", "SamAdapter", "SamAdapterNet", "SamLoadReport",
            "load_sam_checkpoint", "resize_pos_embed", "resize_rel_pos"]
@@ -419,7 +419,7 @@ def load_sam_checkpoint(net: SamAdapterNet, path: str | Path) -> SamLoadReport:
         ConfigError: The file does not exist.
         CheckpointError: It cannot be read, or a shape differs in a way interpolation cannot explain.
     """
-    from fedlit.models.checkpoints import read_state_dict
+    from fedlit.models.pretrained import read_state_dict
 
     path = Path(path).expanduser()
     if not path.is_file():

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 
 
 class SegmentationNetwork(ABC):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 
 __all__ = [
     "PRETRAINED",

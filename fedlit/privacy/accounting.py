@@ -6,7 +6,7 @@ import math
 import warnings
 from typing import Any
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 
 ACCOUNTANT = "opacus.accountants.RDPAccountant"
 INSTALL = "pip install 'fedlit[privacy]' (or pip install opacus)"

@@ -13,7 +13,7 @@ from lightning.pytorch import Callback
 from torch import Tensor
 from typing_extensions import override
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.privacy.accounting import ACCOUNTANT, check_settings, rdp_accountant, warn_uncovered
 
 if TYPE_CHECKING:

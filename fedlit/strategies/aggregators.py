@@ -32,7 +32,7 @@ from typing import Any
 
 from torch import Tensor
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies import functional as F
 
 OPTION = "strategy.init_args.aggregator.init_args"

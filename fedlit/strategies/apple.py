@@ -68,7 +68,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 

@@ -23,7 +23,7 @@ Side effects use Lightning's callback hooks, called by the federation with keywo
   in ``client_state`` into the live module (APPLE's personalized model, FedMetaMed's personal model)
 
 ``trainer`` is the :class:`~fedlit.federation.Federation`, ``pl_module`` the live client module and
-``client_state`` a dict persisted per client in the :class:`~fedlit.store.ClientStore` under the callback's
+``client_state`` a dict persisted per client in the :class:`~fedlit.core.store.ClientStore` under the callback's
 ``state_key``. Server state goes through ``state_dict()`` / ``load_state_dict()`` and is checkpointed.
 """
 
@@ -39,7 +39,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
-from fedlit.roles import ParameterRoles
+from fedlit.core.roles import ParameterRoles
 
 
 @dataclass
@@ -180,7 +180,7 @@ class Strategy(Callback, abc.ABC):
         server also keeps a global one (PGFed's ``theta_glob``, EPFL's mean A, APPLE's p0-mix of the cores,
         FedMetaMed's deputy), returns the global shared tensors here: every evaluation then also evaluates each
         client with them (its personal tensors kept), reported under ``global/...`` (see
-        :mod:`fedlit.loop.evaluate`). Default: None, for strategies whose evaluated model already is the global
+        :mod:`fedlit.engine.evaluate`). Default: None, for strategies whose evaluated model already is the global
         one (the two evaluations would be identical)."""
         return None
 

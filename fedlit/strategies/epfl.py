@@ -59,8 +59,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError
-from fedlit.roles import ParameterRoles
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregators import Aggregator, WeightedMeanAggregator
 from fedlit.strategies.base import ClientUpdate, Strategy
 

@@ -6,7 +6,7 @@ ICLR 2021. https://arxiv.org/abs/2102.07623
 Algorithm 1: clients keep their normalization layers local; the server averages everything else as FedAvg
 (``w_{t+1} = sum_k (n_k / n) w^k`` for non-BN tensors only).
 
-"Normalization" covers every layer :func:`fedlit.roles.is_norm_module` recognises, parameters and buffers (running
+"Normalization" covers every layer :func:`fedlit.core.roles.is_norm_module` recognises, parameters and buffers (running
 statistics): torch's BatchNorm, InstanceNorm, GroupNorm, LayerNorm and RMSNorm, and custom classes found by name
 and structure (transformers' ``T5LayerNorm``, ``LlamaRMSNorm``, SAM's ``LayerNorm2d``). Deviation: the paper names
 BN only; a transformer's LayerNorm plays the same role and is kept local too. When the model has no trainable
@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from fedlit.roles import ParameterRoles
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies.fedavg import FedAvg
 
 
@@ -35,7 +35,7 @@ def warn_without_trainable_norm(strategy: str, like: str, pl_module: Any, statis
                                         else "")
     kinds = sorted({type(m).__name__ for _, m in pl_module.named_modules() if _ and "norm" in type(m).__name__.lower()})
     why = "frozen, without running statistics, or" if statistics else "frozen or"
-    found = (f"its normalization-like modules {kinds[:5]} are {why} not recognised by fedlit.roles.is_norm_module"
+    found = (f"its normalization-like modules {kinds[:5]} are {why} not recognised by fedlit.core.roles.is_norm_module"
              if kinds else "it has no normalization-like module")
     what = "statistics" if statistics else "layer"
     warnings.warn(

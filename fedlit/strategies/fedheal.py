@@ -49,7 +49,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 

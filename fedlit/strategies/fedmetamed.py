@@ -54,7 +54,7 @@ Deviation: the defaults are the paper's (``L`` 0.26 -> 0.55, ``alpha1 = 0.6``, `
 0.7 -> 0.95, 0.7 and 0.9 (all arguments). Deviation: F1 is measured on the client's validation split
 (``f1_split="val"``); the code measures it on the training loader (``f1_split="train"``, without shuffling).
 Deviation: which tensors are transformed is decided by shape (4-D: conv, 2-D: matrix, other shared tensors
-averaged) and normalization by :func:`fedlit.roles.is_norm_module`, where the code matches names containing
+averaged) and normalization by :func:`fedlit.core.roles.is_norm_module`, where the code matches names containing
 ``conv``, ``linear`` and ``bn``. Deviation: the code's mean is uniform over its 4 clients, all trained every round;
 here the mean runs over the round's clients (``weighting="uniform"``, or ``num_examples``), a client receives its
 mix from its last round, and one that has not trained yet receives ``global_state`` (the round's mean of every
@@ -76,8 +76,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedlit.errors import ConfigError, DataError
-from fedlit.roles import ParameterRoles
+from fedlit.core.errors import ConfigError, DataError
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 

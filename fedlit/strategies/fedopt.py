@@ -41,7 +41,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.base import ClientUpdate
 from fedlit.strategies.fedavg import FedAvg

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg

@@ -20,7 +20,7 @@ Symbols -> code: ``M_k`` -> :meth:`FedRA.allocation` (sorted block indices); ``c
 
 What a block is: the shared tensors of the adapters (:func:`fedlit.strategies.fedsca.adapter_prefixes`: module
 paths with ``adapter`` in a component, any case) and of LoRA (``lora_`` in the name), grouped by the layer index
-that :class:`fedlit.roles.RoleRule` reads (the first ``.N.`` of the name: ``blocks.3.attn.qkv.lora_A...`` is block 3);
+that :class:`fedlit.core.roles.RoleRule` reads (the first ``.N.`` of the name: ``blocks.3.attn.qkv.lora_A...`` is block 3);
 ``block_tensors="indexed"`` takes every shared tensor with a layer index instead. Shared tensors outside the blocks
 (the head, a final norm, tensors without a layer index) go to and come back from every client.
 
@@ -53,8 +53,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from fedlit.errors import ConfigError
-from fedlit.roles import RoleRule
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import RoleRule
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.fedsca import adapter_prefixes

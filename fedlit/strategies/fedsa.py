@@ -13,7 +13,7 @@ Medical-SAM-Adapter's ``D_fc1`` / ``D_fc2``), the down projection plays A's part
 projection is shared, the up projection personal. The classification head stays personal too.
 
 Symbols -> code: ``A_k`` -> ``update.state`` (everything still shared after :meth:`FedSA.configure_roles`); ``B_k``
-and the head -> the client's ``personal`` tensors in the :class:`~fedlit.store.ClientStore`; ``n_k`` ->
+and the head -> the client's ``personal`` tensors in the :class:`~fedlit.core.store.ClientStore`; ``n_k`` ->
 ``update.num_examples``; the mean -> :class:`~fedlit.strategies.fedavg.FedAvg`'s aggregator.
 
 What stays personal is a list of name patterns (``personal_patterns``, fnmatch, or a regular expression after
@@ -34,8 +34,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from fedlit.errors import ConfigError
-from fedlit.roles import ParameterRoles
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedsca import _in_adapter, adapter_prefixes

@@ -26,7 +26,7 @@ one. Distances are unbounded, so ``normalize_distances=True`` divides them by th
 
 What an adapter is: the module path up to the first dotted component of a tensor's name that contains
 ``adapter`` (any case: ``blocks.3.Space_Adapter``, ``layers.0.mlp_adapter``); its depth is the layer index that
-:class:`fedlit.roles.RoleRule` reads (the first ``.N.`` of the name), adapters of one layer in model order
+:class:`fedlit.core.roles.RoleRule` reads (the first ``.N.`` of the name), adapters of one layer in model order
 (Medical-SAM-Adapter: the space adapter, then the MLP adapter, of block 0 first). Only adapters whose tensors are
 ``shared`` under the model's roles count; frozen ones stay frozen.
 
@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError
-from fedlit.roles import ParameterRoles, RoleRule
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 

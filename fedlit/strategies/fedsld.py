@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError, DataError
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.strategies import functional as F
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fedlit.roles import ParameterRoles
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies.base import ClientUpdate, Strategy
 
 

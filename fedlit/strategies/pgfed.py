@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 

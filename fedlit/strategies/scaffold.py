@@ -13,7 +13,7 @@ Algorithm 1, control variates option II (Section 4, Eqs. 3-5):
 
 Symbols -> code: ``x`` -> ``self.global_state``; ``c`` -> ``self.c`` (server state, sent with
 ``configure_client_extras`` and counted as download); ``c_i`` -> ``client_state["c_i"]`` (per client in the
-:class:`~fedlit.store.ClientStore`, zero until the client first trains); ``y_i`` -> ``update.state``;
+:class:`~fedlit.core.store.ClientStore`, zero until the client first trains); ``y_i`` -> ``update.state``;
 ``delta c_i`` -> ``update.extras["delta_c"]`` (counted as upload); ``eta_l`` -> the learning rate of each
 parameter's group in the optimizer the hook receives; ``K eta_l`` -> the sum of those rates over the K local steps
 that happened (``K`` = ``update.metrics["steps"]``: a step that 16-bit mixed precision's gradient scaler skipped
@@ -52,7 +52,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies import functional as F
 from fedlit.strategies.base import ClientUpdate, Strategy
 

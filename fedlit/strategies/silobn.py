@@ -12,7 +12,7 @@ Symbols -> code: ``mu_k, sigma_k^2`` -> the normalization buffers ``running_mean
 ``num_batches_tracked``), made ``personal``; ``gamma, beta`` -> the normalization parameters ``weight``,
 ``bias``, left ``shared``; ``w^k`` -> ``update.state``; ``n_k`` -> ``update.num_examples``.
 
-"Normalization" covers the layers :func:`fedlit.roles.is_norm_module` recognises (BatchNorm, InstanceNorm,
+"Normalization" covers the layers :func:`fedlit.core.roles.is_norm_module` recognises (BatchNorm, InstanceNorm,
 GroupNorm, LayerNorm, custom norm classes by name and structure); only those with buffers (BatchNorm,
 InstanceNorm with running statistics) have statistics to keep local, so for GroupNorm/LayerNorm SiloBN equals
 FedAvg, and it warns at fit start. Frozen normalization layers (a frozen pretrained backbone) stay frozen.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.roles import ParameterRoles
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedbn import warn_without_trainable_norm
 

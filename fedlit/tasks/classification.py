@@ -11,9 +11,9 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from fedlit.core.roles import RoleRule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
-from fedlit.roles import RoleRule
 
 Task = Literal["multiclass", "binary", "multilabel"]
 METRICS = ("accuracy", "balanced_accuracy", "f1", "auroc", "auprc")

@@ -27,10 +27,10 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch.nn import functional as F
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import RoleRule
 from fedlit.models.unet import SegmentationNetwork
 from fedlit.module import FederatedModule
-from fedlit.roles import RoleRule
 
 LOSSES = ("bce", "dice", "bce+dice")
 

@@ -30,9 +30,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from fedlit.core.roles import RoleRule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
-from fedlit.roles import RoleRule
 
 
 def cox_loss(risk: Tensor, time: Tensor, event: Tensor) -> Tensor:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedlit.core.errors import DataError
 from fedlit.data import FederatedDataModule, FedHeartDisease, MedMNIST, PartitionedData
 from fedlit.data.heart_disease import FILES
-from fedlit.errors import DataError
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 HEART = SHARED_DATA / "heart_disease"

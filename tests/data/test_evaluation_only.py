@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import Dataset
 
 from fedlit import FedAvg, Federation
+from fedlit.core.errors import DataError
 from fedlit.data import FederatedDataModule, SampleList
 from fedlit.data.site_dataset import DatasetInput
-from fedlit.errors import DataError
 from fedlit.models import MLP
 from fedlit.tasks import ClassificationModule
 

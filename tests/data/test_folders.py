@@ -13,8 +13,8 @@ from PIL import Image
 from torch import nn
 
 from fedlit.cli import run
+from fedlit.core.errors import DataError
 from fedlit.data import SiteFolders
-from fedlit.errors import DataError
 
 # site -> class -> number of images; site_c lists its images in a labels.csv instead of class folders.
 COUNTS = {"site_a": {"benign": 8, "malignant": 4}, "site_b": {"benign": 6, "malignant": 6},

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data import IID, MedicalAbstracts
-from fedlit.errors import ConfigError, DataError
 from fedlit.models import minilm_l6_v2_folder
 
 MINILM = minilm_l6_v2_folder()

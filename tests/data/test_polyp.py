@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data import FedPolyp
-from fedlit.errors import ConfigError, DataError
 
 WIDTH, HEIGHT = 12, 8
 

@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from fedlit.core.errors import DataError
 from fedlit.data import FederatedDataModule, ImageFile, SampleList, SiteDataset, split_samples
 from fedlit.data.site_dataset import DatasetInput
-from fedlit.errors import DataError
 
 
 class Counting(Dataset):

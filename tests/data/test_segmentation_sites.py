@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data import FedFundus, FedProstateSlices, PairFlip
-from fedlit.errors import ConfigError, DataError
 
 PROSTATE_SITES = ["BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"]
 MATCHED_PROSTATE = [s for s in PROSTATE_SITES if s != "I2CVB"]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data import FedProstateVolumes
 from fedlit.data.prostate_volumes import VolumeSlice
-from fedlit.errors import ConfigError, DataError
 
 SIDE, SLICES = 16, 4
 # The voxels 0..1023 in nibabel's (x, y, slice) order. Their 99th percentile (NumPy's linear interpolation)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedlit.core.errors import DataError
 from fedlit.data import FederatedDataModule, PartitionedData, SyntheticSurvival
-from fedlit.errors import DataError
 
 
 def brute_force_c_index(risk: np.ndarray, time: np.ndarray, event: np.ndarray) -> float:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedlit.core.errors import DataError
 from fedlit.data import SyntheticSegmentation
 from fedlit.data.datamodule import PartitionedData, _check
-from fedlit.errors import DataError
 
 
 def build(**kwargs) -> PartitionedData:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fedlit.cli import run
+from fedlit.core.errors import DataError
 from fedlit.data import SiteTable
-from fedlit.errors import DataError
 
 SIZES = {"north": 20, "south": 12, "east": 16}
 

@@ -13,7 +13,7 @@ pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedl
 from flwr.common.config import validate_config  # noqa: E402
 
 from fedlit.cli import run  # noqa: E402
-from fedlit.errors import ConfigError  # noqa: E402
+from fedlit.core.errors import ConfigError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "quickstart.yaml"

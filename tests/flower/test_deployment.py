@@ -30,8 +30,8 @@ import pytest
 
 pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedlit[flower]'): no Flower deployment")
 
-from fedlit.checkpoint import load_checkpoint  # noqa: E402
 from fedlit.cli import run  # noqa: E402
+from fedlit.core.checkpoint_io import load_checkpoint  # noqa: E402
 from fedlit.flower.app import write_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedl
 import tests.conftest  # noqa: E402
 from fedlit import RoleRule  # noqa: E402
 from fedlit import strategies as S  # noqa: E402
-from fedlit.errors import ConfigError, DataError, FedlitError  # noqa: E402
+from fedlit.core.errors import ConfigError, DataError, FedlitError  # noqa: E402
 from fedlit.flower.inprocess import InProcessTransport, deploy  # noqa: E402
 from fedlit.flower.server import RemoteData  # noqa: E402
 from tests.conftest import TinyMLP, make_federation  # noqa: E402

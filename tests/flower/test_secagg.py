@@ -21,7 +21,9 @@ from flwr.common.serde import message_from_proto, message_to_proto  # noqa: E402
 from flwr.serverapp.grid import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from fedlit.errors import ConfigError, DataError  # noqa: E402
+from fedlit.core.errors import ConfigError, DataError  # noqa: E402
+from fedlit.engine.client import ClientTurn, train_client  # noqa: E402
+from fedlit.engine.executor import FitTask, LocalExecutor  # noqa: E402
 from fedlit.flower.secagg import (  # noqa: E402
     SecAggOptions,
     check_secure_aggregation,
@@ -30,8 +32,6 @@ from fedlit.flower.secagg import (  # noqa: E402
     is_secure_train,
     secure_fit,
 )
-from fedlit.loop.executor import FitTask, LocalExecutor  # noqa: E402
-from fedlit.loop.local import ClientTurn, train_client  # noqa: E402
 from fedlit.strategies import (  # noqa: E402
     SCAFFOLD,
     FedAdam,

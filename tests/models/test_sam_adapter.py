@@ -15,13 +15,13 @@ from segment_anything.modeling.image_encoder import Attention, Block
 from torch import nn
 from torch.nn import functional as F
 
+from fedlit.core.errors import CheckpointError, ConfigError, DataError
+from fedlit.core.roles import is_norm_module
 from fedlit.data import SyntheticSegmentation
-from fedlit.errors import CheckpointError, ConfigError, DataError
 from fedlit.federation import Federation
 from fedlit.models import SamAdapter
 from fedlit.models.dry import skip_weight_loading
 from fedlit.models.sam_adapter import AdapterBlock, _attend
-from fedlit.roles import is_norm_module
 from fedlit.strategies import FedSCA
 from fedlit.strategies.fedsca import adapter_prefixes
 from fedlit.tasks import SegmentationModule

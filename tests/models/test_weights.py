@@ -10,7 +10,7 @@ import timm
 import torch
 from torch import nn
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.models import (
     PRETRAINED,
     HFEncoder,

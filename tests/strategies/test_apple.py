@@ -11,10 +11,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from fedlit.cli import build_parser
-from fedlit.errors import ConfigError
-from fedlit.loop.evaluate import evaluate_client
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles
+from fedlit.engine.evaluate import evaluate_client
 from fedlit.module import FederatedModule
-from fedlit.roles import ParameterRoles
 from fedlit.strategies import APPLE, ClientUpdate, FedAvg
 from fedlit.strategies import functional as F
 from fedlit.strategies.apple import swapped_parameters

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
-from fedlit.roles import ParameterRoles, RoleRule
 from fedlit.strategies import ClientUpdate, FedDyn
 from fedlit.strategies import functional as F
 from tests.conftest import assert_resume_is_exact, make_federation

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
 from fedlit.strategies import ClientUpdate, FedAvg, FedHEAL
 from fedlit.strategies import functional as F
 from tests.conftest import assert_resume_is_exact, make_federation

@@ -14,10 +14,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from fedlit.cli import build_parser
-from fedlit.errors import ConfigError
-from fedlit.export import export_federation
+from fedlit.commands.export import export_federation
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles
 from fedlit.module import FederatedModule
-from fedlit.roles import ParameterRoles
 from fedlit.strategies import ClientUpdate, FedAvg, FedMetaMed
 from fedlit.strategies import functional as F
 from tests.conftest import _equal, make_federation

@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import nn
 
-from fedlit.roles import ParameterRoles
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies import ClientUpdate, FedAdagrad, FedAdam, FedYogi
 from tests.conftest import assert_resume_is_exact, make_federation
 

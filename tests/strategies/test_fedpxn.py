@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from fedlit.core.roles import RoleRule
 from fedlit.module import FederatedModule
-from fedlit.roles import RoleRule
 from fedlit.strategies import FedProx, FedPxN
 from fedlit.strategies.aggregators import MedianAggregator
 from tests.conftest import make_federation

@@ -10,8 +10,8 @@ from torch import nn
 
 import tests.conftest
 from fedlit import RoleRule
-from fedlit.errors import ConfigError
-from fedlit.roles import ParameterRoles
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles
 from fedlit.strategies import ClientUpdate, FedRA
 from fedlit.strategies import functional as F
 from tests.conftest import assert_resume_is_exact, make_federation

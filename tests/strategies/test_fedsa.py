@@ -8,10 +8,10 @@ from torch import nn
 
 import tests.conftest
 from fedlit import RoleRule
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles
 from fedlit.models import Backbone
 from fedlit.models.lora import LoRA
-from fedlit.roles import ParameterRoles
 from fedlit.strategies import ClientUpdate, FedSA
 from tests.conftest import make_federation
 

@@ -13,9 +13,9 @@ from torch import nn
 
 import tests.conftest
 from fedlit import RoleRule
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles
 from fedlit.models import Backbone
-from fedlit.roles import ParameterRoles
 from fedlit.strategies import ClientUpdate, FedAvg, FedSCA
 from fedlit.strategies import functional as F
 from tests.conftest import assert_resume_is_exact, make_federation

@@ -5,8 +5,8 @@ import warnings
 import pytest
 from torch import nn
 
+from fedlit.core.roles import RoleRule
 from fedlit.module import FederatedModule
-from fedlit.roles import RoleRule
 from fedlit.strategies import FedBN, FedPxN, SiloBN
 
 

@@ -11,9 +11,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from fedlit.cli import build_parser
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
-from fedlit.roles import ParameterRoles, RoleRule
 from fedlit.strategies import ClientUpdate, FedAvg, PGFed, PGFedMo
 from fedlit.strategies import functional as F
 from fedlit.strategies.pgfed import mean_loss_and_gradient

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedlit.errors import ConfigError
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
-from fedlit.roles import ParameterRoles, RoleRule
 from fedlit.strategies import SCAFFOLD, ClientUpdate
 from fedlit.strategies import functional as F
 from tests.conftest import assert_resume_is_exact, make_federation

@@ -4,7 +4,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import nn
 
-from fedlit.roles import ParameterRoles, RoleRule
+from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.strategies import SiloBN
 from tests.conftest import make_federation
 

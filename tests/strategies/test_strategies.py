@@ -6,8 +6,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
-from fedlit.roles import ParameterRoles, RoleRule
 from fedlit.strategies import ClientUpdate, FedAvg, FedBN, FedProx, Local
 from tests.conftest import make_federation
 

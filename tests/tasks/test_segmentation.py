@@ -13,8 +13,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedlit.cli import main, run
+from fedlit.core.errors import ConfigError
 from fedlit.data import SyntheticSegmentation
-from fedlit.errors import ConfigError
 from fedlit.federation import Federation
 from fedlit.models import Identity, SmpUnet, TinyUNet
 from fedlit.strategies import FedAvg

@@ -10,9 +10,9 @@ import torch
 
 from fedlit import FedAvg, FederatedModule, Federation
 from fedlit.cli import main, run
+from fedlit.core.errors import ConfigError
 from fedlit.data import SyntheticImages, SyntheticSurvival
-from fedlit.errors import ConfigError
-from fedlit.evaluation import EvaluationHistory
+from fedlit.engine.history import EvaluationHistory
 from fedlit.models import Identity, SmallCNN
 from fedlit.strategies import FedSLD
 from fedlit.tasks import ClassificationModule, CoxModule

@@ -1,0 +1,238 @@
+"""Export each client's personalized model from a finished run, and load it back.
+
+A checkpoint holds no backbone: the frozen tensors are rebuilt from the recipe. What makes client k's model its
+own is the set of trainable tensors it evaluates with: its personal tensors from the client store, plus what the
+strategy gives it for evaluation (:meth:`~fedlit.strategies.base.Strategy.configure_evaluate`: the global head
+for FedBN, FedDyn's server model, ...), then what ``on_client_evaluate_start`` puts in place (FedMetaMed's personal
+model). :func:`export_federation` writes exactly those, per client::
+
+    <out>/<client_id>/model.safetensors   # shared + personal tensors, named as in the FederatedModule
+    <out>/<client_id>/export.json         # roles, round, checkpoint, model section of the recipe, metrics
+    <out>/<client_id>/adapter/            # only with peft LoRA: adapter_model.safetensors + adapter_config.json
+
+The ``adapter`` folder is a standard peft adapter (as ``PeftModel.save_pretrained`` writes it) of the backbone
+module the LoRA layers were injected into, so ``PeftModel.from_pretrained(plain_backbone, folder)`` rebuilds the
+client's adapted backbone without fedlit. It holds the LoRA tensors only; the head and any other trainable tensor
+are in ``model.safetensors`` (``export.json`` lists them under ``adapter.not_included``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from fedlit.core.checkpoint_io import BEST, LAST
+from fedlit.core.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from fedlit.federation import Federation
+
+WEIGHTS = "model.safetensors"
+META = "export.json"
+ADAPTER = "adapter"
+#: The peft adapter name fedlit's LoRA uses (``inject_adapter_in_model``'s default).
+ADAPTER_NAME = "default"
+
+
+def checkpoint_of(run_dir: str | Path, ckpt_path: str | Path = "last") -> Path:
+    """The checkpoint to export: ``run_dir/checkpoints/last.ckpt`` or ``best.ckpt`` for ``"last"`` / ``"best"``
+    (as for ``fedlit test``), else the file ``ckpt_path``.
+
+    Raises:
+        CheckpointError: If the file is missing (the message says which file was tried and what to pass instead).
+    """
+    option = f"--ckpt_path {ckpt_path}"
+    if str(ckpt_path) in ("last", "best"):
+        path = Path(run_dir) / "checkpoints" / (LAST if str(ckpt_path) == "last" else BEST)
+    else:
+        path = Path(ckpt_path)
+    if not path.is_file():
+        if str(ckpt_path) == "best":
+            fix = "Export --ckpt_path last (best.ckpt is saved only by runs with a validation split)"
+        else:
+            fix = (f"Give --run the folder of a run that saved a checkpoint (`fedlit fit ... --out_dir {run_dir}` "
+                   "writes checkpoints/last.ckpt after each round), or --ckpt_path with the path of a .ckpt file")
+        raise CheckpointError(f"{option}: no checkpoint at {path}. {fix}.")
+    return path
+
+
+def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
+    """Rebuild a run's objects from its ``config.json`` (as ``fedlit fit`` built them: same seed, so a randomly
+    initialized frozen backbone is the same one) and restore ``ckpt_path`` into them.
+
+    Relative paths in the recipe (``data.init_args.root``...) are read from the current folder, as in the run.
+
+    Raises:
+        ConfigError: If ``run_dir`` has no ``config.json`` (a run made from Python rather than a recipe).
+        CheckpointError: If the checkpoint does not belong to this configuration.
+    """
+    from fedlit.cli import prepare  # here: the CLI imports this module
+
+    run_dir = Path(run_dir)
+    config_file = run_dir / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(
+            f"--run {run_dir}: no config.json in that folder, so its model cannot be rebuilt. Give the folder of "
+            "a run made with `fedlit fit` (its out_dir); for a run made from Python, call "
+            "fedlit.commands.export.export_federation(federation, folder) on the set-up Federation instead."
+        )
+    config = json.loads(config_file.read_text())
+    config.pop("resumed", None)  # the record of resumes is not a setting
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe = Path(tmp) / "config.json"
+        recipe.write_text(json.dumps(config))
+        # on the CPU whatever the run used (the accelerator may change on resume too): nothing is computed
+        job = prepare(["test", "--config", str(recipe), "--out_dir", str(run_dir), "--ckpt_path", str(ckpt_path),
+                       "--federation.accelerator", "cpu", "--federation.devices", "1"])
+    fed = job.federation
+    fed.progress_bar = False
+    fed.setup(ckpt_path)
+    return fed
+
+
+def export_run(run_dir: str | Path, *, ckpt_path: str | Path = "last", clients: Iterable[str] | None = None,
+               out: str | Path | None = None) -> dict[str, Path]:
+    """Export every client (or ``clients``) of the run in ``run_dir`` into ``out`` (default ``run_dir/export``),
+    from its ``last`` or ``best`` checkpoint or the file ``ckpt_path``.
+
+    Returns:
+        The folder written for each client.
+    """
+    path = checkpoint_of(run_dir, ckpt_path)
+    fed = load_run(run_dir, path)
+    return export_federation(fed, Path(out) if out is not None else Path(run_dir) / "export", clients,
+                             checkpoint=path)
+
+
+def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] | None = None, *,
+                      checkpoint: str | Path | None = None) -> dict[str, Path]:
+    """Write each client's evaluation tensors (see the module docstring) from a set-up :class:`Federation`.
+
+    Args:
+        fed: A federation after ``fit``, or after ``setup(ckpt_path)``.
+        out: The folder that receives one sub-folder per client.
+        clients: The clients to export (default: all).
+        checkpoint: Recorded in ``export.json``.
+
+    Raises:
+        ConfigError: If the federation was not set up, or a client is not one of its clients.
+    """
+    from fedlit.engine.client import call_with_client_state, load_client
+
+    if not fed.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
+        raise ConfigError("export_federation needs a federation after fit() or setup(ckpt_path=...); this one has "
+                          "not been set up.")
+    wanted = list(fed.client_ids if clients is None else clients)
+    unknown = [c for c in wanted if c not in fed.client_ids]
+    if unknown:
+        raise ConfigError(f"--clients: {unknown} are not clients of this run; its clients are "
+                          f"{', '.join(fed.client_ids)}.")
+    roles = fed.module.parameter_roles()
+    buffers = {n for n, _ in fed.module.named_buffers()}
+    evaluated = fed.history.rounds.get(fed.server_round, {})
+    written = {}
+    for client_id in wanted:
+        load_client(fed, client_id, fed.strategy.configure_evaluate(fed.server_round, client_id))
+        call_with_client_state(fed, "on_client_evaluate_start", trainer=fed, pl_module=fed.module,
+                               server_round=fed.server_round, client_id=client_id)  # the model it evaluates
+        live = fed.module.named_tensors("shared", "personal")
+        tensors = {n: t.detach().cpu().contiguous().clone() for n, t in live.items()}
+        folder = Path(out) / client_id
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
+        meta: dict[str, Any] = {
+            "client": client_id,
+            "round": fed.server_round,
+            "checkpoint": str(checkpoint) if checkpoint is not None else None,
+            "model": fed.config.get("model", type(fed.module).__qualname__),
+            "strategy": repr(fed.strategy),
+            "roles": {n: roles[n] for n in tensors},
+            "buffers": sorted(n for n in tensors if n in buffers),
+            "frozen_fingerprint": fed.identity.get("frozen_fingerprint"),
+            "metrics": {split: _finite(values[client_id]) for split, values in evaluated.items()
+                        if client_id in values},
+        }
+        adapters = _peft_modules(fed.module)
+        if adapters:
+            meta["adapter"] = _save_adapters(adapters, folder, set(tensors))
+        (folder / META).write_text(json.dumps(meta, indent=1))
+        written[client_id] = folder
+    return written
+
+
+def load_export(folder: str | Path, module: nn.Module) -> dict[str, Any]:
+    """Copy a client's exported tensors into ``module`` (built as in the run: same recipe, same frozen tensors).
+
+    Strict: every exported tensor must exist in ``module`` with the same shape; tensors of ``module`` that are not
+    in the export (the frozen backbone) are left as they are.
+
+    Args:
+        folder: A client's export folder (``<run>/export/<client_id>``) or its ``model.safetensors``.
+        module: The freshly built module (a :class:`~fedlit.module.FederatedModule`, or any module whose
+            parameter and buffer names are the exported ones).
+
+    Returns:
+        The export's ``export.json`` (an empty dict if the file is absent).
+
+    Raises:
+        CheckpointError: If the folder holds no export, or a tensor is missing in ``module`` or has another shape.
+    """
+    folder = Path(folder)
+    weights = folder if folder.suffix == ".safetensors" else folder / WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: no exported model. Give a folder written by `fedlit export` "
+                              "(<run>/export/<client_id>).")
+    exported = load_file(weights)
+    own = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    missing = [n for n in exported if n not in own]
+    wrong = [f"{n} {list(t.shape)} in the export, {list(own[n].shape)} in the module"
+             for n, t in exported.items() if n in own and own[n].shape != t.shape]
+    if missing or wrong:
+        problems = ([f"{len(missing)} exported tensors are not in the module ({', '.join(missing[:3])})"] if missing
+                    else []) + ([f"{len(wrong)} tensors differ in shape ({'; '.join(wrong[:3])})"] if wrong else [])
+        raise CheckpointError(f"{weights} does not fit {type(module).__name__}: " + "; ".join(problems) + ". Build "
+                              "the module with the model section of the run's recipe (export.json's `model`).")
+    with torch.no_grad():
+        for name, tensor in exported.items():
+            own[name].copy_(tensor)
+    meta_file = weights.parent / META
+    return json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+
+
+def _peft_modules(module: nn.Module) -> dict[str, nn.Module]:
+    """The sub-modules peft injected LoRA into (they carry peft's ``peft_config``), by qualified name."""
+    return {name: m for name, m in module.named_modules()
+            if isinstance(getattr(m, "peft_config", None), Mapping) and ADAPTER_NAME in m.peft_config}
+
+
+def _save_adapters(adapters: Mapping[str, nn.Module], folder: Path, exported: set[str]) -> dict[str, Any]:
+    """Write each injected module's LoRA adapter as peft's ``save_pretrained`` would (keys under
+    ``base_model.model.``, adapter name removed), so ``PeftModel.from_pretrained(base, folder)`` loads it."""
+    from peft import get_peft_model_state_dict
+
+    info: dict[str, Any] = {"folders": {}, "not_included": []}
+    covered: set[str] = set()
+    for prefix, module in adapters.items():
+        target = folder / (ADAPTER if len(adapters) == 1 else f"{ADAPTER}_{prefix.replace('.', '_')}")
+        target.mkdir(parents=True, exist_ok=True)
+        state = get_peft_model_state_dict(module, adapter_name=ADAPTER_NAME)
+        save_file({f"base_model.model.{k}": v.detach().cpu().contiguous().clone() for k, v in state.items()},
+                  target / "adapter_model.safetensors", metadata={"format": "pt"})
+        module.peft_config[ADAPTER_NAME].save_pretrained(target)
+        info["folders"][target.name] = {"module": prefix, "tensors": len(state)}
+        covered |= {f"{prefix}.{n}" for n, _ in module.named_parameters() if ".lora_" in n}
+    info["not_included"] = sorted(exported - covered)
+    return info
+
+
+def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
+    """Metrics for JSON: NaN (an undefined AUROC on a one-class split) as null."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in values.items()}

@@ -1,0 +1,151 @@
+"""``fedlit partition --config RECIPE [--section.key value ...] [--out DIR]``: how a recipe splits its data.
+
+Builds the recipe's data module (``setup()``: reading, partitioning and splitting) and nothing else: no model, no
+training. Prints each client's samples per split, and per class for classification (what
+:meth:`~fedlit.data.FederatedDataModule.class_counts` gives); for other tasks (segmentation, survival...) the
+samples per split. Writes ``partition.json`` (the same numbers) and ``partition.png``, a dot plot of the train
+split: clients on the x axis, classes on the y axis, each dot's area proportional to the client's train samples
+of that class (one row of totals for a task without classes). ``--out`` defaults to ``runs/<name>/partition``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPLITS = ("train", "val", "test")
+#: Up to this many clients, the plot writes each count beside its dot.
+LABELLED = 8
+
+
+def add_arguments(parser: Any) -> None:
+    """``--out``, the folder of ``partition.json`` and ``partition.png``."""
+    parser.add_argument("--out", type=str | None, default=None,
+                        help="Folder of partition.json and partition.png (default: runs/<name>/partition).")
+
+
+def class_names(datamodule: Any) -> list[str] | None:
+    """Names of the counted classes, or None for a task without classes."""
+    counts = datamodule.class_counts()
+    if counts is None:
+        return None
+    data = datamodule.data
+    names = getattr(data, "class_names", None) or (getattr(data, "details", None) or {}).get("class_names")
+    width = len(next(iter(next(iter(counts.values())).values()))) if counts else 0
+    if datamodule.task == "binary":
+        return ["negative", "positive"] if not names or len(names) != 2 else [str(n) for n in names]
+    if names and len(names) == width:
+        return [str(n) for n in names]
+    return [f"class {i}" for i in range(width)]
+
+
+def summarize(datamodule: Any) -> dict[str, Any]:
+    """Per client: ``samples`` (split -> count) and, for classification, ``classes`` (split -> per-class counts)."""
+    counts = datamodule.class_counts()
+    clients: dict[str, Any] = {}
+    for client_id in datamodule.client_ids:
+        entry: dict[str, Any] = {"samples": {s: datamodule.num_examples(client_id, s) for s in SPLITS}}
+        if counts is not None:
+            entry["classes"] = {s: list(counts[client_id][s]) for s in SPLITS}
+        if client_id in datamodule.evaluation_only:
+            entry["evaluation_only"] = True
+        clients[client_id] = entry
+    return {"dataset": type(datamodule).__name__, "task": datamodule.task, "seed": getattr(datamodule, "seed", None),
+            "classes": class_names(datamodule), "clients": clients}
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The summary as text: one line per client and split."""
+    names = summary["classes"]
+    head = ["client", "split", "samples"] + (names or [])
+    rows = [head]
+    for client_id, entry in summary["clients"].items():
+        for split in SPLITS:
+            row = [client_id, split, str(entry["samples"][split])]
+            if names:
+                row += [str(v) for v in entry["classes"][split]]
+            rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def plot(summary: dict[str, Any], path: Path) -> Path:
+    """The dot plot of the train split (see the module's docstring), written to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients = list(summary["clients"])
+    names = summary["classes"] or ["train samples"]
+    values = [e["classes"]["train"] if summary["classes"] else [e["samples"]["train"]]
+              for e in summary["clients"].values()]
+    largest = max((v for row in values for v in row), default=0) or 1
+    width = max(5.0, 1.0 + 0.55 * len(clients))
+    height = max(2.5, 1.2 + 0.45 * len(names))
+    fig, ax = plt.subplots(figsize=(width, height), dpi=120)
+    max_area = 900.0 if len(clients) <= 20 else 300.0
+    for x, row in enumerate(values):
+        for y, v in enumerate(row):
+            if v > 0:
+                ax.scatter(x, y, s=max_area * v / largest, color="tab:blue", alpha=0.7, edgecolors="none")
+                if len(clients) <= LABELLED:  # the count beside its dot (marker size s is an area in points^2)
+                    ax.annotate(str(v), (x, y), textcoords="offset points",
+                                xytext=(math.sqrt(max_area * v / largest) / 2 + 2, 0), ha="left", va="center",
+                                fontsize=7)
+    ax.set_xticks(range(len(clients)))
+    ax.set_xticklabels(clients, rotation=45 if len(clients) > 6 or max(map(len, clients), default=0) > 8 else 0,
+                       ha="right" if len(clients) > 6 else "center", fontsize=8)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlim(-0.7, len(clients) - 0.3)
+    ax.set_ylim(-0.8, len(names) - 0.4)
+    ax.set_xlabel("client")
+    ax.set_ylabel("class" if summary["classes"] else "")
+    ax.set_title(f"{summary['dataset']}: train samples per client\n(dot area ~ count; largest {largest})", fontsize=9)
+    ax.grid(True, color="0.9", zorder=0)
+    ax.set_axisbelow(True)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class PartitionJob:
+    """``fedlit partition``: the data module built, ready to summarize."""
+
+    datamodule: Any
+    out: Path
+
+    def __call__(self) -> dict[str, Any]:
+        summary = summarize(self.datamodule)
+        print(table(summary), flush=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "partition.json").write_text(json.dumps(summary, indent=2) + "\n")
+        png = plot(summary, self.out / "partition.png")
+        print(f"fedlit partition: {self.out / 'partition.json'}, {png}", flush=True)
+        return summary
+
+
+def prepare(cfg: Any) -> PartitionJob:
+    """Build and set up only the data module of the parsed ``partition`` configuration."""
+    from jsonargparse import ArgumentParser
+    from lightning.fabric.utilities.seed import seed_everything
+
+    from fedlit.config import resolve as runnames
+    from fedlit.data import FederatedDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(FederatedDataModule, "data", required=True)
+    seed_everything(cfg.federation.seed, verbose=False)  # as fit does: generated data is the run's
+    data = parser.instantiate_classes(parser.parse_object({"data": cfg.data.as_dict()})).data
+    data.setup()
+    out = Path(cfg.out) if cfg.out else runnames.run_root(cfg) / "partition"
+    return PartitionJob(data, out)

@@ -1,0 +1,128 @@
+"""Where a command's run lives: run names, versions, ``--run`` and ``--ckpt_path best``.
+
+Without ``--out_dir`` a run goes to ``runs/<name>/<version>``: ``--name`` defaults to the recipe's file name plus
+the strategy's class name (``quickstart_fedprox``), ``--version`` to the next ``version_<n>`` (an int ``n`` means
+``version_<n>``, a string is used as is). ``validate``/``test --run DIR`` rebuild a run from ``DIR/config.json``;
+``--ckpt_path best`` names the run's ``checkpoints/best.ckpt``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from jsonargparse import ArgumentParser, Namespace
+
+from fedlit.core.errors import CheckpointError, ConfigError
+from fedlit.engine.run_folder import run_versions
+
+#: The subcommands that evaluate a checkpoint (they take ``--run``).
+EVALUATING = ("validate", "test")
+
+
+def add_run_arguments(parser: ArgumentParser, subcommand: str) -> None:
+    """``--name``, ``--version`` and, for validate and test, ``--run`` (see :func:`run_root`, :func:`expand_run`)."""
+    parser.add_argument("--name", type=str | None, default=None,
+                        help="Run name: runs go to runs/<name>/<version> (default: <recipe>_<strategy>).")
+    parser.add_argument("--version", type=int | str | None, default=None,
+                        help="Run version: an int n gives runs/<name>/version_<n>, a string runs/<name>/<string> "
+                             "(default: the next version_<n>; a taken one is refused).")
+    if subcommand in EVALUATING:
+        parser.add_argument("--run", type=str | None, default=None,
+                            help="A run folder: rebuild the run from its config.json and evaluate its checkpoint "
+                                 "(--ckpt_path last, the default, or best).")
+
+
+def run_name(cfg: Namespace) -> str:
+    """``--name``, or the recipe's file name plus the strategy's class name: ``quickstart_fedprox``; a recipe
+    whose name already ends with the strategy keeps its name (``heart_disease_fedavg``)."""
+    if cfg.name is not None:
+        return check_folder_name("--name", cfg.name)
+    recipe = recipe_name(cfg)
+    class_path = cfg.strategy.get("class_path") if isinstance(cfg.strategy, Namespace) else None
+    strategy = str(class_path or "").rsplit(".", 1)[-1].lower()
+    if not strategy or recipe == strategy or recipe.endswith("_" + strategy):
+        return recipe
+    return f"{recipe}_{strategy}"
+
+
+def run_root(cfg: Namespace) -> Path:
+    """``runs/<name>``: the folder of every version of this run name."""
+    return Path("runs") / run_name(cfg)
+
+
+def version_dir(cfg: Namespace) -> Path | None:
+    """``runs/<name>/version_<n>`` (int) or ``runs/<name>/<version>`` (string), or None without ``--version``."""
+    version = cfg.version
+    if version is None:
+        return None
+    if isinstance(version, int):
+        if version < 0:
+            raise ConfigError(f"--version {version} must be >= 0 (or a name such as `baseline`).")
+        return run_root(cfg) / f"version_{version}"
+    return run_root(cfg) / check_folder_name("--version", version)
+
+
+def check_folder_name(option: str, value: str) -> str:
+    if not value or value in (".", "..") or "/" in value or "\\" in value:
+        raise ConfigError(f"{option} {value!r} is not a folder name: give a name without slashes "
+                          "(runs go to runs/<name>/<version>).")
+    return value
+
+
+def expand_run(argv: list[str]) -> list[str]:
+    """``validate|test --run DIR``: the run's saved configuration (``DIR/config.json``) is given as the first
+    ``--config``, so that options after it still apply (``--data.init_args.root`` of moved data, say)."""
+    folder = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--run"), None)
+    folder = folder or next((a.split("=", 1)[1] for a in argv if a.startswith("--run=")), None)
+    if folder is None or not argv or argv[0] not in ("fit", *EVALUATING):
+        return argv
+    path = Path(folder) / "config.json"
+    if argv[0] == "fit":
+        raise ConfigError(f"--run {folder} is for validate and test. To continue that run: fedlit fit --config "
+                          f"RECIPE --out_dir {folder} --ckpt_path last.")
+    if not path.is_file():
+        raise ConfigError(f"--run {folder}: no config.json there (is it a run folder?). Give the folder of a run "
+                          "started with `fedlit fit`, or --config RECIPE --ckpt_path FILE.ckpt.")
+    if any(a == "--config" or a.startswith("--config=") for a in argv):
+        raise ConfigError(f"--run {folder} rebuilds the run from its config.json: leave out --config (options "
+                          "such as --data.init_args.root still apply).")
+    saved = json.loads(path.read_text())
+    for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "baseline_run", "__path__"):
+        saved.pop(key, None)
+    return [argv[0], "--config", json.dumps(saved), *argv[1:]]
+
+
+def recipe_name(cfg: Namespace) -> str:
+    """The stem of the first recipe file (a later ``--config`` refines it: ``--config recipes/fedsca_prostate.yaml
+    --config recipes/fedsca_baselines/fedavg.yaml`` is still a ``fedsca_prostate`` run, named with its strategy)."""
+    configs = cfg.get("config") or []
+    if configs:
+        return Path(str(configs[0])).stem
+    return "fedlit"
+
+
+def resolve_best(cfg: Namespace, subcommand: str, out_dir: Path | None) -> tuple[Path, Path]:
+    """``--ckpt_path best``: the run's ``checkpoints/best.ckpt`` (the run: ``--run``/``--out_dir``/``--version``,
+    else the newest of this name)."""
+    if subcommand == "fit":
+        raise ConfigError("--ckpt_path best is for validate and test; a run is resumed from --ckpt_path last.")
+    if out_dir is None:
+        runs = run_versions(run_root(cfg))
+        if not runs:
+            raise CheckpointError(f"--ckpt_path best: no run of this name under {run_root(cfg)}. Give --run DIR "
+                                  "of a run, or --ckpt_path with the path of a .ckpt file.")
+        out_dir = runs[-1]
+    from fedlit.core.checkpoint_io import BEST  # torch: imported when a run is resolved, not for --help
+
+    ckpt = out_dir / "checkpoints" / BEST
+    if not ckpt.is_file():
+        results = out_dir / "results.json"
+        why = ""
+        if results.is_file():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                why = f" ({json.loads(results.read_text())['checkpoints']['why_no_best']})"
+        raise CheckpointError(f"--ckpt_path best: {out_dir} has no {ckpt.name}{why}. Evaluate --ckpt_path last "
+                              "instead; best.ckpt is saved only by runs with a validation split.")
+    return out_dir, ckpt

@@ -1,0 +1,155 @@
+"""ClientStore: every client's own state, kept off the one live model.
+
+The federation holds a single live :class:`~fedlit.module.FederatedModule`; the frozen backbone exists once,
+whatever the number of clients. Per client the store keeps only what must persist between its turns: its
+trainable and personal tensors (shared + personal roles, buffers included), optionally its optimizer state,
+and the per-client state of strategies and callbacks (SCAFFOLD's c_i, APPLE's p_i). Clients that never trained
+share one initial template, so memory grows by a client's state only once it has trained. Training client k is
+``load_into`` (copy k's tensors into the live model, in place), train, ``save_from`` (copy back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def _nbytes(tensors: Mapping[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _deep_nbytes(value: Any) -> int:
+    """Bytes of every tensor in nested dicts, lists and tuples (a strategy's or an optimizer's per-client state)."""
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(_deep_nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_deep_nbytes(v) for v in value)
+    return 0
+
+
+class ClientStore:
+    """Per-client tensors, optimizer states and strategy states, on ``device`` (CPU by default).
+
+    Args:
+        device: Where stored tensors live.
+    """
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self._initial: dict[str, Tensor] = {}
+        self._tensors: dict[str, dict[str, Tensor]] = {}
+        self._optimizer: dict[str, dict[str, Any]] = {}
+        self._extra: dict[str, dict[str, dict[str, Any]]] = {}
+        self._kept: set[str] | None = None  # the clients this process holds (None: all of them)
+
+    def set_initial(self, tensors: Mapping[str, Tensor]) -> None:
+        """The state of a client that has not trained yet (one copy, shared by all such clients)."""
+        self._initial = {n: t.detach().to(self.device, copy=True) for n, t in tensors.items()}
+
+    @property
+    def client_ids(self) -> list[str]:
+        """Clients that have their own stored tensors."""
+        return list(self._tensors)
+
+    def tensors(self, client_id: str) -> dict[str, Tensor]:
+        """The stored tensors of ``client_id`` (the initial template for a client that never trained)."""
+        return self._tensors.get(client_id, self._initial)
+
+    def load_into(self, client_id: str, live: Mapping[str, Tensor]) -> None:
+        """Copy ``client_id``'s stored tensors into the live model's tensors, in place."""
+        stored = self.tensors(client_id)
+        missing = sorted(set(live) - set(stored))
+        if missing:
+            raise KeyError(f"The client store has no tensors {missing[:5]} for client {client_id!r}.")
+        with torch.no_grad():
+            for name, tensor in live.items():
+                tensor.copy_(stored[name])
+
+    def save_from(self, client_id: str, live: Mapping[str, Tensor]) -> None:
+        """Copy the live tensors back as ``client_id``'s state (allocated once, then reused in place)."""
+        own = self._tensors.get(client_id)
+        with torch.no_grad():
+            if own is None or set(own) != set(live):
+                self._tensors[client_id] = {n: t.detach().to(self.device, copy=True) for n, t in live.items()}
+            else:
+                for name, tensor in live.items():
+                    own[name].copy_(tensor)
+
+    def optimizer_state(self, client_id: str) -> dict[str, Any] | None:
+        """The saved optimizer ``state_dict`` of ``client_id``, if any."""
+        return self._optimizer.get(client_id)
+
+    def set_optimizer_state(self, client_id: str, state: dict[str, Any]) -> None:
+        """Keep ``client_id``'s optimizer state (moved to the store's device)."""
+        self._optimizer[client_id] = _to_device(state, self.device)
+
+    def extra(self, client_id: str, key: str) -> dict[str, Any]:
+        """A mutable dict of per-client state owned by the strategy or callback ``key``."""
+        return self._extra.setdefault(client_id, {}).setdefault(key, {})
+
+    def nbytes(self, client_id: str | None = None) -> int:
+        """Bytes of what the store keeps for one client (its tensors, optimizer state and strategy/callback state),
+        or for the whole store (the template of untrained clients included)."""
+        if client_id is not None:
+            return (_nbytes(self._tensors.get(client_id, {})) + _deep_nbytes(self._optimizer.get(client_id))
+                    + _deep_nbytes(self._extra.get(client_id)))
+        clients = {*self._tensors, *self._optimizer, *self._extra}
+        return _nbytes(self._initial) + sum(self.nbytes(c) for c in clients)
+
+    def retain(self, client_ids: set[str]) -> None:
+        """Keep only ``client_ids``' entries, now and whenever a state is loaded later (a rank of a multi-device run
+        holds its own clients only; see :mod:`fedlit.engine.ranks`)."""
+        self._kept = set(client_ids)
+        for entries in (self._tensors, self._optimizer, self._extra):
+            for client_id in [c for c in entries if c not in self._kept]:
+                del entries[client_id]
+
+    def client_state(self, client_id: str) -> dict[str, Any]:
+        """Everything the store keeps for ``client_id`` (its tensors, optimizer state and strategy/callback state):
+        what a client process saves between its turns when the store lives where the client is (a Flower node)."""
+        return {"tensors": self._tensors.get(client_id), "optimizer": self._optimizer.get(client_id),
+                "extra": self._extra.get(client_id)}
+
+    def load_client_state(self, client_id: str, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`client_state` returned for ``client_id``."""
+        for key, table in (("tensors", self._tensors), ("optimizer", self._optimizer), ("extra", self._extra)):
+            if state[key] is None:
+                table.pop(client_id, None)
+            else:
+                table[client_id] = _to_device(state[key], self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything in the store, for a checkpoint (tensors and plain containers only)."""
+        return {
+            "initial": self._initial,
+            "tensors": self._tensors,
+            "optimizer": self._optimizer,
+            "extra": self._extra,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (only the retained clients' entries, after :meth:`retain`)."""
+        self._initial = _to_device(dict(state["initial"]), self.device)
+        self._tensors = _to_device(self._own(state["tensors"]), self.device)
+        self._optimizer = _to_device(self._own(state["optimizer"]), self.device)
+        self._extra = _to_device(self._own(state["extra"]), self.device)
+
+    def _own(self, entries: Mapping[str, Any]) -> dict[str, Any]:
+        return {c: v for c, v in entries.items() if self._kept is None or c in self._kept}
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.detach().to(device, copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_device(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_device(v, device) for v in obj)
+    return obj

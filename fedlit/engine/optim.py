@@ -1,0 +1,204 @@
+"""The local optimizer and its learning-rate schedule: what ``configure_optimizers`` may return, and when a
+schedule steps.
+
+``configure_optimizers`` returns one of Lightning's forms, checked by :func:`unpack`:
+
+- an optimizer;
+- ``{"optimizer": opt}``, ``{"optimizer": opt, "lr_scheduler": sched}`` or
+  ``{"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "round" | "step"}}`` (``interval``
+  defaults to ``round``; ``name`` is accepted and ignored).
+
+A schedule has one of two intervals:
+
+- ``round``: one schedule for the whole federation, held by the server and stepped once per server round, after
+  aggregation. In round ``t`` (counting from 1) every client trains with the schedule's value after ``t - 1``
+  steps (round 1 at the optimizer's own learning rate), as Lightning's ``epoch`` interval gives epoch ``t - 1``
+  the value after ``t - 1`` steps. The scheduler and the hyperparameters it sets are in the checkpoint.
+- ``step``: one schedule per client turn, stepped after each local optimizer step that happened (a step that
+  16-bit mixed precision's gradient scaler skipped does not advance it). With ``federation.optimizer_state:
+  persist`` the scheduler's state is kept per client beside its optimizer state, so a client's schedule goes on
+  where its previous turn stopped; with ``reset`` it restarts at every turn, as the optimizer does.
+
+Several optimizers, a list of schedulers and schedules that need a monitored metric (``ReduceLROnPlateau``) are
+refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+from fedlit.core.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from fedlit.federation import Federation
+    from fedlit.module import FederatedModule
+
+INTERVALS = ("round", "step")
+#: Where a client's ``step`` schedule is kept in the store (beside its optimizer state).
+STORE_KEY = "fedlit.lr_scheduler"
+_FORMS = ("return one optimizer, or {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': "
+          "'round' | 'step'}}")
+
+
+@dataclass
+class LocalOptimizer:
+    """What ``configure_optimizers`` returned, checked.
+
+    Attributes:
+        optimizer: The local optimizer.
+        scheduler: Its learning-rate scheduler, or None.
+        interval: ``round`` or ``step`` (meaningful with a scheduler only).
+    """
+
+    optimizer: Optimizer
+    scheduler: LRScheduler | None = None
+    interval: str = "round"
+
+
+def unpack(module: FederatedModule, returned: Any) -> LocalOptimizer:
+    """Check one of the forms of the module docstring and return its parts.
+
+    Raises:
+        ConfigError: For any other form, naming the module's class and the forms accepted.
+    """
+    owner = f"{type(module).__name__}.configure_optimizers"
+    if isinstance(returned, Optimizer):
+        return LocalOptimizer(returned)
+    if not isinstance(returned, Mapping):
+        kind = (f"a {type(returned).__name__} of {len(returned)}" if isinstance(returned, (list, tuple))
+                else f"a {type(returned).__name__}")
+        raise ConfigError(f"{owner} returned {kind}: a client trains with one optimizer and at most one "
+                          f"learning-rate scheduler; {_FORMS}.")
+    extra = sorted(set(returned) - {"optimizer", "lr_scheduler"})
+    if extra or not isinstance(returned.get("optimizer"), Optimizer):
+        why = f"unsupported keys {extra}" if extra else "no torch.optim.Optimizer under 'optimizer'"
+        raise ConfigError(f"{owner} returned a dict with {why} (a monitored metric is not supported); {_FORMS}.")
+    scheduler, interval = returned.get("lr_scheduler"), "round"
+    if isinstance(scheduler, Mapping):
+        extra = sorted(set(scheduler) - {"scheduler", "interval", "name"})
+        interval = scheduler.get("interval", "round")
+        if extra or interval not in INTERVALS:
+            why = f"unsupported keys {extra}" if extra else f"interval={interval!r} (not one of {list(INTERVALS)})"
+            raise ConfigError(f"{owner}: the 'lr_scheduler' dict has {why}. 'round' steps the schedule once per "
+                              f"server round, 'step' after each local optimizer step; {_FORMS}.")
+        scheduler = scheduler.get("scheduler")
+    if scheduler is not None:
+        _check_scheduler(owner, scheduler, returned["optimizer"])
+    return LocalOptimizer(returned["optimizer"], scheduler, interval)
+
+
+def _check_scheduler(owner: str, scheduler: Any, optimizer: Optimizer) -> None:
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise ConfigError(f"{owner}: ReduceLROnPlateau is not supported (it needs a monitored metric, which local "
+                          "training does not give it). Use a fixed schedule such as CosineAnnealingLR or LinearLR.")
+    if not isinstance(scheduler, LRScheduler):
+        raise ConfigError(f"{owner}: the learning-rate scheduler is a {type(scheduler).__name__}, not a "
+                          f"torch.optim.lr_scheduler.LRScheduler; {_FORMS}.")
+    if scheduler.optimizer is not optimizer:
+        raise ConfigError(f"{owner}: the learning-rate scheduler was built on another optimizer than the one "
+                          "returned; build it on that optimizer.")
+
+
+class RoundSchedule:
+    """The server's schedule of ``interval: round``: a scheduler on a reference optimizer that never steps its
+    parameters; each client's optimizer takes the reference's hyperparameters (``lr``, and any other key the
+    scheduler moves, such as OneCycleLR's momentum) at the start of its turn.
+
+    Args:
+        local: A checked ``configure_optimizers`` result whose interval is ``round``.
+    """
+
+    def __init__(self, local: LocalOptimizer) -> None:
+        self.optimizer, self.scheduler = local.optimizer, local.scheduler
+
+    def apply(self, optimizer: Optimizer) -> None:
+        """Set ``optimizer``'s hyperparameters (everything but the parameters) to this round's values."""
+        reference = self.optimizer.param_groups
+        if len(optimizer.param_groups) != len(reference):
+            raise ConfigError(f"configure_optimizers returned {len(optimizer.param_groups)} parameter groups for a "
+                              f"client but {len(reference)} at set-up: it must build the same groups every call.")
+        for group, ref in zip(optimizer.param_groups, reference, strict=True):
+            group.update({k: v for k, v in ref.items() if k != "params"})
+
+    def step(self) -> None:
+        """Advance the schedule by one round."""
+        with warnings.catch_warnings():
+            # The reference optimizer never steps: torch's check of the call order does not apply.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()
+
+    def learning_rates(self) -> list[float]:
+        """The learning rate of each parameter group in the current round."""
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state and the reference hyperparameters (some schedulers compute from the current lr)."""
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        return {"scheduler": self.scheduler.state_dict(), "param_groups": groups}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.scheduler.load_state_dict(dict(state["scheduler"]))
+        for group, saved in zip(self.optimizer.param_groups, state["param_groups"], strict=True):
+            group.update(saved)
+
+
+def round_schedule(module: FederatedModule) -> RoundSchedule | None:
+    """Check what ``module.configure_optimizers`` returns and build the server's schedule if its interval is
+    ``round`` (None otherwise)."""
+    local = unpack(module, module.configure_optimizers())
+    if local.scheduler is None or local.interval != "round":
+        return None
+    return RoundSchedule(local)
+
+
+def client_optimizer(fed: Federation, client_id: str) -> tuple[Any, LRScheduler | None]:
+    """The optimizer of ``client_id``'s turn (set up by Fabric) and the scheduler to step after each local step
+    (None unless the interval is ``step``): stored states loaded under ``optimizer_state: persist``, this round's
+    hyperparameters applied under ``interval: round``."""
+    local = unpack(fed.module, fed.module.configure_optimizers())
+    optimizer = local.optimizer
+    persist = fed.optimizer_state == "persist"
+    if persist and fed.store.optimizer_state(client_id) is not None:
+        optimizer.load_state_dict(fed.store.optimizer_state(client_id))
+    scheduler = local.scheduler if local.interval == "step" else None
+    if scheduler is not None and persist:
+        saved = fed.store.extra(client_id, STORE_KEY).get("state")
+        if saved is not None:
+            scheduler.load_state_dict(saved)
+    if fed.lr_schedule is not None:
+        fed.lr_schedule.apply(optimizer)
+    return fed.fabric.setup_optimizers(optimizer), scheduler
+
+
+def save_client(fed: Federation, client_id: str, optimizer: Any, scheduler: LRScheduler | None) -> None:
+    """Keep ``client_id``'s optimizer state and that of its ``step`` scheduler under ``optimizer_state: persist``."""
+    if fed.optimizer_state != "persist":
+        return
+    fed.store.set_optimizer_state(client_id, optimizer.state_dict())
+    if scheduler is not None:
+        fed.store.extra(client_id, STORE_KEY)["state"] = scheduler.state_dict()
+
+
+def restore_round_schedule(fed: Federation, payload: Mapping[str, Any]) -> None:
+    """Load the server's schedule from a checkpoint; refuse a checkpoint whose run had another kind of schedule."""
+    saved = payload.get("lr_schedule")
+    if (saved is None) != (fed.lr_schedule is None):
+        had = "had" if saved is not None else "had no"
+        raise CheckpointError(f"The checkpoint's run {had} a learning-rate schedule stepped per round, this one "
+                              f"{'has none' if saved is not None else 'has one'}: resume with the same "
+                              "model.init_args.lr_scheduler and lr_scheduler_interval.")
+    if saved is not None:
+        fed.lr_schedule.load_state_dict(saved)
+
+
+def round_state(fed: Federation) -> dict[str, Any] | None:
+    """What the checkpoint keeps of the server's schedule."""
+    return None if fed.lr_schedule is None else fed.lr_schedule.state_dict()
+

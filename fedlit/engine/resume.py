@@ -1,0 +1,184 @@
+"""What a checkpoint holds, what a resumed run must match, and the run's recorded configuration.
+
+A checkpoint records the run's *identity* beside its state: the strategy (class and settings, as its ``repr``
+shows them), the model (class and the shape and dtype of every parameter and buffer), the parameter roles, a
+fingerprint of the frozen tensors, the partition manifest and, for runs started from a recipe, the ``model``,
+``data``, ``strategy`` and ``federation`` sections of the resolved configuration. Resuming with anything else is
+refused with a message that names what differs. Settings that may change on resume are :data:`RESUMABLE`; each
+resume is recorded in ``config.json`` under ``resumed`` (the round it continued from and the keys it changed),
+the rest of the file staying the original configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fedlit.core.checkpoint_io import rng_state, save_checkpoint, set_rng_state
+from fedlit.core.errors import CheckpointError
+from fedlit.engine import optim, ranks, record
+
+if TYPE_CHECKING:
+    from fedlit.federation import Federation
+
+#: The parts of a recipe that define the experiment (``out_dir``, ``ckpt_path`` and ``callbacks`` may differ).
+SECTIONS = ("model", "data", "strategy", "federation")
+
+#: Federation settings that a resumed run may change (the others would make it another experiment).
+RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
+                       "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
+                       "client_timeout"})
+
+
+def identity(fed: Federation) -> dict[str, Any]:
+    """What a resumed run must share with the checkpoint (plain strings and lists only)."""
+    tensors = {**dict(fed.module.named_parameters()), **dict(fed.module.named_buffers())}
+    return {
+        "strategy": repr(fed.strategy),
+        "model": type(fed.module).__qualname__,
+        "shapes": {n: [*t.shape, str(t.dtype)] for n, t in tensors.items()},
+        "roles": dict(fed.module.parameter_roles()),
+        "frozen_fingerprint": fingerprint(fed.module.named_tensors("frozen")),
+        "manifest": json.dumps(fed.datamodule.manifest(), sort_keys=True),
+        "config": json.dumps({k: fed.config[k] for k in SECTIONS if k in fed.config}, sort_keys=True, default=str),
+    }
+
+
+def save(fed: Federation, path: str | Path) -> Path:
+    """Write everything needed to continue the run exactly, and the configuration beside it. Over several ranks
+    every rank calls it: the store entries of every rank's clients are gathered, rank 0 writes."""
+    store = fed.store.state_dict() if fed.fabric.world_size == 1 else ranks.gather_store(fed)
+    if store is None:  # a rank other than 0
+        return Path(path)
+    payload = {
+        "server_round": fed.server_round,
+        "identity": fed.identity,
+        "strategy": fed.strategy.state_dict(),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in fed.callbacks[1:]},
+        "store": store,
+        "history": fed.history.state_dict(),
+        "comm": dict(fed.comm),
+        "faults": [dict(f) for f in fed.faults],
+        "rng": rng_state(),
+        "lr_schedule": optim.round_state(fed),
+        "timing": record.timing_state(fed),
+    }
+    path = save_checkpoint(path, payload)
+    save_config(fed, path.parent)
+    return path
+
+
+def restore(fed: Federation, payload: Mapping[str, Any], ckpt_path: str | Path) -> None:
+    """Load ``payload`` into ``fed`` after checking that it belongs to this run (see the module docstring)."""
+    check_identity(payload.get("identity"), fed.identity, ckpt_path)
+    fed.server_round = int(payload["server_round"])
+    fed.strategy.load_state_dict(payload["strategy"])
+    for cb in fed.callbacks[1:]:
+        if cb.state_key in payload["callbacks"]:
+            cb.load_state_dict(payload["callbacks"][cb.state_key])
+    fed.store.load_state_dict(payload["store"])
+    fed.history.load_state_dict(payload["history"])
+    fed.comm = dict(payload["comm"])
+    fed.faults = [dict(f) for f in payload.get("faults", [])]
+    set_rng_state(payload["rng"])
+    optim.restore_round_schedule(fed, payload)
+    record.load_timing(fed, payload.get("timing"))
+
+
+def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:
+    """Raise :class:`CheckpointError` naming every difference between the checkpoint's run and this one."""
+    if saved is None:
+        raise CheckpointError(f"ckpt_path: {ckpt_path} was written by an older fedlit without a record of its "
+                              "strategy and model, so resuming it cannot be checked. Start a new run.")
+    problems = []
+    if saved["strategy"] != current["strategy"]:
+        problems.append(f"the strategy was {saved['strategy']}, now {current['strategy']}")
+    if saved["model"] != current["model"]:
+        problems.append(f"the model class was {saved['model']}, now {current['model']}")
+    else:
+        changed = [f"{n} {saved['shapes'].get(n)} -> {current['shapes'].get(n)}"
+                   for n in sorted(set(saved["shapes"]) | set(current["shapes"]))
+                   if saved["shapes"].get(n) != current["shapes"].get(n)]
+        if changed:
+            problems.append(f"the model's tensors differ ({len(changed)}: {'; '.join(changed[:3])})")
+        elif saved["roles"] != current["roles"]:
+            names = [n for n in saved["roles"] if saved["roles"][n] != current["roles"].get(n)]
+            problems.append(f"the parameter roles differ ({', '.join(names[:3])})")
+        elif saved["frozen_fingerprint"] != current["frozen_fingerprint"]:
+            problems.append("the frozen tensors differ (other pretrained weights, or a randomly initialized backbone "
+                            "built with another seed)")
+    if saved["manifest"] != current["manifest"]:
+        problems.append("it was made with another data partition (the manifest of which client holds which sample "
+                        "differs)")
+    before, now = json.loads(saved["config"]), json.loads(current["config"])
+    if before and now:
+        changed = [k for k in config_changes(before, now) if k.split(".")[0] != "federation"
+                   or k.split(".")[1] not in RESUMABLE]
+        if changed:
+            problems.append("the configuration differs in " + ", ".join(
+                f"{k} ({_short(_get(before, k))} -> {_short(_get(now, k))})" for k in changed[:5]))
+    if problems:
+        raise CheckpointError(f"ckpt_path: {ckpt_path} belongs to another run: " + "; ".join(problems) + ". Resume "
+                              "with the settings of that run (only federation." + ", federation.".join(
+                                  sorted(RESUMABLE)) + " may change), or start a new run without --ckpt_path.")
+
+
+def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested configurations."""
+    keys: list[str] = []
+    for key in sorted(set(before) | set(now)):
+        a, b, name = before.get(key), now.get(key), f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            keys += config_changes(a, b, f"{name}.")
+        elif a != b:
+            keys.append(name)
+    return keys
+
+
+def save_config(fed: Federation, folder: Path | None = None) -> None:
+    """``config.json``: the original configuration, plus a ``resumed`` entry per resume."""
+    if fed.config:
+        folder = folder or fed.out_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(fed.config, indent=1, default=str))
+
+
+def record_resume(fed: Federation, folder: Path) -> None:
+    """On resume, keep the original ``config.json`` and add this resume to its ``resumed`` list."""
+    path = folder / "config.json"
+    if not fed.config:
+        return
+    original = json.loads(path.read_text()) if path.is_file() else {}
+    resumed = list(original.pop("resumed", []))
+    if original:
+        resumed.append({"from_round": fed.server_round, "changed": {
+            k: [_get(original, k), _get(fed.config, k)] for k in config_changes(original, fed.config)}})
+        fed.config = {**original, "resumed": resumed}
+
+
+def fingerprint(tensors: Mapping[str, Tensor]) -> str:
+    """A SHA-256 of the frozen tensors (names, shapes, bytes): checkpoints hold no backbone, so a resumed run must
+    rebuild the very same one."""
+    digest = hashlib.sha256()
+    for name, tensor in tensors.items():
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _get(config: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,87 @@
+"""Checkpoints: written after on_round_end, and a resume refuses a checkpoint of another run, naming what differs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from fedlit import FedAvg, Federation, FedProx, RoleRule
+from fedlit.core.errors import CheckpointError
+from fedlit.strategies import FedAdam
+from fedlit.tasks import ClassificationModule
+from tests.conftest import TinyMLP, TinyTabular, make_federation
+
+CKPT = ("checkpoints", "last.ckpt")
+
+
+class RoundCounter(Callback):
+    """Server-side state changed in on_round_end."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_round_end(self, server_round) -> None:
+        self.seen.append(server_round)
+
+    def state_dict(self):
+        return {"seen": list(self.seen)}
+
+    def load_state_dict(self, state_dict) -> None:
+        self.seen = list(state_dict["seen"])
+
+
+def test_what_on_round_end_changes_is_in_the_checkpoint(tmp_path):
+    make_federation(tmp_path, FedAvg(), rounds=2, callbacks=[RoundCounter()]).fit()
+    payload = torch.load(tmp_path.joinpath(*CKPT), weights_only=True)
+    assert payload["callbacks"]["RoundCounter"] == {"seen": [1, 2]}  # [1] when saved before on_round_end
+    resumed = RoundCounter()
+    make_federation(tmp_path, FedAvg(), rounds=3, callbacks=[resumed]).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    assert resumed.seen == [1, 2, 3]
+
+
+@pytest.mark.parametrize("other, expected", [
+    (lambda: FedAdam(), "the strategy was FedAvg(weighting='num_examples'), now FedAdam("),
+    (lambda: FedProx(mu=0.5), "now FedProx("),
+])
+def test_resume_with_another_strategy_is_refused_by_name(tmp_path, other, expected):
+    make_federation(tmp_path, FedAvg(), rounds=1).fit()
+    with pytest.raises(CheckpointError, match="belongs to another run") as err:
+        make_federation(tmp_path, other(), rounds=2).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    assert expected in str(err.value)
+
+
+def test_resume_with_other_strategy_settings_is_refused(tmp_path):
+    make_federation(tmp_path, FedProx(mu=0.01), rounds=1).fit()
+    with pytest.raises(CheckpointError) as err:
+        make_federation(tmp_path, FedProx(mu=0.5), rounds=2).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    assert "the strategy was FedProx(mu=0.01" in str(err.value) and "now FedProx(mu=0.5" in str(err.value)
+
+
+def test_resume_with_another_model_shape_names_the_tensor(tmp_path):
+    make_federation(tmp_path, FedAvg(), rounds=1).fit()
+    torch.manual_seed(0)
+    module = ClassificationModule(backbone=TinyMLP(hidden=16), num_classes=3, lr=0.1,
+                                  roles=[RoleRule("backbone.*", "shared")])
+    wider = Federation(module, TinyTabular(), FedAvg(), rounds=2, out_dir=tmp_path, progress_bar=False)
+    with pytest.raises(CheckpointError) as err:
+        wider.fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    assert "the model's tensors differ" in str(err.value) and "backbone.0.bias [8, 'torch.float32'] -> [16" in str(
+        err.value)
+
+
+def config(lr: float, rounds: int) -> dict:
+    return {"model": {"class_path": "fedlit.tasks.ClassificationModule", "init_args": {"lr": lr}},
+            "strategy": {"class_path": "fedlit.strategies.FedAvg"}, "federation": {"rounds": rounds, "seed": 0}}
+
+
+def test_resume_may_change_rounds_and_records_it_but_not_the_model_settings(tmp_path):
+    make_federation(tmp_path, FedAvg(), rounds=1, config=config(0.1, 1)).fit()
+    with pytest.raises(CheckpointError, match=r"model\.init_args\.lr \(0\.1 -> 0\.5\)"):
+        make_federation(tmp_path, FedAvg(), rounds=2, config=config(0.5, 2)).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    make_federation(tmp_path, FedAvg(), rounds=2, config=config(0.1, 2)).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["federation"]["rounds"] == 1  # the original configuration...
+    assert saved["resumed"] == [{"from_round": 1, "changed": {"federation.rounds": [1, 2]}}]  # ...and the resume
