@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from fedlit import __version__
 from fedlit.config import resolve as runnames
 from fedlit.core.errors import CheckpointError, ConfigError, FedlitError
+from fedlit.core.version import __version__
 from fedlit.engine.run_folder import check_run_dir, lock_holder, new_version_dir, run_versions
 
 if TYPE_CHECKING:

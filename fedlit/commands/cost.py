@@ -9,7 +9,7 @@ Both build the recipe's model (on the meta device: no memory is allocated and, i
   and the clients per round (``federation.clients_per_round``);
 - per round and over the whole run, the parameters and bytes each client and all clients upload and download,
   counted as the loop counts them (``comm/upload_bytes``, ``comm/download_bytes``, ``comm/eval_download_bytes``;
-  :func:`~fedlit.strategies.functional.state_nbytes`): a selected client downloads ``configure_client`` and
+  :func:`~fedlit.core.tensors.nbytes`): a selected client downloads ``configure_client`` and
   ``configure_client_extras`` and uploads its ``shared`` tensors plus the extras the strategy adds after training
   (:meth:`~fedlit.strategies.base.Strategy.expected_upload_extras`); every client downloads ``configure_evaluate``
   once per evaluated round, and ``global_model_state`` too where the strategy has one (PGFed, EPFL).
@@ -35,12 +35,13 @@ from jsonargparse import ArgumentParser, Namespace
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import ROLES, ParameterRoles, role_summary
+from fedlit.core.tensors import nbytes as state_nbytes
+from fedlit.core.tensors import numel as state_numel
 from fedlit.data import FederatedDataModule
 from fedlit.federation import num_selected
 from fedlit.models.dry import skip_weight_loading
 from fedlit.module import FederatedModule
 from fedlit.strategies.base import Strategy
-from fedlit.strategies.functional import state_nbytes, state_numel
 
 __all__ = ["CostJob", "add_arguments", "estimate_costs", "format_table", "prepare"]
 

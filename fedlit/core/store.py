@@ -16,20 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-
-def _nbytes(tensors: Mapping[str, Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def _deep_nbytes(value: Any) -> int:
-    """Bytes of every tensor in nested dicts, lists and tuples (a strategy's or an optimizer's per-client state)."""
-    if isinstance(value, Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, Mapping):
-        return sum(_deep_nbytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_deep_nbytes(v) for v in value)
-    return 0
+from fedlit.core.tensors import nbytes
 
 
 class ClientStore:
@@ -96,10 +83,10 @@ class ClientStore:
         """Bytes of what the store keeps for one client (its tensors, optimizer state and strategy/callback state),
         or for the whole store (the template of untrained clients included)."""
         if client_id is not None:
-            return (_nbytes(self._tensors.get(client_id, {})) + _deep_nbytes(self._optimizer.get(client_id))
-                    + _deep_nbytes(self._extra.get(client_id)))
+            return (nbytes(self._tensors.get(client_id, {})) + nbytes(self._optimizer.get(client_id))
+                    + nbytes(self._extra.get(client_id)))
         clients = {*self._tensors, *self._optimizer, *self._extra}
-        return _nbytes(self._initial) + sum(self.nbytes(c) for c in clients)
+        return nbytes(self._initial) + sum(self.nbytes(c) for c in clients)
 
     def retain(self, client_ids: set[str]) -> None:
         """Keep only ``client_ids``' entries, now and whenever a state is loaded later (a rank of a multi-device run

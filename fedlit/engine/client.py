@@ -34,9 +34,10 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import DataError
+from fedlit.core.tensors import first_non_finite
+from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import optim
 from fedlit.strategies.base import ClientUpdate
-from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -152,11 +153,11 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
         state={n: t.detach().to(fed.store.device, copy=True) for n, t in shared.items()},
         metrics={"loss": loss_sum / seen if seen else math.nan, "steps": float(steps)},
     )
-    bad = bad or _non_finite(module.named_tensors("shared", "personal"), "tensor")
+    bad = bad or first_non_finite(module.named_tensors("shared", "personal"), "tensor")
     if bad is None:
         call_with_client_state(fed, "on_client_fit_end", **hook_args, server_round=server_round,
                                client_id=client_id, update=update)
-        bad = _non_finite(_tensors_in(update.extras), "uploaded extra")
+        bad = first_non_finite(update.extras, "uploaded extra")
     download = state_nbytes(received) + state_nbytes(received_extras)
     if bad is not None:
         return ClientTurn(update, download, bad, kind)
@@ -196,24 +197,3 @@ def call_with_client_state(fed: Federation, hook: str, **kwargs: Any) -> None:
         if takes_all or "client_state" in params:
             given["client_state"] = fed.store.extra(client_id, callback.state_key)
         method(**given)
-
-
-def _non_finite(tensors: Mapping[str, Tensor], what: str) -> str | None:
-    """A description of the first tensor holding NaN or Inf, or None (one reduction per floating tensor)."""
-    for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return f"non-finite {what} {name!r}"
-    return None
-
-
-def _tensors_in(obj: Any, prefix: str = "") -> dict[str, Tensor]:
-    if isinstance(obj, Tensor):
-        return {prefix: obj}
-    if isinstance(obj, Mapping):
-        out: dict[str, Tensor] = {}
-        for key, value in obj.items():
-            out.update(_tensors_in(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    if isinstance(obj, (list, tuple)):
-        return {k: v for i, item in enumerate(obj) for k, v in _tensors_in(item, f"{prefix}[{i}]").items()}
-    return {}

@@ -41,10 +41,10 @@ import torch
 
 from fedlit.core.checkpoint_io import BEST
 from fedlit.core.errors import DataError
+from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import baseline, executor, hparams, optim, record
 from fedlit.engine.client import call_with_client_state, load_client
 from fedlit.engine.history import markdown_table, summarize
-from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation

@@ -128,7 +128,7 @@ def _wall_seconds(fed: Federation) -> float:
 
 def describe(fed: Federation) -> dict[str, Any]:
     """The run's description in ``results.json``: strategy, seed, versions, times."""
-    from fedlit import __version__
+    from fedlit.core.version import __version__
 
     cls = type(fed.strategy)
     return {
@@ -298,7 +298,7 @@ def checkpoints(fed: Federation) -> dict[str, Any]:
 def write_evaluation(fed: Federation, split: str, ckpt_path: str | os.PathLike,
                      result: Mapping[str, Any]) -> Path:
     """Save a checkpoint's evaluation as ``out_dir/evaluations/<split>_<checkpoint name>.json``."""
-    from fedlit import __version__
+    from fedlit.core.version import __version__
 
     folder = fed.out_dir / EVALUATIONS
     path = folder / f"{split}_{Path(ckpt_path).stem}.json"

@@ -14,9 +14,9 @@ import torch
 from fedlit.core.checkpoint_io import LAST
 from fedlit.core.errors import FedlitError, NonFiniteError
 from fedlit.core.roles import role_summary_table
+from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import energy, executor, record
 from fedlit.engine import evaluate as evaluation
-from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation

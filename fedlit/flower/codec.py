@@ -28,6 +28,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch import Tensor
 
+from fedlit.core.tensors import nbytes as tree_nbytes
+
 _SCALARS = (type(None), bool, int, float, str)
 #: Torch dtypes NumPy lacks, sent as the integer view of their bits.
 _BIT_VIEWS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
@@ -64,17 +66,7 @@ def get_tree(content: RecordDict, name: str) -> Any:
 
 def tensors_nbytes(content: RecordDict, name: str) -> int:
     """Bytes of the tensors stored under ``name`` (as fedlit counts them: elements times element size)."""
-    return sum(t.numel() * t.element_size() for t in _tensors(get_tree(content, name)))
-
-
-def _tensors(tree: Any) -> list[Tensor]:
-    if isinstance(tree, Tensor):
-        return [tree]
-    if isinstance(tree, Mapping):
-        return [t for v in tree.values() for t in _tensors(v)]
-    if isinstance(tree, list | tuple):
-        return [t for v in tree for t in _tensors(v)]
-    return []
+    return tree_nbytes(get_tree(content, name))
 
 
 def _pack(obj: Any, path: str, tensors: dict[str, Tensor]) -> Any:

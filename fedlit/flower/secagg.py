@@ -80,11 +80,11 @@ from flwr.serverapp.grid import Grid
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
+from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine.client import ClientTurn
 from fedlit.strategies.aggregators import WeightedMeanAggregator
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.fedavg import FedAvg
-from fedlit.strategies.functional import state_nbytes
 
 if TYPE_CHECKING:
     from fedlit.engine.executor import FitTask

@@ -61,29 +61,6 @@ def squared_distance(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor])
     return torch.stack(terms).sum()
 
 
-def state_nbytes(state: Mapping[str, object]) -> int:
-    """Bytes of the tensors in ``state`` (nested dicts and lists are searched); what crosses the network."""
-    return sum(t.numel() * t.element_size() for t in _tensors_of(state))
-
-
-def state_numel(state: Mapping[str, object]) -> int:
-    """Scalars of the tensors in ``state``, searched as :func:`state_nbytes` does."""
-    return sum(t.numel() for t in _tensors_of(state))
-
-
-def _tensors_of(state: object) -> list[Tensor]:
-    found, stack = [], [state]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Tensor):
-            found.append(item)
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return found
-
-
 # ----------------------------------------------------------------------------------- robust aggregation
 # Coordinate-wise median and trimmed mean: Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust Distributed
 # Learning: Towards Optimal Statistical Rates", ICML 2018. Krum / Multi-Krum: Blanchard, El Mhamdi, Guerraoui,

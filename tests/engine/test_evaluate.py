@@ -16,10 +16,10 @@ import tests.conftest
 from fedlit import Federation, RoleRule
 from fedlit.commands.cost import estimate_costs
 from fedlit.core.errors import ConfigError
+from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.models import MLP
 from fedlit.strategies import APPLE, EPFL, FedMetaMed, PGFed
 from fedlit.strategies.fedavg import FedAvg
-from fedlit.strategies.functional import state_nbytes
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyTabular, make_federation
 from tests.strategies.test_epfl import LORA_ROLES, LoRAMLP, _aggregate, _strategy

@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedlit.core import tensors
 from fedlit.strategies import functional as F
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, width=32)
@@ -97,4 +98,4 @@ def test_squared_distance_and_nbytes_by_hand():
     params = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0])}
     anchor = {"a": torch.tensor([0.0, 0.0]), "b": torch.tensor([1.0])}
     assert F.squared_distance(params, anchor).item() == 1 + 4 + 4
-    assert F.state_nbytes({"x": torch.zeros(3), "y": [torch.zeros(2, dtype=torch.float64)], "n": 3}) == 12 + 16
+    assert tensors.nbytes({"x": torch.zeros(3), "y": [torch.zeros(2, dtype=torch.float64)], "n": 3}) == 12 + 16
