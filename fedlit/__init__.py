@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from fedlit.module import FederatedModule
     from fedlit.strategies import ClientUpdate, FedAvg, FedBN, FedProx, Local, Strategy
 
-from fedlit.core.version import __version__
+from fedlit.core.version import __version__ as __version__
 
 _EXPORTS = {
     "ClientStore": "fedlit.core.store",
