@@ -111,7 +111,7 @@ class EarlyStopping(Callback):
         known = getattr(pl_module, "higher_is_better", {})
         if known and metric not in known:
             raise ConfigError(f"EarlyStopping: metric={metric!r} is not one of {sorted(known)}.")
-        if not any(trainer.datamodule.num_examples(c, "val") for c in trainer.client_ids):
+        if not any(trainer.num_examples(c, "val") for c in trainer.client_ids):
             raise ConfigError("EarlyStopping watches the mean validation metric, but no client has a validation "
                               "split. Give the clients one (data.init_args) or remove the callback.")
         if self.wait >= self.patience:  # restored from a run that had stopped

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedlit.cli import build_parser, main, run
+from fedlit.cli import main, run
+from fedlit.commands.fit import build_parser
 from fedlit.models import minilm_l6_v2_folder
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,12 +33,14 @@ from typing import Any, Literal
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
+from fedlit.config.build import instantiate
+from fedlit.config.parser import parse, recipe_parser, root_parser, subclasses
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import ROLES, ParameterRoles, role_summary
+from fedlit.core.seeding import num_selected
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.core.tensors import numel as state_numel
 from fedlit.data import FederatedDataModule
-from fedlit.federation import num_selected
 from fedlit.models.dry import skip_weight_loading
 from fedlit.module import FederatedModule
 from fedlit.strategies.base import Strategy
@@ -236,6 +238,22 @@ class CostJob:
         return self.report
 
 
+HELP = "Print the parameters per role and the bytes a run would communicate, before training (no data read)."
+
+
+def parser(name: str = "cost") -> ArgumentParser:
+    """The options of ``fedlit cost``: a recipe, ``--compare`` and ``--format``."""
+    sub = recipe_parser(name, HELP)
+    add_arguments(sub, name)
+    return sub
+
+
+def command(argv: list[str]) -> CostJob:
+    """``fedlit cost ...`` parsed and estimated (configuration errors are raised here)."""
+    root = root_parser({"cost": (HELP, parser())})
+    return prepare(root, parse(root, argv), "cost")
+
+
 def prepare(parser: ArgumentParser, cfg: Namespace, subcommand: str) -> CostJob:
     """Build the model (meta device, no weight file), the strategies and, if it can be built without its files,
     the data module (never set up); estimate the costs. Configuration errors are raised here."""
@@ -277,7 +295,7 @@ def _build_without_data(parser: ArgumentParser, cfg: Namespace, subcommand: str)
         except Exception as err:  # noqa: BLE001  (any failure on meta: build as usual; its errors are the real ones)
             lines = [line.strip(" -") for line in str(err).splitlines() if line.strip(" -")]
             reason = next((line for line in lines if "meta" in line), lines[0] if lines else type(err).__name__)
-        objects = parser.instantiate_classes(rest)
+        objects = instantiate(parser, rest)
     return objects[subcommand], f"the model was built on the CPU, not on the meta device ({reason[:160]})."
 
 
@@ -321,9 +339,7 @@ def _missing_files(err: BaseException) -> str | None:
 
 def _compare_strategy(name: str) -> Strategy:
     """A strategy of ``--compare`` (a short name or an import path), built with its default arguments."""
-    from fedlit import cli
-
-    known = {c.__name__: c for c in cli._subclasses(Strategy) if not getattr(c, "__abstractmethods__", None)}
+    known = {c.__name__: c for c in subclasses(Strategy) if not getattr(c, "__abstractmethods__", None)}
     if "." in name:
         module_name, _, attr = name.rpartition(".")
         try:

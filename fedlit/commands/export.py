@@ -22,13 +22,17 @@ import json
 import math
 import tempfile
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from jsonargparse import ArgumentParser, Namespace
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from fedlit.commands import fit
+from fedlit.config.parser import root_parser
 from fedlit.core.checkpoint_io import BEST, LAST
 from fedlit.core.errors import CheckpointError, ConfigError
 
@@ -74,8 +78,6 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
         ConfigError: If ``run_dir`` has no ``config.json`` (a run made from Python rather than a recipe).
         CheckpointError: If the checkpoint does not belong to this configuration.
     """
-    from fedlit.cli import prepare  # here: the CLI imports this module
-
     run_dir = Path(run_dir)
     config_file = run_dir / "config.json"
     if not config_file.is_file():
@@ -90,7 +92,7 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
         recipe = Path(tmp) / "config.json"
         recipe.write_text(json.dumps(config))
         # on the CPU whatever the run used (the accelerator may change on resume too): nothing is computed
-        job = prepare(["test", "--config", str(recipe), "--out_dir", str(run_dir), "--ckpt_path", str(ckpt_path),
+        job = fit.prepare(["test", "--config", str(recipe), "--out_dir", str(run_dir), "--ckpt_path", str(ckpt_path),
                        "--federation.accelerator", "cpu", "--federation.devices", "1"])
     fed = job.federation
     fed.progress_bar = False
@@ -236,3 +238,47 @@ def _save_adapters(adapters: Mapping[str, nn.Module], folder: Path, exported: se
 def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
     """Metrics for JSON: NaN (an undefined AUROC on a one-class split) as null."""
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in values.items()}
+
+
+# ------------------------------------------------------------------------------------------ command
+HELP = "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA)."
+
+
+def parser(name: str = "export") -> ArgumentParser:
+    parser = ArgumentParser(description=HELP, exit_on_error=False)
+    parser.add_argument("--run", type=str, required=True, help="The run folder (the out_dir of `fedlit fit`).")
+    parser.add_argument("--ckpt_path", type=str, default="last",
+                        help="`last` (checkpoints/last.ckpt), `best` (checkpoints/best.ckpt) or a .ckpt file.")
+    parser.add_argument("--clients", type=str | None, default=None,
+                        help="Comma-separated client ids to export (default: every client).")
+    parser.add_argument("--out", type=str | None, default=None, help="Output folder (default: <run>/export).")
+    return parser
+
+
+@dataclass
+class ExportJob:
+    """``fedlit export``: the run rebuilt and restored, ready to write."""
+
+    federation: Federation
+    checkpoint: Path
+    clients: list[str] | None
+    out: Path
+
+    def __call__(self) -> dict[str, Path]:
+        written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint)
+        print(f"fedlit export: round {self.federation.server_round} of {self.checkpoint}, {len(written)} clients "
+              f"-> {self.out}", flush=True)
+        return written
+
+
+def prepare(cfg: Namespace) -> ExportJob:
+    """Rebuild the run and restore its checkpoint (configuration errors are raised here, as for the others)."""
+    ckpt = checkpoint_of(cfg.run, cfg.ckpt_path)
+    clients = [c.strip() for c in cfg.clients.split(",") if c.strip()] if cfg.clients else None
+    out = Path(cfg.out) if cfg.out else Path(cfg.run) / "export"
+    return ExportJob(load_run(cfg.run, ckpt), ckpt, clients, out)
+
+
+def command(argv: list[str]) -> ExportJob:
+    """``fedlit export ...`` parsed and its run rebuilt and restored (configuration errors are raised here)."""
+    return prepare(root_parser({"export": (HELP, parser())}).parse_args(argv).export)

@@ -134,18 +134,39 @@ class PartitionJob:
         return summary
 
 
+HELP = "Build a recipe's data only: print each client's samples per split and class, plot them."
+
+
+def parser(name: str = "partition") -> Any:
+    """The options of ``fedlit partition``: a recipe and ``--out``."""
+    from fedlit.config.parser import recipe_parser
+
+    sub = recipe_parser(name, HELP)
+    add_arguments(sub)
+    return sub
+
+
+def command(argv: list[str]) -> PartitionJob:
+    """``fedlit partition ...`` parsed and its data built (configuration errors are raised here)."""
+    from fedlit.config.parser import parse, root_parser
+
+    cfg = parse(root_parser({"partition": (HELP, parser())}), argv)
+    return prepare(cfg.partition)
+
+
 def prepare(cfg: Any) -> PartitionJob:
     """Build and set up only the data module of the parsed ``partition`` configuration."""
     from jsonargparse import ArgumentParser
     from lightning.fabric.utilities.seed import seed_everything
 
     from fedlit.config import resolve as runnames
+    from fedlit.config.build import instantiate
     from fedlit.data import FederatedDataModule
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(FederatedDataModule, "data", required=True)
     seed_everything(cfg.federation.seed, verbose=False)  # as fit does: generated data is the run's
-    data = parser.instantiate_classes(parser.parse_object({"data": cfg.data.as_dict()})).data
+    data = instantiate(parser, parser.parse_object({"data": cfg.data.as_dict()})).data
     data.setup()
     out = Path(cfg.out) if cfg.out else runnames.run_root(cfg) / "partition"
     return PartitionJob(data, out)

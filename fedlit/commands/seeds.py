@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedlit.commands import fit
+from fedlit.config.explain import CONFIG_ERRORS, explain
+from fedlit.config.parser import parse, root_parser
 from fedlit.core.errors import ConfigError, FedlitError
 
-SEEDS = "--seeds"
+SEEDS = fit.SEEDS
 EXPERIMENT_FILE = "experiment.json"
 #: Options that place a run: the experiment takes them, each seed's run gets its own ``--out_dir``.
 _PLACING = ("--out_dir", "--name", "--version")
@@ -90,18 +93,16 @@ class SeedsJob:
         return self.folder / f"seed_{seed}"
 
     def __call__(self) -> dict[int, Any]:
-        from fedlit import cli
-
         print(f"fedlit fit: {len(self.seeds)} seeds ({', '.join(map(str, self.seeds))}) -> {self.folder}",
               flush=True)
         self._write()
         for seed in self.seeds:
             try:
-                job = cli.prepare(self.argvs[seed])
+                job = fit.prepare(self.argvs[seed])
             except FedlitError:
                 raise
-            except cli.CONFIG_ERRORS as err:
-                raise ConfigError(f"--seeds, seed {seed}: {cli.explain(err)}") from None
+            except CONFIG_ERRORS as err:
+                raise ConfigError(f"--seeds, seed {seed}: {explain(err)}") from None
             self.results[seed] = job()
             self._write()
         return self.results
@@ -119,7 +120,6 @@ class SeedsJob:
 
 def prepare(argv: list[str]) -> SeedsJob:
     """Check ``fit ... --seeds ...`` and plan one run per seed (configuration errors are raised here)."""
-    from fedlit import cli
     from fedlit.config import resolve as runnames
     from fedlit.engine.run_folder import check_run_dir, new_version_dir
 
@@ -132,8 +132,7 @@ def prepare(argv: list[str]) -> SeedsJob:
     if any(a == "--federation.seed" or a.startswith("--federation.seed=") for a in rest):
         raise ConfigError("--seeds with --federation.seed: --seeds sets federation.seed of each run; leave out "
                           "--federation.seed.")
-    cli._precheck(rest)
-    cfg = cli.build_parser().parse_args(rest)
+    cfg = parse(root_parser({"fit": (fit.HELP["fit"], fit.parser("fit"))}), rest)
     sub = cfg.fit
     if sub.federation.devices not in (1, "1") or sub.federation.num_nodes != 1:
         raise ConfigError(f"--seeds with federation.devices={sub.federation.devices}, num_nodes="
@@ -166,12 +165,3 @@ def prepare(argv: list[str]) -> SeedsJob:
     for seed in seeds:
         job.argvs[seed] = [*argvs[seed], "--out_dir", str(job.run_dir(seed))]
     return job
-
-
-def add_arguments(parser: Any) -> None:
-    """``--seeds`` in ``fedlit fit --help`` (the option itself is read by :func:`prepare` before parsing)."""
-    parser.add_argument(SEEDS, type=list[int] | None, default=None,
-                        help="Run the recipe once per seed (--seeds 0 1 2): federation.seed and the data's seed set "
-                             "to each, runs in runs/<name>/<version>/seed_<s> (or OUT_DIR/seed_<s>), the "
-                             "experiment recorded in experiment.json.")
-

@@ -1,4 +1,4 @@
-"""Where a command's run lives: run names, versions, ``--run`` and ``--ckpt_path best``.
+"""Where a command's run lives: run names, versions, ``--run``, ``--ckpt_path last`` and ``best``.
 
 Without ``--out_dir`` a run goes to ``runs/<name>/<version>``: ``--name`` defaults to the recipe's file name plus
 the strategy's class name (``quickstart_fedprox``), ``--version`` to the next ``version_<n>`` (an int ``n`` means
@@ -15,8 +15,10 @@ from pathlib import Path
 from jsonargparse import ArgumentParser, Namespace
 
 from fedlit.core.errors import CheckpointError, ConfigError
-from fedlit.engine.run_folder import run_versions
+from fedlit.engine.run_folder import lock_holder, run_versions
 
+LAST_KEYWORD = "last"
+BEST_KEYWORD = "best"
 #: The subcommands that evaluate a checkpoint (they take ``--run``).
 EVALUATING = ("validate", "test")
 
@@ -126,3 +128,66 @@ def resolve_best(cfg: Namespace, subcommand: str, out_dir: Path | None) -> tuple
         raise CheckpointError(f"--ckpt_path best: {out_dir} has no {ckpt.name}{why}. Evaluate --ckpt_path last "
                               "instead; best.ckpt is saved only by runs with a validation split.")
     return out_dir, ckpt
+
+
+def resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | None]:
+    """The run folder and the checkpoint of a command; ``None`` as folder means a new ``runs/<name>/version_<n>``.
+
+    - ``fit``: ``--out_dir`` (or ``--name``/``--version``) as given, else a new version; ``--ckpt_path last``
+      resumes the newest run of the name (or the given folder) and never an older one silently.
+    - ``validate``/``test``: ``--ckpt_path`` (default ``last``, as for ``fit``; ``best`` for the run's
+      ``best.ckpt``) of ``--run`` or the folders above; without them a checkpoint file is evaluated in its own
+      run folder.
+    """
+    from fedlit.core.checkpoint_io import LAST  # torch: imported when a run is resolved, not for --help
+
+    named = [f"--{key} {cfg[key]}" for key in ("name", "version") if cfg[key] is not None]
+    if cfg.out_dir and named:
+        raise ConfigError(f"{' and '.join(named)} and --out_dir {cfg.out_dir}: give one of them (--out_dir is the "
+                          "whole folder; --name and --version make runs/<name>/<version>).")
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else version_dir(cfg)
+    if cfg.get("run"):
+        if cfg.out_dir or cfg.version is not None or cfg.name is not None:
+            raise ConfigError(f"--run {cfg.run} is the run's folder: leave out --out_dir, --name and --version.")
+        out_dir = Path(cfg.run)
+    ckpt_path = cfg.ckpt_path if cfg.ckpt_path is not None or subcommand == "fit" else LAST_KEYWORD
+    if ckpt_path is None:
+        return out_dir, None
+    if ckpt_path == BEST_KEYWORD:
+        return resolve_best(cfg, subcommand, out_dir)
+    if ckpt_path != LAST_KEYWORD:
+        ckpt = Path(ckpt_path)
+        if out_dir is None and subcommand != "fit":
+            out_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+        return out_dir, ckpt
+    option = "--ckpt_path last" if cfg.ckpt_path is not None else f"fedlit {subcommand} (without --ckpt_path)"
+    if out_dir is not None:
+        ckpt = out_dir / "checkpoints" / LAST
+        if not ckpt.is_file():
+            raise CheckpointError(
+                f"{option}: no checkpoint at {ckpt}. Run `fedlit fit` into --out_dir {out_dir} first, or give "
+                "--out_dir of the run to resume, or --ckpt_path with the path of a .ckpt file."
+            )
+        return out_dir, ckpt
+    root = run_root(cfg)
+    runs = run_versions(root)
+    if not runs:
+        raise CheckpointError(
+            f"{option}: no run named {root.name} under {root.parent}. Run `fedlit fit` with this recipe first (with "
+            "the same --name or --strategy), or give --out_dir or --run of a run, or --ckpt_path with the path of a "
+            ".ckpt file."
+        )
+    newest = runs[-1]
+    ckpt = newest / "checkpoints" / LAST
+    if not ckpt.is_file():
+        holder = lock_holder(newest)
+        state = (f"it is still running (pid {holder.get('pid', '?')}) and has not saved one yet" if holder
+                 else "it stopped before its first checkpoint")
+        older = [p for p in runs[:-1] if (p / "checkpoints" / LAST).is_file()]
+        hint = f" (the newest with one is {older[-1]})" if older else ""
+        raise CheckpointError(
+            f"{option}: the newest run of this name, {newest}, has no checkpoint: {state}. `last` never falls "
+            f"back to an older run. Pass --out_dir of an older run{hint}, or --ckpt_path with the path of a "
+            ".ckpt file."
+        )
+    return newest, ckpt

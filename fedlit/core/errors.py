@@ -21,6 +21,11 @@ class DataError(FedlitError, ValueError):
     """An input file or data split is unusable (names the file and row, or the client)."""
 
 
+class InputFileError(FedlitError, FileNotFoundError):
+    """A file or folder that the recipe names does not exist (names the option, the path tried and where to get
+    the data or weights)."""
+
+
 class CheckpointError(FedlitError, ValueError):
     """A checkpoint cannot be read, or does not belong to the run that resumes it."""
 

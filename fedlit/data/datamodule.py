@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
 from fedlit.data.splits import SPLITS, split_problems
 
@@ -138,7 +138,7 @@ class FederatedDataModule:
         if not is_int(seed):
             problems.append(f"data.init_args.seed must be an integer, got {seed!r}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size if eval_batch_size is not None else batch_size
         self.num_workers = num_workers
@@ -304,7 +304,7 @@ class FederatedDataModule:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise KeyError(f"unknown client id {client_id!r}; valid ids: {list(splits)}{hint}")
         if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {list(SPLITS)}")
+            raise ConfigError(f"unknown split {split!r}; valid splits: {list(SPLITS)}")
         return splits[client_id][split]
 
     def _loader(

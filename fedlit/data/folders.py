@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import (
     Compose,
@@ -117,10 +117,10 @@ class SiteFolders(FederatedDataModule):
         except ValueError as err:
             problems.append(str(err))
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
         if not self.root.is_dir():
-            raise FileNotFoundError(
+            raise InputFileError(
                 f"{_OPTION}.root: no folder {self.root}. It must hold one sub-folder per site, each with class "
                 f"sub-folders of images or a {labels_file} listing images and labels"
             )
@@ -130,11 +130,11 @@ class SiteFolders(FederatedDataModule):
             if unknown:
                 close = difflib.get_close_matches(unknown[0], found, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"{_OPTION}.sites: {unknown} are not folders of {self.root}; its site folders "
+                raise ConfigError(f"{_OPTION}.sites: {unknown} are not folders of {self.root}; its site folders "
                                  f"are {found}{hint}")
         self.sites = list(sites) if sites is not None else found
         if not self.sites:
-            raise FileNotFoundError(f"{_OPTION}.root: {self.root} holds no site folder; put each site's images in "
+            raise InputFileError(f"{_OPTION}.root: {self.root} holds no site folder; put each site's images in "
                                     f"{self.root}/<site>/")
         self.requested_task, self.channels, self.image_size = task, channels, image_size
         self.split_fractions = tuple(float(f) for f in split_fractions)

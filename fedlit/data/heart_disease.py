@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData
 from fedlit.data.splits import stratified_split
 
@@ -91,7 +91,7 @@ class FedHeartDisease(FederatedDataModule):
             batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
         )
         if not 0 <= val_fraction < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"data.init_args.val_fraction must be in [0, 1), got {val_fraction!r}: 0 reproduces FLamby "
                 "(no validation split), e.g. 0.2 holds out a fifth of each center's train rows"
             )
@@ -99,7 +99,7 @@ class FedHeartDisease(FederatedDataModule):
         missing = [name for name in FILES if not (self.root / name).is_file()]
         if missing:
             where = f"folder {self.root} lacks {missing}" if self.root.is_dir() else f"no folder {self.root}"
-            raise FileNotFoundError(
+            raise InputFileError(
                 f"data.init_args.root: {where}. It must hold {list(FILES)}, the processed files of UCI Heart "
                 f"Disease ({_URL}, 'processed.*.data' in the download)"
             )

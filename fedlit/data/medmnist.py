@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, TaskType
 from fedlit.data.partition import Dirichlet, Partitioner
 from fedlit.data.splits import check_split_fractions, split_clients
@@ -113,10 +113,10 @@ class MedMNIST(FederatedDataModule):
         if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
             problems.append(f"data.init_args.image_size must be null or an integer >= 1, got {image_size!r}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.path = Path(path).expanduser()
         if not self.path.is_file():
-            raise FileNotFoundError(_missing_file_message(self.path))
+            raise InputFileError(_missing_file_message(self.path))
         self.num_clients = num_clients
         self.partitioner: Partitioner = partitioner if partitioner is not None else Dirichlet(alpha=0.5)
         self.split_fractions = tuple(float(f) for f in split_fractions)

@@ -19,16 +19,18 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from fedlit.core.errors import ConfigError
+
 _OPTION = "data.init_args.partitioner.init_args"
 
 
 def _check_num_clients(num_samples: int, num_clients: int) -> None:
     if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer) or num_clients < 1:
-        raise ValueError(
+        raise ConfigError(
             f"data.init_args.num_clients must be a positive integer, got {num_clients!r}: set it to 1 or more"
         )
     if num_clients > num_samples:
-        raise ValueError(
+        raise ConfigError(
             f"cannot give {num_clients} clients at least one sample out of {num_samples}: "
             f"lower data.init_args.num_clients to at most {num_samples}"
         )
@@ -68,7 +70,7 @@ def dirichlet_partition(
     """
     _check_num_clients(len(labels), num_clients)
     if num_clients * min_size > len(labels):
-        raise ValueError(
+        raise ConfigError(
             f"{_OPTION}.min_size={min_size} needs {num_clients * min_size} samples for {num_clients} "
             f"clients, the pool has {len(labels)}: lower min_size or data.init_args.num_clients"
         )
@@ -84,7 +86,7 @@ def dirichlet_partition(
         merged = [np.sort(np.concatenate(chunks)) for chunks in parts]
         if min(len(p) for p in merged) >= min_size:
             return merged
-    raise ValueError(
+    raise ConfigError(
         f"Dirichlet(alpha={alpha}) gave some client fewer than min_size={min_size} samples in {max_tries} "
         f"draws ({len(labels)} samples, {num_clients} clients): raise {_OPTION}.alpha, lower "
         f"{_OPTION}.min_size or lower data.init_args.num_clients"
@@ -107,7 +109,7 @@ def pathological_partition(
     _check_num_clients(len(labels), num_clients)
     classes = np.unique(labels)
     if classes_per_client > len(classes):
-        raise ValueError(
+        raise ConfigError(
             f"{_OPTION}.classes_per_client={classes_per_client} is more than the {len(classes)} classes "
             f"in the labels: set it between 1 and {len(classes)}"
         )
@@ -129,7 +131,7 @@ def pathological_partition(
             continue
         members = rng.permutation(np.flatnonzero(labels == c))
         if len(members) < len(clients):
-            raise ValueError(
+            raise ConfigError(
                 f"Pathological: class {c} has {len(members)} samples but {len(clients)} clients hold it: "
                 f"lower {_OPTION}.classes_per_client or data.init_args.num_clients"
             )
@@ -153,7 +155,7 @@ def shards_partition(
     _check_num_clients(len(labels), num_clients)
     rest = 1.0 - major - minor
     if num_clients < 2 or (num_clients == 2 and rest > 1e-12):
-        raise ValueError(
+        raise ConfigError(
             f"Shards(major={major}, minor={minor}) needs 3 or more clients (2 when major + minor = 1), got "
             f"data.init_args.num_clients={num_clients}: raise num_clients"
         )
@@ -202,7 +204,7 @@ class Partitioner(ABC):
         """
         labels = np.asarray(labels)
         if labels.ndim != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"partitioners take one label per sample (1-D), got labels of shape {labels.shape}"
             )
         return self._partition(labels, num_clients, rng, groups)
@@ -242,7 +244,7 @@ class Dirichlet(Partitioner):
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
             problems.append(f"{_OPTION}.min_size must be an integer >= 1, got {min_size!r}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.alpha = float(alpha)
         self.min_size = min_size
 
@@ -268,7 +270,7 @@ class Pathological(Partitioner):
             or not isinstance(classes_per_client, int)
             or classes_per_client < 1
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{_OPTION}.classes_per_client must be an integer >= 1, got {classes_per_client!r}: "
                 "use e.g. 2 (Luo's thesis)"
             )
@@ -305,7 +307,7 @@ class Shards(Partitioner):
                 "lower one of them (e.g. major=0.8, minor=0.1)"
             )
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.major = float(major)
         self.minor = float(minor)
 
@@ -325,13 +327,13 @@ class Natural(Partitioner):
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
         if groups is None:
-            raise ValueError(
+            raise ConfigError(
                 "partitioner Natural() needs the site of each sample, and this data set has none: choose "
                 "IID, Dirichlet, Pathological or Shards for data.init_args.partitioner"
             )
         parts = natural_partition(groups)
         if len(parts) != num_clients:
-            raise ValueError(
+            raise ConfigError(
                 f"partitioner Natural(): the data set has {len(parts)} sites but data.init_args.num_clients="
                 f"{num_clients}: set num_clients to {len(parts)}"
             )

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.splits import SPLITS, split_problems, stratified_split
 
 CLASSIFICATION = ("multiclass", "binary", "multilabel")
@@ -143,7 +143,7 @@ def make_transform(spec: Any, option: str) -> Transform | None:
     parts = list(spec) if isinstance(spec, list | tuple) else [spec]
     bad = [repr(p) for p in parts if not callable(p)]
     if bad:
-        raise ValueError(
+        raise ConfigError(
             f"{option} must be a transform (e.g. class_path: torchvision.transforms.v2.RandomHorizontalFlip) or a "
             f"list of them; {', '.join(bad)} is not callable"
         )

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import SampleList, TransformSpec, class_sort_key, make_transform, split_samples
 from fedlit.data.splits import check_split_fractions
@@ -80,10 +80,10 @@ class SiteDataset(FederatedDataModule):
         )
         check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise ValueError(f"{_OPTION}.dataset must be a map-style Dataset (with __getitem__ and __len__), got "
+            raise ConfigError(f"{_OPTION}.dataset must be a map-style Dataset (with __getitem__ and __len__), got "
                              f"{type(dataset).__name__}")
         if isinstance(sites, str) and not hasattr(dataset, sites):
-            raise ValueError(f"{_OPTION}.sites={sites!r} names no attribute of {type(dataset).__name__}")
+            raise ConfigError(f"{_OPTION}.sites={sites!r} names no attribute of {type(dataset).__name__}")
         self.dataset, self.sites, self.label_fn = dataset, sites, label_fn
         self.requested_task, self.requested_classes, self.given_targets = task, num_classes, targets
         self.split_fractions = tuple(float(f) for f in split_fractions)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError
 
 SPLITS = ("train", "val", "test")
 
@@ -22,9 +22,9 @@ def check_split_fractions(fractions: Sequence[float], option: str = "data.init_a
         "three fractions (train, val, test) >= 0 that sum to 1, train and test > 0, e.g. (0.4, 0.3, 0.3)"
     )
     if len(values) != 3:
-        raise ValueError(f"{option} must be {allowed}; got {values!r}")
+        raise ConfigError(f"{option} must be {allowed}; got {values!r}")
     if any(not f >= 0 for f in values) or values[0] <= 0 or values[2] <= 0 or abs(sum(values) - 1) > 1e-6:
-        raise ValueError(f"{option} must be {allowed}; got {values!r} (sum {sum(values):g})")
+        raise ConfigError(f"{option} must be {allowed}; got {values!r} (sum {sum(values):g})")
 
 
 def split_sizes(num_samples: int, fractions: Sequence[float]) -> np.ndarray:
@@ -39,7 +39,7 @@ def split_sizes(num_samples: int, fractions: Sequence[float]) -> np.ndarray:
     shares = np.asarray(fractions, dtype=np.float64)
     wanted = int((shares > 0).sum())
     if num_samples < wanted:
-        raise ValueError(
+        raise ConfigError(
             f"cannot split {num_samples} samples into {wanted} non-empty splits {tuple(fractions)}"
         )
     exact = num_samples * shares / shares.sum()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedlit.core.errors import ConfigError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
 from fedlit.data.splits import check_split_fractions, split_clients
 from fedlit.tasks.survival import concordance_index
@@ -75,7 +76,7 @@ class SyntheticSurvival(FederatedDataModule):
             problems.append(f"data.init_args.censoring must be [low, high] with 0 <= low <= high <= 0.95, got "
                             f"{list(censoring)!r}: e.g. [0.2, 0.6]")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.num_clients, self.samples_per_client, self.num_features = num_clients, samples_per_client, num_features
         self.signal, self.covariate_shift = float(signal), float(covariate_shift)
         self.censoring = (float(censoring[0]), float(censoring[1]))

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedlit.core.errors import ConfigError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
 
@@ -80,7 +81,7 @@ class SyntheticImages(FederatedDataModule):
         if not label_alpha > 0:
             problems.append(f"data.init_args.label_alpha must be > 0, got {label_alpha!r}: e.g. 0.3 or 1.0")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.num_clients = num_clients
         self.samples_per_client = samples_per_client
         self._num_classes = num_classes

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import torch
 
+from fedlit.core.errors import ConfigError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
 from fedlit.data.splits import check_split_fractions, split_clients
 from fedlit.data.synthetic import _background, _blur
@@ -63,7 +64,7 @@ class SyntheticSegmentation(FederatedDataModule):
         if not is_int(image_size) or image_size < 16:
             problems.append(f"data.init_args.image_size must be an integer >= 16, got {image_size!r}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
         self.num_clients, self.samples_per_client, self.image_size = num_clients, samples_per_client, image_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
 

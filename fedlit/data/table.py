@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData
 from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
 from fedlit.data.splits import check_split_fractions
@@ -71,13 +71,13 @@ class SiteTable(FederatedDataModule):
         check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
         targets = [target_column] if isinstance(target_column, str) else list(target_column)
         if task in CLASSIFICATION and len(targets) != 1:
-            raise ValueError(f"{_OPTION}.target_column: a {task} task takes one target column, got {targets}")
+            raise ConfigError(f"{_OPTION}.target_column: a {task} task takes one target column, got {targets}")
         if task == "multilabel":
-            raise ValueError(f"{_OPTION}.task='multilabel' is not supported by SiteTable; use one multiclass or "
+            raise ConfigError(f"{_OPTION}.task='multilabel' is not supported by SiteTable; use one multiclass or "
                              "binary target column")
         self.path = Path(path).expanduser()
         if not self.path.is_file():
-            raise FileNotFoundError(f"{_OPTION}.path: no file {self.path}; give a CSV or Parquet file with one row "
+            raise InputFileError(f"{_OPTION}.path: no file {self.path}; give a CSV or Parquet file with one row "
                                     f"per sample and a {site_column!r} column")
         self.site_column, self.target_columns = site_column, targets
         self.feature_columns = None if feature_columns is None else list(feature_columns)

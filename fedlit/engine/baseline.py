@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from fedlit.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from fedlit.federation import Federation
+    from fedlit.engine.run import Run
 
 #: The key of the gains in ``results.json`` (and the prefix of their TensorBoard tags).
 KEY = "gain_over_local"
@@ -46,7 +46,7 @@ def _read_json(path: Path, what: str) -> Any:
                           "Run it to the end again, or give another run.") from err
 
 
-def load(folder: str | Path, fed: Federation | None = None) -> dict[str, Any]:
+def load(folder: str | Path, run: Run | None = None) -> dict[str, Any]:
     """The baseline run's ``results.json``, checked: a Local run that finished and, with ``fed`` given (set up),
     one on the same data and seed.
 
@@ -63,9 +63,9 @@ def load(folder: str | Path, fed: Federation | None = None) -> dict[str, Any]:
     if strategy != LOCAL:
         raise ConfigError(f"{OPTION}: {results_path} is a run of {strategy or 'an unknown strategy'}, not of "
                           f"{LOCAL}; the gain over Local needs a run of strategy Local on the same data and seed.")
-    if fed is not None:
+    if run is not None:
         manifest = _read_json(folder / "manifest.json", "the record of the run's data")
-        check_same_data(manifest, results.get("seed"), fed.datamodule.manifest(), fed.seed, folder)
+        check_same_data(manifest, results.get("seed"), run.datamodule.manifest(), run.seed, folder)
     return dict(results)
 
 

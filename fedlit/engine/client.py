@@ -1,4 +1,10 @@
-"""One client's turn: load its state, train locally, check the result, build its upload.
+"""One client's turn over a :class:`ClientContext`: load its state, train locally, check the result, build its upload.
+
+A :class:`ClientContext` holds what a turn needs and nothing of the server: the live module, Fabric, the data (read
+for this client only), the store (this client's entry only), the hooks, the run's seed and the local-training
+settings. The simulation builds one per turn from its run; a Flower node builds its own from the recipe, without a
+run. Hooks of a turn receive it as ``client`` (its data loaders, its gradient scaler, its seeds), so strategies
+never reach into Fabric or the data module.
 
 ::
 
@@ -23,24 +29,109 @@ that takes longer than ``federation.client_timeout`` seconds (loading and traini
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from lightning.fabric import Fabric
 from torch import Tensor
+from torch.optim.lr_scheduler import LRScheduler
 
 from fedlit.core.errors import DataError
+from fedlit.core.seeding import derive_seed
+from fedlit.core.store import ClientStore
 from fedlit.core.tensors import first_non_finite
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import optim
-from fedlit.strategies.base import ClientUpdate
+from fedlit.engine.hooks import Hooks
+from fedlit.engine.protocols import DataSource
+from fedlit.engine.settings import LocalSettings
+from fedlit.module import FederatedModule
+from fedlit.strategies.base import ClientUpdate, Strategy
 
-if TYPE_CHECKING:
-    from fedlit.federation import Federation
+
+@dataclass
+class ClientContext:
+    """What one client's turn needs.
+
+    Attributes:
+        client_id: The client.
+        module: The live module (shared by every client of this process).
+        fabric: The run's Fabric (device, precision, backward).
+        data: The data; the turn reads ``client_id``'s splits only.
+        store: The client store; the turn reads and writes ``client_id``'s entry only.
+        strategy: The strategy (its client-side methods: ``client_forward``, ``training_loss``).
+        hooks: The callbacks' hooks.
+        seed: The run's seed, from which every random stream of the turn is derived.
+        local: Local epochs or steps, the optimizer state's fate, the time limit.
+        rounds: The run's number of rounds (a client-side schedule may read it).
+        lr_schedule: The learning rate of this round (a schedule of interval ``round``), or None.
+        trainer: What hooks receive as ``trainer``: the run in a simulation, this context on a Flower node.
+        progress: Called as ``progress(steps, mean loss)`` after each step (a progress bar), or None.
+    """
+
+    client_id: str
+    module: FederatedModule
+    fabric: Fabric
+    data: DataSource
+    store: ClientStore
+    strategy: Strategy
+    hooks: Hooks
+    seed: int
+    local: LocalSettings
+    rounds: int
+    lr_schedule: optim.RoundSchedule | None = None
+    trainer: Any = None
+    progress: Callable[[int, float], None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.trainer is None:
+            self.trainer = self
+
+    def derive_seed(self, *parts: Any) -> int:
+        """The seed of one random stream of the run (``"train"``, round, client...)."""
+        return derive_seed(self.seed, *parts)
+
+    def train_dataloader(self, *stream: Any, generator: torch.Generator | None = None) -> Any:
+        """The client's training batches, shuffled by the run's random stream ``stream`` (or by ``generator``)."""
+        if generator is None:
+            generator = torch.Generator().manual_seed(self.derive_seed(*stream))
+        return self.data.train_dataloader(self.client_id, generator)
+
+    def eval_dataloader(self, split: str) -> Any:
+        """The client's ``val`` or ``test`` batches, or None when it lacks the split."""
+        if split == "val":
+            return self.data.val_dataloader(self.client_id)
+        return self.data.test_dataloader(self.client_id)
+
+    def num_examples(self, split: str) -> int:
+        """The client's samples in ``split``."""
+        return self.data.num_examples(self.client_id, split)
+
+    @property
+    def scaler(self) -> Any:
+        """The gradient scaler of 16-bit mixed precision when it is enabled, else None."""
+        scaler = getattr(self.fabric.strategy.precision, "scaler", None)
+        return scaler if scaler is not None and scaler.is_enabled() else None
+
+    def prepare_batch(self, batch: Any) -> Any:
+        """``batch`` on the run's device, in its precision (what ``training_step`` receives)."""
+        return self.fabric.strategy.precision.convert_input(self.fabric.to_device(batch))
+
+    def autocast(self) -> Any:
+        """The context of the run's precision for a forward pass."""
+        return self.fabric.autocast()
+
+    def convert_output(self, output: Any) -> Any:
+        """A step's output converted back from the run's precision."""
+        return self.fabric.strategy.precision.convert_output(output)
+
+    def hook_args(self) -> dict[str, Any]:
+        """The arguments every hook of the turn gets."""
+        return {"trainer": self.trainer, "pl_module": self.module, "client": self}
 
 
 @dataclass
@@ -65,41 +156,33 @@ class ClientTurn:
 _clock = time.monotonic
 
 
-def fit_client(fed: Federation, server_round: int, client_id: str) -> ClientTurn:
-    """Train ``client_id`` for one round with what the strategy sends it (see the module docstring)."""
-    return train_client(fed, server_round, client_id, fed.strategy.configure_client(server_round, client_id),
-                        fed.strategy.configure_client_extras(server_round, client_id))
-
-
-def train_client(fed: Federation, server_round: int, client_id: str, received: Mapping[str, Tensor],
+def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, Tensor],
                  received_extras: Mapping[str, Any]) -> ClientTurn:
-    """Train ``client_id`` for one round from ``received`` (every shared tensor) and ``received_extras``, the
-    client's side of a turn: what runs where the client's data and store entry are."""
-    module, fabric, strategy = fed.module, fed.fabric, fed.strategy
-    started, timeout = _clock(), fed.client_timeout
-    load_client(fed, client_id, received)
-    torch.manual_seed(fed.derive_seed("train", server_round, client_id))
-    loader = fed.datamodule.train_dataloader(
-        client_id, torch.Generator().manual_seed(fed.derive_seed("data", server_round, client_id)))
-    optimizer, scheduler = optim.client_optimizer(fed, client_id)
+    """Train ``ctx.client_id`` for one round from ``received`` (every shared tensor) and ``received_extras``: the
+    client's side of a turn, run where the client's data and store entry are (see the module docstring)."""
+    module, fabric, strategy, hooks, local = ctx.module, ctx.fabric, ctx.strategy, ctx.hooks, ctx.local
+    client_id = ctx.client_id
+    started, timeout = _clock(), local.client_timeout
+    load_client(ctx, received)
+    torch.manual_seed(ctx.derive_seed("train", server_round, client_id))
+    loader = ctx.train_dataloader("data", server_round, client_id)
+    optimizer, scheduler = _client_optimizer(ctx)
     precision = fabric.strategy.precision
-    scaler = getattr(precision, "scaler", None)
-    scaler = scaler if scaler is not None and scaler.is_enabled() else None
-    hook_args = {"trainer": fed, "pl_module": module}
-    call_with_client_state(fed, "on_client_fit_start", **hook_args, server_round=server_round,
-                           client_id=client_id, received=received, received_extras=received_extras)
+    scaler = ctx.scaler
+    hook_args = ctx.hook_args()
+    hooks.call("on_client_fit_start", client_states=ctx.store, **hook_args, server_round=server_round,
+               client_id=client_id, received=received, received_extras=received_extras)
     module.set_train_mode()
     steps, loss_sum, seen, epoch = 0, 0.0, 0, 0
     bad: str | None = None
     kind = "non-finite"
-    max_steps = fed.local_steps if fed.local_steps is not None else math.inf
-    show_progress = bool(getattr(fed, "progress_bar", False))  # the bar itself throttles its updates
-    while (epoch < fed.local_epochs or fed.local_steps is not None) and steps < max_steps and bad is None:
-        fed.call("on_train_epoch_start", **hook_args)
+    max_steps = local.local_steps if local.local_steps is not None else math.inf
+    while (epoch < local.local_epochs or local.local_steps is not None) and steps < max_steps and bad is None:
+        hooks.call("on_train_epoch_start", **hook_args)
         batches = 0
         for batch_idx, batch in enumerate(loader):
             batch = precision.convert_input(fabric.to_device(batch))
-            fed.call("on_train_batch_start", **hook_args, batch=batch, batch_idx=batch_idx)
+            hooks.call("on_train_batch_start", **hook_args, batch=batch, batch_idx=batch_idx)
             with strategy.client_forward(module), fabric.autocast():
                 out = precision.convert_output(module.training_step(batch, batch_idx))
             loss = out["loss"] if isinstance(out, Mapping) else out
@@ -115,26 +198,26 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
                        f"(after {type(strategy).__name__}.training_loss)")
                 break
             loss = total
-            fed.call("on_before_backward", **hook_args, loss=loss)
+            hooks.call("on_before_backward", **hook_args, loss=loss)
             fabric.backward(loss)
-            fed.call("on_after_backward", **hook_args)
+            hooks.call("on_after_backward", **hook_args)
             if scaler is not None:
                 # As Lightning's Trainer: unscale before the hook, so hooks that read or add to gradients
                 # (SCAFFOLD) see true values; the scaler's step then skips its own unscaling.
                 scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
-            fed.call("on_before_optimizer_step", **hook_args, optimizer=optimizer)
+            hooks.call("on_before_optimizer_step", **hook_args, optimizer=optimizer)
             scale = scaler.get_scale() if scaler is not None else 0.0
             optimizer.step()
             # A scaler that found inf/NaN gradients skips the step and lowers its scale.
             stepped = scaler is None or scaler.get_scale() >= scale
             steps += int(stepped)
-            fed.call("on_before_zero_grad", **hook_args, optimizer=optimizer, stepped=stepped)
+            hooks.call("on_before_zero_grad", **hook_args, optimizer=optimizer, stepped=stepped)
             optimizer.zero_grad(set_to_none=True)
-            fed.call("on_train_batch_end", **hook_args, outputs=out, batch=batch, batch_idx=batch_idx)
+            hooks.call("on_train_batch_end", **hook_args, outputs=out, batch=batch, batch_idx=batch_idx)
             if scheduler is not None and stepped:  # interval "step": after the step, as Lightning's Trainer
                 scheduler.step()
-            if show_progress:
-                fed.show_progress(steps, loss_sum / seen)
+            if ctx.progress is not None:
+                ctx.progress(steps, loss_sum / seen)
             if timeout is not None and _clock() - started > timeout:
                 bad, kind = (f"timed out: {_clock() - started:.3g} s after {steps} steps, over "
                              f"federation.client_timeout={timeout:g} s"), "timeout"
@@ -144,56 +227,69 @@ def train_client(fed: Federation, server_round: int, client_id: str, received: M
         if batches == 0:
             raise DataError(f"Client {client_id!r} has no training batch: its train split is empty. Give it "
                             "training samples (change the partition) or leave it out of the federation.")
-        fed.call("on_train_epoch_end", **hook_args)
+        hooks.call("on_train_epoch_end", **hook_args)
         epoch += 1
     shared = module.named_tensors("shared")
     update = ClientUpdate(
         client_id=client_id,
-        num_examples=fed.datamodule.num_examples(client_id, "train"),
-        state={n: t.detach().to(fed.store.device, copy=True) for n, t in shared.items()},
+        num_examples=ctx.num_examples("train"),
+        state={n: t.detach().to(ctx.store.device, copy=True) for n, t in shared.items()},
         metrics={"loss": loss_sum / seen if seen else math.nan, "steps": float(steps)},
     )
     bad = bad or first_non_finite(module.named_tensors("shared", "personal"), "tensor")
     if bad is None:
-        call_with_client_state(fed, "on_client_fit_end", **hook_args, server_round=server_round,
-                               client_id=client_id, update=update)
+        hooks.call("on_client_fit_end", client_states=ctx.store, **hook_args, server_round=server_round,
+                   client_id=client_id, update=update)
         bad = first_non_finite(update.extras, "uploaded extra")
     download = state_nbytes(received) + state_nbytes(received_extras)
     if bad is not None:
         return ClientTurn(update, download, bad, kind)
-    fed.store.save_from(client_id, module.named_tensors("personal"))
-    optim.save_client(fed, client_id, optimizer, scheduler)
+    ctx.store.save_from(client_id, module.named_tensors("personal"))
+    _save_optimizer(ctx, optimizer, scheduler)
     return ClientTurn(update, download)
 
 
-def load_client(fed: Federation, client_id: str, received: Mapping[str, Tensor]) -> None:
-    """Put ``client_id``'s personal tensors from the store, then what the server sent, into the live module."""
-    fed.store.load_into(client_id, fed.module.named_tensors("personal"))
-    shared = fed.module.named_tensors("shared")
+def _client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:
+    """The optimizer of the client's turn (set up by Fabric) and the scheduler to step after each local step
+    (None unless the interval is ``step``): stored states loaded under ``optimizer_state: persist``, this round's
+    hyperparameters applied under ``interval: round``."""
+    local = optim.unpack(ctx.module, ctx.module.configure_optimizers())
+    optimizer = local.optimizer
+    persist = ctx.local.optimizer_state == "persist"
+    stored = ctx.store.optimizer_state(ctx.client_id)
+    if persist and stored is not None:
+        optimizer.load_state_dict(stored)
+    scheduler = local.scheduler if local.interval == "step" else None
+    if scheduler is not None and persist:
+        saved = ctx.store.extra(ctx.client_id, optim.STORE_KEY).get("state")
+        if saved is not None:
+            scheduler.load_state_dict(saved)
+    if ctx.lr_schedule is not None:
+        ctx.lr_schedule.apply(optimizer)
+    return ctx.fabric.setup_optimizers(optimizer), scheduler
+
+
+def _save_optimizer(ctx: ClientContext, optimizer: Any, scheduler: LRScheduler | None) -> None:
+    """Keep the client's optimizer state and that of its ``step`` scheduler under ``optimizer_state: persist``."""
+    if ctx.local.optimizer_state != "persist":
+        return
+    ctx.store.set_optimizer_state(ctx.client_id, optimizer.state_dict())
+    if scheduler is not None:
+        ctx.store.extra(ctx.client_id, optim.STORE_KEY)["state"] = scheduler.state_dict()
+
+
+def load_client(ctx: ClientContext, received: Mapping[str, Tensor]) -> None:
+    """Put the client's personal tensors from the store, then what the server sent, into the live module."""
+    ctx.store.load_into(ctx.client_id, ctx.module.named_tensors("personal"))
+    shared = ctx.module.named_tensors("shared")
     unknown = sorted(set(received) - set(shared))
     if unknown:
-        raise KeyError(f"{fed.strategy!r} sent tensors that are not shared: {unknown[:5]}")
+        raise KeyError(f"{ctx.strategy!r} sent tensors that are not shared: {unknown[:5]}")
     missing = sorted(set(shared) - set(received))
     if missing:
         # The store keeps personal tensors only: a shared tensor not sent would keep the previous client's value.
-        raise KeyError(f"{fed.strategy!r} sent no value for the shared tensors {missing[:5]}: configure_client and "
+        raise KeyError(f"{ctx.strategy!r} sent no value for the shared tensors {missing[:5]}: configure_client and "
                        "configure_evaluate must return every shared tensor (make the others personal).")
     with torch.no_grad():
         for name, tensor in received.items():
             shared[name].copy_(tensor)
-
-
-def call_with_client_state(fed: Federation, hook: str, **kwargs: Any) -> None:
-    """Call ``hook`` on every callback (the strategy first) with the keyword arguments it declares, giving each one
-    its own ``client_state``: the dict persisted for ``kwargs["client_id"]`` under that callback's ``state_key``."""
-    client_id = kwargs["client_id"]
-    for callback in fed.callbacks:
-        method = getattr(callback, hook, None)
-        if not callable(method):
-            continue
-        params = inspect.signature(method).parameters
-        takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        given = {k: v for k, v in kwargs.items() if takes_all or k in params}
-        if takes_all or "client_state" in params:
-            given["client_state"] = fed.store.extra(client_id, callback.state_key)
-        method(**given)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedlit.federation import Federation
+    from fedlit.engine.run import Run
 
 #: Seconds between two readings.
 INTERVAL = 0.5
@@ -125,30 +125,30 @@ def open_counter(device: Any, rapl_root: str | Path = RAPL_ROOT) -> Any:
     return RaplCounter(rapl_root)
 
 
-def start(fed: Federation, rapl_root: str | Path = RAPL_ROOT) -> None:
+def start(run: Run, rapl_root: str | Path = RAPL_ROOT) -> None:
     """Start measuring (at the start of a fit); says ``energy: unavailable`` once when nothing can be read."""
-    previous = getattr(fed, "_energy", None)
+    previous = run.energy
     if previous is not None and previous["meter"] is not None:
         previous["meter"].stop()
     try:
-        meter, why = EnergyMeter(open_counter(fed.fabric.device, rapl_root)), None
+        meter, why = EnergyMeter(open_counter(run.fabric.device, rapl_root)), None
     except Unavailable as err:
         meter, why = None, str(err)
-        if fed.fabric.is_global_zero:  # once per run, not once per rank
+        if run.fabric.is_global_zero:  # once per run, not once per rank
             print(f"energy: unavailable ({why})", flush=True)
-    fed._energy = {"meter": meter, "why": why, "round_start": 0.0}
+    run.energy = {"meter": meter, "why": why, "round_start": 0.0}
 
 
-def stop(fed: Federation) -> None:
+def stop(run: Run) -> None:
     """Stop the reading thread (at the end of a fit); the total stays readable."""
-    energy = getattr(fed, "_energy", None)
+    energy = run.energy
     if energy is not None and energy["meter"] is not None:
         energy["meter"].stop()
 
 
-def round_kwh(fed: Federation) -> float | None:
+def round_kwh(run: Run) -> float | None:
     """The kWh since the previous call (the round's), or None without a meter."""
-    energy = getattr(fed, "_energy", None)
+    energy = run.energy
     if energy is None or energy["meter"] is None:
         return None
     joules = energy["meter"].joules()
@@ -156,10 +156,10 @@ def round_kwh(fed: Federation) -> float | None:
     return kwh
 
 
-def summary(fed: Federation, earlier_kwh: float = 0.0) -> dict[str, Any]:
+def summary(run: Run, earlier_kwh: float = 0.0) -> dict[str, Any]:
     """``results.json``'s ``energy``: the kWh of this fit (plus ``earlier_kwh`` of the sessions before a
     resume), where it was read, or why it could not be."""
-    energy = getattr(fed, "_energy", None)
+    energy = run.energy
     if energy is None:
         return {"kwh": None, "source": None, "why": "not measured (no fit in this session)"}
     if energy["meter"] is None:

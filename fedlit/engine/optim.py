@@ -36,7 +36,6 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from fedlit.core.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
-    from fedlit.federation import Federation
     from fedlit.module import FederatedModule
 
 INTERVALS = ("round", "step")
@@ -158,47 +157,13 @@ def round_schedule(module: FederatedModule) -> RoundSchedule | None:
     return RoundSchedule(local)
 
 
-def client_optimizer(fed: Federation, client_id: str) -> tuple[Any, LRScheduler | None]:
-    """The optimizer of ``client_id``'s turn (set up by Fabric) and the scheduler to step after each local step
-    (None unless the interval is ``step``): stored states loaded under ``optimizer_state: persist``, this round's
-    hyperparameters applied under ``interval: round``."""
-    local = unpack(fed.module, fed.module.configure_optimizers())
-    optimizer = local.optimizer
-    persist = fed.optimizer_state == "persist"
-    if persist and fed.store.optimizer_state(client_id) is not None:
-        optimizer.load_state_dict(fed.store.optimizer_state(client_id))
-    scheduler = local.scheduler if local.interval == "step" else None
-    if scheduler is not None and persist:
-        saved = fed.store.extra(client_id, STORE_KEY).get("state")
-        if saved is not None:
-            scheduler.load_state_dict(saved)
-    if fed.lr_schedule is not None:
-        fed.lr_schedule.apply(optimizer)
-    return fed.fabric.setup_optimizers(optimizer), scheduler
-
-
-def save_client(fed: Federation, client_id: str, optimizer: Any, scheduler: LRScheduler | None) -> None:
-    """Keep ``client_id``'s optimizer state and that of its ``step`` scheduler under ``optimizer_state: persist``."""
-    if fed.optimizer_state != "persist":
-        return
-    fed.store.set_optimizer_state(client_id, optimizer.state_dict())
-    if scheduler is not None:
-        fed.store.extra(client_id, STORE_KEY)["state"] = scheduler.state_dict()
-
-
-def restore_round_schedule(fed: Federation, payload: Mapping[str, Any]) -> None:
+def restore_round_schedule(schedule: RoundSchedule | None, payload: Mapping[str, Any]) -> None:
     """Load the server's schedule from a checkpoint; refuse a checkpoint whose run had another kind of schedule."""
     saved = payload.get("lr_schedule")
-    if (saved is None) != (fed.lr_schedule is None):
+    if (saved is None) != (schedule is None):
         had = "had" if saved is not None else "had no"
         raise CheckpointError(f"The checkpoint's run {had} a learning-rate schedule stepped per round, this one "
                               f"{'has none' if saved is not None else 'has one'}: resume with the same "
                               "model.init_args.lr_scheduler and lr_scheduler_interval.")
-    if saved is not None:
-        fed.lr_schedule.load_state_dict(saved)
-
-
-def round_state(fed: Federation) -> dict[str, Any] | None:
-    """What the checkpoint keeps of the server's schedule."""
-    return None if fed.lr_schedule is None else fed.lr_schedule.state_dict()
-
+    if saved is not None and schedule is not None:
+        schedule.load_state_dict(saved)

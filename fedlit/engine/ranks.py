@@ -51,11 +51,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fedlit.engine import client as local
-from fedlit.engine.executor import EvaluateResult, EvaluateTask, FitTask, run_evaluate_task, run_fit_task
+from fedlit.engine.client import ClientContext, ClientTurn
+from fedlit.engine.executor import run_evaluate_task, run_fit_task
+from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
 
 if TYPE_CHECKING:
-    from fedlit.federation import Federation
+    from fedlit.engine.run import Run
 
 _STORE_PARTS = ("tensors", "optimizer", "extra")
 
@@ -103,47 +104,46 @@ class RankExecutor:
         #: Client -> the rank that owns it (set by :meth:`setup`).
         self.owner: dict[str, int] = {}
 
-    def setup(self, fed: Federation) -> None:
+    def setup(self, run: Run) -> None:
         """Assign every client to a rank and drop the store entries of the others' clients (once; a later call
         does nothing)."""
         if self.owner:
             return
-        sizes = {c: fed.datamodule.num_examples(c, "train") for c in fed.client_ids}
-        shards = assign_clients(fed.client_ids, sizes, fed.fabric.world_size)
+        sizes = {c: run.datamodule.num_examples(c, "train") for c in run.client_ids}
+        shards = assign_clients(run.client_ids, sizes, run.fabric.world_size)
         self.owner = {c: rank for rank, clients in shards.items() for c in clients}
-        fed.store.retain(set(shards[fed.fabric.global_rank]))
-        for sub in fed.module.modules():
+        run.store.retain(set(shards[run.fabric.global_rank]))
+        for sub in run.module.modules():
             if hasattr(sub, "sync_on_compute"):  # torchmetrics would sum the states of the clients other ranks evaluate
                 sub.sync_on_compute = sub._to_sync = False  # _to_sync: the flag compute() reads, set at construction
 
-    def fit(self, fed: Federation, server_round: int, tasks: list[FitTask]) -> list[local.ClientTurn | str]:
+    def fit(self, run: Run, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn, in the order given (run by the task's owner)."""
-        return self._run(fed, server_round, tasks, run_fit_task, "turn")
+        error = run.settings.on_client_error
+        return self._run(run, server_round, tasks, lambda ctx, r, task: run_fit_task(ctx, r, task, error), "turn")
 
-    def evaluate(self, fed: Federation, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
+    def evaluate(self, run: Run, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
         """Each task's metrics, in the order given (measured by the task's owner)."""
-        return self._run(fed, server_round, tasks, run_evaluate_task, "evaluation")
+        return self._run(run, server_round, tasks, run_evaluate_task, "evaluation")
 
-    def teardown(self, fed: Federation) -> None:
+    def teardown(self, run: Run) -> None:
         """Nothing to release: the process group ends with the processes."""
 
-    def _run(self, fed: Federation, server_round: int, tasks: Sequence[Any],
-             run: Callable[[Federation, int, Any], Any], what: str) -> list[Any]:
-        rank = fed.fabric.global_rank
+    def _run(self, run: Run, server_round: int, tasks: Sequence[Any],
+             work: Callable[[ClientContext, int, Any], Any], what: str) -> list[Any]:
+        rank = run.fabric.global_rank
         mine = [i for i, task in enumerate(tasks) if self.owner[task.client_id] == rank]
         done: dict[int, Any] = {}
         failure, error = None, None
         for n, i in enumerate(mine, 1):
-            fed._bar_client = f"client {tasks[i].client_id} ({n}/{len(mine)} on rank {rank})"
-            if fed._bar is not None:
-                fed._bar.set_postfix_str(fed._bar_client, refresh=False)
+            run.progress.client(f"client {tasks[i].client_id} ({n}/{len(mine)} on rank {rank})")
             try:
-                done[i] = _pack(run(fed, server_round, tasks[i]))
+                done[i] = _pack(work(run.client_context(tasks[i].client_id), server_round, tasks[i]))
             except Exception as err:  # noqa: BLE001  (re-raised below, after the others know)
                 error = err
                 failure = (tasks[i].client_id, f"{type(err).__name__}: {err}")
                 break
-        gathered: list[Any] = [None] * fed.fabric.world_size
+        gathered: list[Any] = [None] * run.fabric.world_size
         dist.all_gather_object(gathered, (done, failure))
         failed = [(r, part[1]) for r, part in enumerate(gathered) if part[1] is not None]
         if failed:
@@ -155,35 +155,35 @@ class RankExecutor:
         results: dict[int, Any] = {}
         for part, _ in gathered:
             results.update(part)
-        return [_unpack(results[i], fed.fabric.device) for i in range(len(tasks))]
+        return [_unpack(results[i], run.fabric.device) for i in range(len(tasks))]
 
 
-def gather_store(fed: Federation) -> dict[str, Any] | None:
+def gather_store(run: Run) -> dict[str, Any] | None:
     """Every rank's store entries, merged on rank 0 in the order of the clients (None on the other ranks); every
     rank must call it (it is a collective)."""
-    state = fed.store.state_dict()
+    state = run.store.state_dict()
     own = {part: _pack(state[part], cpu_only=True) for part in _STORE_PARTS}
-    root = fed.fabric.global_rank == 0
-    gathered: list[Any] | None = [None] * fed.fabric.world_size if root else None
+    root = run.fabric.global_rank == 0
+    gathered: list[Any] | None = [None] * run.fabric.world_size if root else None
     dist.gather_object(own, gathered, dst=0)
     if gathered is None:
         return None
     merged: dict[str, Any] = {"initial": state["initial"]}
     for part in _STORE_PARTS:
         entries = {c: v for shard in gathered for c, v in shard[part].items()}
-        merged[part] = {c: entries[c] for c in [*fed.client_ids, *sorted(set(entries) - set(fed.client_ids))]
+        merged[part] = {c: entries[c] for c in [*run.client_ids, *sorted(set(entries) - set(run.client_ids))]
                         if c in entries}
     return merged
 
 
 @contextlib.contextmanager
-def abort_on_error(fed: Federation) -> Iterator[None]:
+def abort_on_error(run: Run) -> Iterator[None]:
     """On an error in the block, end the child processes that Fabric's own launcher started from this one (they
     would wait for this rank in their next collective); torchrun and SLURM end their processes themselves."""
     try:
         yield
     except BaseException:
-        for proc in getattr(fed.fabric.strategy.launcher, "procs", []) if fed.fabric.world_size > 1 else []:
+        for proc in getattr(run.fabric.strategy.launcher, "procs", []) if run.fabric.world_size > 1 else []:
             if proc.poll() is None:
                 proc.kill()
         raise

@@ -47,7 +47,7 @@ from fedlit.engine import energy
 from fedlit.engine.history import summarize
 
 if TYPE_CHECKING:
-    from fedlit.federation import Federation
+    from fedlit.engine.run import Run
 
 CSV_NAME = "metrics.csv"
 CSV_COLUMNS = ("round", "client", "split", "metric", "value")
@@ -81,98 +81,98 @@ def git_state(folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------------------------- run record
-def begin(fed: Federation, *, resumed: bool) -> None:
+def begin(run: Run, *, resumed: bool) -> None:
     """At the start of a fit: the run's data files (written by a fit only, an evaluation leaves them alone), its
     start, ``metrics.csv`` (continued at the resumed round) and, on resume, no ``best.ckpt`` from the future. In a
     run over several ranks, rank 0 writes the files (:mod:`fedlit.engine.ranks`)."""
-    if not fed.fabric.is_global_zero:
-        start(fed)
+    if not run.fabric.is_global_zero:
+        start(run)
         return
-    fed.out_dir.mkdir(parents=True, exist_ok=True)
-    (fed.out_dir / "manifest.json").write_text(json.dumps(fed.datamodule.manifest()))
-    counts = fed.datamodule.class_counts()
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    (run.out_dir / "manifest.json").write_text(json.dumps(run.datamodule.manifest()))
+    counts = run.datamodule.class_counts()
     if counts is not None:  # classification tasks only
-        (fed.out_dir / "class_counts.json").write_text(json.dumps(counts, indent=1))
-    start(fed)
+        (run.out_dir / "class_counts.json").write_text(json.dumps(counts, indent=1))
+    start(run)
     if resumed:
-        drop_stale_best(fed)
-    open_metrics(fed)
+        drop_stale_best(run)
+    open_metrics(run)
 
 
-def start(fed: Federation) -> None:
+def start(run: Run) -> None:
     """Note the start of a fit (the first start of the run is kept across resumes) and the code it runs."""
-    fed.timing.setdefault("started", utc_now())
-    fed.timing.setdefault("wall_seconds", 0.0)
-    fed.timing["session_start"] = time.perf_counter()
-    fed.timing["git"] = git_state()
-    energy.start(fed)
+    run.timing.setdefault("started", utc_now())
+    run.timing.setdefault("wall_seconds", 0.0)
+    run.timing["session_start"] = time.perf_counter()
+    run.timing["git"] = git_state()
+    energy.start(run)
 
 
-def timing_state(fed: Federation) -> dict[str, Any]:
+def timing_state(run: Run) -> dict[str, Any]:
     """For a checkpoint: the first start and the wall time of the run so far (earlier sessions included)."""
-    return {"started": fed.timing.get("started"), "wall_seconds": _wall_seconds(fed),
-            "energy_kwh": energy.summary(fed, fed.timing.get("energy_kwh", 0.0))["kwh"]}
+    return {"started": run.timing.get("started"), "wall_seconds": _wall_seconds(run),
+            "energy_kwh": energy.summary(run, run.timing.get("energy_kwh", 0.0))["kwh"]}
 
 
-def load_timing(fed: Federation, saved: Mapping[str, Any] | None) -> None:
+def load_timing(run: Run, saved: Mapping[str, Any] | None) -> None:
     """Restore :func:`timing_state` from a checkpoint."""
     if saved:
-        fed.timing.update({"started": saved.get("started"), "wall_seconds": float(saved.get("wall_seconds", 0.0)),
+        run.timing.update({"started": saved.get("started"), "wall_seconds": float(saved.get("wall_seconds", 0.0)),
                            "energy_kwh": float(saved.get("energy_kwh") or 0.0)})
 
 
-def _wall_seconds(fed: Federation) -> float:
-    session = fed.timing.get("session_start")
-    return fed.timing.get("wall_seconds", 0.0) + (time.perf_counter() - session if session is not None else 0.0)
+def _wall_seconds(run: Run) -> float:
+    session = run.timing.get("session_start")
+    return run.timing.get("wall_seconds", 0.0) + (time.perf_counter() - session if session is not None else 0.0)
 
 
-def describe(fed: Federation) -> dict[str, Any]:
+def describe(run: Run) -> dict[str, Any]:
     """The run's description in ``results.json``: strategy, seed, versions, times."""
     from fedlit.core.version import __version__
 
-    cls = type(fed.strategy)
+    cls = type(run.strategy)
     return {
-        "strategy": repr(fed.strategy),
+        "strategy": repr(run.strategy),
         "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
-        "seed": fed.seed,
+        "seed": run.seed,
         "fedlit_version": __version__,
-        "git": fed.timing.get("git"),
-        "started": fed.timing.get("started"),
+        "git": run.timing.get("git"),
+        "started": run.timing.get("started"),
         "ended": utc_now(),
-        "wall_seconds": round(_wall_seconds(fed), 3),
-        "energy": energy.summary(fed, fed.timing.get("energy_kwh", 0.0)),
-        "evaluation_only": [c for c in fed.client_ids
-                            if c not in set(fed.train_client_ids) | set(fed.unseen_client_ids)],
-        "unseen_clients": fed.unseen_client_ids,
+        "wall_seconds": round(_wall_seconds(run), 3),
+        "energy": energy.summary(run, run.timing.get("energy_kwh", 0.0)),
+        "evaluation_only": [c for c in run.client_ids
+                            if c not in set(run.train_client_ids) | set(run.unseen_client_ids)],
+        "unseen_clients": run.unseen_client_ids,
     }
 
 
 # -------------------------------------------------------------------------------------------- images
-def image_writers(fed: Federation) -> list[Any]:
+def image_writers(run: Run) -> list[Any]:
     """The experiments of the loggers that take images (TensorBoard's ``SummaryWriter``); empty for the others."""
-    return [logger.experiment for logger in fed.fabric.loggers
+    return [logger.experiment for logger in run.fabric.loggers
             if hasattr(getattr(logger, "experiment", None), "add_image")]
 
 
-def log_validation_images(fed: Federation, server_round: int, images: Mapping[str, torch.Tensor]) -> None:
+def log_validation_images(run: Run, server_round: int, images: Mapping[str, torch.Tensor]) -> None:
     """Log each client's validation picture (a (3, H, W) image in [0, 1], from the module's
     ``validation_images``) as ``client/<id>/val/overlay``, beside the client's validation scalars."""
-    for writer in image_writers(fed):
+    for writer in image_writers(run):
         for client_id, image in images.items():
             writer.add_image(f"client/{client_id}/val/overlay", image.clamp(0, 1), global_step=server_round)
 
 
 # -------------------------------------------------------------------------------------------- metrics.csv
-def open_metrics(fed: Federation) -> Path:
+def open_metrics(run: Run) -> Path:
     """Start ``metrics.csv`` (a fresh run), or keep its rows up to the resumed round (a resumed run)."""
-    path = fed.out_dir / CSV_NAME
+    path = run.out_dir / CSV_NAME
     if not path.is_file():
         with open(path, "w", newline="") as file:
             csv.writer(file).writerow(CSV_COLUMNS)
         return path
     with open(path, newline="") as file:
         rows = list(csv.reader(file))
-    kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= fed.server_round
+    kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= run.server_round
                            and not r[2].startswith(_FINAL_SECTIONS))]
     if len(kept) < len(rows):
         tmp = path.with_suffix(".csv.tmp")
@@ -189,17 +189,17 @@ def _round_of(row: list[str]) -> int:
         return 0  # a header: kept once, rewritten as the first row
 
 
-def round_rows(fed: Federation, server_round: int, log: Mapping[str, float]) -> list[tuple[Any, ...]]:
+def round_rows(run: Run, server_round: int, log: Mapping[str, float]) -> list[tuple[Any, ...]]:
     """The rows of ``server_round``: what the round logged, and the test metrics it recorded (not logged)."""
     rows = [_row(server_round, key, value) for key, value in log.items()]
     for split in ("test", "global/test"):
-        per_client = fed.history.rounds.get(server_round, {}).get(split)
+        per_client = run.history.rounds.get(server_round, {}).get(split)
         if not per_client:
             continue
-        weights = {c: fed.datamodule.num_examples(c, "test") for c in per_client}
+        weights = {c: run.datamodule.num_examples(c, "test") for c in per_client}
         for client, values in per_client.items():
             rows += [(server_round, client, split, m, v) for m, v in values.items()]
-        summary = summarize(per_client, weights, fed.module.higher_is_better)
+        summary = summarize(per_client, weights, run.module.higher_is_better)
         rows += [(server_round, "", split, m, v) for m, v in summary.items()]
     return rows
 
@@ -221,19 +221,19 @@ def _row(server_round: int, key: str, value: Any) -> tuple[Any, ...]:
     return (server_round, "", _GROUPS.get(group, ""), rest if group in _GROUPS else key, value)
 
 
-def append_round(fed: Federation, server_round: int, log: Mapping[str, float]) -> None:
+def append_round(run: Run, server_round: int, log: Mapping[str, float]) -> None:
     """Append the round's rows to ``metrics.csv`` and flush them to the operating system (rank 0 only)."""
-    if not fed.fabric.is_global_zero:
+    if not run.fabric.is_global_zero:
         return
-    with open(fed.out_dir / CSV_NAME, "a", newline="") as file:
-        csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in round_rows(fed, server_round, log))
+    with open(run.out_dir / CSV_NAME, "a", newline="") as file:
+        csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in round_rows(run, server_round, log))
         file.flush()
 
 
-def append_final(fed: Federation, server_round: int, log: Mapping[str, float]) -> None:
+def append_final(run: Run, server_round: int, log: Mapping[str, float]) -> None:
     """Append rows the final report computes (the unseen clients) to ``metrics.csv``, if the run has one."""
-    path = fed.out_dir / CSV_NAME
-    if not path.is_file() or not fed.fabric.is_global_zero:
+    path = run.out_dir / CSV_NAME
+    if not path.is_file() or not run.fabric.is_global_zero:
         return
     with open(path, "a", newline="") as file:
         csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in
@@ -248,44 +248,43 @@ def _number(value: Any) -> Any:
 
 
 # -------------------------------------------------------------------------------------------- best.ckpt
-def best_path(fed: Federation) -> Path:
+def best_path(run: Run) -> Path:
     """``out_dir/checkpoints/best.ckpt``."""
-    return fed.out_dir / "checkpoints" / BEST
+    return run.out_dir / "checkpoints" / BEST
 
 
-def save_best(fed: Federation, server_round: int) -> None:
-    """Save ``best.ckpt`` if ``server_round`` has the best mean validation value so far."""
-    if fed.history.best_round() == server_round and "val" in fed.history.rounds.get(server_round, {}):
-        fed.save_checkpoint(best_path(fed))
+def is_best(run: Run, server_round: int) -> bool:
+    """Whether ``server_round`` has the best mean validation value so far (its state goes to ``best.ckpt``)."""
+    return run.history.best_round() == server_round and "val" in run.history.rounds.get(server_round, {})
 
 
-def drop_stale_best(fed: Federation) -> None:
+def drop_stale_best(run: Run) -> None:
     """On resume: remove a ``best.ckpt`` written after the resumed checkpoint (its round is run again)."""
-    path = best_path(fed)
+    path = best_path(run)
     if not path.is_file():
         return
     try:
         saved_round = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["server_round"])
     except Exception:  # noqa: BLE001  (an unreadable best.ckpt is as good as none)
         saved_round = None
-    if saved_round is not None and saved_round <= fed.server_round:
+    if saved_round is not None and saved_round <= run.server_round:
         return
     with contextlib.suppress(OSError):
         path.unlink()
-    best = fed.history.best_round()
+    best = run.history.best_round()
     if best is not None:
         warnings.warn(f"{path} was saved at round {saved_round}, after the resumed checkpoint (round "
-                      f"{fed.server_round}), and is removed; the best validation round so far ({best}) has no "
+                      f"{run.server_round}), and is removed; the best validation round so far ({best}) has no "
                       "checkpoint, a better round of the resumed run will write one.", stacklevel=3)
 
 
-def checkpoints(fed: Federation) -> dict[str, Any]:
+def checkpoints(run: Run) -> dict[str, Any]:
     """``results.json``'s ``checkpoints``: the files, relative to ``out_dir``, and why there is no best one."""
     out: dict[str, Any] = {"last": f"checkpoints/{LAST}"}
-    if best_path(fed).is_file():
+    if best_path(run).is_file():
         out["best"] = f"checkpoints/{BEST}"
-        out["best_round"] = fed.history.best_round()
-    elif fed.history.best_round() is None:
+        out["best_round"] = run.history.best_round()
+    elif run.history.best_round() is None:
         out["best"] = None
         out["why_no_best"] = "no validation split (or no finite validation value): the best round is not defined"
     else:
@@ -295,14 +294,14 @@ def checkpoints(fed: Federation) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- evaluations
-def write_evaluation(fed: Federation, split: str, ckpt_path: str | os.PathLike,
+def write_evaluation(run: Run, split: str, ckpt_path: str | os.PathLike,
                      result: Mapping[str, Any]) -> Path:
     """Save a checkpoint's evaluation as ``out_dir/evaluations/<split>_<checkpoint name>.json``."""
     from fedlit.core.version import __version__
 
-    folder = fed.out_dir / EVALUATIONS
+    folder = run.out_dir / EVALUATIONS
     path = folder / f"{split}_{Path(ckpt_path).stem}.json"
-    if not fed.fabric.is_global_zero:  # rank 0 writes it
+    if not run.fabric.is_global_zero:  # rank 0 writes it
         return path
     folder.mkdir(parents=True, exist_ok=True)
     record = {"split": split, "checkpoint": str(ckpt_path), "evaluated": utc_now(), "fedlit_version": __version__,

@@ -25,7 +25,7 @@ from fedlit.core.errors import CheckpointError
 from fedlit.engine import optim, ranks, record
 
 if TYPE_CHECKING:
-    from fedlit.federation import Federation
+    from fedlit.engine.run import Run
 
 #: The parts of a recipe that define the experiment (``out_dir``, ``ckpt_path`` and ``callbacks`` may differ).
 SECTIONS = ("model", "data", "strategy", "federation")
@@ -36,59 +36,59 @@ RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar
                        "client_timeout"})
 
 
-def identity(fed: Federation) -> dict[str, Any]:
+def identity(run: Run) -> dict[str, Any]:
     """What a resumed run must share with the checkpoint (plain strings and lists only)."""
-    tensors = {**dict(fed.module.named_parameters()), **dict(fed.module.named_buffers())}
+    tensors = {**dict(run.module.named_parameters()), **dict(run.module.named_buffers())}
     return {
-        "strategy": repr(fed.strategy),
-        "model": type(fed.module).__qualname__,
+        "strategy": repr(run.strategy),
+        "model": type(run.module).__qualname__,
         "shapes": {n: [*t.shape, str(t.dtype)] for n, t in tensors.items()},
-        "roles": dict(fed.module.parameter_roles()),
-        "frozen_fingerprint": fingerprint(fed.module.named_tensors("frozen")),
-        "manifest": json.dumps(fed.datamodule.manifest(), sort_keys=True),
-        "config": json.dumps({k: fed.config[k] for k in SECTIONS if k in fed.config}, sort_keys=True, default=str),
+        "roles": dict(run.module.parameter_roles()),
+        "frozen_fingerprint": fingerprint(run.module.named_tensors("frozen")),
+        "manifest": json.dumps(run.datamodule.manifest(), sort_keys=True),
+        "config": json.dumps({k: run.config[k] for k in SECTIONS if k in run.config}, sort_keys=True, default=str),
     }
 
 
-def save(fed: Federation, path: str | Path) -> Path:
+def save(run: Run, path: str | Path) -> Path:
     """Write everything needed to continue the run exactly, and the configuration beside it. Over several ranks
     every rank calls it: the store entries of every rank's clients are gathered, rank 0 writes."""
-    store = fed.store.state_dict() if fed.fabric.world_size == 1 else ranks.gather_store(fed)
+    store = run.store.state_dict() if run.fabric.world_size == 1 else ranks.gather_store(run)
     if store is None:  # a rank other than 0
         return Path(path)
     payload = {
-        "server_round": fed.server_round,
-        "identity": fed.identity,
-        "strategy": fed.strategy.state_dict(),
-        "callbacks": {cb.state_key: cb.state_dict() for cb in fed.callbacks[1:]},
+        "server_round": run.server_round,
+        "identity": run.identity,
+        "strategy": run.strategy.state_dict(),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in run.callbacks[1:]},
         "store": store,
-        "history": fed.history.state_dict(),
-        "comm": dict(fed.comm),
-        "faults": [dict(f) for f in fed.faults],
+        "history": run.history.state_dict(),
+        "comm": dict(run.comm),
+        "faults": [dict(f) for f in run.faults],
         "rng": rng_state(),
-        "lr_schedule": optim.round_state(fed),
-        "timing": record.timing_state(fed),
+        "lr_schedule": None if run.lr_schedule is None else run.lr_schedule.state_dict(),
+        "timing": record.timing_state(run),
     }
     path = save_checkpoint(path, payload)
-    save_config(fed, path.parent)
+    save_config(run, path.parent)
     return path
 
 
-def restore(fed: Federation, payload: Mapping[str, Any], ckpt_path: str | Path) -> None:
+def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path) -> None:
     """Load ``payload`` into ``fed`` after checking that it belongs to this run (see the module docstring)."""
-    check_identity(payload.get("identity"), fed.identity, ckpt_path)
-    fed.server_round = int(payload["server_round"])
-    fed.strategy.load_state_dict(payload["strategy"])
-    for cb in fed.callbacks[1:]:
+    check_identity(payload.get("identity"), run.identity, ckpt_path)
+    run.server_round = int(payload["server_round"])
+    run.strategy.load_state_dict(payload["strategy"])
+    for cb in run.callbacks[1:]:
         if cb.state_key in payload["callbacks"]:
             cb.load_state_dict(payload["callbacks"][cb.state_key])
-    fed.store.load_state_dict(payload["store"])
-    fed.history.load_state_dict(payload["history"])
-    fed.comm = dict(payload["comm"])
-    fed.faults = [dict(f) for f in payload.get("faults", [])]
+    run.store.load_state_dict(payload["store"])
+    run.history.load_state_dict(payload["history"])
+    run.comm = dict(payload["comm"])
+    run.faults = [dict(f) for f in payload.get("faults", [])]
     set_rng_state(payload["rng"])
-    optim.restore_round_schedule(fed, payload)
-    record.load_timing(fed, payload.get("timing"))
+    optim.restore_round_schedule(run.lr_schedule, payload)
+    record.load_timing(run, payload.get("timing"))
 
 
 def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:
@@ -141,25 +141,25 @@ def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], prefix: st
     return keys
 
 
-def save_config(fed: Federation, folder: Path | None = None) -> None:
+def save_config(run: Run, folder: Path | None = None) -> None:
     """``config.json``: the original configuration, plus a ``resumed`` entry per resume."""
-    if fed.config:
-        folder = folder or fed.out_dir
+    if run.config:
+        folder = folder or run.out_dir
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(fed.config, indent=1, default=str))
+        (folder / "config.json").write_text(json.dumps(run.config, indent=1, default=str))
 
 
-def record_resume(fed: Federation, folder: Path) -> None:
+def record_resume(run: Run, folder: Path) -> None:
     """On resume, keep the original ``config.json`` and add this resume to its ``resumed`` list."""
     path = folder / "config.json"
-    if not fed.config:
+    if not run.config:
         return
     original = json.loads(path.read_text()) if path.is_file() else {}
     resumed = list(original.pop("resumed", []))
     if original:
-        resumed.append({"from_round": fed.server_round, "changed": {
-            k: [_get(original, k), _get(fed.config, k)] for k in config_changes(original, fed.config)}})
-        fed.config = {**original, "resumed": resumed}
+        resumed.append({"from_round": run.server_round, "changed": {
+            k: [_get(original, k), _get(run.config, k)] for k in config_changes(original, run.config)}})
+        run.config = {**original, "resumed": resumed}
 
 
 def fingerprint(tensors: Mapping[str, Tensor]) -> str:

@@ -86,10 +86,12 @@ def main(argv: list[str]) -> Path:
     from fedlit.flower.secagg import SecAggOptions
 
     SecAggOptions.from_config(args.secure_aggregation)  # bad options fail here, not on the SuperLink
-    from fedlit.cli import CONFIG_ERRORS, build_parser, explain
+    from fedlit.config.explain import CONFIG_ERRORS, explain
+    from fedlit.config.parser import parse, recipe_parser, root_parser
 
     try:  # the recipe and overrides as `fedlit fit` reads them: a typo fails here, not on the nodes
-        build_parser().parse_args(["fit", "--config", args.config, *shlex.split(args.overrides)])
+        root = root_parser({"fit": ("The recipe.", recipe_parser("fit", "The recipe."))})
+        parse(root, ["fit", "--config", args.config, *shlex.split(args.overrides)])
     except CONFIG_ERRORS as err:
         raise ConfigError(f"--config {args.config} --overrides {args.overrides!r}: {explain(err)}") from None
     path = write_app(args.config, args.out, overrides=args.overrides,

@@ -38,21 +38,24 @@ import shlex
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import Tensor
 
+from fedlit.config.build import build_objects
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.engine import client as local
-from fedlit.engine.executor import EvaluateTask, run_evaluate_task
+from fedlit.engine import lifecycle
+from fedlit.engine.client import ClientTurn, train_client
+from fedlit.engine.executor import run_evaluate_task
+from fedlit.engine.run import Run
+from fedlit.engine.tasks import EvaluateTask
 from fedlit.flower import codec, secagg
-
-if TYPE_CHECKING:
-    from fedlit.federation import Federation
 
 #: The record of ``context.state`` that keeps the client's store entry (when the node has no ``state-dir``).
 STATE_RECORD = "fedlit"
@@ -219,43 +222,45 @@ class ClientRuntime:
     """One client of the recipe, built in this process: answers the server's messages.
 
     Args:
-        build: Builds the recipe's :class:`~fedlit.federation.Federation` (the data set up, not fitted).
+        build: Builds the recipe's run (:class:`~fedlit.engine.run.Run`: its objects, not set up).
         client_id: The node's client.
         snapshots: Where its store entry is restored from before a turn or an evaluation and saved to after.
     """
 
-    def __init__(self, build: Callable[[], Federation], client_id: str, snapshots: Snapshots | None = None) -> None:
+    def __init__(self, build: Callable[[], Run], client_id: str, snapshots: Snapshots | None = None) -> None:
         self.client_id = client_id
         #: Where the client's store entry is kept between messages (None: in this object only).
         self.snapshots = snapshots
         #: The round of the server's last checkpoint, as the last task said.
         self.checkpointed: int | None = None
-        fed = build()
-        fed.datamodule = OwnClientData(fed.datamodule, client_id)
-        # The node's federation has one client, which the server selects: no selection, no unseen clients here.
-        fed.clients_per_round, fed.unseen_clients = None, None
-        fed.setup()
+        run = build()
+        run.datamodule = OwnClientData(run.datamodule, client_id)
+        # The node's run has one client, which the server selects: no selection, no unseen clients here.
+        run.settings.clients_per_round, run.settings.unseen_clients = None, None
+        lifecycle.setup(run)
         # What a simulation's process has run before the first turn (FedRA takes the seed, FedMetaMed the rounds).
-        fed.fabric.call("on_fit_start", trainer=fed, pl_module=fed.module)
-        self.federation = fed
+        run.hooks.call("on_fit_start", trainer=run, pl_module=run.module)
+        self.run = run
+        #: What the client's turns and evaluations take (built once per runtime, for its one client).
+        self.context = run.client_context(client_id)
 
     # ---------------------------------------------------------------------------------------- the store entry
     def load_state(self, blob: bytes | None) -> None:
         """Restore the client's store entry from :meth:`dump_state`'s bytes (None: a client that has not trained)."""
         if blob:
-            state = torch.load(io.BytesIO(blob), map_location=self.federation.store.device, weights_only=True)
-            self.federation.store.load_client_state(self.client_id, state)
+            state = torch.load(io.BytesIO(blob), map_location=self.run.store.device, weights_only=True)
+            self.run.store.load_client_state(self.client_id, state)
 
     def dump_state(self) -> bytes:
         """The client's store entry, as bytes."""
         buffer = io.BytesIO()
-        torch.save(self.federation.store.client_state(self.client_id), buffer)
+        torch.save(self.run.store.client_state(self.client_id), buffer)
         return buffer.getvalue()
 
     # ------------------------------------------------------------------------------------------- the messages
     def query(self) -> RecordDict:
         """What the server asks every node before round 1."""
-        data: OwnClientData = self.federation.datamodule
+        data: OwnClientData = self.run.datamodule
         counts = data.class_counts()
         info = {
             "client-id": self.client_id,
@@ -270,13 +275,13 @@ class ClientRuntime:
         return RecordDict({"query": ConfigRecord(info)})
 
     def train(self, client_id: str, server_round: int, received: Mapping[str, Tensor],
-              received_extras: Mapping[str, Any]) -> local.ClientTurn:
+              received_extras: Mapping[str, Any]) -> ClientTurn:
         """The client's turn on what the server sent (the callable the secure-aggregation path calls too)."""
         self._check(client_id)
-        self.federation.server_round = server_round
+        self.run.server_round = server_round
         if self.snapshots is not None:
             self.load_state(self.snapshots.before(server_round))
-        turn = local.train_client(self.federation, server_round, client_id, dict(received), dict(received_extras))
+        turn = train_client(self.context, server_round, dict(received), dict(received_extras))
         if self.snapshots is not None:  # a quarantined turn left the entry as it was: saved all the same
             self.snapshots.save(server_round, self.dump_state(), self.checkpointed)
         return turn
@@ -287,9 +292,9 @@ class ClientRuntime:
         server_round = int(task["round"])
         self.checkpointed = int(task["checkpointed"])
         schedule = codec.get_tree(content, "schedule")
-        if schedule is not None and self.federation.lr_schedule is not None:
+        if schedule is not None and self.run.lr_schedule is not None:
             # The server's schedule of interval "round" is where the server is: take this round's hyperparameters.
-            for group, values in zip(self.federation.lr_schedule.optimizer.param_groups, schedule, strict=True):
+            for group, values in zip(self.run.lr_schedule.optimizer.param_groups, schedule, strict=True):
                 group.update(values)
         turn = self.train(str(task["client-id"]), server_round, codec.get_tree(content, "received"),
                           codec.get_tree(content, "extras"))
@@ -300,12 +305,12 @@ class ClientRuntime:
         task = content.config_records["task"]
         client_id, server_round = str(task["client-id"]), int(task["round"])
         self._check(client_id)
-        self.federation.server_round = server_round
+        self.run.server_round = server_round
         if self.snapshots is not None:
             self.load_state(self.snapshots.before(server_round, inclusive=True))
         evaluate = EvaluateTask(client_id, codec.get_tree(content, "received"), codec.get_tree(content, "global"),
                                 tuple(json.loads(str(task["splits"]))), bool(task["images"]))
-        result = run_evaluate_task(self.federation, server_round, evaluate)
+        result = run_evaluate_task(self.context, server_round, evaluate)
         if self.snapshots is not None:  # a strategy may keep what an evaluation computes in client_state
             self.snapshots.save(server_round, self.dump_state(), int(task["checkpointed"]))
         reply = RecordDict({"evaluation": ConfigRecord({"download-bytes": int(result.download_bytes)})})
@@ -332,7 +337,7 @@ class ClientRuntime:
                               f"{self.client_id!r}: two SuperNodes were started with the same node config client-id?")
 
 
-def encode_turn(turn: local.ClientTurn) -> RecordDict:
+def encode_turn(turn: ClientTurn) -> RecordDict:
     """A :class:`~fedlit.engine.client.ClientTurn` as a reply's content."""
     update = turn.update
     content = RecordDict({"turn": ConfigRecord({
@@ -350,28 +355,29 @@ def error_content(detail: str) -> RecordDict:
 
 
 # ------------------------------------------------------------------------------------------------ the ClientApp
-def recipe_argv(run_config: Mapping[str, Any], recipe_file: Path, extra: str = "") -> list[str]:
-    """The ``fedlit fit`` command line of the run: the recipe, the run's overrides, then ``extra``."""
-    return ["fit", "--config", str(recipe_file), *shlex.split(str(run_config.get("overrides", ""))),
-            *shlex.split(extra)]
+def node_run(run_config: Mapping[str, Any], node_config: Mapping[str, Any], out_dir: Path) -> Run:
+    """The node's run, built directly from the run config's recipe and overrides, then the node config's
+    ``overrides`` (no command line, no recipe file): the recipe's model, data module (not set up), strategy and
+    callbacks, with its settings; one process, no progress bar, no run folder of its own (``out_dir`` is never
+    written)."""
+    recipe = yaml.safe_load(str(run_config["recipe"])) or {}
+    if not isinstance(recipe, Mapping):
+        raise ConfigError("The run config's recipe is not a YAML mapping: write the app with `fedlit flower-app "
+                          "--config R.yaml`.")
+    overrides = [*shlex.split(str(run_config.get("overrides", ""))), *shlex.split(str(node_config.get("overrides", "")))]
+    objects = build_objects(recipe, overrides)
+    settings = replace(objects.federation, progress_bar=False, devices=1, num_nodes=1, loggers=[])
+    return Run(objects.model, objects.data, objects.strategy, settings, callbacks=objects.callbacks, out_dir=out_dir)
 
 
 def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:
     """Build the node's client from the run config (the recipe) and the node config (``client-id``); ``workdir``
-    is a scratch folder for the recipe file (the client writes no run folder)."""
-    from fedlit.cli import prepare
-
+    is a scratch folder (the client writes no run folder)."""
     node = context.node_config
     if "client-id" not in node:
         raise ConfigError("This SuperNode has no client id: start it with --node-config \"client-id='site_0'\" "
                           "(the id of the recipe's client it holds).")
-    client_id = str(node["client-id"])
-    recipe = workdir / "recipe.yaml"
-    recipe.write_text(str(context.run_config["recipe"]))
-    # The client never fits: no run folder of its own, no progress bar.
-    argv = [*recipe_argv(context.run_config, recipe, str(node.get("overrides", ""))),
-            "--out_dir", str(workdir / "run"), "--federation.progress_bar", "false"]
-    return ClientRuntime(lambda: prepare(argv).federation, client_id)
+    return ClientRuntime(lambda: node_run(context.run_config, node, workdir / "run"), str(node["client-id"]))
 
 
 def snapshots_of(context: Context) -> Snapshots:

@@ -87,8 +87,8 @@ from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.fedavg import FedAvg
 
 if TYPE_CHECKING:
-    from fedlit.engine.executor import FitTask
-    from fedlit.federation import Federation
+    from fedlit.engine.run import Run
+    from fedlit.engine.tasks import FitTask
 
 OPTION = "secure-aggregation"
 #: The masks' modulus (Flower's ``modulus_range``): sums of quantized values must stay below it.
@@ -270,7 +270,7 @@ def check_secure_aggregation(strategy: Strategy) -> None:
 # ---- server side ----------------------------------------------------------------------------------------------
 
 
-def secure_fit(grid: Grid, fed: Federation, server_round: int, tasks: list[FitTask], node_ids: Mapping[str, int],
+def secure_fit(grid: Grid, fed: Run, server_round: int, tasks: list[FitTask], node_ids: Mapping[str, int],
                options: SecAggOptions) -> list[ClientTurn | str]:
     """One round's turns through SecAgg+: in the order of ``tasks``, a :class:`ClientTurn` whose ``update.state``
     is the securely aggregated ``num_examples``-weighted mean (the same tensors for every client; integer tensors:

@@ -45,12 +45,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlit.core.errors import ConfigError, DataError, FedlitError
 from fedlit.engine.client import ClientTurn
-from fedlit.engine.executor import EvaluateResult, EvaluateTask, FitTask
+from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
 from fedlit.flower import codec, secagg
 from fedlit.strategies.base import ClientUpdate
 
 if TYPE_CHECKING:
-    from fedlit.federation import Federation
+    from fedlit.engine.run import Run
 
 #: Run config keys of fedlit's Flower app and their defaults (``fedlit flower-app`` writes them).
 RUN_CONFIG: dict[str, Any] = {
@@ -265,7 +265,7 @@ class FlowerExecutor:
         self.secure_aggregation = secagg.SecAggOptions.from_config(secure_aggregation)
         self.resumed_round = 0
 
-    def setup(self, fed: Federation) -> None:
+    def setup(self, fed: Run) -> None:
         """Refuse what cannot run where the server holds no data and the clients only what they receive."""
         problems = []
         if fed.unseen_clients:
@@ -286,16 +286,16 @@ class FlowerExecutor:
             raise ConfigError("Not available in a Flower deployment: " + "; ".join(problems) + ".")
         self.resumed_round = fed.server_round  # 0, or the round of the checkpoint the run resumes
 
-    def _checkpointed(self, fed: Federation, server_round: int) -> int:
+    def _checkpointed(self, fed: Run, server_round: int) -> int:
         """The round of the newest ``last.ckpt`` a resume could start from while ``server_round`` runs (the nodes
         keep their client's state from it on)."""
         saved = [r for r in range(1, server_round) if r % fed.checkpoint_every == 0]
         return max([self.resumed_round, *saved])
 
-    def _timeout(self, fed: Federation) -> float | None:
+    def _timeout(self, fed: Run) -> float | None:
         return float(fed.client_timeout) if fed.client_timeout is not None else self.timeout
 
-    def fit(self, fed: Federation, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
+    def fit(self, fed: Run, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn on its node, in task order (an error string for a node that failed or timed out)."""
         if self.secure_aggregation:
             grid = getattr(self.transport, "grid", None)
@@ -319,7 +319,7 @@ class FlowerExecutor:
         return [self._turn(fed, server_round, task.client_id, reply)
                 for task, reply in zip(tasks, replies, strict=True)]
 
-    def _turn(self, fed: Federation, server_round: int, client_id: str, reply: RecordDict | str) -> ClientTurn | str:
+    def _turn(self, fed: Run, server_round: int, client_id: str, reply: RecordDict | str) -> ClientTurn | str:
         if isinstance(reply, str) or "error" in reply.config_records:
             return self._failed(fed, server_round, client_id,
                                 reply if isinstance(reply, str) else str(reply["error"]["detail"]))
@@ -330,7 +330,7 @@ class FlowerExecutor:
         update.state = {n: t.to(fed.store.device) for n, t in update.state.items()}
         return ClientTurn(update, int(turn["download-bytes"]), json.loads(str(turn["problem"])))
 
-    def _failed(self, fed: Federation, server_round: int, client_id: str, detail: str, what: str = "turn") -> str:
+    def _failed(self, fed: Run, server_round: int, client_id: str, detail: str, what: str = "turn") -> str:
         node = self.data.nodes.get(client_id)
         if fed.on_client_error == "raise":
             raise FedlitError(f"Round {server_round}: the {what} of client {client_id!r} (Flower node {node}) "
@@ -340,7 +340,7 @@ class FlowerExecutor:
                       f"out of this round's {what}s (federation.on_client_error=skip).", stacklevel=3)
         return detail
 
-    def evaluate(self, fed: Federation, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
+    def evaluate(self, fed: Run, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
         """Each task's metrics from its node, in task order (no metrics for a node that failed, with ``skip``)."""
         messages = []
         for task in tasks:
@@ -363,7 +363,7 @@ class FlowerExecutor:
                                           int(reply["evaluation"]["download-bytes"]), codec.get_tree(reply, "image")))
         return results
 
-    def teardown(self, fed: Federation) -> None:
+    def teardown(self, fed: Run) -> None:
         """Nothing to release: the nodes keep running for the next run."""
 
 
@@ -380,7 +380,8 @@ def server_argv(run_config: Mapping[str, Any], recipe_file: Path) -> list[str]:
 
 def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Build the recipe's federation on the server (no client data) and fit it through ``transport``."""
-    from fedlit.cli import prepare
+    from fedlit.config.build import build_run, remove_if_empty
+    from fedlit.config.parser import parse, recipe_parser, root_parser
 
     config = {**RUN_CONFIG, **run_config}
     if not str(config["recipe"]).strip():
@@ -396,11 +397,15 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="fedlit-server-") as folder:
         recipe = Path(folder) / "recipe.yaml"
         recipe.write_text(str(config["recipe"]))
-        job = prepare(server_argv(config, recipe), wrap_data=remote)
+        root = root_parser({"fit": ("The server's run.", recipe_parser("fit", "The server's run."))})
+        built = build_run(root, parse(root, server_argv(config, recipe)), "fit", wrap_data=remote)
     timeout = float(config["client-timeout"])
-    job.federation.executor = FlowerExecutor(transport, holder["data"], timeout=timeout if timeout > 0 else None,
-                                             secure_aggregation=config["secure-aggregation"])
-    return job()
+    built.federation.executor = FlowerExecutor(transport, holder["data"], timeout=timeout if timeout > 0 else None,
+                                               secure_aggregation=config["secure-aggregation"])
+    try:
+        return built.federation.fit(ckpt_path=built.ckpt_path)
+    finally:
+        remove_if_empty(built.created)
 
 
 #: The ServerApp of fedlit's Flower app (``[tool.flwr.app.components] serverapp = "fedlit.flower.server:app"``).

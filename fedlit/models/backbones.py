@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.models.lora import LoRA
 from fedlit.models.pretrained import CHECKPOINT_SUFFIXES, load_checkpoint
 from fedlit.models.weights import PRETRAINED, check_weights_name, resolve_weights
@@ -69,7 +69,7 @@ def _timm() -> Any:
 
 def _raise_if(problems: list[str], owner: str) -> None:
     if problems:
-        raise ValueError(f"{owner}: " + "; ".join(problems))
+        raise ConfigError(f"{owner}: " + "; ".join(problems))
 
 
 class TimmBackbone(Backbone):
@@ -167,7 +167,7 @@ class TimmBackbone(Backbone):
             )
         else:
             if not checkpoint_path.is_file():
-                raise FileNotFoundError(
+                raise InputFileError(
                     f"TimmBackbone: checkpoint_path={str(checkpoint_path)!r} is not a file (tried "
                     f"{checkpoint_path.resolve()}); give the path of a local weight file"
                 )
@@ -274,7 +274,7 @@ class Identity(Backbone):
 
     def __init__(self, *, num_features: int) -> None:
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"Identity: num_features must be an integer >= 1, got {num_features!r}")
+            raise ConfigError(f"Identity: num_features must be an integer >= 1, got {num_features!r}")
         self.num_features = num_features
 
     def build(self) -> nn.Module:
@@ -289,7 +289,7 @@ class _IdentityFeatures(nn.Module):
 
     def forward(self, inputs: Tensor) -> Tensor:
         if inputs.ndim != 2 or inputs.shape[1] != self.num_features:
-            raise ValueError(
+            raise ConfigError(
                 f"Identity backbone expects inputs of shape (B, {self.num_features}), got "
                 f"{tuple(inputs.shape)}; set num_features to the number of input features"
             )

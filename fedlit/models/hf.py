@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
+from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.models.backbones import Backbone, _raise_if
 from fedlit.models.lora import LoRA
 from fedlit.models.weights import check_weights_name, resolve_weights
@@ -116,7 +117,7 @@ class HFEncoder(Backbone):
             path = resolve_weights(self.weights, "HFEncoder: weights", kind="transformers")
         if path is not None:
             if not (path / "config.json").is_file():
-                raise FileNotFoundError(
+                raise InputFileError(
                     f"HFEncoder: path={str(path)!r} is not a transformers model folder (tried "
                     f"{path.resolve() / 'config.json'}). fedlit never downloads: fetch the model once "
                     "on a connected machine (e.g. `huggingface-cli download <id> --local-dir <folder>`) and "
@@ -243,7 +244,7 @@ class TransformersEncoder(nn.Module):
 def _unpack(packed: Tensor) -> dict[str, Tensor]:
     """(B, 2 or 3, L) ids, mask[, token types] -> the dict transformers takes, cut to the longest text."""
     if packed.ndim != 3 or packed.shape[1] not in (2, 3) or packed.is_floating_point():
-        raise ValueError(
+        raise ConfigError(
             "HFEncoder expects a dict batch (input_ids, attention_mask) or an integer tensor (B, 2, L) of ids "
             f"and attention mask (B, 3, L with token type ids), got a {packed.dtype} tensor of shape "
             f"{tuple(packed.shape)}"

@@ -22,6 +22,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from fedlit.core.errors import ConfigError
+
 __all__ = ["FusedQVLoRA", "LoRA"]
 
 # Layer types peft's LoRA can wrap: listed as candidates when targets are missing or wrong.
@@ -82,7 +84,7 @@ class LoRA:
         if self.fused_qkv not in ("all", "qv"):
             problems.append(f"lora.fused_qkv must be 'all' or 'qv', got {self.fused_qkv!r}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
 
     @property
     def scaling(self) -> float:
@@ -109,21 +111,21 @@ class LoRA:
         targets = self.target_modules if self.target_modules is not None else default_target_modules
         candidates = _adaptable_names(model)
         if targets is None:
-            raise ValueError(
+            raise ConfigError(
                 f"lora.target_modules is required for {type(model).__name__}: fedlit knows default targets "
                 "only for timm ViT-style attention (qkv) and BERT-family encoders (query, value). Layers "
                 f"LoRA can adapt in this model: {candidates}"
             )
         unmatched = [t for t in targets if not any(_matches(name, t) for name, _ in model.named_modules())]
         if unmatched:
-            raise ValueError(
+            raise ConfigError(
                 f"lora.target_modules: {unmatched} match no layer of {type(model).__name__}; layers LoRA can "
                 f"adapt: {candidates}"
             )
         requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         fused = [] if self.fused_qkv == "all" else _fused_qkv_names(model, targets)
         if self.fused_qkv == "qv" and not fused:
-            raise ValueError(
+            raise ConfigError(
                 f"lora.fused_qkv='qv' adapts fused qkv Linears, but none of the targets {list(targets)} is one in "
                 f"{type(model).__name__} (a Linear whose name ends in 'qkv' with 3 equal output slices). Use "
                 "fused_qkv: all, or target separate projections (e.g. ['query', 'value'] for BERT)"
@@ -171,7 +173,7 @@ class FusedQVLoRA(nn.Module):
     def __init__(self, base_layer: nn.Linear, *, r: int, alpha: float, dropout: float = 0.0) -> None:
         super().__init__()
         if base_layer.out_features % 3:
-            raise ValueError(f"FusedQVLoRA: out_features={base_layer.out_features} is not 3 equal q, k, v slices")
+            raise ConfigError(f"FusedQVLoRA: out_features={base_layer.out_features} is not 3 equal q, k, v slices")
         self.base_layer = base_layer
         self.width = base_layer.out_features // 3
         kw = {"bias": False, "device": base_layer.weight.device, "dtype": base_layer.weight.dtype}

@@ -16,6 +16,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from fedlit.core.errors import ConfigError, InputFileError
+
 __all__ = ["CHECKPOINT_SUFFIXES", "LoadReport", "load_checkpoint", "read_state_dict"]
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")
@@ -93,9 +95,9 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint file at {path.resolve()}")
+        raise InputFileError(f"no checkpoint file at {path.resolve()}")
     if path.suffix not in CHECKPOINT_SUFFIXES:
-        raise ValueError(f"{path}: unsupported suffix {path.suffix!r}; expected one of {CHECKPOINT_SUFFIXES}")
+        raise ConfigError(f"{path}: unsupported suffix {path.suffix!r}; expected one of {CHECKPOINT_SUFFIXES}")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -104,7 +106,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001 - re-raised with the reason a checkpoint may not load
-            raise ValueError(
+            raise ConfigError(
                 f"{path} could not be read with torch.load(weights_only=True): fedlit never unpickles code, "
                 f"so a checkpoint must hold tensors only (save `model.state_dict()`). Reason: {error}"
             ) from error
@@ -113,18 +115,18 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 def _as_state_dict(obj: object, path: Path) -> dict[str, Tensor]:
     if not isinstance(obj, Mapping):
-        raise ValueError(f"{path} holds a {type(obj).__name__}, not a state dict")
+        raise ConfigError(f"{path} holds a {type(obj).__name__}, not a state dict")
     if not all(isinstance(value, Tensor) for value in obj.values()):
         nested = next((k for k in _NESTED_KEYS if isinstance(obj.get(k), Mapping)), None)
         if nested is None:
-            raise ValueError(
+            raise ConfigError(
                 f"{path} is not a state dict of tensors and has none nested under {_NESTED_KEYS}; "
                 f"its top-level keys are {list(obj)[:_MAX_LISTED]}"
             )
         obj = obj[nested]
     not_tensors = [k for k, v in obj.items() if not isinstance(v, Tensor)]
     if not_tensors:
-        raise ValueError(f"{path}: entries that are not tensors: {not_tensors[:_MAX_LISTED]}")
+        raise ConfigError(f"{path}: entries that are not tensors: {not_tensors[:_MAX_LISTED]}")
     state = dict(obj)
     if state and all(k.startswith("module.") for k in state):
         state = {k.removeprefix("module."): v for k, v in state.items()}
@@ -162,7 +164,7 @@ def load_checkpoint(
     elif key_mapping == "position":
         report, pairs = _match_by_position(target, checkpoint, path)
     else:
-        raise ValueError(f"key_mapping={key_mapping!r} is not one of 'name', 'position'")
+        raise ConfigError(f"key_mapping={key_mapping!r} is not one of 'name', 'position'")
     mismatches = [
         f"{model_key} {tuple(target[model_key].shape)} <- {ckpt_key} {tuple(checkpoint[ckpt_key].shape)}"
         for model_key, ckpt_key in pairs.items()
@@ -172,7 +174,7 @@ def load_checkpoint(
         hint = (
             " (is it the same architecture, with the same model_args?)" if key_mapping == "position" else ""
         )
-        raise ValueError(
+        raise ConfigError(
             f"{path}: {len(mismatches)} tensors have another shape than the model's{hint}: "
             + "; ".join(mismatches[:_MAX_LISTED])
             + (f"; and {len(mismatches) - _MAX_LISTED} more" if len(mismatches) > _MAX_LISTED else "")

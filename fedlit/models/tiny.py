@@ -17,6 +17,7 @@ from timm.models.efficientnet import EfficientNet, decode_arch_def
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from fedlit.core.errors import ConfigError
 from fedlit.models.registry import register_model
 
 __all__ = ["fedlit_test_cnn", "fedlit_test_vit"]
@@ -32,7 +33,7 @@ default_cfgs = generate_default_cfgs(
 
 def _refuse_pretrained(name: str, pretrained: bool) -> None:
     if pretrained:
-        raise ValueError(f"{name} is a tiny test model: it has no pretrained weights (use pretrained=False)")
+        raise ConfigError(f"{name} is a tiny test model: it has no pretrained weights (use pretrained=False)")
 
 
 @register_model

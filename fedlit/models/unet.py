@@ -99,7 +99,7 @@ class _TinyUNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] % self.multiple or x.shape[-2] % self.multiple:
-            raise ValueError(f"TinyUNet with depth {len(self.down)} needs image sides that are multiples of "
+            raise ConfigError(f"TinyUNet with depth {len(self.down)} needs image sides that are multiples of "
                              f"{self.multiple}, got {tuple(x.shape[-2:])}; resize the images or lower depth")
         skips = []
         for block in self.down:

@@ -165,7 +165,7 @@ class ClientLevelDP(Callback):
     @staticmethod
     def sample_rate(trainer: Any) -> float:
         """q: the clients a round selects / the clients that train."""
-        from fedlit.federation import num_selected
+        from fedlit.core.seeding import num_selected
 
         total = len(trainer.train_client_ids)
         return num_selected(trainer.clients_per_round, total) / total

@@ -128,7 +128,7 @@ class SampleLevelDP(Callback):
         if changed:
             problems.append(f"strategy {strategy!r} changes the client's gradient ({', '.join(changed)}), which "
                             "DP-SGD's per-sample gradients do not cover; use FedAvg, FedBN, SiloBN, FedSA, Local...")
-        if getattr(trainer.fabric.strategy.precision, "scaler", None) is not None:
+        if trainer.scaler is not None:
             problems.append("federation.precision uses a gradient scaler (16-mixed); use bf16-mixed or 32-true")
         layers = module_problems(pl_module)
         if layers:
@@ -143,17 +143,17 @@ class SampleLevelDP(Callback):
 
             self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction="mean", strict=False)
 
-    def on_client_fit_start(self, trainer: Any, pl_module: Any, server_round: int, client_id: str) -> None:
+    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str, client: Any) -> None:
         """Start the turn's step count and noise generator; clear any stale per-sample gradient."""
         _reset_hooks_state(pl_module)
         if self._hooks is not None:
             self._hooks.enable_hooks()
-        train = trainer.datamodule.num_examples(client_id, "train")
+        train = client.num_examples("train")
         self._turn = {"steps": 0, "clipped": 0, "samples": 0,
-                      "sample_rate": min(1.0, trainer.datamodule.batch_size / max(train, 1))}
+                      "sample_rate": min(1.0, client.data.batch_size / max(train, 1))}
         device = next(p.device for p in pl_module.parameters())
         self._generator = torch.Generator(device=device).manual_seed(
-            trainer.derive_seed("dp-sgd", server_round, client_id) % 2**63)
+            client.derive_seed("dp-sgd", server_round, client_id) % 2**63)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """Replace each trainable parameter's gradient by DP-SGD's (:func:`clip_and_noise`)."""

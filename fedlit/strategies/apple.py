@@ -154,7 +154,7 @@ class APPLE(Strategy):
     def on_fit_start(self, trainer: Any) -> None:
         """``p0 = n_j / n`` over the clients that train; R, the federation's rounds, for ``R_d``."""
         self.rounds = int(trainer.rounds)
-        sizes = [float(trainer.datamodule.num_examples(c, "train")) for c in self.client_ids]
+        sizes = [float(trainer.num_examples(c, "train")) for c in self.client_ids]
         self.p0 = F.normalized_weights(sizes).to(torch.float64)
 
     def coefficient(self, server_round: int) -> float:
@@ -272,11 +272,11 @@ class APPLE(Strategy):
             return loss
         return loss + F.apple_proximal(turn["p"], turn["p0"], turn["coef"]).to(loss.dtype)
 
-    def on_before_optimizer_step(self, trainer: Any) -> None:
+    def on_before_optimizer_step(self, client: Any) -> None:
         """Unscale ``p_i``'s gradient under 16-bit mixed precision (the loop unscales the module's only)."""
         turn = self._turn
-        scaler = getattr(trainer.fabric.strategy.precision, "scaler", None)
-        if turn and turn["p"].grad is not None and scaler is not None and scaler.is_enabled():
+        scaler = client.scaler
+        if turn and turn["p"].grad is not None and scaler is not None:
             turn["p"].grad.div_(scaler.get_scale())
 
     def on_before_zero_grad(self, stepped: bool) -> None:
@@ -288,14 +288,14 @@ class APPLE(Strategy):
             turn["optimizer"].step()
         turn["p"].grad = None
 
-    def on_client_fit_end(self, trainer: Any, server_round: int, client_id: str, update: ClientUpdate,
-                          client_state: dict[str, Any]) -> None:
+    def on_client_fit_end(self, server_round: int, client_id: str, update: ClientUpdate,
+                          client_state: dict[str, Any], client: Any) -> None:
         """Keep ``p_i`` and the personalized model on the client; under a bandwidth limit draw and upload the
         indices of the cores to download next turn."""
         turn = self._turn
         if not turn:
             return
-        store = trainer.store.device
+        store = client.store.device
         with torch.no_grad():
             client_state["model"] = {n: t.detach().to(store, copy=True) for n, t in self.personalized().items()}
         p = turn["p"].detach().to(store, copy=True)
@@ -307,7 +307,7 @@ class APPLE(Strategy):
                 cache[j] = {n: t.detach().to(store, copy=True) for n, t in core.items()}
                 if not turn["first"]:  # the first turn's download is the initial cores
                     touched[turn["clients"].index(j)] = True
-            generator = torch.Generator().manual_seed(trainer.derive_seed("apple", server_round, client_id))
+            generator = torch.Generator().manual_seed(client.derive_seed("apple", server_round, client_id))
             request = F.apple_download_choice(p, turn["own"], touched, self.max_downloads,
                                               server_round, generator, lamb=self.lamb, thresh=self.thresh)
             update.extras["request"] = torch.tensor(request, dtype=torch.int64)

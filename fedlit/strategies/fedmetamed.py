@@ -240,16 +240,16 @@ class FedMetaMed(Strategy):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Take ``R`` from the federation; refuse a gradient scaler and a module without macro-F1."""
         self._fit_rounds = trainer.rounds
-        scaler = getattr(trainer.fabric.strategy.precision, "scaler", None)
-        if scaler is not None and scaler.is_enabled():
+        if trainer.scaler is not None:
             raise ConfigError("FedMetaMed steps its personal model outside the gradient scaler of 16-bit mixed "
                               "precision: use federation.precision bf16-mixed or 32-true.")
         if "f1" not in pl_module.higher_is_better:
             raise ConfigError(f"FedMetaMed picks its stages from macro-F1, but {type(pl_module).__name__} reports "
                               f"{sorted(pl_module.higher_is_better)}: use fedlit.tasks.ClassificationModule.")
 
-    def on_client_fit_start(self, trainer: Any, pl_module: Any, client_id: str, client_state: dict[str, Any]) -> None:
+    def on_client_fit_start(self, pl_module: Any, client_id: str, client_state: dict[str, Any], client: Any) -> None:
         """Take the personal model (a copy of the deputy at the client's first turn) and the stage."""
+        self._fit_rounds = client.rounds
         live = pl_module.named_tensors("shared", "personal")
         trainable = {n for n, p in pl_module.named_parameters() if p.requires_grad}
         stored = client_state.get("personal", live)
@@ -258,26 +258,25 @@ class FedMetaMed(Strategy):
             copy = stored[name].detach().to(tensor.device, tensor.dtype, copy=True)
             personal[name] = copy.requires_grad_(True) if name in trainable else copy
         self._turn = {
-            "trainer": trainer, "client_id": client_id, "personal": personal, "optimizer": None,
+            "client": client, "client_id": client_id, "personal": personal, "optimizer": None,
             "stage": 0 if self.reset_stage else client_state.get("stage", 0), "stages": [], "f1": None,
-            "mutual": trainer.local_steps is None and trainer.local_epochs < 2,
+            "mutual": client.local.local_steps is None and client.local.local_epochs < 2,
             "training_step": _Method(pl_module, "training_step"),
-            "optimizer_state": client_state.get("optimizer") if trainer.optimizer_state == "persist" else None,
+            "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
     def _prefixed(self) -> dict[str, Tensor]:
         return {f"module.{n}": t for n, t in self._turn["personal"].items()}
 
     def _macro_f1(self, pl_module: Any, loader: Any, personal: bool) -> float:
-        fabric = self._turn["trainer"].fabric
-        precision = fabric.strategy.precision
+        client = self._turn["client"]
         step = _Method(pl_module, "validation_step")
         pl_module.eval()
         pl_module.reset_metrics()
         with torch.no_grad():
             for batch_idx, batch in enumerate(loader):
-                batch = precision.convert_input(fabric.to_device(batch))
-                with fabric.autocast():
+                batch = client.prepare_batch(batch)
+                with client.autocast():
                     if personal:
                         functional_call(step, self._prefixed(), (batch, batch_idx))
                     else:
@@ -287,10 +286,10 @@ class FedMetaMed(Strategy):
         return f1
 
     def _f1_loader(self) -> Any:
-        trainer, client_id = self._turn["trainer"], self._turn["client_id"]
+        client, client_id = self._turn["client"], self._turn["client_id"]
         if self.f1_split == "train":
-            return trainer.datamodule.train_dataloader(client_id, torch.Generator().manual_seed(0))
-        loader = trainer.datamodule.val_dataloader(client_id)
+            return client.train_dataloader(generator=torch.Generator().manual_seed(0))
+        loader = client.eval_dataloader("val")
         if loader is None:
             raise DataError(f"FedMetaMed measures F1 on client {client_id!r}'s validation split, which it has not: "
                             "give the clients a validation split or set strategy.init_args.f1_split: train.")
@@ -357,17 +356,17 @@ class FedMetaMed(Strategy):
             mirror.load_state_dict(self._turn["optimizer_state"])
         return mirror
 
-    def on_client_fit_end(self, trainer: Any, update: ClientUpdate, client_state: dict[str, Any]) -> None:
+    def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any], client: Any) -> None:
         """Keep the personal model, the stage (and the personal optimizer's state under ``persist``)."""
         turn = self._turn
         if not turn:
             return
-        device = trainer.store.device
+        device = client.store.device
         client_state["personal"] = {n: t.detach().to(device, copy=True) for n, t in turn["personal"].items()}
         client_state["stage"], client_state["stages"] = turn["stage"], list(turn["stages"])
         if turn["f1"] is not None:
             client_state["f1"] = list(turn["f1"])
-        if trainer.optimizer_state == "persist" and turn["optimizer"] is not None:
+        if client.local.optimizer_state == "persist" and turn["optimizer"] is not None:
             client_state["optimizer"] = _to(turn["optimizer"].state_dict(), device)
         self._turn = {}
 

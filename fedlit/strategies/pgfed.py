@@ -239,8 +239,8 @@ class PGFed(Strategy):
         turn["a"] = F.pgfed_coefficient_step(turn["a"], turn["mu_l"], dot, self.lam)
 
     def on_client_fit_end(
-        self, trainer: Any, pl_module: Any, server_round: int, client_id: str, update: ClientUpdate,
-        client_state: dict[str, Any],
+        self, pl_module: Any, server_round: int, client_id: str, update: ClientUpdate, client_state: dict[str, Any],
+        client: Any,
     ) -> None:
         """The extra pass at the trained ``theta_i``: upload ``grad f_i``, ``l_i = f_i - <grad f_i, theta_i>`` and
         the coefficients; PGFedMo keeps the correction it used as ``g~_prev``."""
@@ -248,13 +248,9 @@ class PGFed(Strategy):
         if not turn:
             return
         params = turn["params"]
-        fabric = trainer.fabric
-        precision = fabric.strategy.precision
-        generator = torch.Generator().manual_seed(trainer.derive_seed("pgfed", server_round, client_id))
         mean_loss, grad = mean_loss_and_gradient(
-            pl_module, params, trainer.datamodule.train_dataloader(client_id, generator),
-            prepare=lambda batch: precision.convert_input(fabric.to_device(batch)),
-            autocast=fabric.autocast, convert_output=precision.convert_output)
+            pl_module, params, client.train_dataloader("pgfed", server_round, client_id),
+            prepare=client.prepare_batch, autocast=client.autocast, convert_output=client.convert_output)
         device = next(iter(update.state.values())).device if update.state else torch.device("cpu")  # the store's
         update.extras["grad"] = {n: g.detach().to(device, copy=True) for n, g in grad.items()}
         update.extras["l"] = F.pgfed_risk_offset(mean_loss, grad, {n: p.detach() for n, p in params.items()})

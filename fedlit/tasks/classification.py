@@ -11,6 +11,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
@@ -130,11 +131,11 @@ class ClassificationModule(FederatedModule):
         super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
         if task not in ("multiclass", "binary", "multilabel"):
-            raise ValueError(f"model.init_args.task={task!r} is not one of ['multiclass', 'binary', 'multilabel'].")
+            raise ConfigError(f"model.init_args.task={task!r} is not one of ['multiclass', 'binary', 'multilabel'].")
         if task == "binary" and num_classes != 1:
-            raise ValueError(f"model.init_args.num_classes={num_classes}: a binary task has one output; set it to 1.")
+            raise ConfigError(f"model.init_args.num_classes={num_classes}: a binary task has one output; set it to 1.")
         if task != "binary" and num_classes < 2:
-            raise ValueError(f"model.init_args.num_classes={num_classes} must be >= 2 for task {task!r}.")
+            raise ConfigError(f"model.init_args.num_classes={num_classes} must be >= 2 for task {task!r}.")
         self.task = task
         self.num_classes = num_classes
         self.backbone = backbone.build()

@@ -134,7 +134,7 @@ class SegmentationModule(FederatedModule):
     def loss(self, logits: Tensor, masks: Tensor) -> Tensor:
         """The configured loss of ``logits`` against 0/1 ``masks``, both (B, C, H, W)."""
         if logits.shape != masks.shape:
-            raise ValueError(f"the network gives logits of shape {tuple(logits.shape)} but the masks have shape "
+            raise ConfigError(f"the network gives logits of shape {tuple(logits.shape)} but the masks have shape "
                              f"{tuple(masks.shape)}; set model.init_args.num_classes to the mask channels "
                              f"({masks.shape[1] if masks.ndim == 4 else '?'})")
         masks = masks.to(logits.dtype)

@@ -63,7 +63,7 @@ def test_meter_converts_joules_to_kwh_per_round(tmp_path):
         pass
 
     fed = Fed()
-    fed._energy = {"meter": energy.EnergyMeter(counter, interval=60), "why": None, "round_start": 0.0}
+    fed.energy = {"meter": energy.EnergyMeter(counter, interval=60), "why": None, "round_start": 0.0}
     counter.joules = 7.2e6  # 2 kWh
     assert energy.round_kwh(fed) == pytest.approx(2.0)
     counter.joules = 9.0e6

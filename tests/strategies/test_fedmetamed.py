@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from fedlit.cli import build_parser
+from fedlit.commands.fit import build_parser
 from fedlit.commands.export import export_federation
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles

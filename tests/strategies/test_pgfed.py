@@ -10,7 +10,7 @@ from lightning.fabric import Fabric
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from fedlit.cli import build_parser
+from fedlit.commands.fit import build_parser
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule

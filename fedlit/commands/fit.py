@@ -1,0 +1,88 @@
+"""``fedlit fit | validate | test --config RECIPE.yaml [--section.key value ...]``: run a recipe, or evaluate a
+checkpoint of its run.
+
+A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``<recipe>_<strategy>``,
+``--version`` to the next ``version_<n>``), or into ``--out_dir``, which must not hold another run (see
+:mod:`fedlit.engine.run_folder`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
+checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
+rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
+and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.config.resolve`; :mod:`fedlit.engine.record`
+says what a run records). ``fit --dry_run`` prints what the run would cost (:mod:`fedlit.commands.cost`);
+``fit --seeds 0 1 2`` runs it once per seed (:mod:`fedlit.commands.seeds`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ArgumentParser
+
+from fedlit.commands import cost
+from fedlit.config.build import build_run, remove_if_empty
+from fedlit.config.parser import parse, recipe_parser, root_parser
+from fedlit.federation import Federation
+
+HELP = {
+    "fit": "Run a federated experiment (resume with --ckpt_path last).",
+    "validate": "Evaluate a checkpoint on every client's validation split.",
+    "test": "Evaluate a checkpoint on every client's test split.",
+}
+#: Read before parsing by :mod:`fedlit.commands.seeds`; declared here for ``fedlit fit --help``.
+SEEDS = "--seeds"
+
+
+def parser(name: str) -> ArgumentParser:
+    """The options of ``fit``, ``validate`` or ``test``."""
+    sub = recipe_parser(name, HELP[name])
+    if name in ("fit", "test"):
+        sub.add_argument("--baseline_run", type=str | None, default=None,
+                         help="A finished run of strategy Local on the same data and seed: the report adds each "
+                              "client's test gain over it, with their mean and std (gain_over_local).")
+    if name == "fit":
+        cost.add_arguments(sub, name)
+        sub.add_argument(SEEDS, type=list[int] | None, default=None,
+                         help="Run the recipe once per seed (--seeds 0 1 2): federation.seed and the data's seed set "
+                              "to each, runs in runs/<name>/<version>/seed_<s> (or OUT_DIR/seed_<s>), the "
+                              "experiment recorded in experiment.json.")
+    return sub
+
+
+def build_parser(name: str = "fit") -> ArgumentParser:
+    """The ``fedlit`` parser with the one subcommand ``name`` (``fit``, ``validate`` or ``test``)."""
+    return root_parser({name: (HELP[name], parser(name))})
+
+
+@dataclass
+class FitJob:
+    """A built run of ``fit``, ``validate`` or ``test``, ready to run."""
+
+    subcommand: str
+    federation: Federation
+    ckpt_path: Path | None
+    created: Path | None  # the new version folder made for this run, removed again if the run leaves it empty
+
+    def __call__(self) -> Any:
+        if self.federation.fabric.is_global_zero:
+            print(f"fedlit {self.subcommand}: out_dir={self.federation.out_dir}", flush=True)
+        try:
+            if self.subcommand == "fit":
+                return self.federation.fit(ckpt_path=self.ckpt_path)
+            return self.federation.evaluate(self.subcommand.replace("validate", "val"), ckpt_path=self.ckpt_path)
+        finally:
+            remove_if_empty(self.created)
+
+
+def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -> FitJob | cost.CostJob:
+    """Parse ``argv`` (``fit ...``, ``validate ...`` or ``test ...``), resolve the run folder and checkpoint and
+    build the objects (configuration errors are raised here); calling the result runs it. ``wrap_data`` replaces
+    the recipe's data module, built but not set up, by what it returns (a Flower server's view of its nodes)."""
+    name = argv[0]
+    root = build_parser(name)
+    cfg = parse(root, argv)
+    if name == "fit" and cfg.fit.get("dry_run"):
+        return cost.prepare(root, cfg, name)  # builds no data, writes no run folder
+    built = build_run(root, cfg, name, wrap_data=wrap_data)
+    return FitJob(name, built.federation, built.ckpt_path, built.created)

@@ -1,0 +1,152 @@
+"""Building a run from a parsed recipe: the run folder and checkpoint resolved, the objects built in the order
+that reports the cheapest mistakes first, the data set up, the :class:`~fedlit.federation.Federation` made (and its
+processes launched over several devices); and the objects alone, from a recipe given as a mapping (what a Flower
+node builds, without a run folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ArgumentParser, Namespace
+
+from fedlit.config import resolve
+from fedlit.engine.run_folder import check_run_dir, new_version_dir
+from fedlit.engine.settings import Settings
+from fedlit.federation import Federation
+
+
+@dataclass
+class BuiltRun:
+    """A federation built from a recipe, with its checkpoint.
+
+    Attributes:
+        federation: The run.
+        ckpt_path: The checkpoint to resume or evaluate, or None.
+        created: The new version folder made for it, removed again if the run leaves it empty (None: none made).
+    """
+
+    federation: Federation
+    ckpt_path: Path | None
+    created: Path | None
+
+
+def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
+              wrap_data: Callable[[Any], Any] | None = None) -> BuiltRun:
+    """Resolve the run folder and checkpoint of ``cfg[subcommand]`` and build its objects (configuration errors
+    are raised here). ``wrap_data`` replaces the recipe's data module, built but not set up, by what it returns (a
+    Flower server's view of the nodes' data, :mod:`fedlit.flower`)."""
+    from lightning.fabric.utilities.seed import seed_everything
+
+    from fedlit.engine.ranks import launched_rank_zero
+
+    sub_cfg = cfg[subcommand]
+    out_dir, ckpt_path = resolve.resolve_run(sub_cfg, subcommand)
+    # Over several processes only the first one checks and makes the run folder; the others take it from rank 0.
+    first = (sub_cfg.federation.devices in (1, "1") and sub_cfg.federation.num_nodes == 1) or launched_rank_zero()
+    if subcommand == "fit" and out_dir is not None and first:
+        check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
+    config = json.loads(parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True))[subcommand]
+    for key in ("dry_run", "seeds"):  # options of fit only: validate/test --run rebuild the run from this
+        config.pop(key, None)
+    baseline_run = config.pop("baseline_run", None)  # what the run is compared with, not part of it
+    # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
+    # generated data must be the same in a resumed or re-evaluated run as in the original one.
+    seed_everything(sub_cfg.federation.seed, verbose=False)
+    objects = instantiate(parser, cfg)[subcommand]
+    if wrap_data is not None:
+        objects.data = wrap_data(objects.data)
+    objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
+    created = None
+    if out_dir is None:
+        root = resolve.run_root(sub_cfg)
+        out_dir = created = new_version_dir(root) if first else root / "version_of_rank_0"  # replaced at launch
+    try:
+        federation = Federation(objects.model, objects.data, objects.strategy,
+                                settings=Settings(**objects.federation.as_dict()), callbacks=objects.callbacks,
+                                out_dir=out_dir, config=config)
+    except BaseException:
+        remove_if_empty(created)
+        raise
+    federation.baseline_run = Path(baseline_run) if baseline_run else None
+    if federation.fabric.world_size > 1:
+        ckpt_path, created = _launch(federation, ckpt_path, created)
+    return BuiltRun(federation, ckpt_path, created)
+
+
+def _launch(federation: Federation, ckpt_path: Path | None, created: Path | None) -> tuple[Path | None, Path | None]:
+    """Start the processes of a run over several devices or nodes (Fabric's own launcher re-runs this command up to
+    here in each further local process); every rank then takes rank 0's run folder and checkpoint."""
+    try:
+        federation.launch()
+        out_dir, ckpt = federation.fabric.broadcast((str(federation.out_dir), ckpt_path and str(ckpt_path)))
+    except BaseException:
+        remove_if_empty(created)
+        raise
+    if not federation.fabric.is_global_zero:
+        remove_if_empty(created)
+        created = None
+    federation.out_dir = Path(out_dir)
+    return (Path(ckpt) if ckpt else None), created
+
+
+def instantiate(parser: ArgumentParser, cfg: Namespace) -> Namespace:
+    """``parser.instantiate_classes(cfg)``, with what a constructor raised unwrapped from jsonargparse's wrappers:
+    fedlit's own errors stay one-line configuration errors, anything else (a bug in a user's class) is raised as
+    it was, with its traceback."""
+    try:
+        return parser.instantiate_classes(cfg)
+    except Exception as err:
+        original = unwrap(err)
+        if original is err:
+            raise
+        raise original from None
+
+
+def unwrap(err: BaseException) -> BaseException:
+    """The exception a constructor raised behind jsonargparse's wrappers (the union and ``Parser key`` errors that
+    it chains ``from`` the original), or ``err`` itself."""
+    node = err
+    while node.__cause__ is not None and _is_wrapper(node):
+        node = node.__cause__
+    return node
+
+
+def _is_wrapper(err: BaseException) -> bool:
+    text = str(err)
+    return (type(err).__module__.startswith("jsonargparse")
+            or text.startswith(("Does not validate against any of the Union subtypes", "Parser key \"",
+                                "Problem with given class_path")))
+
+
+def remove_if_empty(folder: Path | None) -> None:
+    """Remove ``folder`` if it is empty (a version folder the run did not write into)."""
+    if folder is not None:
+        with contextlib.suppress(OSError):  # not empty (the run wrote into it), or already gone
+            folder.rmdir()
+
+
+def build_objects(recipe: Mapping[str, Any], overrides: list[str] | None = None) -> Namespace:
+    """The objects of a recipe given as a mapping (``model``, ``data``, ``strategy``, ``federation``,
+    ``callbacks``), with dotted ``overrides`` (``["--data.init_args.root", "/data/site_0"]``) on top: the model,
+    data module (not set up), strategy, callbacks, and the federation's :class:`~fedlit.engine.settings.Settings`.
+    Seeded by ``federation.seed`` as a run is, so a randomly initialized backbone and generated data are the
+    run's."""
+    from lightning.fabric.utilities.seed import seed_everything
+
+    from fedlit.config.parser import recipe_parser
+
+    parser = recipe_parser("fit", "A recipe.")
+    sections = {k: v for k, v in recipe.items() if k in ("model", "data", "strategy", "federation", "callbacks")}
+    cfg = parser.parse_object(sections)
+    if overrides:
+        cfg = parser.parse_args(list(overrides), namespace=cfg)
+    seed_everything(cfg.federation.seed, verbose=False)
+    objects = instantiate(parser, cfg)
+    objects.federation = Settings(**objects.federation.as_dict())
+    return objects

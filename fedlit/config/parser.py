@@ -1,0 +1,172 @@
+"""The parser of a recipe: its sections (``data``, ``model``, ``strategy`` as ``class_path`` + ``init_args``; the
+``federation`` settings; ``callbacks``; ``out_dir``) and the options every command that runs a recipe shares.
+
+A recipe has five sections: ``model`` (a FederatedModule), ``data`` (a FederatedDataModule), ``strategy`` (a
+Strategy; short names such as ``FedAvg`` work), ``federation`` (the loop's settings:
+:class:`~fedlit.engine.settings.Settings`) and optional ``callbacks``; plus ``out_dir``. Dotted overrides
+(``--federation.rounds 3``) and ``--print_config`` come from jsonargparse. torch, Lightning and the model
+libraries are imported only when a recipe parser is built, so ``fedlit --help`` answers in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+
+from fedlit.config import resolve
+from fedlit.core.errors import ConfigError
+from fedlit.core.version import __version__
+
+SECTIONS = ("model", "data", "strategy")
+
+
+def bases() -> dict[str, type]:
+    """The base class of each ``class_path`` section (imports torch and Lightning)."""
+    import fedlit.strategies  # noqa: F401  (registers the built-in strategies for short names)
+    from fedlit.data import FederatedDataModule
+    from fedlit.module import FederatedModule
+    from fedlit.strategies.base import Strategy
+
+    return {"model": FederatedModule, "data": FederatedDataModule, "strategy": Strategy}
+
+
+def recipe_parser(subcommand: str, description: str) -> ArgumentParser:
+    """The parser of a command that reads a recipe: its sections, ``--out_dir``, ``--ckpt_path``, ``--name``,
+    ``--version`` (and ``--run`` for validate and test)."""
+    from lightning.pytorch import Callback
+
+    import fedlit.callbacks  # noqa: F401  (lists fedlit's own callbacks in --help)
+    from fedlit.engine.settings import Settings
+
+    FederatedModule, FederatedDataModule, Strategy = bases().values()  # noqa: N806  (classes)
+    parser = ArgumentParser(description=description, exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile, help="A recipe (YAML).")
+    # data before model: the data set is built first, so a missing data folder is reported before a large
+    # backbone is built (and before its weight file is looked for)
+    parser.add_subclass_arguments(FederatedDataModule, "data", required=True, help="The federated data.")
+    parser.add_subclass_arguments(FederatedModule, "model", required=True, help="The client model.")
+    parser.add_subclass_arguments(Strategy, "strategy", required=True, help="The server algorithm.")
+    parser.add_class_arguments(Settings, "federation", instantiate=False, help="Settings of the federated loop.")
+    parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
+                        help="Extra callbacks, e.g. fedlit.callbacks.EarlyStopping. Only callbacks that act in the "
+                        "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's "
+                        "Trainer-only ones (EarlyStopping, ModelCheckpoint...) are refused.")
+    parser.add_argument("--out_dir", type=str | None, default=None,
+                        help="Output folder (default: runs/<name>/<version>).")
+    parser.add_argument("--ckpt_path", type=str | None, default=None,
+                        help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
+                             "or, for validate and test, `best` (its best-validation checkpoint).")
+    resolve.add_run_arguments(parser, subcommand)
+    return parser
+
+
+def root_parser(subcommands: Mapping[str, tuple[str, ArgumentParser]]) -> ArgumentParser:
+    """The ``fedlit`` parser over ``subcommands`` (name -> help, its parser)."""
+    parser = ArgumentParser(prog="fedlit", description="Personalized federated fine-tuning of medical models.",
+                            exit_on_error=False)
+    parser.add_argument("--version", action="version", version=f"fedlit {__version__}",
+                        help="Print the version and exit.")
+    commands = parser.add_subcommands(dest="subcommand")
+    for name, (help_text, sub) in subcommands.items():
+        commands.add_subcommand(name, sub, help=help_text)
+    return parser
+
+
+def parse(parser: ArgumentParser, argv: list[str]) -> Namespace:
+    """``argv`` parsed, after the checks that give clearer messages than jsonargparse (recipe files, YAML syntax,
+    ``class_path`` names); ``--run DIR`` reads the run's recipe."""
+    precheck(argv)
+    return parser.parse_args(resolve.expand_run(argv))
+
+
+def precheck(argv: list[str]) -> None:
+    """Checks that give a clearer message than jsonargparse: recipe files exist and are valid YAML (file, line and
+    column), and each ``class_path`` names a known class of the right kind."""
+    sections: dict[str, Any] = {}
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            loaded = read_recipe(Path(argv[i + 1]))
+            if isinstance(loaded, dict):
+                sections.update({k: v for k, v in loaded.items() if k in SECTIONS})
+        for section in SECTIONS:
+            if arg in (f"--{section}", f"--{section}.class_path") and i + 1 < len(argv):
+                sections[section] = {"class_path": argv[i + 1]}
+    for section, value in sections.items():
+        name = value.get("class_path") if isinstance(value, dict) else value
+        if isinstance(name, str):
+            check_class_path(section, name)
+
+
+def read_recipe(path: Path) -> Any:
+    if not path.is_file():
+        where = "it is a folder" if path.is_dir() else f"no such file (relative to {Path.cwd()})"
+        raise ConfigError(f"--config {path}: {where}. Give the path of a recipe .yaml file.")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and start is not None:
+            problem += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+        raise ConfigError(f"{path}{where}: {problem}. Fix the YAML syntax of the recipe.") from None
+
+
+def check_class_path(section: str, name: str) -> None:
+    """Refuse a ``class_path`` that is not a subclass of the section's base class, with the key as in the YAML.
+
+    A short name is looked up among the known subclasses without importing anything; a dotted path is imported
+    (its module's import is the only code run) and its object checked.
+    """
+    bases_ = bases()
+    base, key = bases_[section], f"{section}.class_path"
+    if "." not in name:
+        known = {c.__name__ for c in subclasses(base)}
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{key}={name!r} is not a known {base.__name__}.{hint} "
+                f"Valid names: {', '.join(sorted(known))} (or a full import path of your own subclass)."
+            )
+        return
+    module_name, _, attr = name.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
+            raise  # the module exists but one of its own imports fails: its traceback says where
+        raise ConfigError(
+            f"{key}={name!r}: no module named {err.name!r}. Check the spelling, or make the module importable "
+            "(install its package, or run from the folder that holds it)."
+        ) from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        candidates = sorted(n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, base))
+        close = difflib.get_close_matches(attr, candidates, n=1)
+        hint = f" Did you mean {module_name}.{close[0]}?" if close else ""
+        raise ConfigError(f"{key}={name!r}: module {module_name} has no {attr!r}.{hint}")
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        kind = next((b.__name__ for b in bases_.values() if isinstance(obj, type) and issubclass(obj, b)),
+                    type(obj).__name__ if not isinstance(obj, type) else "class")
+        raise ConfigError(
+            f"{key}={name!r} is a {kind}, not a {base.__name__}: the {section} section needs a subclass of "
+            f"{base.__module__}.{base.__name__}."
+        )
+
+
+def subclasses(base: type) -> set[type]:
+    found, stack = set(), [base]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in found and not sub.__name__.startswith("_"):
+                found.add(sub)
+                stack.append(sub)
+    return found

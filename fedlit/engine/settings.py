@@ -1,0 +1,180 @@
+"""The settings of a federation (the recipe's ``federation`` section), checked when they are built.
+
+:class:`Settings` is the schema of the ``federation`` section (jsonargparse reads its fields and their
+documentation for ``--help``) and of ``Federation(..., rounds=3, ...)``; every problem is collected and reported in one
+:class:`~fedlit.core.errors.ConfigError` naming the options as spelled in a recipe. :class:`LocalSettings` is the
+part a client's turn reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from lightning.fabric.loggers import Logger
+
+from fedlit.core.errors import ConfigError
+
+
+@dataclass
+class Settings:
+    """The federated loop's settings.
+
+    Args:
+        rounds: Number of server rounds R.
+        clients_per_round: Clients sampled per round: a count (int >= 1), a fraction of all clients
+            (float in (0, 1]), or None for every client.
+        local_epochs: Passes over the client's training data per round (ignored when ``local_steps`` is set).
+        local_steps: Exactly this many optimizer steps per round (cycling through the data), instead of epochs.
+        optimizer_state: ``reset`` builds a fresh optimizer for every client turn; ``persist`` keeps each
+            client's optimizer state (momenta), and its learning-rate schedule of interval ``step``, in the store
+            between its turns.
+        eval_every: Evaluate every this many rounds (the last round is always evaluated).
+        selection_metric: Metric whose mean over clients on validation picks the reported best round (its
+            direction from the module's ``higher_is_better``); None: the module's ``default_selection_metric``
+            (``accuracy`` for classification, ``c_index`` for survival).
+        seed: Seed of client sampling and local training.
+        accelerator: Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``,
+            ``cuda``, ``mps``...
+        devices: Fabric devices: the processes per node. More than one process in all (``devices`` x
+            ``num_nodes``) shards the *clients* over the ranks, each rank training and evaluating the clients it
+            owns (balanced by train-split size) on one unwrapped module, the uploads gathered on every rank before
+            the same aggregation (no DDP; see :mod:`fedlit.engine.ranks`). Results do not depend on the number of
+            processes.
+        num_nodes: Fabric nodes (machines) of a multi-node run, ``devices`` processes each (torchrun or SLURM's
+            ``srun`` start them; see ``docs/deployment.md``).
+        precision: Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).
+        checkpoint_every: Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).
+        store_device: Where the client store keeps tensors.
+        progress_bar: Show a progress bar over rounds and clients.
+        on_client_error: ``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of
+            the round with a warning (recorded in the results and TensorBoard).
+        min_clients: The fewest clients whose updates a round needs to aggregate (after skipped, quarantined and
+            timed-out ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
+        client_timeout: Seconds a client's turn may take (None, the default: no limit). In simulation a turn
+            that takes longer (loading and training, checked after each optimizer step) stops there and is left
+            out of the round as timed out, with a warning, its stored state unchanged (as a quarantined one); in
+            a deployment it is how long the server waits for a client's reply.
+        loggers: Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in
+            ``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.
+        unseen_clients: Clients held out of training, to measure how the federation serves newcomers: a list of
+            client ids, or an int k for the last k clients that would train; None (the default) holds out none.
+            They never train nor count in the per-round means; at the final test they are evaluated with what the
+            strategy sends a new client, and after ``unseen_finetune_steps`` local steps from it (see
+            :mod:`fedlit.engine.evaluate`).
+        unseen_finetune_steps: Local optimizer steps an unseen client takes on its own train split from the model
+            it receives before its second test (0, the default: no fine-tuned test).
+    """
+
+    rounds: int = 10
+    clients_per_round: int | float | None = None
+    local_epochs: int = 1
+    local_steps: int | None = None
+    optimizer_state: Literal["reset", "persist"] = "reset"
+    eval_every: int = 1
+    selection_metric: str | None = None
+    seed: int = 0
+    accelerator: str = "auto"
+    devices: int | str = 1
+    num_nodes: int = 1
+    precision: str = "32-true"
+    checkpoint_every: int = 1
+    store_device: str = "cpu"
+    progress_bar: bool = True
+    on_client_error: Literal["raise", "skip"] = "raise"
+    min_clients: int = 1
+    client_timeout: float | None = None
+    loggers: list[Logger] | None = None
+    unseen_clients: list[str] | int | None = None
+    unseen_finetune_steps: int = 0
+
+    def __post_init__(self) -> None:
+        problems = self.problems(vars(self))
+        if problems:
+            raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
+        if self.client_timeout is not None:
+            self.client_timeout = float(self.client_timeout)
+        if isinstance(self.unseen_clients, list | tuple):
+            self.unseen_clients = list(self.unseen_clients)
+
+    @staticmethod
+    def problems(values: dict[str, Any], metrics: Collection[str] = (), default_metric: str | None = None) -> list[str]:
+        """Every problem of the settings ``values`` (all fields), each naming the option as in a recipe; with the
+        module's ``metrics`` and ``default_metric``, also those of ``selection_metric``."""
+        problems = []
+        for key, low in (("rounds", 1), ("local_epochs", 1), ("eval_every", 1), ("checkpoint_every", 1),
+                         ("min_clients", 1), ("num_nodes", 1)):
+            if values[key] < low:
+                problems.append(f"federation.{key}={values[key]} must be >= {low}")
+        if values["client_timeout"] is not None and not values["client_timeout"] > 0:
+            problems.append(f"federation.client_timeout={values['client_timeout']} must be > 0 seconds "
+                            "(or null: no limit)")
+        if values["unseen_finetune_steps"] < 0:
+            problems.append(f"federation.unseen_finetune_steps={values['unseen_finetune_steps']} must be >= 0")
+        unseen = values["unseen_clients"]
+        if isinstance(unseen, int) and unseen < 0:
+            problems.append(f"federation.unseen_clients={unseen} must be >= 0 (a count) or a list of ids")
+        if isinstance(unseen, list) and len(set(unseen)) < len(unseen):
+            problems.append(f"federation.unseen_clients={unseen} lists a client twice")
+        if values["local_steps"] is not None and values["local_steps"] < 1:
+            problems.append(f"federation.local_steps={values['local_steps']} must be >= 1 "
+                            "(or null for local_epochs)")
+        if values["optimizer_state"] not in ("reset", "persist"):
+            problems.append(f"federation.optimizer_state={values['optimizer_state']!r} is not one of "
+                            "['reset', 'persist']")
+        if values["on_client_error"] not in ("raise", "skip"):
+            problems.append(f"federation.on_client_error={values['on_client_error']!r} is not one of "
+                            "['raise', 'skip']")
+        per_round = values["clients_per_round"]
+        if isinstance(per_round, float) and not 0 < per_round <= 1:
+            problems.append(f"federation.clients_per_round={per_round}: a fraction must be in (0, 1]")
+        if isinstance(per_round, int) and per_round < 1:
+            problems.append(f"federation.clients_per_round={per_round} must be >= 1")
+        if metrics:
+            chosen = values["selection_metric"]
+            if chosen is None and default_metric not in metrics:
+                problems.append(f"the module's default_selection_metric={default_metric!r} is not one of its "
+                                f"metrics {sorted(metrics)}; set federation.selection_metric")
+            elif chosen is not None and chosen not in metrics:
+                problems.append(f"federation.selection_metric={chosen!r} is not one of {sorted(metrics)}")
+        return problems
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], metrics: Collection[str] = (),
+                     default_metric: str | None = None) -> Settings:
+        """Settings from keyword options: an unknown one is refused with the valid names and the closest match, and
+        every problem of the values (and of ``selection_metric`` among the module's ``metrics``) in one error."""
+        cls.check_names(options)
+        values = {f.name: f.default for f in fields(cls)} | dict(options)
+        problems = cls.problems(values, metrics, default_metric)
+        if problems:
+            raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
+        return cls(**options)
+
+    @classmethod
+    def check_names(cls, options: dict[str, Any]) -> None:
+        """Refuse an option that is not a setting, with the valid names and the closest match."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"federation.{unknown[0]} is not a federation setting.{hint} Valid settings: "
+                              f"{', '.join(names)}.")
+
+    def local(self) -> LocalSettings:
+        """What a client's turn reads."""
+        return LocalSettings(self.local_epochs, self.local_steps, self.optimizer_state, self.client_timeout)
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """The local-training settings of a client's turn (see :class:`Settings`)."""
+
+    local_epochs: int = 1
+    local_steps: int | None = None
+    optimizer_state: Literal["reset", "persist"] = "reset"
+    client_timeout: float | None = None
