@@ -88,6 +88,10 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fedlit.models' has no attribute {name!r}")
+    if module == "registry":
+        # fedlit's own builders register themselves when their module is imported (they import the registry,
+        # as timm's model files do): the registry is handed out with them in it.
+        importlib.import_module("fedlit.models.tiny")
     value = getattr(importlib.import_module(f"fedlit.models.{module}"), name)
     globals()[name] = value  # later look-ups skip this function
     return value
