@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedlit.core.metrics import concordance_index
 from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
 from fedlit.data.splits import check_split_fractions, split_clients
-from fedlit.tasks.survival import concordance_index
 
 
 class SyntheticSurvival(FederatedDataModule):
