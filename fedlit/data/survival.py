@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from fedlit.core.metrics import concordance_index
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
+from fedlit.data.datamodule import FederatedDataModule, is_int
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
 
 

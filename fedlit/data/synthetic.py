@@ -8,7 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
 
 # One lesion shape per class; the class count is capped by this list.

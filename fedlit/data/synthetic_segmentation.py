@@ -7,7 +7,8 @@ import math
 import numpy as np
 import torch
 
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
+from fedlit.data.datamodule import FederatedDataModule, is_int
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
 from fedlit.data.synthetic import _background, _blur
 
