@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedlit.commands import report
-from fedlit.commands.report import Run
+from fedlit.commands import report_runs
+from fedlit.commands.report_runs import Run
+from fedlit.engine import baseline
 
 
 def _pyplot() -> Any:
@@ -170,13 +171,13 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
 def _bold_best(cells: dict[str, tuple[float, float]], methods: list[str], metric: str) -> list[str]:
     # compared as shown (4 decimals): 0.525 and 0.52499999 are a tie
     means = {m: round(cells[m][0], 4) for m in methods if m in cells and not math.isnan(cells[m][0])}
-    best = (max if report.higher_is_better(metric) else min)(means.values()) if means else None
+    best = (max if report_runs.higher_is_better(metric) else min)(means.values()) if means else None
     return [f"**{fmt(cells.get(m))}**" if m in means and means[m] == best else fmt(cells.get(m)) for m in methods]
 
 
 def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline_name: str) -> list[tuple]:
     """The report's blocks (see :mod:`fedlit.commands.report_figures`); writes the figures into ``out``."""
-    groups = report.by_method(runs)
+    groups = report_runs.by_method(runs)
     methods = list(groups)
     baseline_class = next((r.strategy_class for r in runs if r.strategy_class == baseline_name
                            or r.strategy_class.rsplit(".", 1)[-1] == baseline_name), None)
@@ -188,7 +189,7 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     for warning in warnings:
         blocks.append(("p", "Warning: " + warning))
     for when, title in (("best", "at the best-validation round"), ("last", "at the last round")):
-        table = report.client_table(groups, when, metric)
+        table = report_runs.client_table(groups, when, metric)
         if not any(table.values()):
             blocks += [("h", 2, f"Per-client test {metric} {title}"), ("p", f"No run has '{when}' results.")]
             continue
@@ -200,7 +201,7 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     when = "best" if all("best" in r.results for r in runs) else "last"
     rows = []
     found_local = baseline_class is not None
-    stats = report.summary(groups, when, metric, baseline_class or report.baseline.LOCAL)
+    stats = report_runs.summary(groups, when, metric, baseline_class or baseline.LOCAL)
     for method, row in stats.items():
         gain = fmt(row["gain"], sign=True) if "gain" in row else "—"
         paired = ", ".join(map(str, row.get("paired", []))) or "—"
@@ -224,7 +225,7 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     for method, method_runs in groups.items():
         comm = [r.results.get("comm") or {} for r in method_runs]
         params = [v for r in method_runs for v in [r.series("system", "trainable_parameters")] if v]
-        rows.append([method, *(fmt_count(report.mean_std([float(c[k]) for c in comm if k in c]))
+        rows.append([method, *(fmt_count(report_runs.mean_std([float(c[k]) for c in comm if k in c]))
                                for k in ("upload_bytes", "download_bytes", "eval_download_bytes")),
                      f"{max(params[0].values()):,.0f}" if params else "—"])
     blocks += [("h", 2, "Cost"), ("table", ["method", "upload bytes", "download bytes", "eval download bytes",
@@ -244,7 +245,7 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     cost_png = out / "cost.png"
     if cost(groups, metric, cost_png):
         blocks.append(("img", cost_png, f"Mean validation {metric} against cumulative upload bytes"))
-    diff = report.config_differences(runs)
+    diff = report_runs.config_differences(runs)
     names = [r.recipe + ("/" + r.folder.name if r.recipe != r.folder.name else "") for r in runs]
     blocks.append(("h", 2, "Configurations: the keys that differ"))
     blocks.append(("table", ["key", *names], [[k, *map(str, v)] for k, v in diff.items()]) if diff
@@ -253,9 +254,9 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
 
 
 def partition_summary(run: Run) -> dict[str, Any] | None:
-    """What :func:`fedlit.commands.partition.plot` draws, from a run folder: ``class_counts.json`` (train samples per class
-    and client) or, for a task without classes, the manifest's train samples per client; None when neither is
-    readable."""
+    """What :func:`fedlit.commands.partition.plot` draws, from a run folder: ``class_counts.json`` (train samples
+    per class and client) or, for a task without classes, the manifest's train samples per client; None when
+    neither is readable."""
     manifest = run.manifest or {}
     dataset = str(manifest.get("class") or manifest.get("dataset") or "data")
     try:

@@ -2,14 +2,7 @@
 per data set (the segmentation sites ``FedProstateSlices``, ``FedProstateVolumes``, ``FedFundus`` and
 ``FedPolyp`` among them), and the generic loaders ``SiteFolders``, ``SiteTable`` and ``SiteDataset``."""
 
-from fedlit.data.datamodule import (
-    CLASSIFICATION_TASKS,
-    FederatedDataModule,
-    PartitionedData,
-    PoolSubset,
-    SplitName,
-    TaskType,
-)
+from fedlit.data.datamodule import FederatedDataModule, SplitName
 from fedlit.data.folders import SiteFolders
 from fedlit.data.heart_disease import FedHeartDisease
 from fedlit.data.medical_abstracts import MedicalAbstracts
@@ -28,6 +21,7 @@ from fedlit.data.partition import (
     shards_partition,
 )
 from fedlit.data.polyp import FedPolyp
+from fedlit.data.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType
 from fedlit.data.prostate import FedProstate
 from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import stratified_split
 
 if TYPE_CHECKING:

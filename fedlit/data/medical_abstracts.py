@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
+from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.partition import Dirichlet, Partitioner
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
 
 TEXT_FILE = "medical_tc_test.csv"

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData, TaskType
+from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.partition import Dirichlet, Partitioner
+from fedlit.data.pool import PartitionedData, TaskType
 from fedlit.data.splits import check_split_fractions, split_clients
 
 _SPLITS = ("train", "val", "test")

@@ -6,9 +6,10 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
+from fedlit.core.metrics import concordance_index
+from fedlit.data.datamodule import FederatedDataModule, is_int
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
-from fedlit.tasks.survival import concordance_index
 
 
 class SyntheticSurvival(FederatedDataModule):

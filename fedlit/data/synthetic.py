@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from fedlit.core.errors import ConfigError
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
 
 # One lesion shape per class; the class count is capped by this list.

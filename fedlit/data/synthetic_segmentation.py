@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData, is_int
+from fedlit.data.datamodule import FederatedDataModule, is_int
+from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
 from fedlit.data.synthetic import _background, _blur
 

@@ -10,7 +10,8 @@ import pandas as pd
 import torch
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
-from fedlit.data.datamodule import FederatedDataModule, PartitionedData
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.pool import PartitionedData
 from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
 from fedlit.data.splits import check_split_fractions
 

@@ -41,7 +41,7 @@ _EXPORTS = {
     "Identity": "backbones",
     "LoRA": "lora",
     "MLP": "backbones",
-    "LoadReport": "checkpoints",
+    "LoadReport": "pretrained",
     "SamAdapter": "sam_adapter",
     "SegmentationNetwork": "unet",
     "SmallCNN": "backbones",
@@ -51,9 +51,9 @@ _EXPORTS = {
     "TransformersEncoder": "hf",
     "efficientnet_lite0_weights": "weights",
     "list_models": "registry",
-    "load_checkpoint": "checkpoints",
+    "load_checkpoint": "pretrained",
     "minilm_l6_v2_folder": "weights",
-    "read_state_dict": "checkpoints",
+    "read_state_dict": "pretrained",
     "register_model": "registry",
     "tiny_bert_config": "hf",
 }
@@ -88,6 +88,10 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fedlit.models' has no attribute {name!r}")
+    if module == "registry":
+        # fedlit's own builders register themselves when their module is imported (they import the registry,
+        # as timm's model files do): the registry is handed out with them in it.
+        importlib.import_module("fedlit.models.tiny")
     value = getattr(importlib.import_module(f"fedlit.models.{module}"), name)
     globals()[name] = value  # later look-ups skip this function
     return value

@@ -2,6 +2,10 @@
 
 `register_model` registers a builder with timm (so `timm.create_model(name)` and `TimmBackbone(name=...)`
 find it) and records its name, so that one parametrized test exercises every builder fedlit adds.
+
+The modules that define builders import this one, never the reverse (as in timm, whose model files import its
+registry): `fedlit.models.list_models` and `fedlit.models.register_model` are handed out by the package after it
+has imported fedlit's own builders (`fedlit.models.tiny`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ def register_model(builder: _Builder) -> _Builder:
 
 
 def list_models() -> list[str]:
-    """Names of the builders fedlit registered in timm, sorted."""
-    import fedlit.models.tiny  # noqa: F401  (registers fedlit's own builders on first use)
+    """Names of the builders registered through `register_model` so far, sorted.
 
+    Through `fedlit.models.list_models` they include fedlit's own (`fedlit_test_*`): the package imports
+    `fedlit.models.tiny` before it hands out this function.
+    """
     return sorted(_NAMES)

@@ -18,6 +18,8 @@ order correctly: a pair (i, j) is comparable when i had an event before j's time
 when j is censored then (j was known to be event-free at t_i, as scikit-survival's ``concordance_index_censored``
 counts it); it is concordant when r_i > r_j, and tied scores count one half. Two events at the same time are
 not comparable. 0.5 is chance, 1 a perfect ordering.
+The C-index's math is :func:`fedlit.core.metrics.concordance_index` (importable from here as before): the
+survival data set uses it too, and data sets sit below the tasks.
 
 Targets are float (N, 2) rows (time, event): time >= 0, event 1 (the event happened at ``time``) or 0
 (censored: event-free until ``time``, unknown after).
@@ -30,6 +32,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from fedlit.core.metrics import concordance_index
 from fedlit.core.roles import RoleRule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
@@ -56,28 +59,6 @@ def cox_loss(risk: Tensor, time: Tensor, event: Tensor) -> Tensor:
     at_risk = len(time) - torch.searchsorted(torch.sort(time).values, time, right=False)
     log_denominator = log_cumulative[at_risk - 1]
     return -(risk - log_denominator)[event].sum() / event.sum()
-
-
-def concordance_index(risk: Tensor, time: Tensor, event: Tensor, *, block: int = 1024) -> float:
-    """Harrell's C-index of ``risk`` (higher = earlier event); NaN when no pair is comparable.
-
-    Args:
-        risk: (N,) risk scores.
-        time: (N,) event or censoring times.
-        event: (N,) 1 for an event, 0 for censoring.
-        block: rows compared at once (memory is ``block * N``).
-    """
-    risk, time = risk.reshape(-1).double(), time.reshape(-1).double()
-    event = event.reshape(-1) > 0.5
-    concordant, comparable = 0.0, 0
-    for start in range(0, len(risk), block):
-        rows = slice(start, start + block)
-        r_i, t_i, e_i = risk[rows, None], time[rows, None], event[rows, None]
-        # i had its event first: strictly before j's time, or at j's time when j was censored then
-        pairs = e_i & ((t_i < time[None]) | ((t_i == time[None]) & ~event[None]))
-        comparable += int(pairs.sum())
-        concordant += float((pairs & (r_i > risk[None])).sum()) + 0.5 * float((pairs & (r_i == risk[None])).sum())
-    return concordant / comparable if comparable else float("nan")
 
 
 class CoxModule(FederatedModule):

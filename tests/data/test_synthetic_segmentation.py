@@ -7,7 +7,7 @@ import torch
 
 from fedlit.core.errors import DataError
 from fedlit.data import SyntheticSegmentation
-from fedlit.data.datamodule import PartitionedData, _check
+from fedlit.data.pool import PartitionedData, check_pool
 
 
 def build(**kwargs) -> PartitionedData:
@@ -26,7 +26,7 @@ def test_shapes_dtypes_and_splits():
         indices = sorted(i for split in splits.values() for i in split.tolist())
         assert indices == list(range(30 * s, 30 * (s + 1)))  # site s holds its own rows, each once
         assert [len(splits[k]) for k in ("train", "val", "test")] == [18, 6, 6]
-    _check(data, "SyntheticSegmentation")  # passes the set-up check
+    check_pool(data, "SyntheticSegmentation")  # passes the set-up check
 
 
 def test_same_seed_same_data_other_seed_other_data():
@@ -64,8 +64,8 @@ def test_bad_options_and_bad_masks_are_refused():
     soft = data.targets.clone()
     soft[4, 0, 2, 3] = 0.5
     with pytest.raises(DataError, match="masks must be 0 or 1, the mask of sample 4 holds 0.5 \\(1 such pixels\\)"):
-        _check(PartitionedData(**{**data.__dict__, "targets": soft}), "SyntheticSegmentation")
+        check_pool(PartitionedData(**{**data.__dict__, "targets": soft}), "SyntheticSegmentation")
     with pytest.raises(DataError, match="masks have 1 channels but num_classes is 2"):
-        _check(PartitionedData(**{**data.__dict__, "num_classes": 2}), "SyntheticSegmentation")
+        check_pool(PartitionedData(**{**data.__dict__, "num_classes": 2}), "SyntheticSegmentation")
     with pytest.raises(DataError, match="must be float masks of shape \\(N, C, H, W\\), got torch.int64"):
-        _check(PartitionedData(**{**data.__dict__, "targets": data.targets[:, 0].long()}), "SyntheticSegmentation")
+        check_pool(PartitionedData(**{**data.__dict__, "targets": data.targets[:, 0].long()}), "SyntheticSegmentation")

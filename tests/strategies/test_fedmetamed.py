@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from fedlit.commands.fit import build_parser
 from fedlit.commands.export import export_federation
+from fedlit.commands.fit import build_parser
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
 from fedlit.module import FederatedModule
