@@ -1,7 +1,5 @@
-"""Pure tensor math of the strategies, written once and tested on its own.
-
-Functions here take and return plain tensors or ``{name: tensor}`` dicts; they know nothing of clients, loops or
-roles.
+"""Pure tensor math of the strategies, written once and tested on its own (being moved: the generic aggregation
+math is in :mod:`fedlit.strategies.aggregate`, each algorithm's own math in its file).
 """
 
 from __future__ import annotations
@@ -11,166 +9,14 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-State = Mapping[str, Tensor]
-
-
-def normalized_weights(weights: Sequence[float]) -> Tensor:
-    """``weights / sum(weights)`` in float64; raises on negative weights or a zero total."""
-    w = torch.as_tensor(list(weights), dtype=torch.float64)
-    if w.numel() == 0:
-        raise ValueError("Cannot aggregate zero client updates.")
-    if (w < 0).any() or not torch.isfinite(w).all():
-        raise ValueError(f"Aggregation weights must be finite and >= 0, got {w.tolist()}.")
-    total = w.sum()
-    if total <= 0:
-        raise ValueError(
-            f"The aggregation weights sum to zero ({w.tolist()}): every selected client reported 0 examples."
-        )
-    return w / total
-
-
-def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[str, Tensor]:
-    """``sum_i w_i state_i / sum_i w_i`` per tensor (FedAvg, McMahan et al. 2017, Algorithm 1).
-
-    Accumulates in float64 and casts back to each tensor's dtype: floating tensors keep their dtype, integer
-    tensors (``num_batches_tracked``) are rounded to the nearest integer. Every state must hold the same keys.
-    """
-    if len(states) != len(weights):
-        raise ValueError(f"{len(states)} states but {len(weights)} weights.")
-    w = normalized_weights(weights)
-    keys = list(states[0])
-    for i, state in enumerate(states[1:], start=1):
-        if set(state) != set(keys):
-            diff = sorted(set(state) ^ set(keys))
-            raise ValueError(f"Client state {i} has other tensors than client state 0: {diff[:5]}.")
-    out = {}
-    for key in keys:
-        ref = states[0][key]
-        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
-        for wi, state in zip(w, states, strict=True):
-            acc += wi.to(ref.device) * state[key].to(torch.float64)
-        out[key] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
-    return out
-
-
-def squared_distance(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor]) -> Tensor:
-    """``sum_k ||params_k - anchor_k||_2^2`` over the keys of ``params`` (differentiable in ``params``)."""
-    if not params:
-        raise ValueError("squared_distance of an empty set of tensors.")
-    terms = [(p - anchor[n].to(p.device, p.dtype)).pow(2).sum() for n, p in params.items()]
-    return torch.stack(terms).sum()
-
-
-# ----------------------------------------------------------------------------------- robust aggregation
-# Coordinate-wise median and trimmed mean: Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust Distributed
-# Learning: Towards Optimal Statistical Rates", ICML 2018. Krum / Multi-Krum: Blanchard, El Mhamdi, Guerraoui,
-# Stainer, "Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017. Each one
-# computes what Flower's ``aggregate_median``, ``aggregate_trimmed_avg`` and ``aggregate_krum`` compute
-# (flwr/server/strategy/aggregate.py), in float64, cast back like ``weighted_average``.
-
-
-def _common_keys(states: Sequence[State]) -> list[str]:
-    """The keys of ``states[0]``; raises if there is no state or another state holds other keys."""
-    if not states:
-        raise ValueError("Cannot aggregate zero client updates.")
-    keys = list(states[0])
-    for i, state in enumerate(states[1:], start=1):
-        if set(state) != set(keys):
-            diff = sorted(set(state) ^ set(keys))
-            raise ValueError(f"Client state {i} has other tensors than client state 0: {diff[:5]}.")
-    return keys
-
-
-def _cast_like(value: Tensor, ref: Tensor) -> Tensor:
-    """A float64 result back to ``ref``'s dtype: integer tensors are rounded to the nearest integer."""
-    return value.to(ref.dtype) if ref.is_floating_point() else value.round().to(ref.dtype)
-
-
-def _sorted_stack(states: Sequence[State], key: str) -> Tensor:
-    """``(n, *shape)`` float64 stack of one tensor of every state, sorted along the client axis."""
-    return torch.stack([s[key].to(torch.float64) for s in states]).sort(dim=0).values
-
-
-def coordinate_median(states: Sequence[State]) -> dict[str, Tensor]:
-    """Coordinate-wise median of the states, unweighted (Yin et al. 2018, Definition 1).
-
-    With an even number of clients the two middle values are averaged, as ``numpy.median`` (and so Flower's
-    ``aggregate_median``) does; ``torch.median`` would return the lower one.
-    """
-    keys = _common_keys(states)
-    n = len(states)
-    out = {}
-    for key in keys:
-        ordered = _sorted_stack(states, key)
-        middle = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-        out[key] = _cast_like(middle, states[0][key])
-    return out
-
-
-def trimmed_mean(states: Sequence[State], beta: float) -> dict[str, Tensor]:
-    """Coordinate-wise beta-trimmed mean, unweighted (Yin et al. 2018, Definition 2).
-
-    Per coordinate, drops the ``k = int(beta * n)`` smallest and ``k`` largest of the n client values and averages
-    the rest: ``scipy.stats.trim_mean``'s rule, which Flower's ``aggregate_trimmed_avg`` follows.
-
-    Raises:
-        ValueError: If ``beta`` is outside ``[0, 0.5)``.
-    """
-    if not 0.0 <= beta < 0.5:
-        raise ValueError(f"The trimmed fraction beta={beta} must be in [0, 0.5).")
-    keys = _common_keys(states)
-    n = len(states)
-    cut = int(beta * n)
-    return {key: _cast_like(_sorted_stack(states, key)[cut:n - cut].mean(dim=0), states[0][key]) for key in keys}
-
-
-def pairwise_squared_distances(states: Sequence[State]) -> Tensor:
-    """``D[i, j] = ||x_i - x_j||_2^2`` (float64, n x n), x_i the concatenation of state i's floating tensors.
-
-    Integer tensors (BatchNorm's ``num_batches_tracked``) are step counters, not weights, and are left out.
-    """
-    keys = [k for k in _common_keys(states) if states[0][k].is_floating_point()]
-    n = len(states)
-    dist = torch.zeros(n, n, dtype=torch.float64)
-    for key in keys:
-        flat = [s[key].detach().reshape(-1).to(torch.float64).cpu() for s in states]
-        for i in range(n):
-            for j in range(i + 1, n):
-                d = (flat[i] - flat[j]).pow(2).sum()
-                dist[i, j] += d
-                dist[j, i] += d
-    return dist
-
-
-def krum_scores(states: Sequence[State], num_malicious: int) -> Tensor:
-    """Krum's score of each state (Blanchard et al. 2017, Section 4): ``s(i) = sum_{i -> j} ||x_i - x_j||^2``
-    over the ``max(1, n - f - 2)`` states closest to x_i (itself excluded), f = ``num_malicious``."""
-    dist = pairwise_squared_distances(states)
-    n = len(states)
-    num_closest = max(1, n - num_malicious - 2)
-    scores = torch.zeros(n, dtype=torch.float64)
-    for i in range(n):
-        others = torch.cat([dist[i, :i], dist[i, i + 1:]])
-        scores[i] = others.sort().values[:num_closest].sum()
-    return scores
-
-
-def krum_select(states: Sequence[State], num_malicious: int, num_selected: int = 1) -> list[int]:
-    """Indices of the ``num_selected`` states with the lowest Krum scores (Krum for 1, Multi-Krum for more),
-    ordered by score; ties go to the lower index.
-
-    Raises:
-        ValueError: If ``num_malicious < 0`` or ``num_selected`` is not in ``[1, len(states)]``.
-    """
-    if num_malicious < 0:
-        raise ValueError(f"num_malicious={num_malicious} must be >= 0.")
-    if not 1 <= num_selected <= len(states):
-        raise ValueError(
-            f"Multi-Krum cannot select num_selected={num_selected} of the {len(states)} client updates of this "
-            f"round: lower num_selected or let more clients train per round."
-        )
-    scores = krum_scores(states, num_malicious)
-    return torch.sort(scores, stable=True).indices[:num_selected].tolist()
+from fedlit.strategies.aggregate import (  # noqa: F401  (re-exported until every strategy imports them from there)
+    State,
+    normalized_weights,
+    pairwise_squared_distances,
+    weighted_average,
+)
+from fedlit.strategies.aggregate import cast_like as _cast_like
+from fedlit.strategies.aggregate import common_keys as _common_keys
 
 
 def class_prior(counts: Sequence[Sequence[int]]) -> Tensor:
@@ -207,10 +53,6 @@ def sld_loss(logits: Tensor, targets: Tensor, prior: Tensor) -> Tensor:
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.long().reshape(-1, 1)).squeeze(-1)
     weights = sld_weights(targets, prior.to(logits.device)).to(log_probs.dtype)
     return -(weights * log_probs).mean()
-
-
-# SCAFFOLD: Karimireddy et al., ICML 2020, Eqs. 4-5. FedDyn: Acar et al., ICLR 2021, Algorithm 1, in the
-# variables of the FedPxN authors' code (h_k = -grad L_k / alpha).
 
 
 def server_step(
@@ -321,9 +163,6 @@ def feddyn_server_update(
     return server, new_h, new_cloud
 
 
-# --- FedSCA: similarity-guided client aggregation (SGCA) and the cosine regularizer -------------------------------
-
-
 def simplex_projection(v: Tensor) -> Tensor:
     """The Euclidean projection of ``v`` onto the probability simplex ``{w : w >= 0, sum w = 1}``.
 
@@ -403,9 +242,6 @@ def cosine_regularizer(params: Mapping[str, Tensor], target: Mapping[str, Tensor
     return -torch.nn.functional.cosine_similarity(a, b, dim=0, eps=eps)
 
 
-# --- FedRA: per-tensor means over the clients that hold a tensor, and the random block allocation -----------------
-
-
 def partial_weighted_average(reference: State, states: Sequence[State], weights: Sequence[float]) -> dict[str, Tensor]:
     """Per tensor of ``reference``: ``sum_{i holds it} w_i state_i / sum_{i holds it} w_i``; a tensor no state holds
     keeps its ``reference`` value (FedRA's aggregation, where each client uploads only its allocated blocks).
@@ -441,10 +277,6 @@ def random_allocation(num_blocks: int, count: int, generator: torch.Generator) -
     if not 1 <= count <= num_blocks:
         raise ValueError(f"Cannot allocate {count} of {num_blocks} blocks: give 1 <= count <= {num_blocks}.")
     return sorted(torch.randperm(num_blocks, generator=generator)[:count].tolist())
-
-
-# --- FedHEAL: consistency masks, momentum weights and the masked aggregation ------------------------------------------
-# Chen, Huang, Ye. "Fair Federated Learning under Domain Skew with Local Consistency and Domain Diversity." CVPR 2024.
 
 
 def heal_consistency_mask(
@@ -528,10 +360,6 @@ def heal_aggregate(
     return out
 
 
-# --- PGFed: first-order approximations of the other clients' risks -----------------------------------------------
-# Luo, Mendieta, Chen, Wu, "PGFed: Personalize Each Client's Global Objective for Federated Learning", ICCV 2023.
-
-
 def state_dot(a: State, b: State) -> Tensor:
     """``sum_k <a_k, b_k>`` over the keys of ``a``, a float64 scalar (on ``a``'s first tensor's device)."""
     if not a:
@@ -580,9 +408,6 @@ def momentum_mix(new: State, previous: State | None, beta: float) -> dict[str, T
         return {n: t.clone() for n, t in new.items()}
     return {n: ((1 - beta) * t.to(torch.float64) + beta * previous[n].to(t.device, torch.float64)).to(t.dtype)
             for n, t in new.items()}
-
-
-# --- EPFL: similarity of LoRA B, per-client mixes of LoRA A ---------------------------------------------------------
 
 
 def mean_tensor_distances(states: Sequence[State], names: Sequence[str]) -> Tensor:
@@ -640,10 +465,6 @@ def epfl_weights(distances: Tensor, lam: float = 0.5, eps: float = 0.0) -> Tenso
     similarity = torch.where(off, similarity, torch.zeros_like(similarity))
     weights = (1 - lam) * similarity / similarity.sum(dim=1, keepdim=True)
     return weights + lam * torch.eye(n, dtype=torch.float64)
-
-
-# --- APPLE: personalized models as learned mixes of every client's core model ---------------------------------------
-# Luo, Wu, "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning", IJCAI 2022.
 
 
 def apple_mix(p: Tensor, cores: Sequence[Tensor]) -> Tensor:
@@ -797,10 +618,6 @@ def distillation_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     return torch.nn.functional.kl_div(log_student, teacher, reduction="batchmean")
 
 
-#: PRR-FL's collaborative transfer stages.
-RETRIEVE, RECIPROCATE, REFINE = 1, 2, 3
-
-
 def prr_stage(previous: int, f1_deputy: float, f1_personal: float, alpha1: float, alpha2: float) -> int:
     """The next collaborative-transfer stage of PRR-FL, decided before a local epoch from macro-F1 of both models.
 
@@ -830,3 +647,7 @@ def prr_losses(stage: int, ce_personal: Tensor, ce_deputy: Tensor, logits_person
     if stage in (RETRIEVE, RECIPROCATE):
         deputy = deputy + distillation_kl(logits_deputy, logits_personal)
     return personal, deputy
+
+
+#: PRR-FL's collaborative transfer stages.
+RETRIEVE, RECIPROCATE, REFINE = 1, 2, 3
