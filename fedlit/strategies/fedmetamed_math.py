@@ -1,5 +1,10 @@
-"""Pure tensor math of the strategies, written once and tested on its own (being moved: the generic aggregation
-math is in :mod:`fedlit.strategies.aggregate`, each algorithm's own math in its file).
+"""FedMetaMed's (PRR-FL's) math as pure functions: Cumulative Fourier Aggregation, the collaborative-transfer stages
+and their distillation losses.
+
+Chen, Zhu, Yang, Yuan. "Personalized Retrogress-Resilient Framework for Real-World Medical Federated Learning."
+MICCAI 2021. The equations, the map from the paper's symbols and the deviations are in
+:mod:`fedlit.strategies.fedmetamed`, whose strategy calls these; they are apart from it only to keep that file, whose
+hooks are long, under 400 lines.
 """
 
 from __future__ import annotations
@@ -9,12 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fedlit.strategies.aggregate import (  # noqa: F401  (re-exported until every strategy imports them from there)
-    State,
-    normalized_weights,
-    pairwise_squared_distances,
-    weighted_average,
-)
+from fedlit.strategies.aggregate import normalized_weights
 
 
 def fourier_ratio(server_round: int, rounds: int, start: float, end: float) -> float:
@@ -96,6 +96,10 @@ def distillation_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     return torch.nn.functional.kl_div(log_student, teacher, reduction="batchmean")
 
 
+#: PRR-FL's collaborative transfer stages.
+RETRIEVE, RECIPROCATE, REFINE = 1, 2, 3
+
+
 def prr_stage(previous: int, f1_deputy: float, f1_personal: float, alpha1: float, alpha2: float) -> int:
     """The next collaborative-transfer stage of PRR-FL, decided before a local epoch from macro-F1 of both models.
 
@@ -125,7 +129,3 @@ def prr_losses(stage: int, ce_personal: Tensor, ce_deputy: Tensor, logits_person
     if stage in (RETRIEVE, RECIPROCATE):
         deputy = deputy + distillation_kl(logits_deputy, logits_personal)
     return personal, deputy
-
-
-#: PRR-FL's collaborative transfer stages.
-RETRIEVE, RECIPROCATE, REFINE = 1, 2, 3
