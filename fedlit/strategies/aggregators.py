@@ -2,7 +2,8 @@
 
 Every strategy built on :class:`~fedlit.strategies.FedAvg` (FedProx, FedBN, FedOpt and their subclasses) takes
 an ``aggregator``; the default is the weighted mean. The robust rules reproduce Flower's functions of the same
-name (``flwr/server/strategy/aggregate.py``, flwr 1.41) on the same inputs:
+name (``flwr/server/strategy/aggregate.py``, flwr 1.41) on the same inputs; the math is
+:mod:`fedlit.strategies.aggregate`, these classes make it configurable (``class_path`` + ``init_args``):
 
 - :class:`WeightedMeanAggregator`: ``sum_k w_k x_k / sum_k w_k`` (McMahan et al., AISTATS 2017); Flower's
   ``aggregate`` / ``aggregate_inplace``.
@@ -33,7 +34,7 @@ from typing import Any
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import coordinate_median, krum_select, trimmed_mean, weighted_average
 
 OPTION = "strategy.init_args.aggregator.init_args"
 
@@ -66,14 +67,14 @@ class WeightedMeanAggregator(Aggregator):
     """``sum_k w_k x_k / sum_k w_k`` per tensor (FedAvg's rule, the default)."""
 
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
-        return F.weighted_average(states, weights)
+        return weighted_average(states, weights)
 
 
 class MedianAggregator(Aggregator):
     """Coordinate-wise median; ignores the weights (as Flower's FedMedian does)."""
 
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
-        return F.coordinate_median(states)
+        return coordinate_median(states)
 
 
 def check_beta(beta: float, option: str) -> None:
@@ -130,7 +131,7 @@ class TrimmedMeanAggregator(Aggregator):
 
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
         warn_if_trims_nothing(self.beta, len(states), self.option)
-        return F.trimmed_mean(states, self.beta)
+        return trimmed_mean(states, self.beta)
 
     def hparams(self) -> dict[str, Any]:
         return {"beta": self.beta}
@@ -160,10 +161,10 @@ class KrumAggregator(Aggregator):
                 f"per round to be Byzantine-robust; this round has {n}.",
                 stacklevel=2,
             )
-        chosen = F.krum_select(states, self.num_malicious, self.num_selected)
+        chosen = krum_select(states, self.num_malicious, self.num_selected)
         if self.num_selected == 1:
             return {k: t.detach().clone() for k, t in states[chosen[0]].items()}
-        return F.weighted_average([states[i] for i in chosen], [weights[i] for i in chosen])
+        return weighted_average([states[i] for i in chosen], [weights[i] for i in chosen])
 
     def hparams(self) -> dict[str, Any]:
         return {"num_malicious": self.num_malicious, "num_selected": self.num_selected}

@@ -38,9 +38,7 @@ Symbols -> code: ``theta_c,j`` -> ``self.cores[j]`` (server; the initial shared 
 ``p_i`` -> ``client_state["p"]`` (float32, in ``self.client_ids`` order); ``theta_p,i`` -> ``client_state["model"]``;
 ``p0`` -> ``self.p0``; ``coef(r)`` -> :meth:`APPLE.coefficient`; ``mu``, ``eps``, ``R_d``, ``M``, ``lamb``,
 ``thresh`` -> ``mu``, ``eps``, ``decay_rounds``, ``max_downloads``, ``lamb``, ``thresh``; the math ->
-:func:`~fedlit.strategies.functional.apple_mix`, :func:`~fedlit.strategies.functional.apple_proximal`,
-:func:`~fedlit.strategies.functional.apple_proximal_coefficient`,
-:func:`~fedlit.strategies.functional.apple_download_choice`.
+:func:`apple_mix`, :func:`apple_proximal`, :func:`apple_proximal_coefficient`, :func:`apple_download_choice`.
 
 Memory: the server holds N cores (shared tensors only, never the frozen backbone) and ``global_state``
 (``sum_j p0_j theta_c,j``, the model a new client would start from) plus the initial shared tensors. Each client's
@@ -62,15 +60,18 @@ Communication counts the own core in the download (the client holds it already).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import normalized_weights, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+
+F = sys.modules[__name__]  # the hooks being rewritten with the engine call this module's math as F.<name>
 
 
 @contextlib.contextmanager
@@ -89,6 +90,75 @@ def swapped_parameters(module: nn.Module, tensors: Mapping[str, Tensor]) -> Iter
     finally:
         for owner, attr, original in reversed(replaced):
             owner._parameters[attr] = original
+
+
+def apple_mix(p: Tensor, cores: Sequence[Tensor]) -> Tensor:
+    """APPLE's personalized tensor ``sum_j p_j core_j`` (the same coefficient for a layer's weights and biases).
+
+    Differentiable in ``p`` and in every core that requires a gradient (APPLE trains the client's own core and
+    ``p``; the other cores enter as constants). ``p`` is cast to the cores' dtype.
+
+    Args:
+        p: ``(N,)`` directed-relationship vector (unconstrained: neither non-negative nor summing to 1).
+        cores: N tensors of one shape, ``cores[j]`` from client j's core model.
+    """
+    if p.ndim != 1 or p.shape[0] != len(cores) or not cores:
+        raise ValueError(f"apple_mix needs one coefficient per core: p has shape {tuple(p.shape)}, {len(cores)} cores.")
+    weights = p.to(cores[0].dtype)
+    out = weights[0] * cores[0]
+    for j in range(1, len(cores)):
+        out = out + weights[j] * cores[j]
+    return out
+
+
+def apple_proximal_coefficient(round_index: int, decay_rounds: int, mu: float, schedule: str = "exponential",
+                               eps: float = 1e-3) -> float:
+    """APPLE's weight ``coef(r)`` of ``||p - p0||^2`` in round ``r`` (counted from 0): ``mu eps^(r / R_d)``
+    (``exponential``) or ``mu (cos(pi r / R_d) + 1) / 2`` (``cosine``) while ``r < R_d``, 0 from ``R_d`` on (and
+    for ``mu = 0``)."""
+    if schedule not in ("exponential", "cosine"):
+        raise ValueError(f"apple_proximal_coefficient: schedule={schedule!r} is not 'exponential' or 'cosine'.")
+    if mu == 0 or round_index >= decay_rounds:
+        return 0.0
+    if schedule == "cosine":
+        phase = torch.tensor(torch.pi * round_index / decay_rounds, dtype=torch.float64)
+        return float(mu * (torch.cos(phase) + 1) / 2)
+    return float(mu * eps ** (round_index / decay_rounds))
+
+
+def apple_proximal(p: Tensor, p0: Tensor, coef: float) -> Tensor:
+    """``coef * ||p - p0||_2^2`` (APPLE's pull of the directed relationships towards the sample shares ``p0``)."""
+    return coef * (p - p0.to(p.device, p.dtype)).pow(2).sum()
+
+
+def apple_download_choice(p: Tensor, own: int, touched: Tensor, limit: int, round_index: int,
+                          generator: torch.Generator, *, lamb: float = 1.0, thresh: float = 1.5) -> list[int]:
+    """The ``limit`` other cores client ``own`` downloads under APPLE's bandwidth limit, sorted.
+
+    The module docstring's draw: cores never downloaded (``touched[j]`` False) first, uniformly; the other places
+    without replacement with probability proportional to ``base^|p_j|``, ``base = max(thresh, lamb r limit / N)``.
+
+    Args:
+        p: ``(N,)`` the client's directed relationships.
+        own: The client's index (never drawn: it holds its own core).
+        touched: ``(N,)`` bool, the cores it has downloaded before.
+        limit: ``M``, between 1 and ``N - 1``.
+        round_index: ``r``.
+        generator: The random stream of the draw.
+    """
+    n = p.shape[0]
+    if not 1 <= limit <= n - 1:
+        raise ValueError(f"apple_download_choice: limit={limit} must be in [1, N - 1] = [1, {n - 1}].")
+    others = [j for j in range(n) if j != own]
+    fresh = [j for j in others if not bool(touched[j])]
+    if len(fresh) >= limit:
+        order = torch.randperm(len(fresh), generator=generator)[:limit]
+        return sorted(fresh[i] for i in order.tolist())
+    candidates = [j for j in others if j not in fresh]
+    base = max(thresh, lamb * round_index * limit / n)
+    probs = torch.tensor([base ** abs(float(p[j])) for j in candidates], dtype=torch.float64)
+    drawn = torch.multinomial(probs / probs.sum(), limit - len(fresh), replacement=False, generator=generator)
+    return sorted(fresh + [candidates[i] for i in drawn.tolist()])
 
 
 class APPLE(Strategy):
@@ -149,7 +219,7 @@ class APPLE(Strategy):
         self.initial = dict(self.global_state)
         self.cores, self.requests = {}, {}
         counts = [float(sum(self.class_counts[c])) if self.class_counts else 1.0 for c in self.client_ids]
-        self.p0 = F.normalized_weights(counts).to(torch.float64)
+        self.p0 = normalized_weights(counts).to(torch.float64)
 
     def on_fit_start(self, trainer: Any) -> None:
         """``p0 = n_j / n`` over the clients that train; R, the federation's rounds, for ``R_d``."""
@@ -164,7 +234,7 @@ class APPLE(Strategy):
             if self.rounds is None:
                 raise ValueError("APPLE needs the federation's rounds (on_fit_start) or decay_rounds for coef(r).")
             decay = int(0.1 * self.rounds)
-        return F.apple_proximal_coefficient(server_round - 1, decay, self.mu, self.schedule, self.eps)
+        return apple_proximal_coefficient(server_round - 1, decay, self.mu, self.schedule, self.eps)
 
     def _limited(self) -> bool:
         return self.max_downloads is not None and self.max_downloads + 1 < len(self.client_ids)
@@ -212,7 +282,7 @@ class APPLE(Strategy):
             if "request" in update.extras:
                 self.requests[update.client_id] = [int(j) for j in update.extras["request"].tolist()]
         states = [self.cores.get(c, self.initial) for c in self.client_ids]
-        self.global_state = F.weighted_average(states, self.p0.tolist())
+        self.global_state = weighted_average(states, self.p0.tolist())
         return dict(self.global_state)
 
     def state_dict(self) -> dict[str, Any]:
@@ -257,7 +327,7 @@ class APPLE(Strategy):
     def personalized(self) -> dict[str, Tensor]:
         """The mix for every shared parameter, from this turn's ``p_i`` and cores (differentiable)."""
         turn = self._turn
-        return {n: F.apple_mix(turn["p"], cores) for n, cores in turn["cores"].items()}
+        return {n: apple_mix(turn["p"], cores) for n, cores in turn["cores"].items()}
 
     def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
         """Run the step with every shared parameter replaced by the mix."""
@@ -270,7 +340,7 @@ class APPLE(Strategy):
         turn = self._turn
         if not turn or turn["coef"] == 0:
             return loss
-        return loss + F.apple_proximal(turn["p"], turn["p0"], turn["coef"]).to(loss.dtype)
+        return loss + apple_proximal(turn["p"], turn["p0"], turn["coef"]).to(loss.dtype)
 
     def on_before_optimizer_step(self, client: Any) -> None:
         """Unscale ``p_i``'s gradient under 16-bit mixed precision (the loop unscales the module's only)."""

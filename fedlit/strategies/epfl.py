@@ -48,12 +48,13 @@ its own B, its head and every other personal tensor.
 Symbols -> code: ``A_j`` -> ``update.state`` (the shared tensors); ``B_j^l`` -> ``update.extras["lora_B"][l]``;
 psi -> ``self.distance_names``; ``dbar`` -> ``self.distances``; ``s`` -> ``self.weights`` (rows and columns in
 ``self.weight_clients`` order); client i's mix -> ``self.mixes[i]``; ``lam`` -> ``self.lam``; the math ->
-:func:`fedlit.strategies.functional.mean_tensor_distances` and :func:`~fedlit.strategies.functional.epfl_weights`.
+:func:`mean_tensor_distances` and :func:`epfl_weights`.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -61,12 +62,69 @@ from torch import Tensor
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import State, client_weights, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
 
 PSI = ("all", "first_half", "second_half")
 #: The key of the uploaded B tensors in ``ClientUpdate.extras``.
 EXTRAS_KEY = "lora_B"
+
+
+def mean_tensor_distances(states: Sequence[State], names: Sequence[str]) -> Tensor:
+    """``(N, N)`` float64 ``dbar_ij = mean over l in names of ||X_i^l - X_j^l||_F``: the Frobenius distance per
+    tensor, then the mean over tensors (EPFL's distance between clients' LoRA B matrices, FHBench, arXiv 2025)."""
+    if not names:
+        raise ValueError("mean_tensor_distances needs at least one tensor name.")
+    n = len(states)
+    out = torch.zeros(n, n, dtype=torch.float64)
+    for name in names:
+        flat = torch.stack([s[name].detach().to("cpu", torch.float64).reshape(-1) for s in states])
+        # Exact differences (no matrix-product shortcut): identical tensors must be at distance exactly 0.
+        out += torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist")
+    out /= len(names)
+    out.fill_diagonal_(0.0)
+    return out
+
+
+def epfl_weights(distances: Tensor, lam: float = 0.5, eps: float = 0.0) -> Tensor:
+    """EPFL's mixing matrix (FHBench, arXiv 2025) from the clients' mean distances ``dbar``:
+
+        s^_ij = (1 / dbar_ij) / sum_{k != i} (1 / dbar_ik),   s_ij = (1 - lam) s^_ij (j != i),   s_ii = lam.
+
+    A zero distance (identical matrices, e.g. every B still at 0 in round 1) would divide by zero. With
+    ``eps > 0`` the similarity is ``1 / (dbar + eps)``; with ``eps = 0`` a zero distance is the maximum similarity,
+    the limit of ``s^`` as that distance goes to 0: the clients at distance 0 from ``i`` share ``1 - lam`` equally
+    and the others get 0. A single client keeps its own value (``s_11 = 1``).
+
+    Args:
+        distances: ``(N, N)`` non-negative distances (the diagonal is ignored).
+        lam: The weight of the client's own value, in [0, 1].
+        eps: Added to every distance before inverting; >= 0.
+
+    Returns:
+        ``(N, N)`` float64; row ``i`` holds client i's weights, summing to 1.
+    """
+    d = torch.as_tensor(distances, dtype=torch.float64)
+    n = d.shape[0]
+    if d.ndim != 2 or d.shape != (n, n):
+        raise ValueError(f"epfl_weights needs an (N, N) distance matrix, got shape {tuple(d.shape)}.")
+    if not 0 <= lam <= 1:
+        raise ValueError(f"epfl_weights: lam={lam} must be in [0, 1].")
+    if eps < 0:
+        raise ValueError(f"epfl_weights: eps={eps} must be >= 0.")
+    off = ~torch.eye(n, dtype=torch.bool)
+    if not torch.isfinite(d[off]).all() or (d[off] < 0).any():
+        raise ValueError(f"epfl_weights: distances must be finite and >= 0, got {d.tolist()}.")
+    if n == 1:
+        return torch.ones(1, 1, dtype=torch.float64)
+    if eps > 0:
+        similarity = 1.0 / (d + eps)
+    else:
+        zero = (d == 0) & off
+        similarity = torch.where(zero.any(dim=1, keepdim=True), zero.to(torch.float64), 1.0 / d)
+    similarity = torch.where(off, similarity, torch.zeros_like(similarity))
+    weights = (1 - lam) * similarity / similarity.sum(dim=1, keepdim=True)
+    return weights + lam * torch.eye(n, dtype=torch.float64)
 
 
 class EPFL(Strategy):
@@ -167,8 +225,8 @@ class EPFL(Strategy):
         missing = [u.client_id for u in updates if EXTRAS_KEY not in u.extras]
         if missing:
             raise KeyError(f"EPFL: clients {missing} uploaded no LoRA B (update.extras[{EXTRAS_KEY!r}]).")
-        self.distances = F.mean_tensor_distances([u.extras[EXTRAS_KEY] for u in updates], self.distance_names)
-        self.weights = F.epfl_weights(self.distances, self.lam, self.eps)
+        self.distances = mean_tensor_distances([u.extras[EXTRAS_KEY] for u in updates], self.distance_names)
+        self.weights = epfl_weights(self.distances, self.lam, self.eps)
         self.weight_clients = [u.client_id for u in updates]
         states = [u.state for u in updates]
 
@@ -176,8 +234,8 @@ class EPFL(Strategy):
             return {n: t.to(self.global_state[n].device) for n, t in state.items()}
 
         for update, row in zip(updates, self.weights, strict=True):
-            self.mixes[update.client_id] = on_server(F.weighted_average(states, row.tolist()))
-        self.global_state.update(on_server(F.weighted_average(states, [float(u.num_examples) for u in updates])))
+            self.mixes[update.client_id] = on_server(weighted_average(states, row.tolist()))
+        self.global_state.update(on_server(weighted_average(states, client_weights(updates))))
         return dict(self.global_state)
 
     def state_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
+from fedlit.strategies.aggregate import WEIGHTINGS, client_weights
 from fedlit.strategies.aggregators import Aggregator, WeightedMeanAggregator
 from fedlit.strategies.base import ClientUpdate, Strategy
 
@@ -47,10 +48,8 @@ class FedAvg(Strategy):
         aggregator: Aggregator | None = None,
     ) -> None:
         super().__init__()
-        if weighting not in ("num_examples", "uniform"):
-            raise ConfigError(
-                f"strategy.init_args.weighting={weighting!r} is not one of ['num_examples', 'uniform']."
-            )
+        if weighting not in WEIGHTINGS:
+            raise ConfigError(f"strategy.init_args.weighting={weighting!r} is not one of {list(WEIGHTINGS)}.")
         if aggregator is not None and not isinstance(aggregator, Aggregator):
             raise TypeError(
                 f"strategy.init_args.aggregator={aggregator!r} is not an Aggregator: give one of "
@@ -62,9 +61,7 @@ class FedAvg(Strategy):
 
     def client_weights(self, updates: list[ClientUpdate]) -> list[float]:
         """The aggregation weight of each update."""
-        if self.weighting == "uniform":
-            return [1.0] * len(updates)
-        return [float(u.num_examples) for u in updates]
+        return client_weights(updates, self.weighting)
 
     def combine(self, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """The ``aggregator``'s combination of the uploaded tensors, on the server's devices (checks the keys)."""

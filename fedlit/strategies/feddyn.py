@@ -47,14 +47,56 @@ either); alpha = 0.01 (the FedPxN eICU script's default is 0.1).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import State, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+
+
+def feddyn_penalty(params: Mapping[str, Tensor], anchor: State, h: State, alpha: float) -> Tensor:
+    """``alpha * sum_k [<theta_k, -anchor_k + h_k> + ||theta_k||^2 / 2]`` over the keys of ``params``
+    (FedDyn's client regularizer; differentiable in ``params``)."""
+    if not params:
+        raise ValueError("feddyn_penalty of an empty set of tensors.")
+    terms = [
+        (p * (h[n].to(p.device, p.dtype) - anchor[n].to(p.device, p.dtype))).sum() + p.pow(2).sum() / 2
+        for n, p in params.items()
+    ]
+    return alpha * torch.stack(terms).sum()
+
+
+def feddyn_server_update(
+    states: Sequence[State], cloud: State, h_mean: State, num_clients: int
+) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """FedDyn's server: ``theta_srv = mean_k theta_k`` (unweighted, over the round's clients),
+    ``hbar += sum_k (theta_k - theta_cld) / N`` and ``theta_cld = theta_srv + hbar``.
+
+    ``hbar`` is the mean of every client's ``h_k`` (clients that did not train keep theirs), i.e. the paper's
+    ``-h^t / alpha``. Tensors absent from ``h_mean`` get no correction: their ``theta_cld`` is ``theta_srv``.
+
+    Args:
+        states: The round's client models theta_k.
+        cloud: theta_cld, the model the clients received this round.
+        h_mean: hbar before this round, for the corrected keys.
+        num_clients: N, all clients of the federation.
+
+    Returns:
+        ``(theta_srv, hbar, theta_cld)``.
+    """
+    if num_clients < len(states):
+        raise ValueError(f"num_clients={num_clients} is smaller than the {len(states)} updates of the round.")
+    server = weighted_average(states, [1.0] * len(states))
+    new_h, new_cloud = {}, dict(server)
+    for key, h in h_mean.items():
+        drift = sum(s[key].to(h.device, torch.float64) - cloud[key].to(h.device, torch.float64) for s in states)
+        new_h[key] = (h.to(torch.float64) + drift / num_clients).to(h.dtype)
+        new_cloud[key] = (server[key].to(h.device, torch.float64) + new_h[key].to(torch.float64)).to(h.dtype)
+    return server, new_h, new_cloud
 
 
 class FedDyn(Strategy):
@@ -123,7 +165,7 @@ class FedDyn(Strategy):
         if not updates:
             return dict(self.global_state)
         self.check_uploads(updates)
-        server, h_mean, cloud = F.feddyn_server_update(
+        server, h_mean, cloud = feddyn_server_update(
             [u.state for u in updates], self.cloud_state, self.h_mean, len(self.client_ids))
         for target, new in ((self.global_state, server), (self.cloud_state, cloud)):
             target.update({n: t.to(target[n].device) for n, t in new.items()})
@@ -159,7 +201,7 @@ class FedDyn(Strategy):
         turn = self._turn
         if not turn or not turn["params"]:
             return loss
-        return loss + F.feddyn_penalty(turn["params"], turn["anchor"], turn["h_device"], self.alpha)
+        return loss + feddyn_penalty(turn["params"], turn["anchor"], turn["h_device"], self.alpha)
 
     def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any]) -> None:
         """``h_k <- h_k + theta_k - theta_cld`` (kept where the store keeps the client's tensors)."""

@@ -24,11 +24,9 @@ Two server-side parts on top of FedAvg's local training, with ``u_k = theta_g - 
 The equations are written as the authors' code computes them (the paper's FPHL and FAEL sections).
 
 Symbols -> code: ``theta_g`` -> ``self.global_state``; ``theta_k`` -> ``update.state``; ``h_k`` ->
-``self.history[k]``; ``t_k`` -> ``self.counts[k]``; ``m_k`` ->
-:func:`fedlit.strategies.functional.heal_consistency_mask`;
-``w_k``, ``dw_k``, ``d_k`` -> ``self.weights[k]``, ``self.deltas[k]``, ``self.distances[k]``; ``p``, the update ->
-:func:`~fedlit.strategies.functional.heal_weights`, :func:`~fedlit.strategies.functional.heal_aggregate`;
-``tau``, ``beta`` -> ``tau``, ``beta``.
+``self.history[k]``; ``t_k`` -> ``self.counts[k]``; ``m_k`` -> :func:`heal_consistency_mask`; ``w_k``, ``dw_k``,
+``d_k`` -> ``self.weights[k]``, ``self.deltas[k]``, ``self.distances[k]``; ``p``, the update -> :func:`heal_weights`,
+:func:`heal_aggregate`; ``tau``, ``beta`` -> ``tau``, ``beta``.
 
 Decisions (where the paper and the authors' code are silent or differ):
 
@@ -44,14 +42,96 @@ Decisions (where the paper and the authors' code are silent or differ):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import State, cast_like, normalized_weights
 from fedlit.strategies.base import ClientUpdate, Strategy
+
+
+def heal_consistency_mask(
+    update: State, history: State | None, count: int, tau: float
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """One client's parameter-update-consistency mask and its new sign history (FedHEAL, FPHL).
+
+    ``history`` holds, per coordinate, the fraction of the client's ``count`` previous updates that were >= 0.
+    The consistency of the current update ``u`` is that fraction where ``u >= 0`` and one minus it where ``u < 0``
+    (the share of past updates with the same sign); ``mask = consistency > tau``. The history then takes ``u`` in:
+    ``(history * count + [u >= 0]) / (count + 1)``. With no history (``history`` None or ``count`` 0) the mask is
+    all ones and the history is ``[u >= 0]``.
+
+    Returns:
+        ``(mask, new_history)``, float64 tensors of 0s and 1s / fractions, per tensor of ``update``.
+    """
+    if count < 0:
+        raise ValueError(f"count={count} must be >= 0.")
+    positive = {n: (u >= 0).to(torch.float64) for n, u in update.items()}
+    if history is None or count == 0:
+        return {n: torch.ones_like(p) for n, p in positive.items()}, positive
+    mask, new_history = {}, {}
+    for name, pos in positive.items():
+        h = history[name].to(pos.device, torch.float64)
+        consistency = torch.where(pos > 0, h, 1 - h)
+        mask[name] = (consistency > tau).to(torch.float64)
+        new_history[name] = (h * count + pos) / (count + 1)
+    return mask, new_history
+
+
+def heal_weights(
+    distances: Sequence[float], previous: Sequence[float], previous_delta: Sequence[float], beta: float,
+    total: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FedHEAL's aggregation weights with momentum (FAEL):
+
+        dw_k = (1 - beta) dw_k_prev + beta d_k / D,   w_k = w_k_prev + dw_k,   p_k = w_k / sum_j w_j
+
+    over the round's clients, ``D = total`` or, when None, ``sum_j d_j`` over them. Where ``D`` is 0 the distance
+    term is 0 (no client moved).
+
+    Returns:
+        ``(p, w, dw)``, float64: the normalized weights, and the unnormalized ``w_k`` and ``dw_k`` to keep.
+    """
+    d = torch.as_tensor(list(distances), dtype=torch.float64)
+    w_prev = torch.as_tensor(list(previous), dtype=torch.float64)
+    dw_prev = torch.as_tensor(list(previous_delta), dtype=torch.float64)
+    if not len(d) == len(w_prev) == len(dw_prev) or len(d) == 0:
+        raise ValueError(f"heal_weights needs as many distances ({len(d)}), weights ({len(w_prev)}) and increments "
+                         f"({len(dw_prev)}) as clients, at least one.")
+    if (d < 0).any() or not torch.isfinite(d).all():
+        raise ValueError(f"Distances must be finite and >= 0, got {d.tolist()}.")
+    denominator = float(d.sum()) if total is None else float(total)
+    share = d / denominator if denominator > 0 else torch.zeros_like(d)
+    dw = (1 - beta) * dw_prev + beta * share
+    w = w_prev + dw
+    return normalized_weights(w.tolist()), w, dw
+
+
+def heal_aggregate(
+    reference: State, updates: Sequence[State], masks: Sequence[State], weights: Sequence[float]
+) -> dict[str, Tensor]:
+    """``theta_g - sum_k q_k * (u_k * m_k)`` per tensor of ``reference``, elementwise, with
+    ``q_k = p_k m_k / sum_j p_j m_j`` where some client's mask is 1 and ``q_k = p_k`` where every mask is 0
+    (FedHEAL's masked aggregation; ``u_k = theta_g - theta_k``, ``p`` the normalized ``weights``).
+
+    Float64 inside, cast back to each tensor's dtype (integer tensors rounded).
+    """
+    if not (len(updates) == len(masks) == len(weights)):
+        raise ValueError(f"{len(updates)} updates, {len(masks)} masks and {len(weights)} weights.")
+    p = normalized_weights(weights)
+    out = {}
+    for key, ref in reference.items():
+        u = torch.stack([s[key].to(ref.device, torch.float64) for s in updates])
+        m = torch.stack([s[key].to(ref.device, torch.float64) for s in masks])
+        pk = p.to(ref.device).view(-1, *([1] * ref.dim()))
+        adjusted = pk * m
+        total = adjusted.sum(0, keepdim=True)
+        q = torch.where(total == 0, pk.expand_as(m), adjusted / torch.where(total == 0, 1.0, total))
+        out[key] = cast_like(ref.to(torch.float64) - (q * u * m).sum(0), ref)
+    return out
 
 
 class FedHEAL(Strategy):
@@ -117,19 +197,19 @@ class FedHEAL(Strategy):
             u = {n: theta[n].to(torch.float64) - update.state[n].to(theta[n].device, torch.float64) for n in keys}
             seen = k in self.history
             count = (self.counts.get(k, 0) if self.sign_count == "participations" else server_round - 1) if seen else 0
-            mask, self.history[k] = F.heal_consistency_mask(u, self.history.get(k), count, self.tau)
+            mask, self.history[k] = heal_consistency_mask(u, self.history.get(k), count, self.tau)
             self.counts[k] = self.counts.get(k, 0) + 1
             masks.append(mask)
             masked.append({n: u[n] * mask[n] for n in keys})
             self.distances[k] = float(sum(masked[-1][n].norm() for n in keys if n in params))
         ids = [u.client_id for u in updates]
         total = sum(self.distances.values()) if self.distance_share == "seen" else None
-        p, w, dw = F.heal_weights([self.distances[k] for k in ids], [self.weights.get(k, 1 / len(ids)) for k in ids],
-                                  [self.deltas.get(k, 0.0) for k in ids], self.beta, total=total)
+        p, w, dw = heal_weights([self.distances[k] for k in ids], [self.weights.get(k, 1 / len(ids)) for k in ids],
+                                [self.deltas.get(k, 0.0) for k in ids], self.beta, total=total)
         for k, wk, dwk in zip(ids, w.tolist(), dw.tolist(), strict=True):
             self.weights[k], self.deltas[k] = wk, dwk
         self.last_weights = dict(zip(ids, p.tolist(), strict=True))
-        self.global_state.update(F.heal_aggregate(theta, masked, masks, p.tolist()))
+        self.global_state.update(heal_aggregate(theta, masked, masks, p.tolist()))
         return dict(self.global_state)
 
     def state_dict(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ Definition 1 (median-based gradient descent), applied to the uploaded models as 
 ``w_{t+1}[j] = med{w_{t+1}^k[j] : k in S_t}`` for every coordinate j of every shared tensor, unweighted; with an
 even number of clients the two middle values are averaged (``numpy.median``).
 
-Symbols -> code: ``w_{t+1}^k`` -> ``update.state``; ``med`` -> :func:`fedlit.strategies.functional.coordinate_median`.
+Symbols -> code: ``w_{t+1}^k`` -> ``update.state``; ``med`` -> :func:`fedlit.strategies.aggregate.coordinate_median`.
 
 Flower equivalence: equal to ``flwr.server.strategy.FedMedian`` (flwr 1.41) on the same client arrays; the number
 of examples is ignored by both.

@@ -19,11 +19,11 @@ round's clients i, with ``L_t`` the round's ratio:
 
 Client i receives its own ``W'_i`` as its deputy. Collaborative transfer (the paper's Retrieve / Reciprocate /
 Refine, the code's Recover / Exchange / Sublimate; ``DET``): before each local epoch, macro-F1 of both models
-picks the stage (:func:`~fedlit.strategies.functional.prr_stage`): the first epoch of a round is Retrieve; then
+picks the stage (:func:`~fedlit.strategies.fedmetamed_math.prr_stage`): the first epoch of a round is Retrieve; then
 Retrieve while ``F1_d < alpha1 F1_p``, Reciprocate after Retrieve or while ``F1_d < alpha2 F1_p``, Refine
 otherwise (stages fall back when the deputy drops, as in the code). Each batch goes through both models; with
 ``KL(teacher || student)`` batch-mean, no temperature, the teacher detached
-(:func:`~fedlit.strategies.functional.prr_losses`):
+(:func:`~fedlit.strategies.fedmetamed_math.prr_losses`):
 
 - Retrieve: personal ``CE``; deputy ``CE + KL(p_per || p_dep)`` (the paper's "KL(deputy || personal)": the deputy
   learns from the personal model)
@@ -46,9 +46,10 @@ the personal model in ``client_state``) and the personal optimizer's state when 
 Symbols -> code: deputy ``theta_d`` -> the module's shared tensors + its stored personal (normalization) tensors;
 personal ``theta_p`` -> ``client_state["personal"]`` (every shared and personal tensor, by name); stage ->
 ``client_state["stage"]``; ``W'_i`` -> ``self.mixes[i]``; ``L_start``, ``L_end`` -> ``l_start``, ``l_end``;
-``alpha1``, ``alpha2`` -> ``alpha1``, ``alpha2``; the math -> :func:`~fedlit.strategies.functional.fourier_ratio`,
-:func:`~fedlit.strategies.functional.cumulative_fourier_average`,
-:func:`~fedlit.strategies.functional.prr_stage`, :func:`~fedlit.strategies.functional.prr_losses`.
+``alpha1``, ``alpha2`` -> ``alpha1``, ``alpha2``; the math (pure functions, in :mod:`fedlit.strategies.fedmetamed_math`
+to keep this file short) -> :func:`~fedlit.strategies.fedmetamed_math.fourier_ratio`,
+:func:`~fedlit.strategies.fedmetamed_math.cumulative_fourier_average`,
+:func:`~fedlit.strategies.fedmetamed_math.prr_stage`, :func:`~fedlit.strategies.fedmetamed_math.prr_losses`.
 
 Deviation: the defaults are the paper's (``L`` 0.26 -> 0.55, ``alpha1 = 0.6``, ``alpha2 = 0.8``); the code runs
 0.7 -> 0.95, 0.7 and 0.9 (all arguments). Deviation: F1 is measured on the client's validation split
@@ -78,7 +79,8 @@ from torch.func import functional_call
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import ParameterRoles
-from fedlit.strategies import functional as F
+from fedlit.strategies import fedmetamed_math as F
+from fedlit.strategies.aggregate import client_weights, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
 
 
@@ -210,8 +212,8 @@ class FedMetaMed(Strategy):
             return dict(self.global_state)
         self.check_uploads(updates)
         states = [u.state for u in updates]
-        weights = [1.0 if self.weighting == "uniform" else float(u.num_examples) for u in updates]
-        mean = F.weighted_average(states, weights)
+        weights = client_weights(updates, self.weighting)
+        mean = weighted_average(states, weights)
         mixes = [dict(mean) for _ in updates]
         ratio = self.ratio(server_round)
         for name in (n for n in self.fourier_names if n in mean):

@@ -12,14 +12,23 @@ Symbols -> code: ``w^t`` -> ``self._anchor`` (what the server sent this round); 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import functional as F
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
+
+
+def squared_distance(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor]) -> Tensor:
+    """``sum_k ||params_k - anchor_k||_2^2`` over the keys of ``params`` (differentiable in ``params``)."""
+    if not params:
+        raise ValueError("squared_distance of an empty set of tensors.")
+    terms = [(p - anchor[n].to(p.device, p.dtype)).pow(2).sum() for n, p in params.items()]
+    return torch.stack(terms).sum()
 
 
 class FedProx(FedAvg):
@@ -57,7 +66,7 @@ class FedProx(FedAvg):
         params = self.proximal_parameters(pl_module)
         if self.mu == 0 or not params:
             return loss
-        return loss + self.mu / 2 * F.squared_distance(params, self._anchor)
+        return loss + self.mu / 2 * squared_distance(params, self._anchor)
 
     def hparams(self) -> dict[str, Any]:
         return {"mu": self.mu, **super().hparams()}

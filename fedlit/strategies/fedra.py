@@ -14,15 +14,14 @@ it and keeps the value of a block nobody had:
 
 Symbols -> code: ``M_k`` -> :meth:`FedRA.allocation` (sorted block indices); ``c_k`` -> ``block_counts``; the block
 ``l`` -> the l-th distinct layer index among the block tensors (:attr:`FedRA.blocks`); ``Theta_{k,l}``, ``phi_k``
--> ``update.state``; ``w_k`` -> ``n_k`` or 1 (``weighting``); the means ->
-:func:`fedlit.strategies.functional.partial_weighted_average`; a row's draw ->
-:func:`~fedlit.strategies.functional.random_allocation`.
+-> ``update.state``; ``w_k`` -> ``n_k`` or 1 (``weighting``); the means -> :func:`partial_weighted_average`; a
+row's draw -> :func:`random_allocation`.
 
 What a block is: the shared tensors of the adapters (:func:`fedlit.strategies.fedsca.adapter_prefixes`: module
 paths with ``adapter`` in a component, any case) and of LoRA (``lora_`` in the name), grouped by the layer index
-that :class:`fedlit.core.roles.RoleRule` reads (the first ``.N.`` of the name: ``blocks.3.attn.qkv.lora_A...`` is block 3);
-``block_tensors="indexed"`` takes every shared tensor with a layer index instead. Shared tensors outside the blocks
-(the head, a final norm, tensors without a layer index) go to and come back from every client.
+that :class:`fedlit.core.roles.RoleRule` reads (the first ``.N.`` of the name: ``blocks.3.attn.qkv.lora_A...`` is
+block 3); ``block_tensors="indexed"`` takes every shared tensor with a layer index instead. Shared tensors outside
+the blocks (the head, a final norm, tensors without a layer index) go to and come back from every client.
 
 Decisions (where the paper and its code are silent or differ):
 
@@ -48,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.fedsca import adapter_prefixes
 
@@ -65,6 +65,43 @@ PAPER_BLOCK_COUNTS = (12, 10, 8, 6, 4, 3)
 
 def _seed(*parts: Any) -> int:
     return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
+
+
+def partial_weighted_average(reference: State, states: Sequence[State], weights: Sequence[float]) -> dict[str, Tensor]:
+    """Per tensor of ``reference``: ``sum_{i holds it} w_i state_i / sum_{i holds it} w_i``; a tensor no state holds
+    keeps its ``reference`` value (FedRA's aggregation, where each client uploads only its allocated blocks).
+
+    Float64 inside; floating tensors keep their dtype, integer ones are rounded. Raises on a negative weight, on
+    a state holding a tensor ``reference`` lacks, or where the clients holding a tensor weigh zero in total.
+    """
+    if len(states) != len(weights):
+        raise ValueError(f"{len(states)} states but {len(weights)} weights.")
+    if states:
+        normalized_weights(weights)  # raises on negative or non-finite weights
+    for i, state in enumerate(states):
+        unknown = sorted(set(state) - set(reference))
+        if unknown:
+            raise ValueError(f"Client state {i} holds tensors the reference lacks: {unknown[:5]}.")
+    out = {}
+    for key, ref in reference.items():
+        holders = [(float(w), s[key]) for w, s in zip(weights, states, strict=True) if key in s]
+        if not holders:
+            out[key] = ref.clone()
+            continue
+        w = normalized_weights([h[0] for h in holders])
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for wi, (_, tensor) in zip(w, holders, strict=True):
+            acc += wi.to(ref.device) * tensor.to(ref.device, torch.float64)
+        out[key] = cast_like(acc, ref)
+    return out
+
+
+def random_allocation(num_blocks: int, count: int, generator: torch.Generator) -> list[int]:
+    """``count`` distinct block indices of ``range(num_blocks)`` drawn uniformly without replacement from
+    ``generator``, sorted (one row of FedRA's allocation matrix)."""
+    if not 1 <= count <= num_blocks:
+        raise ValueError(f"Cannot allocate {count} of {num_blocks} blocks: give 1 <= count <= {num_blocks}.")
+    return sorted(torch.randperm(num_blocks, generator=generator)[:count].tolist())
 
 
 class FedRA(Strategy):
@@ -105,8 +142,8 @@ class FedRA(Strategy):
                             "['cycle', 'contiguous']")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             problems.append(f"strategy.init_args.seed={seed!r} must be an integer >= 0 or null (the federation's)")
-        if weighting not in ("num_examples", "uniform"):
-            problems.append(f"strategy.init_args.weighting={weighting!r} is not one of ['num_examples', 'uniform']")
+        if weighting not in WEIGHTINGS:
+            problems.append(f"strategy.init_args.weighting={weighting!r} is not one of {list(WEIGHTINGS)}")
         if block_tensors not in ("adapters", "indexed"):
             problems.append(f"strategy.init_args.block_tensors={block_tensors!r} is not one of "
                             "['adapters', 'indexed']")
@@ -166,7 +203,7 @@ class FedRA(Strategy):
         by ``(seed, server_round, client_id)``."""
         seed = self.seed if self.seed is not None else self._run_seed
         generator = torch.Generator().manual_seed(_seed(seed, "fedra", server_round, client_id))
-        rows = F.random_allocation(len(self.blocks), self.block_count(client_id), generator)
+        rows = random_allocation(len(self.blocks), self.block_count(client_id), generator)
         return [self.blocks[i] for i in rows]
 
     def uploaded_names(self, server_round: int, client_id: str) -> list[str]:
@@ -231,8 +268,8 @@ class FedRA(Strategy):
                 raise KeyError(f"FedRA: client {update.client_id!r} did not upload {missing[:5]} of its allocated "
                                f"blocks {self.allocation(server_round, update.client_id)} or outside the blocks.")
             states.append({n: update.state[n] for n in expected})
-        weights = [1.0 if self.weighting == "uniform" else float(u.num_examples) for u in updates]
-        self.global_state.update(F.partial_weighted_average(self.global_state, states, weights))
+        weights = client_weights(updates, self.weighting)
+        self.global_state.update(partial_weighted_average(self.global_state, states, weights))
         return dict(self.global_state)
 
     def hparams(self) -> dict[str, Any]:

@@ -32,14 +32,14 @@ What an adapter is: the module path up to the first dotted component of a tensor
 
 Symbols -> code: ``Theta_j`` -> ``update.state``; ``W`` -> ``self.weights`` (rows and columns in
 ``self.weight_clients`` order); the mix sent to client i -> ``self.mixes[i]``; ``alpha``, ``beta`` ->
-``self.alpha``, ``self.beta``; the math -> :func:`fedlit.strategies.functional.sgca_weights`,
-:func:`~fedlit.strategies.functional.simplex_projection` and
-:func:`~fedlit.strategies.functional.cosine_regularizer`.
+``self.alpha``, ``self.beta``; the math -> :func:`sgca_weights`, :func:`simplex_projection` and
+:func:`cosine_regularizer`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,7 +47,13 @@ from torch import Tensor
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import (
+    State,
+    client_weights,
+    normalized_weights,
+    pairwise_squared_distances,
+    weighted_average,
+)
 from fedlit.strategies.base import ClientUpdate, Strategy
 
 _ADAPTER = re.compile("adapter", re.IGNORECASE)
@@ -73,6 +79,85 @@ def adapter_prefixes(names: list[str], depth_key: str = RoleRule.depth_key) -> l
 
 def _in_adapter(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
+
+
+def simplex_projection(v: Tensor) -> Tensor:
+    """The Euclidean projection of ``v`` onto the probability simplex ``{w : w >= 0, sum w = 1}``.
+
+    The exact sort-based algorithm (Duchi, Shalev-Shwartz, Singer, Chandra. "Efficient Projections onto the
+    l1-Ball for Learning in High Dimensions." ICML 2008, Fig. 1; Held, Wolfe, Crowder 1974): sort ``u`` descending,
+    ``rho = max{j : u_j - (sum_{r<=j} u_r - 1) / j > 0}``, ``theta = (sum_{r<=rho} u_r - 1) / rho``,
+    ``w = max(v - theta, 0)``. Computed in float64.
+    """
+    v = v.to(torch.float64).reshape(-1)
+    if v.numel() == 0 or not torch.isfinite(v).all():
+        raise ValueError(f"simplex_projection needs a non-empty finite vector, got {v.tolist()}.")
+    u = torch.sort(v, descending=True).values
+    cumsum = torch.cumsum(u, 0)
+    j = torch.arange(1, len(u) + 1, dtype=torch.float64)
+    rho = int(torch.nonzero(u - (cumsum - 1) / j > 0).max()) + 1
+    theta = (cumsum[rho - 1] - 1) / rho
+    return torch.clamp(v - theta, min=0)
+
+
+def sgca_weights(distances: Tensor, sizes: Sequence[float], alpha: float, *, normalize: bool = False,
+                 literal_eq7: bool = False) -> Tensor:
+    """FedSCA's per-client aggregation weights (SGCA, Eq. 7), one row per client.
+
+    FedSCA: "FedSCA: Federated Tuning with Similarity-guided Collaborative Aggregation for Heterogeneous Medical
+    Image Segmentation" (arXiv 2025), Eq. 7, corrected as in pFedGraph (Ye, Ni, Wu, Wang, Chen, Wang.
+    "Personalized Federated Learning with Inferred Collaboration Graphs." ICML 2023):
+
+        W_i = argmin_{w in simplex} sum_j (w_j - m_j)^2 + alpha sum_j w_j d_ij = Proj_simplex(m - (alpha / 2) d_i)
+
+    (complete the square: the objective is ``||w - (m - alpha d_i / 2)||^2`` plus a constant).
+
+    Args:
+        distances: ``(N, N)`` distances ``d_ij = ||Theta_i - Theta_j||_2`` between the clients' uploads.
+        sizes: ``n_j``, the clients' training examples; ``m_j = n_j / sum n``.
+        alpha: Weight of the distance penalty (>= 0).
+        normalize: Divide the distances by their mean off-diagonal value first (when it is > 0), making ``alpha``
+            independent of the scale of the weights.
+        literal_eq7: The paper's Eq. 7 as printed: the prior ``m_i`` (the client's own share, for every j) and a
+            minus sign on the distance term, i.e. ``W_i = Proj_simplex(m_i 1 + (alpha / 2) d_i)``.
+
+    Returns:
+        ``(N, N)`` float64 weights; row ``i`` is on the simplex.
+    """
+    d = torch.as_tensor(distances, dtype=torch.float64)
+    n = d.shape[0]
+    if d.shape != (n, n):
+        raise ValueError(f"sgca_weights needs an (N, N) distance matrix, got shape {tuple(d.shape)}.")
+    if alpha < 0:
+        raise ValueError(f"sgca_weights: alpha={alpha} must be >= 0.")
+    m = normalized_weights(sizes)
+    if len(m) != n:
+        raise ValueError(f"{n} clients in the distances but {len(m)} sizes.")
+    if normalize and n > 1:
+        mean = d[~torch.eye(n, dtype=torch.bool)].mean()
+        if mean > 0:
+            d = d / mean
+    rows = []
+    for i in range(n):
+        target = m[i].expand(n) + alpha / 2 * d[i] if literal_eq7 else m - alpha / 2 * d[i]
+        rows.append(simplex_projection(target))
+    return torch.stack(rows)
+
+
+def flat_distances(states: Sequence[State]) -> Tensor:
+    """``(N, N)`` float64 Euclidean distances ``||Theta_i - Theta_j||_2`` over all tensors of the states."""
+    return pairwise_squared_distances(states).clamp(min=0).sqrt()
+
+
+def cosine_regularizer(params: Mapping[str, Tensor], target: Mapping[str, Tensor], eps: float = 1e-8) -> Tensor:
+    """FedSCA's client regularizer ``-cos(Theta_i, Theta_target)`` over the concatenation of ``params``' tensors
+    (FedSCA, arXiv 2025: the client loss is the segmentation loss plus beta times this). Differentiable in
+    ``params``; ``eps`` keeps a zero vector finite (its cosine is 0)."""
+    if not params:
+        raise ValueError("cosine_regularizer of an empty set of tensors.")
+    a = torch.cat([p.reshape(-1) for p in params.values()])
+    b = torch.cat([target[n].to(p.device, p.dtype).reshape(-1) for n, p in params.items()])
+    return -torch.nn.functional.cosine_similarity(a, b, dim=0, eps=eps)
 
 
 class FedSCA(Strategy):
@@ -151,17 +236,17 @@ class FedSCA(Strategy):
             return dict(self.global_state)
         self.check_uploads(updates)
         states = [u.state for u in updates]
-        sizes = [float(u.num_examples) for u in updates]
-        self.weights = F.sgca_weights(F.flat_distances(states), sizes, self.alpha,
-                                      normalize=self.normalize_distances, literal_eq7=self.literal_eq7)
+        sizes = client_weights(updates)
+        self.weights = sgca_weights(flat_distances(states), sizes, self.alpha,
+                                    normalize=self.normalize_distances, literal_eq7=self.literal_eq7)
         self.weight_clients = [u.client_id for u in updates]
 
         def on_server(state: dict[str, Tensor]) -> dict[str, Tensor]:
             return {n: t.to(self.global_state[n].device) for n, t in state.items()}
 
         for update, row in zip(updates, self.weights, strict=True):
-            self.mixes[update.client_id] = on_server(F.weighted_average(states, row.tolist()))
-        self.global_state.update(on_server(F.weighted_average(states, sizes)))
+            self.mixes[update.client_id] = on_server(weighted_average(states, row.tolist()))
+        self.global_state.update(on_server(weighted_average(states, sizes)))
         return dict(self.global_state)
 
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
@@ -182,7 +267,7 @@ class FedSCA(Strategy):
         params = {n: p for n, p in pl_module.shared_parameters() if n in self._target}
         if not params:
             return loss
-        return loss + self.beta * F.cosine_regularizer(params, self._target)
+        return loss + self.beta * cosine_regularizer(params, self._target)
 
     def state_dict(self) -> dict[str, Any]:
         """The server state plus every client's mix and the last round's weights, so a resumed run is exact."""

@@ -18,9 +18,8 @@ FedAvg (``w_{t+1} = sum_k (n_k / n) w^k``).
 
 Symbols -> code: ``n_ic`` -> ``class_counts[client][c]`` (given to :meth:`FedSLD.initialize`); ``P`` ->
 ``self.prior`` on the server, the ``prior`` extra on the client (``self._received_prior``); ``p_b`` and the
-weights -> :func:`fedlit.strategies.functional.sld_weights`; (3) ->
-:func:`fedlit.strategies.functional.sld_loss` on the ``logits`` and ``targets`` that ``training_step`` returns
-(no second forward pass).
+weights -> :func:`sld_weights`; (3) -> :func:`sld_loss` on the ``logits`` and ``targets`` that ``training_step``
+returns (no second forward pass).
 
 Deviation: the paper treats multi-class classification. A binary task (one logit z, BCE) is handled as the
 two-class softmax over logits ``[0, z]`` (whose log-probabilities are BCE's), with P from the clients'
@@ -31,14 +30,13 @@ clients report once before round 1 are a few integers and are not counted (the l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.strategies import functional as F
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
@@ -46,6 +44,42 @@ _NEEDS = (
     "FedSLD re-weights the loss per sample, so {module}.training_step must return a dict with 'logits' "
     "(B, C) and 'targets' (B,) besides 'loss' (fedlit.tasks.ClassificationModule does); got {got}."
 )
+
+
+def class_prior(counts: Sequence[Sequence[int]]) -> Tensor:
+    """``P(c) = sum_i n_ic / sum_i n_i`` from each client's samples per class (FedSLD's shared label
+    distribution), in float64. Raises on ragged, negative or all-zero counts."""
+    if not counts:
+        raise ValueError("class_prior needs the class counts of at least one client.")
+    if len({len(c) for c in counts}) != 1:
+        raise ValueError(f"Clients report different numbers of classes: {sorted({len(c) for c in counts})}.")
+    n = torch.as_tensor([list(c) for c in counts], dtype=torch.float64)
+    if (n < 0).any() or n.sum() <= 0:
+        raise ValueError(f"Class counts must be >= 0 with a positive total, got {n.tolist()}.")
+    return n.sum(0) / n.sum()
+
+
+def sld_weights(targets: Tensor, prior: Tensor) -> Tensor:
+    """``w_k = P(y_k) / p_b(y_k)`` with ``p_b(c)`` = (samples of class c in the batch) / B (FedSLD).
+
+    Args:
+        targets: Class indices (B,).
+        prior: P(c), shape (C,).
+
+    Returns:
+        The weights (B,), in ``prior``'s dtype; they sum to B when every class of ``prior`` is in the batch.
+    """
+    targets = targets.long().reshape(-1)
+    batch_share = torch.bincount(targets, minlength=len(prior)).to(prior.dtype) / len(targets)
+    return prior[targets] / batch_share[targets]
+
+
+def sld_loss(logits: Tensor, targets: Tensor, prior: Tensor) -> Tensor:
+    """``-(1/B) sum_k [P(y_k) / p_b(y_k)] log softmax(logits_k)_{y_k}``: cross-entropy re-weighted toward the
+    shared label distribution (FedSLD). Equals plain cross-entropy when the batch's class shares are ``prior``."""
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.long().reshape(-1, 1)).squeeze(-1)
+    weights = sld_weights(targets, prior.to(logits.device)).to(log_probs.dtype)
+    return -(weights * log_probs).mean()
 
 
 class FedSLD(FedAvg):
@@ -83,7 +117,7 @@ class FedSLD(FedAvg):
         missing = sorted(set(self.client_ids) - set(class_counts))
         if missing:
             raise DataError(f"FedSLD: clients {missing[:5]} reported no class counts.")
-        self.prior = F.class_prior([class_counts[c] for c in self.client_ids]).float()
+        self.prior = class_prior([class_counts[c] for c in self.client_ids]).float()
 
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """Send P (counted as download)."""
@@ -116,7 +150,7 @@ class FedSLD(FedAvg):
                 f"FedSLD: the model gives {logits.shape[-1]} class scores but the clients reported counts for "
                 f"{len(prior)} classes; model.init_args.num_classes must match the data."
             )
-        return F.sld_loss(logits, targets, prior)
+        return sld_loss(logits, targets, prior)
 
     def state_dict(self) -> dict[str, Any]:
         """The server state plus P, so a resumed run keeps the P computed before round 1."""

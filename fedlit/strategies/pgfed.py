@@ -28,9 +28,7 @@ last round's clients, in upload order); ``a_ij`` -> ``self.coefficients[i][j]`` 
 updates it); ``g~_i``, ``gbar`` -> ``received_extras["g_tilde"]``, ``["g_bar"]`` (counted as download);
 ``grad f_i``, ``l_i``, ``a_i.`` -> ``update.extras["grad"]``, ``["l"]``, ``["a"]`` (counted as upload);
 ``g~_prev`` -> ``client_state["g_tilde"]``; ``mu``, ``lam``, ``beta`` -> ``mu``, ``lam``, ``beta``; the math ->
-:func:`~fedlit.strategies.functional.pgfed_auxiliary_gradient`,
-:func:`~fedlit.strategies.functional.pgfed_coefficient_step`,
-:func:`~fedlit.strategies.functional.pgfed_risk_offset`, :func:`~fedlit.strategies.functional.momentum_mix`.
+:func:`pgfed_auxiliary_gradient`, :func:`pgfed_coefficient_step`, :func:`pgfed_risk_offset`, :func:`momentum_mix`.
 
 As in the authors' code: ``a_ij`` moves once per local step (not once per round), after the corrected gradient
 is formed and before the optimizer steps; the step uses the mean gradient ``gbar`` for every j (the exact
@@ -56,15 +54,18 @@ a name the launcher's ``--algorithm`` choices leave out): here it is its own cla
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import State, client_weights, common_keys, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+
+F = sys.modules[__name__]  # the hooks being rewritten with the engine call this module's math as F.<name>
 
 
 def mean_loss_and_gradient(
@@ -105,6 +106,56 @@ def mean_loss_and_gradient(
     if count == 0:
         raise ValueError("PGFed's extra pass found no training batch.")
     return loss_sum / count, {n: (s / count).to(params[n].dtype) for n, s in sums.items()}
+
+
+def state_dot(a: State, b: State) -> Tensor:
+    """``sum_k <a_k, b_k>`` over the keys of ``a``, a float64 scalar (on ``a``'s first tensor's device)."""
+    if not a:
+        raise ValueError("state_dot of an empty set of tensors.")
+    device = next(iter(a.values())).device
+    terms = [(t.detach().to(torch.float64) * b[n].detach().to(device, torch.float64)).sum() for n, t in a.items()]
+    return torch.stack(terms).sum()
+
+
+def pgfed_auxiliary_gradient(grads: Sequence[State], coefficients: Sequence[float], mu: float) -> dict[str, Tensor]:
+    """``mu * sum_j a_j grad_j`` per tensor (PGFed: the gradient of client i's weighted first-order approximations
+    of the other clients' risks), accumulated in float64 and cast back to the dtype of ``grads[0]``. The
+    coefficients are used as given (not normalized: PGFed's ``a_ij`` are only kept >= 0); ``a_j = 1 / M`` for all
+    j gives the mean gradient ``gbar`` clients receive."""
+    if len(grads) != len(coefficients):
+        raise ValueError(f"{len(grads)} gradients but {len(coefficients)} coefficients.")
+    keys = common_keys(grads)
+    out = {}
+    for key in keys:
+        ref = grads[0][key]
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for a, grad in zip(coefficients, grads, strict=True):
+            acc += float(a) * grad[key].to(ref.device, torch.float64)
+        out[key] = (mu * acc).to(ref.dtype)
+    return out
+
+
+def pgfed_coefficient_step(a: Tensor, mu_losses: Tensor, theta_dot_gbar: Tensor | float, lam: float) -> Tensor:
+    """``a_ij <- max(0, a_ij - lam (mu l_j + <theta_i, gbar>))`` for every j at once (PGFed's projected gradient
+    step on client i's coefficients, the other clients' gradients replaced by their mean ``gbar`` as in the
+    authors' code). Float64."""
+    step = mu_losses.to(torch.float64) + torch.as_tensor(theta_dot_gbar, dtype=torch.float64)
+    return (a.to(torch.float64) - lam * step).clamp_min(0.0)
+
+
+def pgfed_risk_offset(mean_loss: float, grad: State, theta: State) -> Tensor:
+    """``l_i = f_i(theta_i) - <grad f_i(theta_i), theta_i>``: the constant of client i's first-order risk
+    approximation ``f_i(theta) ~ l_i + <grad f_i(theta_i), theta>`` (PGFed). Float64 scalar."""
+    return torch.as_tensor(mean_loss, dtype=torch.float64) - state_dot(grad, theta).cpu()
+
+
+def momentum_mix(new: State, previous: State | None, beta: float) -> dict[str, Tensor]:
+    """``(1 - beta) new + beta previous`` per tensor of ``new`` (PGFedMo's gradient correction); ``new`` itself
+    (copied) when there is no ``previous``. Computed in float64, cast back to ``new``'s dtypes."""
+    if previous is None:
+        return {n: t.clone() for n, t in new.items()}
+    return {n: ((1 - beta) * t.to(torch.float64) + beta * previous[n].to(t.device, torch.float64)).to(t.dtype)
+            for n, t in new.items()}
 
 
 class PGFed(Strategy):
@@ -149,8 +200,8 @@ class PGFed(Strategy):
             return {}
         grads, a = list(self.grads.values()), self.coefficient_row(client_id)
         return {
-            "g_tilde": F.pgfed_auxiliary_gradient(grads, a.tolist(), self.mu),
-            "g_bar": F.pgfed_auxiliary_gradient(grads, [1.0 / len(grads)] * len(grads), self.mu),
+            "g_tilde": pgfed_auxiliary_gradient(grads, a.tolist(), self.mu),
+            "g_bar": pgfed_auxiliary_gradient(grads, [1.0 / len(grads)] * len(grads), self.mu),
             "mu_l": torch.tensor([self.mu_losses[j] for j in self.grads], dtype=torch.float64),
             "a": a,
         }
@@ -183,8 +234,7 @@ class PGFed(Strategy):
             self.coefficients.setdefault(update.client_id, {}).update(
                 zip(previous, update.extras["a"].tolist(), strict=True))
             self.local_states[update.client_id] = on_server(update.state)
-        self.global_state.update(on_server(F.weighted_average([u.state for u in updates],
-                                                              [float(u.num_examples) for u in updates])))
+        self.global_state.update(on_server(weighted_average([u.state for u in updates], client_weights(updates))))
         self.grads = {u.client_id: on_server(u.extras["grad"]) for u in updates}
         self.mu_losses = {u.client_id: self.mu * float(u.extras["l"]) for u in updates}
         return dict(self.global_state)
@@ -213,7 +263,7 @@ class PGFed(Strategy):
         if received_extras:
             new = {n: received_extras["g_tilde"][n] for n in params}
             previous = client_state.get("g_tilde") if self.beta > 0 else None
-            g_tilde = F.momentum_mix(new, previous, self.beta)
+            g_tilde = momentum_mix(new, previous, self.beta)
             turn.update(
                 g_tilde=g_tilde,
                 correction={n: g_tilde[n].to(p.device, p.dtype) for n, p in params.items()},
@@ -235,8 +285,8 @@ class PGFed(Strategy):
                 param.grad = correction.clone()
             else:
                 param.grad.add_(correction)
-        dot = F.state_dot(turn["params"], turn["g_bar"]).cpu()
-        turn["a"] = F.pgfed_coefficient_step(turn["a"], turn["mu_l"], dot, self.lam)
+        dot = state_dot(turn["params"], turn["g_bar"]).cpu()
+        turn["a"] = pgfed_coefficient_step(turn["a"], turn["mu_l"], dot, self.lam)
 
     def on_client_fit_end(
         self, pl_module: Any, server_round: int, client_id: str, update: ClientUpdate, client_state: dict[str, Any],

@@ -47,16 +47,82 @@ batches of one epoch rather than by K.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 from fedlit.strategies.base import ClientUpdate, Strategy
 
-WEIGHTINGS = ("uniform", "num_examples")
+
+def server_step(
+    reference: State, states: Sequence[State], weights: Sequence[float], step_size: float
+) -> dict[str, Tensor]:
+    """``x + step_size * sum_i w_i (y_i - x) / sum_i w_i`` per tensor of ``reference`` (SCAFFOLD Eq. 5, first half).
+
+    With ``step_size = 1`` this is the weighted mean of the states. Float64 inside; floating tensors keep their
+    dtype, integer ones (``num_batches_tracked``) are rounded.
+    """
+    w = normalized_weights(weights)
+    out = {}
+    for key, x in reference.items():
+        delta = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+        for wi, state in zip(w, states, strict=True):
+            delta += wi.to(x.device) * (state[key].to(x.device, torch.float64) - x.to(torch.float64))
+        value = x.to(torch.float64) + step_size * delta
+        out[key] = cast_like(value, x)
+    return out
+
+
+def scaffold_control_variate(
+    c_local: State, c_global: State, x: State, y: State, k_lr: Mapping[str, float]
+) -> dict[str, Tensor]:
+    """``c_i+ = c_i - c + (x - y_i) / (K lr)`` per tensor of ``c_local`` (SCAFFOLD Eq. 4, option II).
+
+    Args:
+        c_local: The client's control variate c_i.
+        c_global: The server's control variate c.
+        x: The model the client received.
+        y: The client's model after its K local steps.
+        k_lr: ``K * lr`` per tensor (the sum of the learning rates of the K steps).
+    """
+    out = {}
+    for key, ci in c_local.items():
+        if k_lr[key] <= 0:
+            raise ValueError(f"SCAFFOLD needs K * lr > 0 for {key!r}, got {k_lr[key]} (a zero learning rate?).")
+        drift = (x[key].to(ci.device, torch.float64) - y[key].to(ci.device, torch.float64)) / k_lr[key]
+        out[key] = (ci.to(torch.float64) - c_global[key].to(ci.device, torch.float64) + drift).to(ci.dtype)
+    return out
+
+
+def scaffold_server_control(
+    c: State, deltas: Sequence[State], weights: Sequence[float], num_clients: int
+) -> dict[str, Tensor]:
+    """``c + (|S| / N) sum_i w_i delta_i``, ``w_i = weights_i / sum_j weights_j``, per tensor of ``c`` (SCAFFOLD
+    Eq. 5, second half, with the weights of the model's mean: equal weights give the paper's
+    ``c + sum_i delta_i / N``).
+
+    Args:
+        c: The server's control variate.
+        deltas: The round's ``delta c_i = c_i+ - c_i``, ``|S|`` of them.
+        weights: One non-negative weight per client (1 each, or its examples).
+        num_clients: N, all clients of the federation.
+    """
+    if len(deltas) != len(weights):
+        raise ValueError(f"{len(deltas)} control variates but {len(weights)} weights.")
+    if num_clients < len(deltas):
+        raise ValueError(f"num_clients={num_clients} is smaller than the {len(deltas)} updates of the round.")
+    normalized_weights(weights)  # raises on negative weights or a zero total
+    total = float(sum(weights))
+    factors = [len(deltas) * float(w) / total for w in weights]  # |S| w_i: exactly 1 each for equal weights
+    out = {}
+    for key, ci in c.items():
+        step = sum(f * d[key].to(ci.device, torch.float64) for f, d in zip(factors, deltas, strict=True))
+        out[key] = (ci.to(torch.float64) + step / num_clients).to(ci.dtype)
+    return out
 
 
 class SCAFFOLD(Strategy):
@@ -109,9 +175,7 @@ class SCAFFOLD(Strategy):
 
     def client_weights(self, updates: list[ClientUpdate], weighting: str | None = None) -> list[float]:
         """The weight of each ``y_i - x`` in the server step (of each ``delta c_i`` with ``weighting`` given)."""
-        if (weighting or self.weighting) == "uniform":
-            return [1.0] * len(updates)
-        return [float(u.num_examples) for u in updates]
+        return client_weights(updates, weighting or self.weighting)
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``x += eta_g sum_i w_i (y_i - x)`` and ``c += (|S| / N) sum_i w_i delta c_i`` (lines 16-17, Eq. 5)."""
@@ -122,10 +186,10 @@ class SCAFFOLD(Strategy):
         if missing:
             raise KeyError(f"Clients {missing} uploaded no SCAFFOLD control variate (update.extras['delta_c']).")
         x = {n: self.global_state[n] for n in updates[0].state}
-        self.global_state.update(F.server_step(x, [u.state for u in updates], self.client_weights(updates), self.eta_g))
+        self.global_state.update(server_step(x, [u.state for u in updates], self.client_weights(updates), self.eta_g))
         control = self.weighting if self.control_weighting == "same" else self.control_weighting
-        self.c.update(F.scaffold_server_control(self.c, [u.extras["delta_c"] for u in updates],
-                                                self.client_weights(updates, control), len(self.client_ids)))
+        self.c.update(scaffold_server_control(self.c, [u.extras["delta_c"] for u in updates],
+                                              self.client_weights(updates, control), len(self.client_ids)))
         return dict(self.global_state)
 
     def state_dict(self) -> dict[str, Any]:
@@ -203,7 +267,7 @@ class SCAFFOLD(Strategy):
             )
             new = {n: t.clone() for n, t in c_i.items()}
         else:
-            new = F.scaffold_control_variate(c_i, turn["c"], turn["x"], update.state, turn["k_lr"])
+            new = scaffold_control_variate(c_i, turn["c"], turn["x"], update.state, turn["k_lr"])
         update.extras["delta_c"] = {n: new[n] - c_i[n] for n in new}
         client_state["c_i"] = new
         self._turn = {}

@@ -23,7 +23,13 @@ from fedlit.strategies import (
     Strategy,
     TrimmedMeanAggregator,
 )
-from fedlit.strategies import functional as F
+from fedlit.strategies.aggregate import (
+    coordinate_median,
+    krum_scores,
+    krum_select,
+    pairwise_squared_distances,
+    trimmed_mean,
+)
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, width=32)
 
@@ -38,18 +44,18 @@ def client_states(draw, min_clients=1, max_clients=7):
 
 betas = st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.45])
 rules = {
-    "median": lambda states, beta: F.coordinate_median(states),
-    "trimmed": lambda states, beta: F.trimmed_mean(states, beta),
+    "median": lambda states, beta: coordinate_median(states),
+    "trimmed": lambda states, beta: trimmed_mean(states, beta),
 }
 
 
 def test_median_and_trimmed_mean_by_hand():
     states = [{"w": torch.tensor([v, -v])} for v in (1.0, 9.0, 2.0, 100.0, 3.0)]
     # sorted first coordinate: 1 2 3 9 100 -> median 3; beta = 0.2 cuts int(0.2 * 5) = 1 at each end: (2+3+9)/3
-    assert F.coordinate_median(states)["w"].tolist() == [3.0, -3.0]
-    assert F.trimmed_mean(states, 0.2)["w"].tolist() == pytest.approx([14 / 3, -14 / 3])
+    assert coordinate_median(states)["w"].tolist() == [3.0, -3.0]
+    assert trimmed_mean(states, 0.2)["w"].tolist() == pytest.approx([14 / 3, -14 / 3])
     # four clients: 1 2 9 100 -> (2 + 9) / 2 (numpy's median), not torch.median's lower value 2
-    assert F.coordinate_median(states[:4])["w"].tolist() == [5.5, -5.5]
+    assert coordinate_median(states[:4])["w"].tolist() == [5.5, -5.5]
 
 
 @settings(max_examples=40, deadline=None)
@@ -81,45 +87,45 @@ def test_equal_to_numpy_median_and_to_flowers_trim_mean(states, beta):
     from flwr.server.strategy.aggregate import _trim_mean
 
     stacked = np.stack([s["w"].numpy() for s in states])
-    assert np.allclose(F.coordinate_median(states)["w"].numpy(), np.median(stacked, axis=0), rtol=1e-6)
-    assert np.allclose(F.trimmed_mean(states, beta)["w"].numpy(), _trim_mean(stacked, beta), rtol=1e-5, atol=1e-4)
+    assert np.allclose(coordinate_median(states)["w"].numpy(), np.median(stacked, axis=0), rtol=1e-6)
+    assert np.allclose(trimmed_mean(states, beta)["w"].numpy(), _trim_mean(stacked, beta), rtol=1e-5, atol=1e-4)
 
 
 def test_trimmed_mean_with_beta_zero_is_the_plain_mean_and_dtypes_are_kept():
     states = [{"w": torch.tensor([1.0, 4.0], dtype=torch.float64), "n": torch.tensor(3)},
               {"w": torch.tensor([2.0, 8.0], dtype=torch.float64), "n": torch.tensor(6)}]
-    out = F.trimmed_mean(states, 0.0)
+    out = trimmed_mean(states, 0.0)
     assert out["w"].tolist() == [1.5, 6.0] and out["w"].dtype == torch.float64
     assert out["n"].item() == 4 and out["n"].dtype == torch.int64  # round(4.5) -> 4 (half to even)
-    assert F.coordinate_median(states)["n"].dtype == torch.int64
+    assert coordinate_median(states)["n"].dtype == torch.int64
 
 
 def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match=r"\[0, 0.5\)"):
-        F.trimmed_mean([{"w": torch.ones(1)}], 0.5)
+        trimmed_mean([{"w": torch.ones(1)}], 0.5)
     with pytest.raises(ValueError, match="other tensors"):
-        F.coordinate_median([{"a": torch.ones(1)}, {"b": torch.ones(1)}])
+        coordinate_median([{"a": torch.ones(1)}, {"b": torch.ones(1)}])
     with pytest.raises(ValueError, match="zero client updates"):
-        F.coordinate_median([])
+        coordinate_median([])
     with pytest.raises(ValueError, match="num_selected=4 of the 3"):
-        F.krum_select([{"w": torch.ones(1)}] * 3, num_malicious=0, num_selected=4)
+        krum_select([{"w": torch.ones(1)}] * 3, num_malicious=0, num_selected=4)
 
 
 def test_krum_scores_by_hand():
     states = [{"w": torch.tensor([v])} for v in (0.0, 1.0, 3.0, 10.0)]
     # f = 0: each score sums the n - f - 2 = 2 smallest squared distances to the others
     # 0: {1, 9, 100} -> 1 + 9 = 10; 1: {1, 4, 81} -> 5; 3: {9, 4, 49} -> 13; 10: {100, 81, 49} -> 130
-    assert F.krum_scores(states, num_malicious=0).tolist() == [10.0, 5.0, 13.0, 130.0]
-    assert F.krum_select(states, 0, 1) == [1] and F.krum_select(states, 0, 2) == [1, 0]
+    assert krum_scores(states, num_malicious=0).tolist() == [10.0, 5.0, 13.0, 130.0]
+    assert krum_select(states, 0, 1) == [1] and krum_select(states, 0, 2) == [1, 0]
     # f = 1: one neighbour each: 1, 1, 4, 49
-    assert F.krum_scores(states, num_malicious=1).tolist() == [1.0, 1.0, 4.0, 49.0]
-    assert F.krum_select(states, 1, 1) == [0]  # a tie goes to the lower index
+    assert krum_scores(states, num_malicious=1).tolist() == [1.0, 1.0, 4.0, 49.0]
+    assert krum_select(states, 1, 1) == [0]  # a tie goes to the lower index
 
 
 def test_krum_distances_skip_integer_counters():
     states = [{"w": torch.tensor([0.0]), "n": torch.tensor(1000)}, {"w": torch.tensor([0.1]), "n": torch.tensor(0)},
               {"w": torch.tensor([5.0]), "n": torch.tensor(0)}]
-    assert F.pairwise_squared_distances(states)[0, 1].item() == pytest.approx(0.01)
+    assert pairwise_squared_distances(states)[0, 1].item() == pytest.approx(0.01)
     out = KrumAggregator(num_malicious=0)(states, [1, 1, 1])
     assert out["w"].item() in (0.0, 0.1) and out["n"].dtype == torch.int64
 

@@ -16,8 +16,13 @@ from fedlit.core.roles import ParameterRoles
 from fedlit.engine.evaluate import evaluate_client
 from fedlit.module import FederatedModule
 from fedlit.strategies import APPLE, ClientUpdate, FedAvg
-from fedlit.strategies import functional as F
-from fedlit.strategies.apple import swapped_parameters
+from fedlit.strategies.aggregate import weighted_average
+from fedlit.strategies.apple import (
+    apple_download_choice,
+    apple_proximal,
+    apple_proximal_coefficient,
+    swapped_parameters,
+)
 from tests.conftest import assert_resume_is_exact, make_federation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,12 +134,12 @@ def test_a_step_the_scaler_skipped_leaves_p_and_the_first_turn_starts_at_p0():
 
 
 def test_the_proximal_coefficient_schedules():
-    exp = [F.apple_proximal_coefficient(r, 3, 0.1) for r in range(5)]
+    exp = [apple_proximal_coefficient(r, 3, 0.1) for r in range(5)]
     assert exp == pytest.approx([0.1, 0.01, 0.001, 0.0, 0.0])  # mu eps^(r / R_d), eps = 1e-3; 0 from R_d
-    cos = [F.apple_proximal_coefficient(r, 4, 2.0, "cosine") for r in range(5)]
+    cos = [apple_proximal_coefficient(r, 4, 2.0, "cosine") for r in range(5)]
     assert cos == pytest.approx([2.0, 1 + 2**-0.5, 1.0, 1 - 2**-0.5, 0.0])
-    assert F.apple_proximal_coefficient(0, 3, 0.0) == 0.0
-    assert F.apple_proximal(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), 0.5).item() == 2.5
+    assert apple_proximal_coefficient(0, 3, 0.0) == 0.0
+    assert apple_proximal(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), 0.5).item() == 2.5
     # R_d = int(0.1 R): R = 20 gives 2 (server round 3 is r = 2: none); R = 9 gives 0 (never)
     strategy = server(schedule="exponential", mu=0.1)
     assert [strategy.coefficient(t) for t in (1, 2, 3)] == pytest.approx([0.1, 0.1 * 1e-3**0.5, 0.0])
@@ -149,23 +154,23 @@ def test_the_bandwidth_limited_draw():
     touched_own = torch.tensor([True, False, False, False])
     # never-downloaded cores first: with 3 of them and M = 2, two of them, never the own core
     for seed in range(20):
-        pick = F.apple_download_choice(p, 0, touched_own, 2, 5, gen(seed))
+        pick = apple_download_choice(p, 0, touched_own, 2, 5, gen(seed))
         assert len(pick) == 2 and 0 not in pick
     # one never downloaded (3) and M = 2: it, plus one drawn among the others
     one_fresh = torch.tensor([True, True, True, False])
-    assert all(3 in F.apple_download_choice(p, 0, one_fresh, 2, 5, gen(s)) for s in range(20))
+    assert all(3 in apple_download_choice(p, 0, one_fresh, 2, 5, gen(s)) for s in range(20))
     # all touched, M = 1, r = 0: base = thresh = 1.5, P(core 1) = 1.5^3 / (1.5^3 + 1 + 1) = 3.375 / 5.375
     touched = torch.ones(4, dtype=torch.bool)
-    draws = [F.apple_download_choice(p, 0, touched, 1, 0, gen(s))[0] for s in range(3000)]
+    draws = [apple_download_choice(p, 0, touched, 1, 0, gen(s))[0] for s in range(3000)]
     assert draws.count(1) / 3000 == pytest.approx(3.375 / 5.375, abs=0.03)
     # r = 20: base = lamb r M / N = 5, P(core 1) = 125 / 127
-    draws = [F.apple_download_choice(p, 0, touched, 1, 20, gen(s))[0] for s in range(1000)]
+    draws = [apple_download_choice(p, 0, touched, 1, 20, gen(s))[0] for s in range(1000)]
     assert draws.count(1) / 1000 == pytest.approx(125 / 127, abs=0.02)
     # seeded: the same stream gives the same draw; M = 2 of 3 candidates never repeats one
-    assert F.apple_download_choice(p, 0, touched, 2, 3, gen(5)) == F.apple_download_choice(p, 0, touched, 2, 3, gen(5))
-    assert all(len(set(F.apple_download_choice(p, 2, touched, 2, 3, gen(s)))) == 2 for s in range(20))
+    assert apple_download_choice(p, 0, touched, 2, 3, gen(5)) == apple_download_choice(p, 0, touched, 2, 3, gen(5))
+    assert all(len(set(apple_download_choice(p, 2, touched, 2, 3, gen(s)))) == 2 for s in range(20))
     with pytest.raises(ValueError, match="limit=4 must be in"):
-        F.apple_download_choice(p, 0, touched, 4, 0, gen(0))
+        apple_download_choice(p, 0, touched, 4, 0, gen(0))
 
 
 def test_the_server_stores_every_core_and_sends_the_requested_ones():
@@ -237,7 +242,7 @@ def test_two_rounds_differ_from_fedavg(tmp_path):
     assert federation.comm["upload_bytes"] == 6 * model  # the cores only: p never leaves a client
     assert federation.comm["download_bytes"] == 6 * (model + 12 + 2 * params)  # own core, p0, two other cores
     # the server keeps one core per client and the p0 (uniform) mix of them
-    mean = F.weighted_average(list(strategy.cores.values()), [1.0, 1.0, 1.0])
+    mean = weighted_average(list(strategy.cores.values()), [1.0, 1.0, 1.0])
     assert all(torch.allclose(strategy.global_state[n], mean[n]) for n in mean if mean[n].is_floating_point())
     # a client is evaluated with its personalized model, which differs from its own core
     evaluate_client(federation, 2, "c1", ("val",))

@@ -18,7 +18,7 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
 from fedlit.models import Backbone, LoRA
 from fedlit.strategies import EPFL, ClientUpdate, FedAvg
-from fedlit.strategies import functional as F
+from fedlit.strategies.epfl import epfl_weights, mean_tensor_distances
 from tests.conftest import assert_resume_is_exact, make_federation
 
 LORA_ROLES = [RoleRule("backbone.*", "frozen"), RoleRule("backbone.*lora_*", "shared")]
@@ -120,20 +120,20 @@ def test_psi_first_half_has_a_zero_distance():
 
 def test_all_b_equal_gives_equal_weights_to_the_others_not_nan():
     zeros = [{"b": torch.zeros(4, 2)} for _ in range(4)]
-    distances = F.mean_tensor_distances(zeros, ["b"])
+    distances = mean_tensor_distances(zeros, ["b"])
     assert distances.tolist() == [[0.0] * 4] * 4
     for eps in (0.0, 1e-6):
-        weights = F.epfl_weights(distances, lam=0.5, eps=eps)
+        weights = epfl_weights(distances, lam=0.5, eps=eps)
         expected = [[0.5 if i == j else 0.5 / 3 for j in range(4)] for i in range(4)]
         assert weights.tolist() == [pytest.approx(row) for row in expected]
-    assert F.epfl_weights(torch.zeros(1, 1), lam=0.5).tolist() == [[1.0]]  # one client keeps its own A
+    assert epfl_weights(torch.zeros(1, 1), lam=0.5).tolist() == [[1.0]]  # one client keeps its own A
 
 
 def test_distances_are_frobenius_per_tensor_then_averaged():
     states = [{"x": torch.zeros(2, 2), "y": torch.zeros(3)}, {"x": torch.ones(2, 2), "y": torch.tensor([0, 3., 4])}]
     # ||1_(2x2)||_F = 2 and ||(0, 3, 4)|| = 5: mean 3.5 (a distance over the concatenation would be sqrt(29)).
-    assert F.mean_tensor_distances(states, ["x", "y"])[0, 1].item() == pytest.approx(3.5)
-    assert F.mean_tensor_distances(states, ["y"])[1, 0].item() == pytest.approx(5.0)
+    assert mean_tensor_distances(states, ["x", "y"])[0, 1].item() == pytest.approx(3.5)
+    assert mean_tensor_distances(states, ["y"])[1, 0].item() == pytest.approx(5.0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -142,12 +142,12 @@ def test_epfl_weights_properties(n, seed, lam, scale):
     generator = torch.Generator().manual_seed(seed)
     points = torch.randn(n, 3, generator=generator, dtype=torch.float64)
     d = torch.cdist(points, points)
-    w = F.epfl_weights(d, lam=lam)
+    w = epfl_weights(d, lam=lam)
     assert w.sum(dim=1).tolist() == pytest.approx([1.0] * n)  # every row is a mix
     assert (w >= 0).all() and torch.diagonal(w).tolist() == pytest.approx([lam] * n)
-    assert torch.allclose(F.epfl_weights(scale * d, lam=lam), w)  # only relative distances matter
+    assert torch.allclose(epfl_weights(scale * d, lam=lam), w)  # only relative distances matter
     order = torch.randperm(n, generator=generator)
-    assert torch.allclose(F.epfl_weights(d[order][:, order], lam=lam), w[order][:, order])  # client order
+    assert torch.allclose(epfl_weights(d[order][:, order], lam=lam), w[order][:, order])  # client order
     if n > 2 and lam < 1:  # a closer client gets more: row 0 is ordered by inverse distance
         others = list(range(1, n))
         nearest, farthest = min(others, key=lambda j: d[0, j]), max(others, key=lambda j: d[0, j])
@@ -156,9 +156,9 @@ def test_epfl_weights_properties(n, seed, lam, scale):
 
 def test_epfl_weights_refuse_bad_input():
     with pytest.raises(ValueError, match="lam=1.5"):
-        F.epfl_weights(torch.ones(2, 2), lam=1.5)
+        epfl_weights(torch.ones(2, 2), lam=1.5)
     with pytest.raises(ValueError, match="finite and >= 0"):
-        F.epfl_weights(torch.tensor([[0.0, -1.0], [1.0, 0.0]]))
+        epfl_weights(torch.tensor([[0.0, -1.0], [1.0, 0.0]]))
 
 
 # --- roles and arguments ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from torch import nn
 from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
 from fedlit.strategies import ClientUpdate, FedDyn
-from fedlit.strategies import functional as F
+from fedlit.strategies.feddyn import feddyn_server_update
 from tests.conftest import assert_resume_is_exact, make_federation
 
 
@@ -105,7 +105,7 @@ def test_buffers_are_averaged_without_correction_by_default():
     states = [{"w": torch.tensor([2.0]), "rv": torch.tensor([3.0])},
               {"w": torch.tensor([4.0]), "rv": torch.tensor([5.0])}]
     cloud = {"w": torch.tensor([1.0]), "rv": torch.tensor([1.0])}
-    server, h, new_cloud = F.feddyn_server_update(states, cloud, {"w": torch.tensor([0.0])}, num_clients=2)
+    server, h, new_cloud = feddyn_server_update(states, cloud, {"w": torch.tensor([0.0])}, num_clients=2)
     # w: srv 3, hbar (1 + 3) / 2 = 2, cld 5; rv: no hbar, cld = srv = 4
     assert new_cloud["w"].item() == 5.0 and new_cloud["rv"].item() == 4.0 and set(h) == {"w"}
 

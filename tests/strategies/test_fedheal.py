@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies import ClientUpdate, FedAvg, FedHEAL
-from fedlit.strategies import functional as F
+from fedlit.strategies.fedheal import heal_aggregate, heal_consistency_mask, heal_weights
 from tests.conftest import assert_resume_is_exact, make_federation
 
 
@@ -77,18 +77,18 @@ def test_the_result_is_not_fedavgs():
 def test_mask_threshold_and_fall_back_in_the_functions():
     # History 0.3 of positive updates: a positive update has consistency 0.3 (not > 0.3), a negative one 0.7.
     fraction = {"w": torch.tensor([0.3, 0.3], dtype=torch.float64)}
-    mask, history = F.heal_consistency_mask({"w": torch.tensor([1.0, -1.0])}, fraction, 3, 0.3)
+    mask, history = heal_consistency_mask({"w": torch.tensor([1.0, -1.0])}, fraction, 3, 0.3)
     assert mask["w"].tolist() == [0.0, 1.0]
     assert history["w"].tolist() == pytest.approx([(0.9 + 1) / 4, 0.9 / 4])
-    first, h = F.heal_consistency_mask({"w": torch.tensor([0.0, -2.0])}, None, 0, 0.3)
+    first, h = heal_consistency_mask({"w": torch.tensor([0.0, -2.0])}, None, 0, 0.3)
     assert first["w"].tolist() == [1.0, 1.0] and h["w"].tolist() == [1.0, 0.0]  # 0 counts as >= 0
     # Fall-back: every mask 0 on coordinate 1 -> q = p there (and the masked updates are 0: theta stays).
-    out = F.heal_aggregate({"w": torch.tensor([10.0, 10.0])}, [{"w": torch.tensor([2.0, 0.0])},
+    out = heal_aggregate({"w": torch.tensor([10.0, 10.0])}, [{"w": torch.tensor([2.0, 0.0])},
                                                                 {"w": torch.tensor([4.0, 0.0])}],
                            [{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([1.0, 0.0])}], [1.0, 3.0])
     assert out["w"].tolist() == pytest.approx([10 - (0.25 * 2 + 0.75 * 4), 10.0])
     # No client moved: the distance term is 0, the weights keep their ratio.
-    p, w, dw = F.heal_weights([0.0, 0.0], [1.0, 3.0], [0.5, 0.0], 0.4)
+    p, w, dw = heal_weights([0.0, 0.0], [1.0, 3.0], [0.5, 0.0], 0.4)
     assert dw.tolist() == pytest.approx([0.3, 0.0]) and w.tolist() == pytest.approx([1.3, 3.0])
     assert p.tolist() == pytest.approx([1.3 / 4.3, 3.0 / 4.3])
 

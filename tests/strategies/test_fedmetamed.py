@@ -19,7 +19,15 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
 from fedlit.module import FederatedModule
 from fedlit.strategies import ClientUpdate, FedAvg, FedMetaMed
-from fedlit.strategies import functional as F
+from fedlit.strategies.fedmetamed_math import (
+    cumulative_fourier_average,
+    distillation_kl,
+    fourier_matrix,
+    fourier_ratio,
+    fourier_unmatrix,
+    prr_losses,
+    prr_stage,
+)
 from tests.conftest import _equal, make_federation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +54,7 @@ B = np.array([[2.0, 0.0, -1.0, 1.0], [4.0, -3.0, 0.5, 0.0]])
 
 
 def test_a_box_covering_everything_averages_every_amplitude():
-    out = F.cumulative_fourier_average([torch.tensor(A), torch.tensor(B)], [1.0, 3.0], 1.0)
+    out = cumulative_fourier_average([torch.tensor(A), torch.tensor(B)], [1.0, 3.0], 1.0)
     # by hand: |F| = 0.25 |fft2(A)| + 0.75 |fft2(B)| everywhere, each client's own phase
     fa, fb = np.fft.fft2(A), np.fft.fft2(B)
     mean = 0.25 * np.abs(fa) + 0.75 * np.abs(fb)
@@ -58,7 +66,7 @@ def test_a_box_covering_everything_averages_every_amplitude():
 def test_a_partial_box_mixes_only_the_centre_of_the_shifted_spectrum():
     rng = np.random.default_rng(0)
     mats = [rng.normal(size=(6, 8)) for _ in range(3)]
-    out = F.cumulative_fourier_average([torch.tensor(m, dtype=torch.float32) for m in mats], [1, 1, 1], 0.55)
+    out = cumulative_fourier_average([torch.tensor(m, dtype=torch.float32) for m in mats], [1, 1, 1], 0.55)
     expected = numpy_mix(mats, [1, 1, 1], 0.55)  # box 2 x 2 around (3, 4): rows [2, 4), cols [2, 6)
     for got, want in zip(out, expected, strict=True):
         assert got.dtype == torch.float32 and got.numpy() == pytest.approx(want, abs=1e-5)
@@ -72,43 +80,43 @@ def test_a_partial_box_mixes_only_the_centre_of_the_shifted_spectrum():
 def test_an_empty_box_returns_each_clients_own_tensor(ratio):
     # 0.1: floor(2 * 0.1 / 2) = 0 rows, so the box is empty as with L = 0
     tensors = [torch.tensor(A, dtype=torch.float32), torch.tensor(B, dtype=torch.float32)]
-    for got, own in zip(F.cumulative_fourier_average(tensors, [1.0, 1.0], ratio), tensors, strict=True):
+    for got, own in zip(cumulative_fourier_average(tensors, [1.0, 1.0], ratio), tensors, strict=True):
         assert torch.allclose(got, own, atol=1e-6)
 
 
 def test_a_conv_weight_round_trips_through_its_matrix():
     weight = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)  # (O, C, k1, k2)
-    matrix = F.fourier_matrix(weight)
+    matrix = fourier_matrix(weight)
     assert matrix.shape == (3 * 2, 2 * 2)  # (C k1, k2 O)
     # W[o, c, i, j] sits at row c k1 + i, column j O + o
     assert matrix[1 * 2 + 1, 0 * 2 + 1] == weight[1, 1, 1, 0] and matrix[2 * 2 + 0, 1 * 2 + 0] == weight[0, 2, 0, 1]
-    assert torch.equal(F.fourier_unmatrix(matrix, weight.shape), weight)
+    assert torch.equal(fourier_unmatrix(matrix, weight.shape), weight)
     other = torch.randn(2, 3, 2, 2, generator=torch.Generator().manual_seed(1))
-    got = F.cumulative_fourier_average([weight, other], [1.0, 1.0], 1.0)
-    want = numpy_mix([F.fourier_matrix(weight).double().numpy(), F.fourier_matrix(other).double().numpy()],
+    got = cumulative_fourier_average([weight, other], [1.0, 1.0], 1.0)
+    want = numpy_mix([fourier_matrix(weight).double().numpy(), fourier_matrix(other).double().numpy()],
                      [1, 1], 1.0)
     assert got[0].shape == weight.shape
-    assert F.fourier_matrix(got[0]).numpy() == pytest.approx(want[0], abs=1e-4)
-    one = F.cumulative_fourier_average([other], [5.0], 0.8)[0]
+    assert fourier_matrix(got[0]).numpy() == pytest.approx(want[0], abs=1e-4)
+    one = cumulative_fourier_average([other], [5.0], 0.8)[0]
     assert torch.allclose(one, other, atol=1e-6)  # one client: its own weight
 
 
 def test_identical_clients_get_their_own_weight_back_and_order_does_not_matter():
     rng = torch.Generator().manual_seed(3)
     mats = [torch.randn(4, 6, generator=rng, dtype=torch.float64) for _ in range(3)]
-    same = F.cumulative_fourier_average([mats[0]] * 3, [1.0, 2.0, 3.0], 0.9)
+    same = cumulative_fourier_average([mats[0]] * 3, [1.0, 2.0, 3.0], 0.9)
     assert all(torch.allclose(t, mats[0], atol=1e-12) for t in same)
-    forward = F.cumulative_fourier_average(mats, [1.0, 2.0, 3.0], 0.9)
-    backward = F.cumulative_fourier_average(mats[::-1], [3.0, 2.0, 1.0], 0.9)
+    forward = cumulative_fourier_average(mats, [1.0, 2.0, 3.0], 0.9)
+    backward = cumulative_fourier_average(mats[::-1], [3.0, 2.0, 1.0], 0.9)
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(forward, backward[::-1], strict=True))
-    scaled = F.cumulative_fourier_average(mats, [10.0, 20.0, 30.0], 0.9)
+    scaled = cumulative_fourier_average(mats, [10.0, 20.0, 30.0], 0.9)
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(forward, scaled, strict=True))
 
 
 def test_the_ratio_grows_linearly_over_rounds():
-    assert F.fourier_ratio(1, 10, 0.26, 0.55) == pytest.approx(0.26)
-    assert F.fourier_ratio(6, 10, 0.26, 0.55) == pytest.approx(0.26 + 0.5 * 0.29)
-    assert F.fourier_ratio(10, 10, 0.7, 0.95) == pytest.approx(0.7 + 0.9 * 0.25)  # the code's l_rate schedule
+    assert fourier_ratio(1, 10, 0.26, 0.55) == pytest.approx(0.26)
+    assert fourier_ratio(6, 10, 0.26, 0.55) == pytest.approx(0.26 + 0.5 * 0.29)
+    assert fourier_ratio(10, 10, 0.7, 0.95) == pytest.approx(0.7 + 0.9 * 0.25)  # the code's l_rate schedule
     assert FedMetaMed(schedule_rounds=4).ratio(3) == pytest.approx(0.26 + 0.5 * 0.29)
     with pytest.raises(ConfigError, match="schedule_rounds"):
         FedMetaMed().ratio(1)
@@ -121,7 +129,7 @@ def test_the_ratio_grows_linearly_over_rounds():
     (3, 0.7, 2), (3, 0.5, 1), (2, 0.3, 1),  # back when the deputy drops
 ])
 def test_the_stage_switch_on_hand_scores(previous, f1_deputy, stage):
-    assert F.prr_stage(previous, f1_deputy, 1.0, 0.6, 0.8) == stage
+    assert prr_stage(previous, f1_deputy, 1.0, 0.6, 0.8) == stage
 
 
 def test_the_kl_terms_point_from_the_teacher_to_the_student():
@@ -129,7 +137,7 @@ def test_the_kl_terms_point_from_the_teacher_to_the_student():
     teacher = torch.tensor([[np.log(3.0), 0.0]] * 2, requires_grad=True)  # p = (3/4, 1/4)
     forward = 0.75 * np.log(0.75 / 0.5) + 0.25 * np.log(0.25 / 0.5)  # KL(teacher || student), per sample
     reverse = 0.5 * np.log(0.5 / 0.75) + 0.5 * np.log(0.5 / 0.25)
-    kl = F.distillation_kl(student, teacher)
+    kl = distillation_kl(student, teacher)
     assert kl.item() == pytest.approx(forward) and abs(forward - reverse) > 0.01  # batch mean of two equal rows
     kl.backward()
     assert teacher.grad is None and student.grad is not None  # the teacher is detached
@@ -137,10 +145,10 @@ def test_the_kl_terms_point_from_the_teacher_to_the_student():
     per, dep = teacher.detach(), student.detach()  # personal p = (3/4, 1/4), deputy (1/2, 1/2)
     cases = {1: (1.0, 2.0 + forward), 2: (1.0 + reverse, 2.0 + forward), 3: (1.0 + reverse, 2.0)}
     for stage, (want_personal, want_deputy) in cases.items():
-        personal, deputy = F.prr_losses(stage, ce_p, ce_d, per, dep)
+        personal, deputy = prr_losses(stage, ce_p, ce_d, per, dep)
         assert (personal.item(), deputy.item()) == pytest.approx((want_personal, want_deputy))
     with pytest.raises(ValueError, match="stage=0"):
-        F.prr_losses(0, ce_p, ce_d, per, dep)
+        prr_losses(0, ce_p, ce_d, per, dep)
 
 
 def test_the_server_sends_each_client_its_own_mix():
@@ -152,7 +160,7 @@ def test_the_server_sends_each_client_its_own_mix():
     ups = [ClientUpdate("a", 1, {"conv.weight": conv, "conv.bias": bias}),
            ClientUpdate("b", 3, {"conv.weight": -2 * conv.flip(0), "conv.bias": -bias})]
     strategy.aggregate(1, ups)
-    want = F.cumulative_fourier_average([conv, -2 * conv.flip(0)], [1, 1], 1.0)
+    want = cumulative_fourier_average([conv, -2 * conv.flip(0)], [1, 1], 1.0)
     for client, mix in zip("ab", want, strict=True):
         sent = strategy.configure_client(2, client)
         assert torch.equal(sent["conv.weight"], mix) and torch.equal(sent["conv.bias"], torch.zeros(2))  # uniform
@@ -208,7 +216,7 @@ def test_one_local_step_trains_both_models_apart():
     # the personal model took one SGD step (lr 0.5) on CE + KL toward the detached deputy
     reference.train()
     logits = reference.out(reference.bn(reference.fc(batch[0])))
-    loss = nn.functional.cross_entropy(logits, batch[1]) + F.distillation_kl(logits, out["logits"])
+    loss = nn.functional.cross_entropy(logits, batch[1]) + distillation_kl(logits, out["logits"])
     grads = torch.autograd.grad(loss, list(reference.parameters()))
     stepped = strategy._turn["personal"]
     for (name, param), grad in zip(reference.named_parameters(), grads, strict=True):

@@ -13,7 +13,7 @@ from fedlit import RoleRule
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
 from fedlit.strategies import ClientUpdate, FedRA
-from fedlit.strategies import functional as F
+from fedlit.strategies.fedra import partial_weighted_average, random_allocation
 from tests.conftest import assert_resume_is_exact, make_federation
 from tests.strategies.test_fedsca import ADAPTER_ROLES, AdapterNet
 
@@ -63,7 +63,7 @@ def test_allocation_sizes_and_seeding():
         strategy.allocation(r, c) for r in (1, 2) for c in CLIENTS]
     # The draw is torch.randperm's first c_k entries, sorted.
     g = torch.Generator().manual_seed(0)
-    assert F.random_allocation(5, 2, g) == sorted(torch.randperm(5, generator=torch.Generator().manual_seed(0))[:2]
+    assert random_allocation(5, 2, g) == sorted(torch.randperm(5, generator=torch.Generator().manual_seed(0))[:2]
                                                   .tolist())
 
 
@@ -103,12 +103,12 @@ def test_per_block_means_by_hand():
 
 def test_partial_weighted_average_keeps_integers_and_unheld_tensors():
     ref = {"a": torch.tensor([1.0]), "n": torch.tensor(3), "z": torch.tensor([9.0])}
-    out = F.partial_weighted_average(ref, [{"a": torch.tensor([2.0]), "n": torch.tensor(4)}, {"n": torch.tensor(7)}],
+    out = partial_weighted_average(ref, [{"a": torch.tensor([2.0]), "n": torch.tensor(4)}, {"n": torch.tensor(7)}],
                                      [1.0, 1.0])
     assert out["a"].item() == 2.0 and out["n"].item() == 6 and out["n"].dtype == torch.long  # 5.5 rounds to 6
     assert out["z"].item() == 9.0
     with pytest.raises(ValueError, match="lacks"):
-        F.partial_weighted_average(ref, [{"q": torch.tensor([1.0])}], [1.0])
+        partial_weighted_average(ref, [{"q": torch.tensor([1.0])}], [1.0])
 
 
 class _Client(nn.Module):

@@ -17,7 +17,7 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
 from fedlit.models import Backbone
 from fedlit.strategies import ClientUpdate, FedAvg, FedSCA
-from fedlit.strategies import functional as F
+from fedlit.strategies.fedsca import cosine_regularizer, sgca_weights, simplex_projection
 from tests.conftest import assert_resume_is_exact, make_federation
 
 ADAPTER_ROLES = [RoleRule("backbone.*", "frozen"), RoleRule("*adapter*", "shared")]
@@ -53,13 +53,13 @@ class AdapterNet(Backbone):
 def test_simplex_projection_by_hand():
     # v = [0.5, 0.8, -0.2]: sorted [0.8, 0.5, -0.2]; j = 2 keeps 0.5 - (1.3 - 1) / 2 = 0.35 > 0, j = 3 fails
     # (-0.2 - (1.1 - 1) / 3 < 0): rho = 2, theta = 0.15, w = [0.35, 0.65, 0].
-    assert F.simplex_projection(torch.tensor([0.5, 0.8, -0.2])).tolist() == pytest.approx([0.35, 0.65, 0.0])
+    assert simplex_projection(torch.tensor([0.5, 0.8, -0.2])).tolist() == pytest.approx([0.35, 0.65, 0.0])
     # Already on the simplex: unchanged. All equal: uniform.
-    assert F.simplex_projection(torch.tensor([0.2, 0.3, 0.5])).tolist() == pytest.approx([0.2, 0.3, 0.5])
-    assert F.simplex_projection(torch.tensor([5.0, 5.0, 5.0, 5.0])).tolist() == pytest.approx([0.25] * 4)
-    assert F.simplex_projection(torch.tensor([-3.0])).tolist() == [1.0]
+    assert simplex_projection(torch.tensor([0.2, 0.3, 0.5])).tolist() == pytest.approx([0.2, 0.3, 0.5])
+    assert simplex_projection(torch.tensor([5.0, 5.0, 5.0, 5.0])).tolist() == pytest.approx([0.25] * 4)
+    assert simplex_projection(torch.tensor([-3.0])).tolist() == [1.0]
     with pytest.raises(ValueError):
-        F.simplex_projection(torch.tensor([float("nan"), 1.0]))
+        simplex_projection(torch.tensor([float("nan"), 1.0]))
 
 
 def _qp(target, linear, n):
@@ -78,7 +78,7 @@ def test_simplex_projection_matches_a_generic_qp_solver():
         n = int(rng.integers(2, 8))
         v = rng.normal(0, rng.uniform(0.1, 3), size=n)
         expected = _qp(v, np.zeros(n), n)
-        assert F.simplex_projection(torch.from_numpy(v)).numpy() == pytest.approx(expected, abs=1e-5)
+        assert simplex_projection(torch.from_numpy(v)).numpy() == pytest.approx(expected, abs=1e-5)
 
 
 def test_sgca_rows_solve_eq7_by_a_generic_qp_solver():
@@ -89,7 +89,7 @@ def test_sgca_rows_solve_eq7_by_a_generic_qp_solver():
         d = np.linalg.norm(points[:, None] - points[None], axis=-1)
         sizes, alpha = rng.integers(1, 50, size=n), float(rng.uniform(0, 2))
         m = sizes / sizes.sum()
-        weights = F.sgca_weights(torch.from_numpy(d), sizes.tolist(), alpha).numpy()
+        weights = sgca_weights(torch.from_numpy(d), sizes.tolist(), alpha).numpy()
         for i in range(n):
             expected = _qp(m, alpha * d[i], n)
             assert weights[i] == pytest.approx(expected, abs=1e-5)
@@ -168,9 +168,9 @@ class _Client:
 def test_cosine_regularizer_value_and_round_one_skip():
     # cos([1, 0, 2], [1, 1, 0]) = 1 / (sqrt 5 sqrt 2); with [3] and [4] appended: (1 + 12) / (sqrt 14 sqrt 18).
     a, b = {"a": torch.tensor([1.0, 0.0, 2.0])}, {"a": torch.tensor([1.0, 1.0, 0.0])}
-    assert F.cosine_regularizer(a, b).item() == pytest.approx(-1 / math.sqrt(10))
+    assert cosine_regularizer(a, b).item() == pytest.approx(-1 / math.sqrt(10))
     a2, b2 = {**a, "b": torch.tensor([3.0])}, {**b, "b": torch.tensor([4.0])}
-    assert F.cosine_regularizer(a2, b2).item() == pytest.approx(-13 / math.sqrt(14 * 18))
+    assert cosine_regularizer(a2, b2).item() == pytest.approx(-13 / math.sqrt(14 * 18))
 
     strategy = _three_clients(alpha=0.5, beta=0.5)
     client = _Client(w=[0.0, 1.0])

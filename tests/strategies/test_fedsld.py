@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as TF
 
 from fedlit.strategies import FedSLD
-from fedlit.strategies import functional as F
+from fedlit.strategies.fedsld import class_prior, sld_weights
 from tests.conftest import assert_resume_is_exact
 
 LN2 = math.log(2.0)
@@ -27,14 +27,14 @@ def test_prior_from_the_reported_counts():
     # P = ([1, 5] + [2, 4]) / (6 + 6) = [3, 9] / 12 = [0.25, 0.75]
     assert strategy.prior.tolist() == [0.25, 0.75]
     assert strategy.configure_client_extras(1, "a")["prior"].tolist() == [0.25, 0.75]
-    assert F.class_prior([[0, 2, 2], [4, 0, 0]]).tolist() == [0.5, 0.25, 0.25]
+    assert class_prior([[0, 2, 2], [4, 0, 0]]).tolist() == [0.5, 0.25, 0.25]
 
 
 def test_loss_on_a_batch_with_known_class_counts():
     strategy = client_side({"a": [1, 5], "b": [2, 4]})  # P = [0.25, 0.75]
     targets = torch.tensor([0, 0, 0, 1])  # p_b = [3/4, 1/4]
     # weights P(y) / p_b(y): class 0 -> 0.25 / 0.75 = 1/3, class 1 -> 0.75 / 0.25 = 3
-    assert F.sld_weights(targets, strategy.prior).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 3.0])
+    assert sld_weights(targets, strategy.prior).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 3.0])
     logits = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [math.log(3.0), 0.0]], requires_grad=True)
     # log softmax: samples 1-3 -> log(1/2) = -ln 2; sample 4 (softmax [3/4, 1/4]) -> log(1/4) = -2 ln 2
     # L = -(1/4) [3 * (1/3) * (-ln 2) + 3 * (-2 ln 2)] = 7/4 ln 2 ~ 1.2130 (plain CE: 5/4 ln 2)

@@ -15,8 +15,13 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
 from fedlit.strategies import ClientUpdate, FedAvg, PGFed, PGFedMo
-from fedlit.strategies import functional as F
-from fedlit.strategies.pgfed import mean_loss_and_gradient
+from fedlit.strategies.pgfed import (
+    mean_loss_and_gradient,
+    momentum_mix,
+    pgfed_auxiliary_gradient,
+    pgfed_coefficient_step,
+    pgfed_risk_offset,
+)
 from tests.conftest import assert_resume_is_exact, make_federation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +123,7 @@ def test_momentum_mixes_the_correction_with_the_clients_previous_one(cls):
     fresh = server(PGFedMo(mu=0.5, lam=0.1, beta=0.25))
     module, _, _ = client_turn(fresh, {})
     assert step(module, fresh, torch.optim.SGD(module.parameters(), lr=0.1), [0.0, 0.0]).tolist() == [[0.625, 0.25]]
-    assert F.momentum_mix({W: torch.tensor([2.0])}, {W: torch.tensor([6.0])}, 0.25)[W].tolist() == [3.0]
+    assert momentum_mix({W: torch.tensor([2.0])}, {W: torch.tensor([6.0])}, 0.25)[W].tolist() == [3.0]
 
 
 BATCHES = [(torch.tensor([[1.0, 2.0], [0.0, 1.0], [2.0, -1.0]]), torch.tensor([1.0, 0.0, 2.0])),
@@ -272,13 +277,13 @@ def test_the_pure_math_on_its_own():
     half = torch.float16
     grads = [{"w": torch.tensor([1.0, 2.0], dtype=half)}, {"w": torch.tensor([3.0, -2.0], dtype=half)}]
     # mu (a_1 g_1 + a_2 g_2) = 2 (0.5 [1, 2] + 0 [3, -2]) = [1, 2], not normalized by sum a, dtype kept
-    out = F.pgfed_auxiliary_gradient(grads, [0.5, 0.0], 2.0)["w"]
+    out = pgfed_auxiliary_gradient(grads, [0.5, 0.0], 2.0)["w"]
     assert out.tolist() == [1.0, 2.0] and out.dtype == torch.float16
     # max(0, a - lam (mu l + d)) with d = 1: [0.5 - 0.1 * 3, 0.1 - 0.1 * 2] = [0.2, -0.1 -> 0]
-    a = F.pgfed_coefficient_step(torch.tensor([0.5, 0.1]), torch.tensor([2.0, 1.0]), 1.0, 0.1)
+    a = pgfed_coefficient_step(torch.tensor([0.5, 0.1]), torch.tensor([2.0, 1.0]), 1.0, 0.1)
     assert a.tolist() == pytest.approx([0.2, 0.0]) and a.dtype == torch.float64
     # l = f - <g, theta> = 1.5 - (1 * 3 + 2 * -1) = 0.5
     theta, grad = {"w": torch.tensor([3.0, -1.0])}, {"w": torch.tensor([1.0, 2.0])}
-    assert F.pgfed_risk_offset(1.5, grad, theta).item() == 0.5
+    assert pgfed_risk_offset(1.5, grad, theta).item() == 0.5
     with pytest.raises(ValueError, match="2 gradients but 1 coefficients"):
-        F.pgfed_auxiliary_gradient(grads, [1.0], 1.0)
+        pgfed_auxiliary_gradient(grads, [1.0], 1.0)

@@ -10,7 +10,7 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
 from fedlit.strategies import SCAFFOLD, ClientUpdate
-from fedlit.strategies import functional as F
+from fedlit.strategies.scaffold import scaffold_server_control, server_step
 from tests.conftest import assert_resume_is_exact, make_federation
 
 MOMENTUM_WARNING = "ignore:SCAFFOLD assumes plain SGD"  # the tiny federation trains with momentum 0.9
@@ -137,7 +137,7 @@ def test_server_steps_x_by_the_mean_delta_and_c_by_the_sum_over_all_clients():
 def test_num_examples_weighting_and_the_pure_step():
     x, ys = {"w": torch.tensor([0.0])}, [{"w": torch.tensor([4.0])}, {"w": torch.tensor([8.0])}]
     # x + 1 * (1/4 * 4 + 3/4 * 8) = 7
-    assert F.server_step(x, ys, [1, 3], 1.0)["w"].item() == 7.0
+    assert server_step(x, ys, [1, 3], 1.0)["w"].item() == 7.0
     strategy = SCAFFOLD(weighting="num_examples")
     strategy.initialize({"w": torch.tensor([0.0])}, ["a", "b"])
     ups = [ClientUpdate(c, n, y, extras={"delta_c": {"w": torch.zeros(1)}})
@@ -190,7 +190,7 @@ def test_with_every_client_c_stays_the_weighted_mean_of_the_c_i_so_the_correctio
 
 def test_server_control_update_rejects_weights_that_sum_to_zero():
     with pytest.raises(ValueError, match="sum to zero"):
-        F.scaffold_server_control({"w": torch.zeros(1)}, [{"w": torch.ones(1)}], [0.0], 2)
+        scaffold_server_control({"w": torch.zeros(1)}, [{"w": torch.ones(1)}], [0.0], 2)
 
 
 @pytest.mark.parametrize("make", [

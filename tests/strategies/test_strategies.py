@@ -9,6 +9,7 @@ from torch import nn
 from fedlit.core.roles import ParameterRoles, RoleRule
 from fedlit.module import FederatedModule
 from fedlit.strategies import ClientUpdate, FedAvg, FedBN, FedProx, Local
+from fedlit.strategies.fedprox import squared_distance
 from tests.conftest import make_federation
 
 
@@ -60,6 +61,12 @@ def test_fedprox_adds_mu_half_squared_distance_to_the_received_tensors():
     loss.backward()
     # d/dw mu/2 ||w - w_t||^2 = mu (w - w_t) = 0.5 * [2, 0]
     assert module.shared.weight.grad.tolist() == [[1.0, 0.0]]
+
+
+def test_squared_distance_by_hand():
+    params = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0])}
+    anchor = {"a": torch.tensor([0.0, 0.0]), "b": torch.tensor([1.0])}
+    assert squared_distance(params, anchor).item() == 1 + 4 + 4
 
 
 coords = st.lists(st.floats(-10, 10, allow_nan=False, width=32), min_size=2, max_size=2)
