@@ -25,8 +25,10 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m ""
 
+# ruff, then the import contract of pyproject.toml (layers that import only downward, no circles).
 lint: $(STAMP)
 	$(BIN)/ruff check fedlit tests benchmarks scripts
+	$(BIN)/lint-imports
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/loop_overhead.py

@@ -127,7 +127,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     Raises:
         ConfigError: If the federation was not set up, or a client is not one of its clients.
     """
-    from fedlit.engine.client import call_with_client_state, load_client
+    from fedlit.engine.client import load_client
 
     if not fed.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
         raise ConfigError("export_federation needs a federation after fit() or setup(ckpt_path=...); this one has "
@@ -142,9 +142,10 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     evaluated = fed.history.rounds.get(fed.server_round, {})
     written = {}
     for client_id in wanted:
-        load_client(fed, client_id, fed.strategy.configure_evaluate(fed.server_round, client_id))
-        call_with_client_state(fed, "on_client_evaluate_start", trainer=fed, pl_module=fed.module,
-                               server_round=fed.server_round, client_id=client_id)  # the model it evaluates
+        ctx = fed.client_context(client_id)
+        load_client(ctx, fed.strategy.configure_evaluate(fed.server_round, client_id))
+        ctx.hooks.call("on_client_evaluate_start", client_states=ctx.store, **ctx.hook_args(),
+                       server_round=fed.server_round, client_id=client_id)  # the model it evaluates
         live = fed.module.named_tensors("shared", "personal")
         tensors = {n: t.detach().cpu().contiguous().clone() for n, t in live.items()}
         folder = Path(out) / client_id

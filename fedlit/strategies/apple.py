@@ -60,7 +60,6 @@ Communication counts the own core in the download (the client holds it already).
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -70,8 +69,6 @@ from torch import Tensor, nn
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregate import normalized_weights, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
-
-F = sys.modules[__name__]  # the hooks being rewritten with the engine call this module's math as F.<name>
 
 
 @contextlib.contextmanager
@@ -225,7 +222,7 @@ class APPLE(Strategy):
         """``p0 = n_j / n`` over the clients that train; R, the federation's rounds, for ``R_d``."""
         self.rounds = int(trainer.rounds)
         sizes = [float(trainer.num_examples(c, "train")) for c in self.client_ids]
-        self.p0 = F.normalized_weights(sizes).to(torch.float64)
+        self.p0 = normalized_weights(sizes).to(torch.float64)
 
     def coefficient(self, server_round: int) -> float:
         """``coef(r)`` of round ``server_round`` (r = server_round - 1)."""
@@ -378,7 +375,7 @@ class APPLE(Strategy):
                 if not turn["first"]:  # the first turn's download is the initial cores
                     touched[turn["clients"].index(j)] = True
             generator = torch.Generator().manual_seed(client.derive_seed("apple", server_round, client_id))
-            request = F.apple_download_choice(p, turn["own"], touched, self.max_downloads,
+            request = apple_download_choice(p, turn["own"], touched, self.max_downloads,
                                               server_round, generator, lamb=self.lamb, thresh=self.thresh)
             update.extras["request"] = torch.tensor(request, dtype=torch.int64)
         self._turn = {}

@@ -3,8 +3,11 @@
 A strategy decides what the server sends each client (:meth:`Strategy.configure_client`), how uploads are
 combined (:meth:`Strategy.aggregate`), which clients train (:meth:`Strategy.select_clients`), which tensors are
 shared (:meth:`Strategy.configure_roles`) and what is added to the client loss (:meth:`Strategy.training_loss`).
-Side effects use Lightning's callback hooks, called by the federation with keyword arguments through
-``fabric.call`` (a hook declares only the arguments it needs):
+Side effects use Lightning's callback hooks, called by the loop with keyword arguments (a hook declares only the
+arguments it needs, as with ``fabric.call``; :class:`fedlit.engine.hooks.Hooks`). ``trainer`` is the run (the
+:class:`~fedlit.federation.Federation`); the hooks of a client's turn also get ``client``, its
+:class:`~fedlit.engine.client.ClientContext` (its data loaders, seeds, gradient scaler, store entry and local
+settings), so a strategy never reaches into Fabric or the data module:
 
 - ``on_fit_start(trainer, pl_module)`` / ``on_fit_end(trainer, pl_module)``
 - ``on_round_start(trainer, pl_module, server_round)`` / ``on_round_end(trainer, pl_module, server_round, metrics)``

@@ -54,7 +54,6 @@ a name the launcher's ``--algorithm`` choices leave out): here it is its own cla
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -64,8 +63,6 @@ from torch import Tensor
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregate import State, client_weights, common_keys, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
-
-F = sys.modules[__name__]  # the hooks being rewritten with the engine call this module's math as F.<name>
 
 
 def mean_loss_and_gradient(
@@ -303,7 +300,7 @@ class PGFed(Strategy):
             prepare=client.prepare_batch, autocast=client.autocast, convert_output=client.convert_output)
         device = next(iter(update.state.values())).device if update.state else torch.device("cpu")  # the store's
         update.extras["grad"] = {n: g.detach().to(device, copy=True) for n, g in grad.items()}
-        update.extras["l"] = F.pgfed_risk_offset(mean_loss, grad, {n: p.detach() for n, p in params.items()})
+        update.extras["l"] = pgfed_risk_offset(mean_loss, grad, {n: p.detach() for n, p in params.items()})
         update.extras["a"] = turn["a"].clone()
         if self.beta > 0 and turn["correction"] is not None:
             client_state["g_tilde"] = {n: t.detach().to(device, copy=True) for n, t in turn["g_tilde"].items()}
