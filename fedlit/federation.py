@@ -51,7 +51,7 @@ class Federation(Run):
     def __init__(self, module: FederatedModule, datamodule: DataSource, strategy: Strategy, *,
                  settings: Settings | None = None, callbacks: list[Callback] | None = None,
                  out_dir: str | Path = "runs/fedlit", config: dict[str, Any] | None = None, **options: Any) -> None:
-        metrics = (module.higher_is_better, module.default_selection_metric)
+        metrics = (module.higher_is_better, module.default_selection_metric, type(module).__name__)
         if settings is None:
             settings = Settings.from_options(options, *metrics)
         elif options:

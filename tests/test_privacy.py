@@ -191,9 +191,13 @@ class Negated(nn.Module):
 
 
 def _trainer(strategy=None):
-    return SimpleNamespace(strategy=strategy or FedAvg(), derive_seed=lambda *parts: 123,
-                           fabric=SimpleNamespace(strategy=SimpleNamespace(precision=SimpleNamespace())),
-                           datamodule=SimpleNamespace(batch_size=2, num_examples=lambda c, s: 10))
+    return SimpleNamespace(strategy=strategy or FedAvg(), scaler=None, server_round=1)
+
+
+def _client():
+    """What a client's turn gives the hooks as ``client``: 10 training samples in batches of 2."""
+    return SimpleNamespace(derive_seed=lambda *parts: 123, data=SimpleNamespace(batch_size=2),
+                           num_examples=lambda split: 10)
 
 
 def test_sample_level_dp_replaces_the_gradient_by_the_clipped_noisy_per_sample_mean():
@@ -201,7 +205,7 @@ def test_sample_level_dp_replaces_the_gradient_by_the_clipped_noisy_per_sample_m
     dp = SampleLevelDP(noise_multiplier=0.5, max_grad_norm=1.0, delta=1e-5)
     trainer = _trainer()
     dp.on_fit_start(trainer, module)
-    dp.on_client_fit_start(trainer, module, 1, "c0")
+    dp.on_client_fit_start(pl_module=module, server_round=1, client_id="c0", client=_client())
     x = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
     (-module.layer(x)).mean().backward()
     assert module.layer.weight.grad[0].tolist() == pytest.approx([-1.65, -2.2])  # the plain mean gradient

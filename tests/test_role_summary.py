@@ -16,6 +16,7 @@ from tqdm import tqdm
 from fedlit import FedBN, RoleRule
 from fedlit.cli import prepare
 from fedlit.core.roles import ParameterRoles, role_summary
+from fedlit.engine.progress import Progress
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyMLP, make_federation
 
@@ -64,15 +65,16 @@ def test_fit_prints_the_role_summary_once_and_logs_it_to_tensorboard(tmp_path, c
 
 def test_the_progress_bar_shows_the_client_step_and_running_loss(tmp_path, monkeypatch):
     federation = make_federation(tmp_path, FedBN(), rounds=1)
-    federation._bar = tqdm(file=io.StringIO(), total=1)
-    federation._bar_client = "client c1 (2/3)"
-    federation.show_progress(7, 0.123456)
-    assert federation._bar.postfix == "client c1 (2/3) step 7 loss 0.1235"
-    federation.show_progress(8, 0.5)  # within half a second: not shown
-    assert federation._bar.postfix.endswith("step 7 loss 0.1235")
+    progress = Progress(enabled=True)
+    progress._bar = tqdm(file=io.StringIO(), total=1)
+    progress.client("client c1 (2/3)")
+    progress.step(7, 0.123456)
+    assert progress._bar.postfix == "client c1 (2/3) step 7 loss 0.1235"
+    progress.step(8, 0.5)  # within half a second: not shown
+    assert progress._bar.postfix.endswith("step 7 loss 0.1235")
 
     shown = []
-    monkeypatch.setattr(type(federation), "show_progress", lambda self, step, loss: shown.append((step, loss)))
+    monkeypatch.setattr(Progress, "step", lambda self, step, loss: shown.append((step, loss)))
     federation.progress_bar = True
     federation.local_steps = 3
     federation.fit()

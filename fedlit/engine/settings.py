@@ -99,9 +99,11 @@ class Settings:
             self.unseen_clients = list(self.unseen_clients)
 
     @staticmethod
-    def problems(values: dict[str, Any], metrics: Collection[str] = (), default_metric: str | None = None) -> list[str]:
+    def problems(values: dict[str, Any], metrics: Collection[str] = (), default_metric: str | None = None,
+                 owner: str = "the module") -> list[str]:
         """Every problem of the settings ``values`` (all fields), each naming the option as in a recipe; with the
-        module's ``metrics`` and ``default_metric``, also those of ``selection_metric``."""
+        module's ``metrics`` and ``default_metric`` (``owner``: the module's class name), also those of
+        ``selection_metric``."""
         problems = []
         for key, low in (("rounds", 1), ("local_epochs", 1), ("eval_every", 1), ("checkpoint_every", 1),
                          ("min_clients", 1), ("num_nodes", 1)):
@@ -134,20 +136,20 @@ class Settings:
         if metrics:
             chosen = values["selection_metric"]
             if chosen is None and default_metric not in metrics:
-                problems.append(f"the module's default_selection_metric={default_metric!r} is not one of its "
+                problems.append(f"{owner}.default_selection_metric={default_metric!r} is not one of its "
                                 f"metrics {sorted(metrics)}; set federation.selection_metric")
             elif chosen is not None and chosen not in metrics:
                 problems.append(f"federation.selection_metric={chosen!r} is not one of {sorted(metrics)}")
         return problems
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], metrics: Collection[str] = (),
-                     default_metric: str | None = None) -> Settings:
+    def from_options(cls, options: dict[str, Any], metrics: Collection[str] = (), default_metric: str | None = None,
+                     owner: str = "the module") -> Settings:
         """Settings from keyword options: an unknown one is refused with the valid names and the closest match, and
         every problem of the values (and of ``selection_metric`` among the module's ``metrics``) in one error."""
         cls.check_names(options)
         values = {f.name: f.default for f in fields(cls)} | dict(options)
-        problems = cls.problems(values, metrics, default_metric)
+        problems = cls.problems(values, metrics, default_metric, owner)
         if problems:
             raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
         return cls(**options)

@@ -321,10 +321,10 @@ class FedMetaMed(Strategy):
         if not isinstance(outputs, dict) or "logits" not in outputs:
             raise ConfigError(f"FedMetaMed distils between logits, but {type(pl_module).__name__}.training_step "
                               "returns no 'logits': use fedlit.tasks.ClassificationModule.")
-        fabric = turn["trainer"].fabric
-        with fabric.autocast():
+        client = turn["client"]
+        with client.autocast():
             out = functional_call(turn["training_step"], self._prefixed(), (batch, 0))
-        out = fabric.strategy.precision.convert_output(out)
+        out = client.convert_output(out)
         personal, deputy = F.prr_losses(turn["stage"], out["loss"], loss, _two_class(out["logits"]),
                                         _two_class(outputs["logits"]))
         return deputy + personal

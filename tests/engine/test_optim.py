@@ -45,7 +45,7 @@ federation:
   local_steps: 2
   progress_bar: false
 callbacks:
-  - class_path: tests.loop.test_optim.LearningRates
+  - class_path: tests.engine.test_optim.LearningRates
 """
 
 

@@ -18,8 +18,9 @@ from lightning.pytorch import Callback
 
 from fedlit.core.store import ClientStore
 from fedlit.engine import ranks
-from fedlit.engine.executor import FitTask
+from fedlit.engine.progress import Progress
 from fedlit.engine.ranks import RankError, RankExecutor, assign_clients
+from fedlit.engine.tasks import FitTask
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "quickstart.yaml"
@@ -71,8 +72,10 @@ class FakeGroup:
 
 
 def fake_fed(rank, world_size=2, store=None):
-    return SimpleNamespace(fabric=SimpleNamespace(world_size=world_size, global_rank=rank, device=torch.device("cpu")),
-                           _bar=None, _bar_client="", store=store, client_ids=["c0", "c1", "c2", "c3"])
+    """A run on ``rank``: its client contexts carry that rank's Fabric."""
+    fabric = SimpleNamespace(world_size=world_size, global_rank=rank, device=torch.device("cpu"))
+    return SimpleNamespace(fabric=fabric, progress=Progress(), store=store, client_ids=["c0", "c1", "c2", "c3"],
+                           client_context=lambda client_id: SimpleNamespace(client_id=client_id, fabric=fabric))
 
 
 def run_ranks(group, executor, tasks, run):

@@ -245,7 +245,7 @@ def test_a_node_uses_its_own_client_only(tmp_path):
     from fedlit.flower.client import ClientRuntime
 
     runtime = ClientRuntime(_fed(tmp_path / "node"), "c1")
-    data, fed = runtime.federation.datamodule, runtime.federation
+    data, fed = runtime.run.datamodule, runtime.run
     assert fed.client_ids == fed.train_client_ids == ["c1"] and data.position() == 1
     assert list(data.manifest()["clients"]) == ["c1"] and list(data.class_counts()) == ["c1"]
     assert len(data.train_dataloader("c1", torch.Generator()).dataset) == 15  # TinyTabular: half of 30 samples

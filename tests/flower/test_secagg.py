@@ -23,7 +23,8 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedlit.core.errors import ConfigError, DataError  # noqa: E402
 from fedlit.engine.client import ClientTurn, train_client  # noqa: E402
-from fedlit.engine.executor import FitTask, LocalExecutor  # noqa: E402
+from fedlit.engine.executor import LocalExecutor  # noqa: E402
+from fedlit.engine.tasks import FitTask  # noqa: E402
 from fedlit.flower.secagg import (  # noqa: E402
     SecAggOptions,
     check_secure_aggregation,
@@ -369,7 +370,7 @@ class SecureExecutor(LocalExecutor):
 
     def fit(self, fed: Any, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         def train(client_id: str, rnd: int, received: dict, extras: dict) -> ClientTurn:
-            return train_client(fed, rnd, client_id, received, extras)
+            return train_client(fed.client_context(client_id), rnd, received, extras)
 
         nodes = {c: 100 + i for i, c in enumerate(fed.train_client_ids)}
         grid = InProcessGrid(_client_app(train), list(nodes.values()))

@@ -13,7 +13,6 @@ from torch import nn
 from fedlit.commands.fit import build_parser
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
-from fedlit.engine.evaluate import evaluate_client
 from fedlit.module import FederatedModule
 from fedlit.strategies import APPLE, ClientUpdate, FedAvg
 from fedlit.strategies.aggregate import weighted_average
@@ -50,16 +49,15 @@ def server(**kwargs):
     strategy = APPLE(**{"mu": 1.0, "lr_p": 0.01, "p_momentum": 0.0, "schedule": "cosine", **kwargs})
     strategy.initialize({W: torch.tensor([[0.0]]), B: torch.tensor([0.0])}, ["a", "b", "c"],
                         roles=ParameterRoles({W: "shared", B: "shared"}))
-    strategy.on_fit_start(trainer=SimpleNamespace(
-        rounds=20, datamodule=SimpleNamespace(num_examples=lambda c, split: SIZES[c])))
+    strategy.on_fit_start(trainer=SimpleNamespace(rounds=20, num_examples=lambda c, split: SIZES[c]))
     strategy.cores = {"b": {W: torch.tensor([[2.0]]), B: torch.tensor([2.0])},
                       "c": {W: torch.tensor([[-1.0]]), B: torch.tensor([0.5])}}
     return strategy
 
 
 def client(strategy, client_state):
-    trainer = SimpleNamespace(fabric=SimpleNamespace(strategy=SimpleNamespace(precision=SimpleNamespace())),
-                              store=SimpleNamespace(device=torch.device("cpu")), derive_seed=lambda *parts: 7)
+    trainer = SimpleNamespace(scaler=None, store=SimpleNamespace(device=torch.device("cpu")),
+                              derive_seed=lambda *parts: 7)  # the turn's ClientContext, as hooks get it
     module = Lin()  # a's live core: w = 3, b = -1
     strategy.on_client_fit_start(pl_module=module, server_round=2, client_id="a",
                                  received_extras=strategy.configure_client_extras(2, "a"), client_state=client_state)
@@ -102,14 +100,14 @@ def test_p_steps_with_the_proximal_term_and_the_client_keeps_its_personalized_mo
     with strategy.client_forward(module):
         out = module.training_step(BATCH, 0)
     strategy.training_loss(module, out["loss"], BATCH).backward()
-    strategy.on_before_optimizer_step(trainer=trainer)
+    strategy.on_before_optimizer_step(client=trainer)
     optimizer.step()
     strategy.on_before_zero_grad(stepped=True)
     # p - lr_p grad = [0.6 - 0.411, 0.3 - 0.4925, -0.2 + 0.1275]; own core: w = 3 - 0.984, b = -1 - 0.492
     assert strategy._turn["p"].tolist() == pytest.approx([0.189, -0.1925, -0.0725])
     assert strategy._turn["p"].grad is None
     update = ClientUpdate("a", 2, {W: module.shared.weight.detach().clone(), B: module.shared.bias.detach().clone()})
-    strategy.on_client_fit_end(trainer=trainer, server_round=2, client_id="a", update=update, client_state=state)
+    strategy.on_client_fit_end(client=trainer, server_round=2, client_id="a", update=update, client_state=state)
     assert state["p"].tolist() == pytest.approx([0.189, -0.1925, -0.0725]) and update.extras == {}
     # the mix with the trained core: w = 0.189 * 2.016 - 0.1925 * 2 - 0.0725 * -1, b = 0.189 * -1.492 - 0.385 - 0.03625
     assert state["model"][W].item() == pytest.approx(0.068524, abs=1e-6)
@@ -194,7 +192,7 @@ def test_under_the_bandwidth_limit_a_core_not_downloaded_keeps_its_last_download
     state = {}
     module, trainer = client(strategy, state)  # first turn: every core, which are not marked as downloaded
     update = ClientUpdate("a", 2, {W: torch.tensor([[3.0]]), B: torch.tensor([-1.0])})
-    strategy.on_client_fit_end(trainer=trainer, server_round=2, client_id="a", update=update, client_state=state)
+    strategy.on_client_fit_end(client=trainer, server_round=2, client_id="a", update=update, client_state=state)
     assert state["touched"].tolist() == [True, False, False] and set(state["cores"]) == {"b", "c"}
     request = update.extras["request"].tolist()
     assert len(request) == 1 and request[0] in (1, 2)
@@ -245,7 +243,7 @@ def test_two_rounds_differ_from_fedavg(tmp_path):
     mean = weighted_average(list(strategy.cores.values()), [1.0, 1.0, 1.0])
     assert all(torch.allclose(strategy.global_state[n], mean[n]) for n in mean if mean[n].is_floating_point())
     # a client is evaluated with its personalized model, which differs from its own core
-    evaluate_client(federation, 2, "c1", ("val",))
+    federation.evaluate_client(2, "c1", "val")
     model, live = federation.store.extra("c1", "APPLE")["model"], dict(federation.module.shared_parameters())
     assert set(model) == set(live) and all(torch.equal(live[n], model[n]) for n in model)
     assert not torch.equal(model["head.weight"], strategy.cores["c1"]["head.weight"])

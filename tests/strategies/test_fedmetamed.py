@@ -17,6 +17,7 @@ from fedlit.commands.export import export_federation
 from fedlit.commands.fit import build_parser
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
+from fedlit.engine.settings import LocalSettings
 from fedlit.module import FederatedModule
 from fedlit.strategies import ClientUpdate, FedAvg, FedMetaMed
 from fedlit.strategies.fedmetamed_math import (
@@ -197,10 +198,12 @@ def test_one_local_step_trains_both_models_apart():
     with torch.no_grad():
         reference.out.weight.mul_(-1)
     personal = {n: t.detach().clone() for n, t in reference.state_dict().items()}
-    trainer = SimpleNamespace(fabric=Fabric(accelerator="cpu", devices=1), local_steps=None, local_epochs=3,
-                              optimizer_state="reset", store=SimpleNamespace(device=torch.device("cpu")))
+    fabric = Fabric(accelerator="cpu", devices=1)
+    trainer = SimpleNamespace(rounds=10, local=LocalSettings(local_epochs=3),
+                              store=SimpleNamespace(device=torch.device("cpu")), autocast=fabric.autocast,
+                              convert_output=lambda out: out, prepare_batch=fabric.to_device)  # as ``client``
     state = {"personal": personal, "stage": 3}
-    strategy.on_client_fit_start(trainer=trainer, pl_module=module, client_id="a", client_state=state)
+    strategy.on_client_fit_start(client=trainer, pl_module=module, client_id="a", client_state=state)
     strategy._turn["stage"] = 3  # Refine: personal CE + KL(p_dep || p_per), deputy CE only
     batch = (torch.randn(6, 3), torch.tensor([0, 1, 1, 0, 1, 0]))
     module.train()
@@ -223,7 +226,7 @@ def test_one_local_step_trains_both_models_apart():
         assert torch.allclose(stepped[name], param - 0.5 * grad, atol=1e-6), name
     assert torch.allclose(stepped["bn.running_mean"], reference.bn.running_mean)  # its own statistics moved
     assert int(stepped["bn.num_batches_tracked"]) == 1
-    strategy.on_client_fit_end(trainer=trainer, update=ClientUpdate("a", 6, {}), client_state=state)
+    strategy.on_client_fit_end(client=trainer, update=ClientUpdate("a", 6, {}), client_state=state)
     assert torch.equal(state["personal"]["out.weight"], stepped["out.weight"].detach())
     assert state["stage"] == 3 and strategy._turn == {}
 

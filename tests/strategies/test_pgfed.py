@@ -131,9 +131,12 @@ BATCHES = [(torch.tensor([[1.0, 2.0], [0.0, 1.0], [2.0, -1.0]]), torch.tensor([1
            (torch.tensor([[3.0, 0.0], [1.0, -2.0]]), torch.tensor([2.0, 1.0]))]
 
 
-def fake_trainer(batches):
-    return SimpleNamespace(fabric=Fabric(accelerator="cpu", devices=1), derive_seed=lambda *parts: 0,
-                           datamodule=SimpleNamespace(train_dataloader=lambda client_id, generator: batches))
+def fake_client(batches):
+    """What a client's turn gives the hooks as ``client``: ``batches`` as its training data, on the CPU."""
+    fabric = Fabric(accelerator="cpu", devices=1)
+    return SimpleNamespace(train_dataloader=lambda *stream, generator=None: batches,
+                           prepare_batch=lambda batch: fabric.to_device(batch), autocast=fabric.autocast,
+                           convert_output=lambda out: out)
 
 
 def test_the_extra_pass_uploads_the_mean_batch_gradient_and_the_risk_offset():
@@ -150,7 +153,7 @@ def test_the_extra_pass_uploads_the_mean_batch_gradient_and_the_risk_offset():
         losses.append(loss.item())
     mean_grad, mean_loss = sum(grads) / 3, sum(losses) / 3
     update = ClientUpdate("a", 8, state={W: theta.clone()})
-    strategy.on_client_fit_end(trainer=fake_trainer(BATCHES), pl_module=module, server_round=2, client_id="a",
+    strategy.on_client_fit_end(client=fake_client(BATCHES), pl_module=module, server_round=2, client_id="a",
                                update=update, client_state=state)
     assert torch.allclose(update.extras["grad"][W], mean_grad, atol=1e-6)
     # l_i = f_i - <grad f_i, theta_i>
