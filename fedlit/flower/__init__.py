@@ -4,6 +4,8 @@
   :class:`~fedlit.flower.server.FlowerExecutor` and a :class:`~fedlit.flower.server.RemoteData` (no client data);
 - :mod:`fedlit.flower.client`: the ClientApp, one site's client built from the same recipe;
 - :mod:`fedlit.flower.codec`: tensors and extras in Flower records;
+- :mod:`fedlit.flower.secagg`: secure aggregation with SecAgg+ (options, strategy checks), its server side in
+  :mod:`fedlit.flower.secagg_server` and its client side in :mod:`fedlit.flower.secagg_client`;
 - :mod:`fedlit.flower.inprocess`: the same server and clients without Flower's processes (tests);
 - :mod:`fedlit.flower.app`: ``fedlit flower-app``, which writes a Flower app folder for a recipe.
 

@@ -55,7 +55,8 @@ from fedlit.engine.client import ClientTurn, train_client
 from fedlit.engine.executor import run_evaluate_task
 from fedlit.engine.run import Run
 from fedlit.engine.tasks import EvaluateTask
-from fedlit.flower import codec, secagg
+from fedlit.flower import codec
+from fedlit.flower.secagg_client import client_mods, handle_secure_train, is_secure_train
 
 #: The record of ``context.state`` that keeps the client's store entry (when the node has no ``state-dir``).
 STATE_RECORD = "fedlit"
@@ -408,13 +409,13 @@ def handle_message(msg: Message, context: Context) -> Message:
 
 
 def _answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
-    if secagg.is_secure_train(msg):
-        return secagg.handle_secure_train(msg, context, runtime.train)
+    if is_secure_train(msg):
+        return handle_secure_train(msg, context, runtime.train)
     return Message(runtime.handle(msg.metadata.message_type, msg.content), reply_to=msg)
 
 
 #: The ClientApp of fedlit's Flower app (``[tool.flwr.app.components] clientapp = "fedlit.flower.client:app"``).
-app = ClientApp(mods=secagg.client_mods())
+app = ClientApp(mods=client_mods())
 
 
 @app.query()

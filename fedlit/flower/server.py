@@ -47,6 +47,7 @@ from fedlit.core.errors import ConfigError, DataError, FedlitError
 from fedlit.engine.client import ClientTurn
 from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
 from fedlit.flower import codec, secagg
+from fedlit.flower.secagg_server import secure_fit
 from fedlit.strategies.base import ClientUpdate
 
 if TYPE_CHECKING:
@@ -301,8 +302,7 @@ class FlowerExecutor:
             grid = getattr(self.transport, "grid", None)
             if grid is None:
                 raise ConfigError("secure-aggregation = true needs Flower's grid: it runs on a SuperLink only.")
-            turns = secagg.secure_fit(grid, fed, server_round, tasks, self.data.nodes,
-                                      self.secure_aggregation)
+            turns = secure_fit(grid, fed, server_round, tasks, self.data.nodes, self.secure_aggregation)
             return [self._failed(fed, server_round, t.client_id, r) if isinstance(r, str) else r
                     for t, r in zip(tasks, turns, strict=True)]
         schedule = None if fed.lr_schedule is None else [
