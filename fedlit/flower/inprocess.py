@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import RecordDict
 
 from fedlit.flower.client import ClientRuntime
-from fedlit.flower.server import FlowerExecutor, RemoteData
+from fedlit.flower.remote import RemoteData
+from fedlit.flower.server import FlowerExecutor
 from fedlit.flower.snapshots import Snapshots
 
 if TYPE_CHECKING:
