@@ -27,9 +27,6 @@ MAX_LINES = 400
 ALLOWED_LONG = {
     "fedlit/models/sam_adapter.py": "one model by nature: Medical-SAM-Adapter's encoder, its adapters and the "
                                     "checkpoint loading that maps SAM's keys 1:1",
-    "fedlit/flower/secagg.py": "Flower's SecAgg+ protocol bookkeeping, to be split",
-    "fedlit/flower/client.py": "being split by the engine-layers work",
-    "fedlit/flower/server.py": "being split by the engine-layers work",
 }
 
 

@@ -3,8 +3,8 @@
 
 :class:`DataSource` is what the loop reads of the data: implemented by every
 :class:`~fedlit.data.FederatedDataModule` (the simulation), by the Flower server's view of its nodes
-(:class:`fedlit.flower.server.RemoteData`: sizes and counts only, no loader) and by a node's own client
-(:class:`fedlit.flower.client.OwnClientData`).
+(:class:`fedlit.flower.remote.RemoteData`: sizes and counts only, no loader) and by a node's own client
+(:class:`fedlit.flower.node_data.OwnClientData`).
 """
 
 from __future__ import annotations

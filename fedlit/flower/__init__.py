@@ -1,9 +1,14 @@
 """Cross-silo deployment through Flower's deployment runtime (SuperLink, SuperNodes, ``flwr run``).
 
 - :mod:`fedlit.flower.server`: the ServerApp, the ordinary fedlit loop with a
-  :class:`~fedlit.flower.server.FlowerExecutor` and a :class:`~fedlit.flower.server.RemoteData` (no client data);
+  :class:`~fedlit.flower.server.FlowerExecutor` and a :class:`~fedlit.flower.remote.RemoteData` (no client data);
+- :mod:`fedlit.flower.remote`: how the server reaches the nodes (transports) and its view of their data;
 - :mod:`fedlit.flower.client`: the ClientApp, one site's client built from the same recipe;
+- :mod:`fedlit.flower.node_data`: a node's view of its own client's data;
+- :mod:`fedlit.flower.snapshots`: where a node keeps its client's store entry between messages;
 - :mod:`fedlit.flower.codec`: tensors and extras in Flower records;
+- :mod:`fedlit.flower.secagg`: secure aggregation with SecAgg+ (options, strategy checks), its server side in
+  :mod:`fedlit.flower.secagg_server` and its client side in :mod:`fedlit.flower.secagg_client`;
 - :mod:`fedlit.flower.inprocess`: the same server and clients without Flower's processes (tests);
 - :mod:`fedlit.flower.app`: ``fedlit flower-app``, which writes a Flower app folder for a recipe.
 

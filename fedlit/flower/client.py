@@ -7,18 +7,18 @@ overrides as the server, a :class:`~fedlit.federation.Federation` with the local
 itself), restores the client's store entry (its personal tensors, optimizer state and the per-client state of the
 strategy and callbacks), answers, and saves the entry again. Nothing is cached in globals that a new process
 would need. The entry (a ``torch.save`` of :meth:`~fedlit.core.store.ClientStore.client_state`, loaded with
-``weights_only=True``) is kept per round (:class:`Snapshots`, so a resumed server finds the state of its
-checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the node is started with
-``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives the
-SuperNode process (:func:`snapshots_of`). The entry never leaves the node.
+``weights_only=True``) is kept per round (:class:`~fedlit.flower.snapshots.Snapshots`, so a resumed server finds
+the state of its checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the node is started
+with ``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives
+the SuperNode process (:func:`snapshots_of`). The entry never leaves the node.
 
 What the data module builds: the recipe's data section, as on a simulation (``setup()``), with the node's own
 ``overrides`` (node config) on top; the runtime then keeps one client, the node's ``client-id``
-(:class:`OwnClientData`): loaders, sizes and class counts of the other clients are never used. A data set that
-generates every client from one seed (``SyntheticImages``) generates them all on every node (synthetic data:
-nothing private); a site data set (``SiteFolders``, ``SiteTable``...) reads what its section lists, so give each
-node a data section (or a node ``overrides`` such as ``--data.init_args.root /data/site_0``) that lists its own
-site only.
+(:class:`~fedlit.flower.node_data.OwnClientData`): loaders, sizes and class counts of the other clients are never
+used. A data set that generates every client from one seed (``SyntheticImages``) generates them all on every node
+(synthetic data: nothing private); a site data set (``SiteFolders``, ``SiteTable``...) reads what its section
+lists, so give each node a data section (or a node ``overrides`` such as ``--data.init_args.root /data/site_0``)
+that lists its own site only.
 
 Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
 
@@ -27,6 +27,10 @@ Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
   replies the update's shared tensors, extras, metrics, ``num_examples``, the download bytes and the ``problem``
   of a quarantined turn, or ``error`` with what the turn raised;
 - ``evaluate``: :func:`fedlit.engine.executor.run_evaluate_task`; replies the metrics per split.
+
+This module holds the runtime, the replies and the ClientApp; the node's view of its data is in
+:mod:`fedlit.flower.node_data`, the per-round store entries in :mod:`fedlit.flower.snapshots` (both re-exported
+here), and the SecAgg+ train messages are answered by :mod:`fedlit.flower.secagg_client`.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import json
 import shlex
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,173 +53,24 @@ from flwr.clientapp import ClientApp
 from torch import Tensor
 
 from fedlit.config.build import build_objects
-from fedlit.core.errors import ConfigError, DataError
+from fedlit.core.errors import ConfigError
 from fedlit.engine import lifecycle
 from fedlit.engine.client import ClientTurn, train_client
 from fedlit.engine.executor import run_evaluate_task
 from fedlit.engine.run import Run
 from fedlit.engine.tasks import EvaluateTask
-from fedlit.flower import codec, secagg
+from fedlit.flower import codec
+from fedlit.flower.node_data import OwnClientData
+from fedlit.flower.secagg_client import client_mods, handle_secure_train, is_secure_train
+from fedlit.flower.snapshots import FolderTable, Snapshots
+
+#: What this module defines, and the names it re-exports from :mod:`fedlit.flower.node_data` and
+#: :mod:`fedlit.flower.snapshots` (their home before the split).
+__all__ = ["STATE_RECORD", "ClientRuntime", "FolderTable", "OwnClientData", "Snapshots", "app", "encode_turn",
+           "error_content", "handle_message", "node_run", "runtime_from_context", "snapshots_of"]
 
 #: The record of ``context.state`` that keeps the client's store entry (when the node has no ``state-dir``).
 STATE_RECORD = "fedlit"
-
-
-class OwnClientData:
-    """The data module of one site: the recipe's data module seen through one client.
-
-    Args:
-        datamodule: The recipe's data module (set up).
-        client_id: The node's client.
-    """
-
-    def __init__(self, datamodule: Any, client_id: str) -> None:
-        self.inner, self.client_id = datamodule, client_id
-
-    def setup(self) -> None:
-        """Set up the data and check that it holds the node's client."""
-        self.inner.setup()
-        if self.client_id not in self.inner.client_ids:
-            ids = self.inner.client_ids
-            raise DataError(f"node config client-id={self.client_id!r} is not a client of "
-                            f"{type(self.inner).__name__} (its clients: {ids[:10]}{' ...' if len(ids) > 10 else ''}). "
-                            "Start the SuperNode with --node-config \"client-id='<one of them>'\", or give the node a "
-                            "data section that holds its site.")
-
-    @property
-    def task(self) -> str:
-        """The data set's task."""
-        return self.inner.task
-
-    @property
-    def num_classes(self) -> int:
-        """The data set's number of classes."""
-        return self.inner.num_classes
-
-    @property
-    def data(self) -> Any:
-        """The inner data module's built data (its other clients are never read)."""
-        return self.inner.data
-
-    @property
-    def client_ids(self) -> list[str]:
-        """The node's client only."""
-        return [self.client_id]
-
-    @property
-    def evaluation_only(self) -> frozenset[str]:
-        """The node's client if the data set marks it evaluation-only."""
-        return frozenset({self.client_id}) & frozenset(getattr(self.inner, "evaluation_only", frozenset()))
-
-    @property
-    def train_client_ids(self) -> list[str]:
-        """The node's client, unless it is evaluation-only."""
-        return [] if self.evaluation_only else [self.client_id]
-
-    def expected_num_clients(self) -> int:
-        """One."""
-        return 1
-
-    def position(self) -> int:
-        """The client's place in the data set's client order (the server orders the clients by it)."""
-        return list(self.inner.client_ids).index(self.client_id)
-
-    def _own(self, client_id: str) -> str:
-        if client_id != self.client_id:
-            raise KeyError(f"This node holds client {self.client_id!r}, not {client_id!r}.")
-        return client_id
-
-    def num_examples(self, client_id: str, split: str) -> int:
-        """Samples of the node's client in ``split``."""
-        return self.inner.num_examples(self._own(client_id), split)
-
-    def class_counts(self) -> dict[str, dict[str, list[int]]] | None:
-        """The node's client's samples per class and split (None for a task without classes)."""
-        counts = self.inner.class_counts()
-        return None if counts is None else {self.client_id: counts[self.client_id]}
-
-    def manifest(self) -> dict[str, Any]:
-        """The data set's manifest with the node's client's entry only."""
-        manifest = dict(self.inner.manifest())
-        manifest["clients"] = {self.client_id: manifest["clients"][self.client_id]}
-        return manifest
-
-    def train_dataloader(self, client_id: str, generator: torch.Generator) -> Any:
-        """The node's client's train loader."""
-        return self.inner.train_dataloader(self._own(client_id), generator)
-
-    def val_dataloader(self, client_id: str) -> Any:
-        """The node's client's validation loader (None without a validation split)."""
-        return self.inner.val_dataloader(self._own(client_id))
-
-    def test_dataloader(self, client_id: str) -> Any:
-        """The node's client's test loader."""
-        return self.inner.test_dataloader(self._own(client_id))
-
-
-class FolderTable(MutableMapping[str, bytes]):
-    """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file).
-
-    Args:
-        folder: The folder (created on the first write).
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def __getitem__(self, key: str) -> bytes:
-        path = self.folder / f"{key}.pt"
-        if not path.is_file():
-            raise KeyError(key)
-        return path.read_bytes()
-
-    def __setitem__(self, key: str, value: bytes) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.folder / f"{key}.tmp"
-        partial.write_bytes(value)
-        partial.replace(self.folder / f"{key}.pt")
-
-    def __delitem__(self, key: str) -> None:
-        (self.folder / f"{key}.pt").unlink()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(p.stem for p in self.folder.glob("*.pt"))) if self.folder.is_dir() else iter(())
-
-    def __len__(self) -> int:
-        return len(list(iter(self)))
-
-
-class Snapshots:
-    """The client's store entry after each round it took part in, so that a resumed server gets from every node
-    exactly the state its checkpoint expects: a turn of round r starts from the newest snapshot of a round before r,
-    an evaluation of round r from the newest up to r. Snapshots older than the newest one at or before the server's
-    last checkpoint are deleted.
-
-    Args:
-        table: Where the snapshots live, by key ``round_<r>`` (a dict, a :class:`FolderTable`, a ConfigRecord).
-    """
-
-    def __init__(self, table: MutableMapping[str, bytes]) -> None:
-        self.table = table
-
-    def _rounds(self) -> list[int]:
-        return sorted(int(k.removeprefix("round_")) for k in self.table if k.startswith("round_"))
-
-    def before(self, server_round: int, *, inclusive: bool = False) -> bytes | None:
-        """The newest snapshot of a round before ``server_round`` (or equal, with ``inclusive``), or None."""
-        rounds = [r for r in self._rounds() if r < server_round or (inclusive and r == server_round)]
-        return bytes(self.table[f"round_{rounds[-1]}"]) if rounds else None
-
-    def save(self, server_round: int, blob: bytes, checkpointed: int | None = None) -> None:
-        """Keep ``blob`` as the snapshot of ``server_round``; drop those a resume from ``checkpointed`` can't need."""
-        for r in self._rounds():
-            if r > server_round:  # a resumed server redoes these rounds
-                del self.table[f"round_{r}"]
-        self.table[f"round_{server_round}"] = blob
-        if checkpointed is not None:
-            kept = [r for r in self._rounds() if r <= checkpointed]
-            for r in kept[:-1]:
-                del self.table[f"round_{r}"]
 
 
 class ClientRuntime:
@@ -364,7 +219,8 @@ def node_run(run_config: Mapping[str, Any], node_config: Mapping[str, Any], out_
     if not isinstance(recipe, Mapping):
         raise ConfigError("The run config's recipe is not a YAML mapping: write the app with `fedlit flower-app "
                           "--config R.yaml`.")
-    overrides = [*shlex.split(str(run_config.get("overrides", ""))), *shlex.split(str(node_config.get("overrides", "")))]
+    overrides = [*shlex.split(str(run_config.get("overrides", ""))),
+                 *shlex.split(str(node_config.get("overrides", "")))]
     objects = build_objects(recipe, overrides)
     settings = replace(objects.federation, progress_bar=False, devices=1, num_nodes=1, loggers=[])
     return Run(objects.model, objects.data, objects.strategy, settings, callbacks=objects.callbacks, out_dir=out_dir)
@@ -408,13 +264,13 @@ def handle_message(msg: Message, context: Context) -> Message:
 
 
 def _answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
-    if secagg.is_secure_train(msg):
-        return secagg.handle_secure_train(msg, context, runtime.train)
+    if is_secure_train(msg):
+        return handle_secure_train(msg, context, runtime.train)
     return Message(runtime.handle(msg.metadata.message_type, msg.content), reply_to=msg)
 
 
 #: The ClientApp of fedlit's Flower app (``[tool.flwr.app.components] clientapp = "fedlit.flower.client:app"``).
-app = ClientApp(mods=secagg.client_mods())
+app = ClientApp(mods=client_mods())
 
 
 @app.query()

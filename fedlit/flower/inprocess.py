@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import RecordDict
 
-from fedlit.flower.client import ClientRuntime, Snapshots
-from fedlit.flower.server import FlowerExecutor, RemoteData
+from fedlit.flower.client import ClientRuntime
+from fedlit.flower.remote import RemoteData
+from fedlit.flower.server import FlowerExecutor
+from fedlit.flower.snapshots import Snapshots
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -36,7 +38,7 @@ class InProcessTransport:
                  fail: Callable[[str, str, int], None] | None = None) -> None:
         self.builders = dict(builders)
         self.clients = {node: client for node, client in enumerate(self.builders, start=101)}
-        #: Each node's snapshots of its client's store entry (:class:`~fedlit.flower.client.Snapshots`).
+        #: Each node's snapshots of its client's store entry (:class:`~fedlit.flower.snapshots.Snapshots`).
         self.tables: dict[str, dict[str, bytes]] = {c: {} for c in self.builders}
         self.fail = fail
         self.sent: list[tuple[str, str]] = []

@@ -1,0 +1,78 @@
+"""Where a node keeps its client's store entry between messages: one snapshot per round.
+
+A SuperNode starts a fresh process for every message, so :class:`~fedlit.flower.client.ClientRuntime`
+(:mod:`fedlit.flower.client`) restores the client's store entry before each turn or evaluation and saves it after,
+as :class:`Snapshots` (one per round, so a resumed server finds the state of its checkpoint's round). The snapshots
+live in the node's ``context.state`` or, with the node config ``state-dir``, in a :class:`FolderTable`;
+:func:`~fedlit.flower.client.snapshots_of` picks where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+
+
+class FolderTable(MutableMapping[str, bytes]):
+    """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file).
+
+    Args:
+        folder: The folder (created on the first write).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __getitem__(self, key: str) -> bytes:
+        path = self.folder / f"{key}.pt"
+        if not path.is_file():
+            raise KeyError(key)
+        return path.read_bytes()
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / f"{key}.tmp"
+        partial.write_bytes(value)
+        partial.replace(self.folder / f"{key}.pt")
+
+    def __delitem__(self, key: str) -> None:
+        (self.folder / f"{key}.pt").unlink()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(p.stem for p in self.folder.glob("*.pt"))) if self.folder.is_dir() else iter(())
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+class Snapshots:
+    """The client's store entry after each round it took part in, so that a resumed server gets from every node
+    exactly the state its checkpoint expects: a turn of round r starts from the newest snapshot of a round before r,
+    an evaluation of round r from the newest up to r. Snapshots older than the newest one at or before the server's
+    last checkpoint are deleted.
+
+    Args:
+        table: Where the snapshots live, by key ``round_<r>`` (a dict, a :class:`FolderTable`, a ConfigRecord).
+    """
+
+    def __init__(self, table: MutableMapping[str, bytes]) -> None:
+        self.table = table
+
+    def _rounds(self) -> list[int]:
+        return sorted(int(k.removeprefix("round_")) for k in self.table if k.startswith("round_"))
+
+    def before(self, server_round: int, *, inclusive: bool = False) -> bytes | None:
+        """The newest snapshot of a round before ``server_round`` (or equal, with ``inclusive``), or None."""
+        rounds = [r for r in self._rounds() if r < server_round or (inclusive and r == server_round)]
+        return bytes(self.table[f"round_{rounds[-1]}"]) if rounds else None
+
+    def save(self, server_round: int, blob: bytes, checkpointed: int | None = None) -> None:
+        """Keep ``blob`` as the snapshot of ``server_round``; drop those a resume from ``checkpointed`` can't need."""
+        for r in self._rounds():
+            if r > server_round:  # a resumed server redoes these rounds
+                del self.table[f"round_{r}"]
+        self.table[f"round_{server_round}"] = blob
+        if checkpointed is not None:
+            kept = [r for r in self._rounds() if r <= checkpointed]
+            for r in kept[:-1]:
+                del self.table[f"round_{r}"]
