@@ -23,23 +23,11 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedlit.core.errors import ConfigError, DataError  # noqa: E402
 from fedlit.engine.client import ClientTurn, train_client  # noqa: E402
-<<<<<<< HEAD
 from fedlit.engine.executor import LocalExecutor  # noqa: E402
 from fedlit.engine.tasks import FitTask  # noqa: E402
-from fedlit.flower.secagg import (  # noqa: E402
-    SecAggOptions,
-    check_secure_aggregation,
-    client_mods,
-    handle_secure_train,
-    is_secure_train,
-    secure_fit,
-)
-=======
-from fedlit.engine.executor import FitTask, LocalExecutor  # noqa: E402
 from fedlit.flower.secagg import SecAggOptions, check_secure_aggregation  # noqa: E402
 from fedlit.flower.secagg_client import client_mods, handle_secure_train, is_secure_train  # noqa: E402
 from fedlit.flower.secagg_server import secure_fit  # noqa: E402
->>>>>>> h-flower-split
 from fedlit.strategies import (  # noqa: E402
     SCAFFOLD,
     FedAdam,
