@@ -5,7 +5,7 @@
     fedlit fit | validate | test --config RECIPE.yaml [--section.key value ...]   fedlit.commands.fit
     fedlit fit --config RECIPE.yaml --seeds 0 1 2                                 fedlit.commands.seeds
     fedlit cost --config RECIPE.yaml [--compare FedAvg ...]                       fedlit.commands.cost
-    fedlit partition --config RECIPE.yaml                                         fedlit.commands.partition
+    fedlit partition --config RECIPE.yaml                               fedlit.commands.partition_summary
     fedlit export --run RUN                                                       fedlit.commands.export
     fedlit report RUN [RUN ...]                                                   fedlit.commands.report
     fedlit flower-app --config RECIPE.yaml --out APP                              fedlit.flower.app
@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cost": ("Print the parameters per role and the bytes a run would communicate, before training (no data read).",
              "fedlit.commands.cost", "command"),
     "partition": ("Build a recipe's data only: print each client's samples per split and class, plot them.",
-                  "fedlit.commands.partition", "command"),
+                  "fedlit.commands.partition_summary", "command"),
     "report": ("Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
                "fedlit.commands.report", "main"),
     "flower-app": ("Write a Flower app folder that deploys a recipe on a SuperLink and SuperNodes (`flwr run`).",

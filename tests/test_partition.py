@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fedlit.cli import run
-from fedlit.commands.partition import summarize, table
+from fedlit.commands.partition_summary import summarize, table
 from fedlit.data import SyntheticImages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +47,6 @@ def test_a_task_without_classes_counts_samples_per_split(tmp_path):
     assert summary["classes"] is None
     assert summary["clients"]["b"] == {"samples": {"train": 10, "val": 0, "test": 5}}
     assert table(summary).splitlines()[0].split() == ["client", "split", "samples"]
-    from fedlit.commands.partition import plot
+    from fedlit.commands.partition_summary import plot
 
     assert plot(summary, tmp_path / "p.png").is_file()

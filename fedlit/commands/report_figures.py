@@ -235,7 +235,7 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     partition = partition_summary(runs[0])
     if partition is not None:
         part_png = out / "partition.png"
-        from fedlit.commands.partition import plot
+        from fedlit.commands.partition_summary import plot
 
         plot(partition, part_png)
         blocks += [("h", 2, "Partition"),
@@ -254,8 +254,8 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
 
 
 def partition_summary(run: Run) -> dict[str, Any] | None:
-    """What :func:`fedlit.commands.partition.plot` draws, from a run folder: ``class_counts.json`` (train samples
-    per class and client) or, for a task without classes, the manifest's train samples per client; None when
+    """What :func:`fedlit.commands.partition_summary.plot` draws, from a run folder: ``class_counts.json`` (train
+    samples per class and client) or, for a task without classes, the manifest's train samples per client; None when
     neither is readable."""
     manifest = run.manifest or {}
     dataset = str(manifest.get("class") or manifest.get("dataset") or "data")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 #: The parts of a recipe that define the experiment (``out_dir``, ``ckpt_path`` and ``callbacks`` may differ).
 SECTIONS = ("model", "data", "strategy", "federation")
 
-#: Federation settings that a resumed run may change (the others would make it another experiment).
+#: Settings of the ``federation`` section that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
                        "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
                        "client_timeout"})

@@ -1,4 +1,4 @@
-"""One server round of :class:`~fedlit.federation.Federation` (selection, the clients' turns, quarantine,
+"""One server round of a run (selection, the clients' turns, quarantine,
 aggregation, evaluation, logging, ``on_round_end``, ``best.ckpt`` and the checkpoint), and the tables printed once
 at the start of a fit (class counts per client, tensors per role)."""
 

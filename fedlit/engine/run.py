@@ -6,7 +6,7 @@ faults and the checkpointed schedules; the engine's server-side functions (:mod:
 :mod:`~fedlit.engine.rounds`, :mod:`~fedlit.engine.evaluate`, :mod:`~fedlit.engine.resume`...) take it. It is what
 the callbacks' server-side hooks receive as ``trainer`` (``trainer.should_stop``, ``trainer.history``...). A client's
 turn never sees it: the run hands each turn a :class:`~fedlit.engine.client.ClientContext`
-(:meth:`Run.client_context`). :class:`fedlit.federation.Federation` is the facade users build.
+(:meth:`Run.client_context`). The facade users build extends it (``fedlit.federation``).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Run:
         self.hooks = Hooks(self.callbacks)
         loggers = settings.loggers
         self.fabric = Fabric(accelerator=settings.accelerator, devices=settings.devices, num_nodes=settings.num_nodes,
-                             precision=settings.precision, callbacks=list(self.callbacks),
+                             precision=settings.precision,
                              loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
                              if loggers is None else list(loggers))
         self.store = ClientStore(settings.store_device)

@@ -14,7 +14,7 @@ those folders honest:
 ``runs/<name>/version_<n>`` folders are numbered by :func:`new_version_dir`, which creates the next number
 exclusively, so two runs started at once never share a folder.
 
-Typical use (``Federation.fit`` does this)::
+Typical use (a fit does this, :func:`fedlit.engine.lifecycle.fit`)::
 
     with claim_run_dir(out_dir, resume=ckpt_path is not None):
         ...  # the whole run

@@ -1,9 +1,9 @@
 """The settings of a federation (the recipe's ``federation`` section), checked when they are built.
 
 :class:`Settings` is the schema of the ``federation`` section (jsonargparse reads its fields and their
-documentation for ``--help``) and of ``Federation(..., rounds=3, ...)``; every problem is collected and reported in one
-:class:`~fedlit.core.errors.ConfigError` naming the options as spelled in a recipe. :class:`LocalSettings` is the
-part a client's turn reads.
+documentation for ``--help``) and of the facade's keyword settings (``rounds=3``...); every problem is collected
+and reported in one :class:`~fedlit.core.errors.ConfigError` naming the options as spelled in a recipe.
+:class:`LocalSettings` is the part a client's turn reads.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """The client's side of a Flower deployment: one site's process, its data, its store entry.
 
 A SuperNode of Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message it receives (its
-SuperExec launches one task per message) and keeps ``context.state`` between them. So every message builds the
-recipe's objects again (:class:`ClientRuntime`: model, data, strategy and callbacks from the same recipe, seed and
-overrides as the server, a :class:`~fedlit.federation.Federation` with the local executor that never fits by
-itself), restores the client's store entry (its personal tensors, optimizer state and the per-client state of the
+SuperExec launches one task per message) and keeps ``context.state`` between them. So every message's process
+builds the recipe's objects once (:func:`node_run`: model, data, strategy and callbacks straight from the run
+config's recipe, with the same seed and overrides as the server, no command line and no recipe file; a
+:class:`ClientRuntime` sets them up as a run of one client that never fits by itself and builds that client's
+:class:`~fedlit.engine.client.ClientContext`, which every turn and evaluation takes), restores the client's store
+entry (its personal tensors, optimizer state and the per-client state of the
 strategy and callbacks), answers, and saves the entry again. Nothing is cached in globals that a new process
 would need. The entry (a ``torch.save`` of :meth:`~fedlit.core.store.ClientStore.client_state`, loaded with
 ``weights_only=True``) is kept per round (:class:`~fedlit.flower.snapshots.Snapshots`, so a resumed server finds
