@@ -1,0 +1,38 @@
+"""The import paths downstream code uses keep working after the move to layers."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_the_public_paths_give_the_objects_of_their_new_homes():
+    import fedlit
+    from fedlit.engine.run import Run
+    from fedlit.federation import Federation
+    from fedlit.module import FederatedModule
+
+    assert fedlit.Federation is Federation and issubclass(Federation, Run)
+    assert fedlit.FederatedModule is FederatedModule
+    from fedlit.callbacks import EarlyStopping  # noqa: F401  (recipes name it by this path)
+    from fedlit.data import Dirichlet, FederatedDataModule, SyntheticImages  # noqa: F401
+    from fedlit.data.datamodule import PartitionedData
+    from fedlit.data.pool import PartitionedData as pooled
+    from fedlit.strategies import SCAFFOLD, FedAvg, Strategy  # noqa: F401
+    from fedlit.tasks import ClassificationModule, concordance_index  # noqa: F401
+
+    assert PartitionedData is pooled
+
+
+def test_the_old_math_module_finds_each_function_in_its_new_home_with_a_warning():
+    from fedlit.core import tensors
+    from fedlit.strategies import aggregate, apple, scaffold
+    from fedlit.strategies import functional as old
+
+    with pytest.warns(DeprecationWarning, match="moved to fedlit.strategies.aggregate.weighted_average"):
+        assert old.weighted_average is aggregate.weighted_average
+    with pytest.warns(DeprecationWarning):
+        assert old.apple_mix is apple.apple_mix and old.scaffold_control_variate is scaffold.scaffold_control_variate
+    with pytest.warns(DeprecationWarning, match="fedlit.core.tensors.nbytes"):
+        assert old.state_nbytes is tensors.nbytes
+    with pytest.raises(AttributeError, match="no attribute 'not_a_function'"):
+        old.not_a_function  # noqa: B018
