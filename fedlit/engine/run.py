@@ -71,17 +71,11 @@ class Run:
     def __init__(self, module: FederatedModule, datamodule: DataSource, strategy: Strategy, settings: Settings, *,
                  callbacks: list[Callback] | None = None, out_dir: str | Path = "runs/fedlit",
                  config: dict[str, Any] | None = None) -> None:
-        known = set(module.higher_is_better)
-        selection_metric = settings.selection_metric
-        if selection_metric is None:
-            selection_metric = module.default_selection_metric
-            if known and selection_metric not in known:
-                raise ConfigError(f"Invalid federation settings: {type(module).__name__}.default_selection_metric="
-                                  f"{selection_metric!r} is not one of its metrics {sorted(known)}; set "
-                                  "federation.selection_metric.")
-        elif known and selection_metric not in known:
-            raise ConfigError(f"Invalid federation settings: federation.selection_metric={selection_metric!r} is not "
-                              f"one of {sorted(known)}.")
+        problems = Settings.problems(vars(settings), module.higher_is_better, module.default_selection_metric,
+                                     type(module).__name__)
+        if problems:
+            raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
+        selection_metric = settings.selection_metric or module.default_selection_metric
         check_callbacks(list(callbacks or []))
         self.module, self.datamodule, self.strategy, self.settings = module, datamodule, strategy, settings
         self.out_dir = Path(out_dir)
