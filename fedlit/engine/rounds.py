@@ -17,6 +17,7 @@ from fedlit.core.roles import role_summary_table
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import energy, record, resume
 from fedlit.engine import evaluate as evaluation
+from fedlit.engine.screening import non_finite_server_state, screen_update
 from fedlit.engine.tasks import fit_tasks
 
 if TYPE_CHECKING:
@@ -64,8 +65,10 @@ def run_round(run: Run, server_round: int) -> None:
     selected = run.strategy.select_clients(server_round, run.train_client_ids, run.num_selected(), generator)
     updates, log, faults = [], {}, []
     upload = download = 0
-    turns = run.executor.fit(run, server_round, fit_tasks(run.strategy, server_round, selected))
-    for client_id, turn in zip(selected, turns, strict=True):
+    tasks = fit_tasks(run.strategy, server_round, selected)
+    turns = run.executor.fit(run, server_round, tasks)
+    for task, turn in zip(tasks, turns, strict=True):
+        client_id = task.client_id
         if isinstance(turn, str):
             faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
             continue
@@ -73,10 +76,12 @@ def run_round(run: Run, server_round: int) -> None:
         upload += state_nbytes(update.state) + state_nbytes(update.extras)
         download += turn.download_bytes
         log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
-        if turn.problem is not None:
-            kind = turn.problem_kind
-            faults.append({"round": server_round, "client": client_id, "kind": kind, "detail": turn.problem})
-            log[f"client/{client_id}/train/{'timed_out' if kind == 'timeout' else 'quarantined'}"] = 1.0
+        problem = ((turn.problem_kind, turn.problem) if turn.problem is not None else
+                   screen_update(update, task.received, run.settings.max_update_norm, run.settings.max_update_ratio))
+        if problem is not None:
+            kind, detail = problem
+            faults.append({"round": server_round, "client": client_id, "kind": kind, "detail": detail})
+            log[f"client/{client_id}/train/{_FAULT_TAGS.get(kind, 'quarantined')}"] = 1.0
             continue
         updates.append(update)
     check_round(run, server_round, selected, updates, faults)
@@ -87,6 +92,7 @@ def run_round(run: Run, server_round: int) -> None:
     # After the new server state, before evaluation: a callback may change it (ClientLevelDP's noise) and add
     # scalars to the round's log.
     run.hooks.call("on_after_aggregate", trainer=run, pl_module=run.module, server_round=server_round, log=log)
+    _check_aggregate(run, server_round)
     aggregate_seconds = time.perf_counter() - start - train_seconds
     run.comm["upload_bytes"] += upload
     run.comm["download_bytes"] += download
@@ -123,6 +129,25 @@ def run_round(run: Run, server_round: int) -> None:
     if server_round % run.checkpoint_every == 0 or server_round == run.rounds or run.should_stop:
         resume.save(run, run.out_dir / "checkpoints" / LAST)
 
+#: The tag of a left-out turn in the round's log, by the kind of its fault.
+_FAULT_TAGS = {"timeout": "timed_out", "rejected": "rejected", "non-finite": "quarantined"}
+
+
+def _check_aggregate(run: Run, server_round: int) -> None:
+    """Refuse to commit a round whose aggregated server state is not finite (nothing of it logged or saved)."""
+    bad = non_finite_server_state(run.strategy.state_dict())
+    if bad is None:
+        return
+    checkpoint = run.out_dir / "checkpoints" / LAST
+    kept = (f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file()
+            else "no checkpoint was written yet")
+    raise NonFiniteError(
+        f"Round {server_round}: the aggregate of the clients' updates is not finite ({bad}); the round is not "
+        f"published, evaluated or saved; {kept}. Leave out poisoned updates with federation.max_update_norm or a "
+        "lower federation.max_update_ratio (or a robust aggregator such as strategy.init_args.aggregator: median), "
+        "or lower model.init_args.lr, then resume.")
+
+
 def check_round(run: Run, server_round: int, selected: list[str], updates: list[Any],
                  faults: list[dict[str, Any]]) -> None:
     """Warn about each left-out client; stop when too few updates remain (the last checkpoint is kept)."""
@@ -131,6 +156,9 @@ def check_round(run: Run, server_round: int, selected: list[str], updates: list[
         if fault["kind"] == "non-finite":
             warnings.warn(f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
                           f"out of aggregation ({fault['detail']}).", stacklevel=3)
+        elif fault["kind"] == "rejected":
+            warnings.warn(f"Round {server_round}: client {fault['client']!r}'s update is rejected and left out of "
+                          f"aggregation ({fault['detail']}).", stacklevel=3)
         elif fault["kind"] == "timeout":
             warnings.warn(f"Round {server_round}: client {fault['client']!r} timed out, its update is left out of "
                           f"aggregation and its stored state is unchanged ({fault['detail']}).", stacklevel=3)
@@ -140,11 +168,11 @@ def check_round(run: Run, server_round: int, selected: list[str], updates: list[
     kept = (f"the last good checkpoint {checkpoint} is kept"
             if checkpoint.is_file() else "no checkpoint was written yet")
     detail = "; ".join(f"{f['client']}: {f['detail']}" for f in faults[:4])
-    if faults and all(f["kind"] == "non-finite" for f in faults) and not updates:
+    if faults and all(f["kind"] in ("non-finite", "rejected") for f in faults) and not updates:
         raise NonFiniteError(
-            f"Round {server_round}: every client's update is non-finite ({detail}); nothing is aggregated and "
-            f"no result is published; {kept}. The local training diverged: lower model.init_args.lr, or check "
-            "the inputs for NaN/Inf.")
+            f"Round {server_round}: every client's update is non-finite or rejected ({detail}); nothing is "
+            f"aggregated and no result is published; {kept}. The local training diverged: lower "
+            "model.init_args.lr, or check the inputs for NaN/Inf.")
     raise FedlitError(
         f"Round {server_round}: only {len(updates)} of {len(selected)} clients gave a usable update "
         f"(federation.min_clients={run.min_clients}; {detail}); {kept}.")

@@ -65,6 +65,12 @@ class Settings:
             :mod:`fedlit.engine.evaluate`).
         unseen_finetune_steps: Local optimizer steps an unseen client takes on its own train split from the model
             it receives before its second test (0, the default: no fine-tuned test).
+        max_update_norm: The largest L2 norm of a client's update (its uploaded shared tensors minus what the server
+            sent it) that the server aggregates; a larger one is rejected (left out of the round, a fault). None,
+            the default: no absolute bound. See :mod:`fedlit.engine.screening`.
+        max_update_ratio: The largest update norm relative to the size of what the client was sent (its L2 norm, at
+            least 1); a larger one is rejected. 1000 by default catches a scaled or corrupted upload long before its
+            aggregate overflows; None: no relative bound.
     """
 
     rounds: int = 10
@@ -88,6 +94,8 @@ class Settings:
     loggers: list[Logger] | None = None
     unseen_clients: list[str] | int | None = None
     unseen_finetune_steps: int = 0
+    max_update_norm: float | None = None
+    max_update_ratio: float | None = 1000.0
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
@@ -112,6 +120,9 @@ class Settings:
         if values["client_timeout"] is not None and not values["client_timeout"] > 0:
             problems.append(f"federation.client_timeout={values['client_timeout']} must be > 0 seconds "
                             "(or null: no limit)")
+        for key in ("max_update_norm", "max_update_ratio"):
+            if values[key] is not None and not values[key] > 0:
+                problems.append(f"federation.{key}={values[key]} must be > 0 (or null: no bound)")
         if values["unseen_finetune_steps"] < 0:
             problems.append(f"federation.unseen_finetune_steps={values['unseen_finetune_steps']} must be >= 0")
         unseen = values["unseen_clients"]

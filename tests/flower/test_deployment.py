@@ -65,6 +65,21 @@ def _alive(pgid: int) -> bool:
     return True
 
 
+#: Kills the process groups listed in a file (argv[1]) once the test process (argv[2]) is gone: the SuperLink's and
+#: SuperNodes' processes die with the test run even when it is killed before its ``finally`` runs.
+WATCHDOG = """
+import os, signal, sys, time
+groups, parent = sys.argv[1], int(sys.argv[2])
+while os.getppid() == parent:
+    time.sleep(0.5)
+for line in open(groups).read().split():
+    try:
+        os.killpg(int(line), signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, ValueError):
+        pass
+"""
+
+
 def _stop(processes: list[subprocess.Popen]) -> None:
     """SIGTERM each process group (the SuperLink's and SuperNodes' own children included), SIGKILL what is left."""
     for p in processes:
@@ -100,11 +115,17 @@ def _deployment(tmp_path: Path, state_dir: Path | None = None) -> Iterator[dict[
     (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
                                       f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs["ca.crt"]}"\n')
     processes: list[subprocess.Popen] = []
+    groups = tmp_path / "process_groups"
+    groups.write_text("")
+    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(groups), str(os.getpid())],
+                                start_new_session=True)
 
     def start(args: list[str], log: str) -> None:
         with open(tmp_path / log, "w") as out:
             processes.append(subprocess.Popen([str(BIN / args[0]), *args[1:]], env=env, cwd=tmp_path, stdout=out,
                                               stderr=subprocess.STDOUT, start_new_session=True))
+        with open(groups, "a") as listed:
+            listed.write(f"{processes[-1].pid}\n")
 
     try:
         start(["flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]),
@@ -127,6 +148,8 @@ def _deployment(tmp_path: Path, state_dir: Path | None = None) -> Iterator[dict[
         yield env
     finally:
         _stop(processes)
+        watchdog.kill()
+        watchdog.wait(timeout=10)
     assert not any(_alive(p.pid) for p in processes)
 
 
