@@ -65,17 +65,46 @@ def _alive(pgid: int) -> bool:
     return True
 
 
-#: Kills the process groups listed in a file (argv[1]) once the test process (argv[2]) is gone: the SuperLink's and
-#: SuperNodes' processes die with the test run even when it is killed before its ``finally`` runs.
+#: Kills the processes listed in a file (argv[1]), their descendants (seen every half second, since a child that
+#: starts its own session leaves their process group) and their groups once the test process (argv[2]) is gone:
+#: the SuperLink's and SuperNodes' processes die with the test run even when it is killed before its ``finally``.
 WATCHDOG = """
 import os, signal, sys, time
+
+def processes():
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            table[int(entry)] = (int(fields[1]), int(fields[2]))  # ppid, pgid
+    return table
+
 groups, parent = sys.argv[1], int(sys.argv[2])
+pids, pgids = set(), set()
 while os.getppid() == parent:
+    roots = {int(line) for line in open(groups).read().split()}
+    table = processes()
+    found = set(roots) & set(table)
+    while True:
+        more = {pid for pid, (ppid, _) in table.items() if ppid in found} - found
+        if not more:
+            break
+        found |= more
+    pids |= found
+    pgids |= {table[pid][1] for pid in found} | roots
     time.sleep(0.5)
-for line in open(groups).read().split():
+for pgid in pgids:
     try:
-        os.killpg(int(line), signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, ValueError):
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+for pid in pids:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
 """
 
