@@ -33,8 +33,9 @@ def explain(err: BaseException) -> str:
     chain: list[BaseException] = []
     node: BaseException | None = err
     while node is not None and node not in chain:
-        chain.append(node)
-        node = node.__cause__ or node.__context__
+        chain.append(node)  # as Python prints a chain: the cause, else the context unless it was suppressed
+        node = node.__cause__ if node.__cause__ is not None else (
+            None if node.__suppress_context__ else node.__context__)
     outer, text = str(chain[0]), "\n".join(str(e) for e in chain)
     keys = list(dict.fromkeys(re.findall(r'Parser key "([\w.]+)"', outer)))
     class_paths = re.findall(r"Problem with given class_path '([\w.]+)'", outer)

@@ -90,7 +90,14 @@ def expand_run(argv: list[str]) -> list[str]:
     if any(a == "--config" or a.startswith("--config=") for a in argv):
         raise ConfigError(f"--run {folder} rebuilds the run from its config.json: leave out --config (options "
                           "such as --data.init_args.root still apply).")
-    saved = json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--run {folder}: {path} is not a readable run configuration ({err}). Restore it from a "
+                          "copy, or evaluate with --config RECIPE --ckpt_path FILE.ckpt.") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--run {folder}: {path} holds a {type(saved).__name__}, not a run configuration. Restore "
+                          "it from a copy, or evaluate with --config RECIPE --ckpt_path FILE.ckpt.")
     for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "baseline_run", "__path__"):
         saved.pop(key, None)
     return [argv[0], "--config", json.dumps(saved), *argv[1:]]

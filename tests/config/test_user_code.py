@@ -54,3 +54,24 @@ def test_fedlits_own_error_in_a_constructor_is_still_one_line(tmp_path, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("fedlit: error: ") and "model.init_args.num_classes=1" in err and "Traceback" not in err
+
+
+def test_a_corrupt_run_configuration_is_named_in_one_line(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"model": {"class_path": 25')  # cut short, as by a full disk
+    with pytest.raises(SystemExit) as info:
+        main(["test", "--run", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith(f"fedlit: error: --run {tmp_path}: {tmp_path / 'config.json'} is "
+                                                   "not a readable run configuration")
+
+
+def test_the_explainer_follows_the_chain_as_python_prints_it():
+    from fedlit.config.explain import explain
+
+    try:
+        try:
+            raise KeyError(25)
+        except KeyError:
+            raise ValueError("the recipe's problem") from None
+    except ValueError as err:
+        assert explain(err) == "the recipe's problem"
