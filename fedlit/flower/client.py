@@ -28,7 +28,10 @@ Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
 - ``train``: :meth:`ClientRuntime.train` (:func:`fedlit.engine.client.train_client` on what the server sent);
   replies the update's shared tensors, extras, metrics, ``num_examples``, the download bytes and the ``problem``
   of a quarantined turn, or ``error`` with what the turn raised;
-- ``evaluate``: :func:`fedlit.engine.executor.run_evaluate_task`; replies the metrics per split.
+- ``evaluate``: :func:`fedlit.engine.executor.run_evaluate_task`; replies the client's id, the metrics per split
+  and the download bytes.
+
+The server checks every reply before it uses it (:mod:`fedlit.flower.replies`).
 
 This module holds the runtime, the replies and the ClientApp; the node's view of its data is in
 :mod:`fedlit.flower.node_data`, the per-round store entries in :mod:`fedlit.flower.snapshots` (both re-exported
@@ -170,7 +173,8 @@ class ClientRuntime:
         result = run_evaluate_task(self.context, server_round, evaluate)
         if self.snapshots is not None:  # a strategy may keep what an evaluation computes in client_state
             self.snapshots.save(server_round, self.dump_state(), int(task["checkpointed"]))
-        reply = RecordDict({"evaluation": ConfigRecord({"download-bytes": int(result.download_bytes)})})
+        reply = RecordDict({"evaluation": ConfigRecord({"client-id": client_id,
+                                                        "download-bytes": int(result.download_bytes)})})
         codec.put_tree(reply, "metrics", result.metrics)
         codec.put_tree(reply, "image", result.image)
         return reply

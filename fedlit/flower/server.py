@@ -11,16 +11,17 @@ does (same parser, seed, model, strategy, callbacks, out_dir, resume), with two 
   named after ``connect-timeout`` seconds.
 - ``fed.executor`` is a :class:`FlowerExecutor`: each client's turn (or evaluation) is one message to the node
   that holds it, with what the strategy computed on the server (:class:`~fedlit.engine.executor.FitTask`); the
-  replies are decoded into :class:`~fedlit.engine.client.ClientTurn` and
-  :class:`~fedlit.engine.executor.EvaluateResult`, in task order.
+  replies are checked against what the server sent and knows (:mod:`fedlit.flower.replies`) and decoded into
+  :class:`~fedlit.engine.client.ClientTurn` and :class:`~fedlit.engine.executor.EvaluateResult`, in task order.
 
 Everything else (selection, aggregation, server state, evaluation bookkeeping, history, ``metrics.csv``,
 ``results.json``, TensorBoard, checkpoints, resume with ``ckpt-path``) is the unchanged loop; communication is
 counted from the same tensors as in simulation. A node that answers ``error`` (its turn raised), that Flower
 reports as failed (its process died) or that does not answer within the timeout (``federation.client_timeout``
-when the federation has it, else the run config's ``client-timeout``) gives the error string of its client: with
-``federation.on_client_error: skip`` the client is left out of the round with a warning naming it and
-``min_clients`` applies; with ``raise`` the run stops with an error naming the client, the last checkpoint kept.
+when the federation has it, else the run config's ``client-timeout``), or whose reply fails a check, gives the
+error string of its client: with ``federation.on_client_error: skip`` the client is left out of the round with a
+warning naming it and ``min_clients`` applies; with ``raise`` the run stops with an error naming the client, the
+last checkpoint kept.
 
 Not available in deployment (refused when the run starts, with the reason): ``federation.unseen_clients`` (the
 unseen clients are evaluated and fine-tuned on the server, which holds no data). Every built-in strategy deploys
@@ -47,12 +48,12 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlit.core.errors import ConfigError, FedlitError
+from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine.client import ClientTurn
 from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
-from fedlit.flower import codec, secagg
+from fedlit.flower import codec, replies, secagg
 from fedlit.flower.remote import GridTransport, RemoteData, Transport
 from fedlit.flower.secagg_server import secure_fit
-from fedlit.strategies.base import ClientUpdate
 
 if TYPE_CHECKING:
     from fedlit.engine.run import Run
@@ -131,8 +132,7 @@ class FlowerExecutor:
             if grid is None:
                 raise ConfigError("secure-aggregation = true needs Flower's grid: it runs on a SuperLink only.")
             turns = secure_fit(grid, fed, server_round, tasks, self.data.nodes, self.secure_aggregation)
-            return [self._failed(fed, server_round, t.client_id, r) if isinstance(r, str) else r
-                    for t, r in zip(tasks, turns, strict=True)]
+            return self._secure_turns(fed, server_round, tasks, turns)
         schedule = None if fed.lr_schedule is None else [
             {k: v for k, v in g.items() if k != "params"} for g in fed.lr_schedule.optimizer.param_groups]
         messages = []
@@ -143,20 +143,54 @@ class FlowerExecutor:
             codec.put_tree(content, "extras", task.received_extras)
             codec.put_tree(content, "schedule", schedule)
             messages.append((self.data.nodes[task.client_id], "train", content))
-        replies = self.transport.exchange(messages, str(server_round), self._timeout(fed))
-        return [self._turn(fed, server_round, task.client_id, reply)
-                for task, reply in zip(tasks, replies, strict=True)]
+        answers = self.transport.exchange(messages, str(server_round), self._timeout(fed))
+        return [self._turn(fed, server_round, task, reply) for task, reply in zip(tasks, answers, strict=True)]
 
-    def _turn(self, fed: Run, server_round: int, client_id: str, reply: RecordDict | str) -> ClientTurn | str:
+    def _turn(self, fed: Run, server_round: int, task: FitTask, reply: RecordDict | str) -> ClientTurn | str:
+        """The reply's turn, checked (:mod:`fedlit.flower.replies`); a failed or refused reply goes to
+        :meth:`_failed`."""
         if isinstance(reply, str) or "error" in reply.config_records:
-            return self._failed(fed, server_round, client_id,
-                                reply if isinstance(reply, str) else str(reply["error"]["detail"]))
-        turn = reply.config_records["turn"]
-        update = ClientUpdate(client_id=str(turn["client-id"]), num_examples=int(turn["num-examples"]),
-                              state=codec.get_tree(reply, "state"), metrics=codec.get_tree(reply, "metrics"),
-                              extras=codec.get_tree(reply, "update-extras"))
-        update.state = {n: t.to(fed.store.device) for n, t in update.state.items()}
-        return ClientTurn(update, int(turn["download-bytes"]), json.loads(str(turn["problem"])))
+            return self._failed(fed, server_round, task.client_id, _error(reply))
+        turn = replies.train_reply(
+            reply, task, expected=fed.strategy.expected_upload_names(server_round, task.client_id, task.received),
+            train_size=self.data.num_examples(task.client_id, "train"),
+            download_bytes=state_nbytes(task.received) + state_nbytes(task.received_extras))
+        if isinstance(turn, str):
+            return self._failed(fed, server_round, task.client_id, turn)
+        turn.update.state = {n: t.to(fed.store.device) for n, t in turn.update.state.items()}
+        return turn
+
+    def _secure_turns(self, fed: Run, server_round: int, tasks: list[FitTask],
+                      turns: list[ClientTurn | str]) -> list[ClientTurn | str]:
+        """The SecAgg+ turns, checked as far as the protocol lets the server see (:mod:`fedlit.flower.replies`):
+        ``state`` is the round's mean (its names, shapes, dtypes and finiteness: a bad mean fails every client),
+        ``num_examples`` and ``metrics`` are each client's; the client id is the task's by construction (the reply
+        comes from the client's node). A refused client's upload is already in the mean, which cannot be taken
+        apart: every client whose update is that mean is left out with it (the refused ones first, so ``raise``
+        names one of them)."""
+        reasons: dict[int, str] = {}
+        for i, (task, turn) in enumerate(zip(tasks, turns, strict=True)):
+            if isinstance(turn, str):
+                reasons[i] = turn
+                continue
+            # A quarantined turn uploads nothing through SecAgg+: its state is empty.
+            expected = [] if turn.problem is not None else fed.strategy.expected_upload_names(
+                server_round, task.client_id, task.received)
+            why = replies.update_problem(turn.update, turn.problem, task, expected=expected,
+                                         train_size=self.data.num_examples(task.client_id, "train"))
+            if why is not None:
+                reasons[i] = why
+        in_mean = [i for i, t in enumerate(turns) if isinstance(t, ClientTurn) and t.problem is None]
+        tainted = [tasks[i].client_id for i in in_mean if i in reasons]
+        out = list(turns)
+        for i, why in reasons.items():
+            out[i] = self._failed(fed, server_round, tasks[i].client_id, why)
+        for i in in_mean if tainted else []:
+            if i not in reasons:
+                out[i] = self._failed(fed, server_round, tasks[i].client_id,
+                                      f"its update is the SecAgg+ mean of the round, which holds the refused upload "
+                                      f"of client {tainted[0]!r}")
+        return out
 
     def _failed(self, fed: Run, server_round: int, client_id: str, detail: str, what: str = "turn") -> str:
         node = self.data.nodes.get(client_id)
@@ -179,20 +213,27 @@ class FlowerExecutor:
             codec.put_tree(content, "received", task.received)
             codec.put_tree(content, "global", task.global_state)
             messages.append((self.data.nodes[task.client_id], "evaluate", content))
-        replies = self.transport.exchange(messages, f"{server_round}-evaluate", self._timeout(fed))
+        answers = self.transport.exchange(messages, f"{server_round}-evaluate", self._timeout(fed))
         results = []
-        for task, reply in zip(tasks, replies, strict=True):
-            if isinstance(reply, str) or "error" in reply.config_records:
-                self._failed(fed, server_round, task.client_id,
-                             reply if isinstance(reply, str) else str(reply["error"]["detail"]), "evaluation")
-                results.append(EvaluateResult({}, 0))
-                continue
-            results.append(EvaluateResult(codec.get_tree(reply, "metrics"),
-                                          int(reply["evaluation"]["download-bytes"]), codec.get_tree(reply, "image")))
+        for task, reply in zip(tasks, answers, strict=True):
+            result = _error(reply) if isinstance(reply, str) or "error" in reply.config_records else (
+                replies.evaluate_reply(reply, task, sent_bytes=state_nbytes(task.received)
+                                       + state_nbytes(task.global_state)))
+            if isinstance(result, str):
+                self._failed(fed, server_round, task.client_id, result, "evaluation")
+                result = EvaluateResult({}, 0)
+            results.append(result)
         return results
 
     def teardown(self, fed: Run) -> None:
         """Nothing to release: the nodes keep running for the next run."""
+
+
+def _error(reply: RecordDict | str) -> str:
+    """What a failed node's reply says (a transport's description, or the node's ``error`` record)."""
+    if isinstance(reply, str):
+        return reply
+    return str(reply.config_records["error"].get("detail", "an error reply without detail"))
 
 
 # ------------------------------------------------------------------------------------------------ the ServerApp

@@ -168,6 +168,13 @@ class Strategy(Callback, abc.ABC):
         overrides it; what a client uploads in ``update.state`` is its ``shared`` tensors, known from the roles)."""
         return {}
 
+    def expected_upload_names(self, server_round: int, client_id: str, received: Mapping[str, Tensor]) -> list[str]:
+        """The names of the tensors ``client_id`` uploads in ``update.state`` after its turn of ``server_round`` in
+        which it received ``received``: a Flower server refuses a reply that misses one or adds another
+        (:mod:`fedlit.flower.replies`). Default: every name received (a client uploads its shared tensors, which
+        are what it received); a strategy whose ``on_client_fit_end`` drops some (FedRA) overrides it."""
+        return list(received)
+
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """What ``client_id`` evaluates with, on top of its personal tensors. Default: as in training."""
         return self.configure_client(server_round, client_id)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -210,6 +210,10 @@ class FedRA(Strategy):
         """The shared tensors ``client_id`` uploads this round: its allocated blocks' and those outside blocks."""
         kept = set(self.allocation(server_round, client_id))
         return [n for n in self.global_state if self.block_of.get(n, -1) in kept or n not in self.block_of]
+
+    def expected_upload_names(self, server_round: int, client_id: str, received: Mapping[str, Tensor]) -> list[str]:
+        """What the client uploads (:meth:`uploaded_names`), not every tensor it received."""
+        return self.uploaded_names(server_round, client_id)
 
     # ------------------------------------------------------------------------------------------ client
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:

@@ -21,7 +21,7 @@ from flwr.common.serde import message_from_proto, message_to_proto  # noqa: E402
 from flwr.serverapp.grid import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from fedlit.core.errors import ConfigError, DataError  # noqa: E402
+from fedlit.core.errors import ConfigError, DataError, FedlitError  # noqa: E402
 from fedlit.engine.client import ClientTurn, train_client  # noqa: E402
 from fedlit.engine.executor import LocalExecutor  # noqa: E402
 from fedlit.engine.tasks import FitTask  # noqa: E402
@@ -351,6 +351,42 @@ def test_secure_fit_refuses_rounds_it_cannot_protect() -> None:
     with pytest.raises(ConfigError, match="SCAFFOLD"):
         secure_fit(InProcessGrid(app, [1, 2, 3]), SimpleNamespace(strategy=SCAFFOLD()), 1, tasks,
                    {"a": 1, "b": 2, "c": 3}, options)
+
+
+# ---- the executor's checks of the secure turns ----------------------------------------------------------------------
+
+
+def _executor_fit(reported: dict[str, int], on_client_error: str = "skip") -> list[ClientTurn | str]:
+    """One secure round of clients a, b, c through FlowerExecutor, whose nodes reported ``reported`` train sizes."""
+    from fedlit.flower.server import FlowerExecutor
+
+    nodes = {cid: 100 + i for i, cid in enumerate("abc")}
+    data = SimpleNamespace(nodes=nodes, num_examples=lambda client_id, split: reported[client_id])
+    grid = InProcessGrid(_client_app(_train({})), list(nodes.values()))
+    executor = FlowerExecutor(SimpleNamespace(grid=grid), data, secure_aggregation={"max_weight": 30})
+    fed = SimpleNamespace(strategy=FedAvg(), on_client_error=on_client_error)
+    return executor.fit(fed, 3, [FitTask(cid, _received()) for cid in "abc"])
+
+
+def test_the_executor_keeps_secure_turns_that_pass_its_checks() -> None:
+    turns = _executor_fit(dict(N))
+    assert all(isinstance(t, ClientTurn) for t in turns)
+
+
+def test_a_client_whose_weight_exceeds_its_train_size_spoils_the_secure_mean_for_all() -> None:
+    # c uploads with num_examples 30 where its node reported 25: its weight is in the mean, which no one can use.
+    with pytest.warns(UserWarning) as caught:
+        turns = _executor_fit({**N, "c": 25})
+    assert turns[2] == "client 'c' replied num_examples=30, not an int in 1..25 (its train split's size, as its node " \
+                       "reported)"
+    assert turns[0] == turns[1] == "its update is the SecAgg+ mean of the round, which holds the refused upload of " \
+                                   "client 'c'"
+    assert [str(w.message).split(" failed:")[0] for w in caught] == [
+        "Round 3: client 'c' (Flower node 102)", "Round 3: client 'a' (Flower node 100)",
+        "Round 3: client 'b' (Flower node 101)"]
+    with pytest.raises(FedlitError, match=r"Round 3: the turn of client 'c' \(Flower node 102\) failed: client 'c' "
+                                          r"replied num_examples=30"):
+        _executor_fit({**N, "c": 25}, on_client_error="raise")
 
 
 # ---- a real federation ---------------------------------------------------------------------------------------------
