@@ -30,9 +30,11 @@ class TinyMLP(Backbone):
 class TinyTabular(FederatedDataModule):
     """3 clients whose features are shifted and whose labels depend on them (classes 0..2)."""
 
-    def __init__(self, *, num_clients: int = 3, samples: int = 30, batch_size: int = 8, seed: int = 0) -> None:
+    def __init__(self, *, num_clients: int = 3, samples: int = 30, batch_size: int = 8, seed: int = 0,
+                 names: list[str] | None = None) -> None:
         super().__init__(batch_size=batch_size, seed=seed)
-        self.num_clients, self.samples = num_clients, samples
+        self.names = list(names) if names else [f"c{k}" for k in range(num_clients)]  # the client ids
+        self.num_clients, self.samples = len(self.names), samples
 
     def build(self) -> PartitionedData:
         rng = np.random.default_rng(self.seed)
@@ -44,7 +46,7 @@ class TinyTabular(FederatedDataModule):
             targets.append(y)
             idx = np.arange(start, start + self.samples)
             n_train, n_val = int(0.5 * self.samples), int(0.25 * self.samples)
-            splits[f"c{k}"] = {"train": idx[:n_train], "val": idx[n_train:n_train + n_val],
+            splits[self.names[k]] = {"train": idx[:n_train], "val": idx[n_train:n_train + n_val],
                                "test": idx[n_train + n_val:]}
             start += self.samples
         return PartitionedData(name="tiny", task="multiclass", num_classes=3,
@@ -53,9 +55,9 @@ class TinyTabular(FederatedDataModule):
                                partitioner="natural")
 
 
-def make_federation(out_dir, strategy, rounds=2, roles=None, seed=0, num_clients=3, **kwargs):
+def make_federation(out_dir, strategy, rounds=2, roles=None, seed=0, num_clients=3, names=None, **kwargs):
     """A Federation of ``TinyMLP`` (everything trainable unless ``roles`` says otherwise) on ``TinyTabular`` with
-    ``num_clients`` clients; ``kwargs`` go to the ``Federation``."""
+    ``num_clients`` clients (named ``names``, default c0, c1...); ``kwargs`` go to the ``Federation``."""
     from fedlit import Federation, RoleRule
     from fedlit.tasks import ClassificationModule
 
@@ -65,8 +67,8 @@ def make_federation(out_dir, strategy, rounds=2, roles=None, seed=0, num_clients
         roles=roles if roles is not None else [RoleRule("backbone.*", "shared")],
     )
     kwargs.setdefault("accelerator", "cpu")  # the pinned values are CPU values, also on a machine with a GPU
-    return Federation(module, TinyTabular(num_clients=num_clients), strategy, rounds=rounds, out_dir=out_dir,
-                      progress_bar=False, seed=seed, **kwargs)
+    return Federation(module, TinyTabular(num_clients=num_clients, names=names), strategy, rounds=rounds,
+                      out_dir=out_dir, progress_bar=False, seed=seed, **kwargs)
 
 
 def assert_resume_is_exact(tmp_path, strategy_factory, **kwargs):

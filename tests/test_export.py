@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from fedlit import FedBN
 from fedlit.cli import main, run
 from fedlit.commands.export import export_federation, load_export
-from fedlit.core.errors import CheckpointError, ConfigError
+from fedlit.core.errors import CheckpointError, ConfigError, DataError
 from fedlit.core.roles import RoleRule
 from fedlit.data import SyntheticImages
 from fedlit.models import LoRA, SmallCNN, TimmBackbone
@@ -237,3 +238,40 @@ def test_export_from_python_is_the_store_plus_the_servers_tensors(tmp_path):
         assert any(".1." in n for n in personal)  # FedBN: the BatchNorm layer (backbone.1) is personal
         meta = json.loads((folder / "export.json").read_text())
         assert meta["round"] == 1 and meta["checkpoint"] is None and "adapter" not in meta
+
+
+def test_export_never_writes_outside_out_even_for_unchecked_client_ids(tmp_path, monkeypatch):
+    # a federation around data whose ids escaped the data module's check (built by hand): export checks them again
+    monkeypatch.setattr("fedlit.data.datamodule.check_client_ids", lambda *args, **kwargs: None)
+    monkeypatch.setattr("fedlit.engine.lifecycle.check_client_ids", lambda *args, **kwargs: None)
+    fed = make_federation(tmp_path / "run", FedBN(), rounds=1, names=["c0", "../escaped", str(tmp_path / "abs")])
+    fed.setup()
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=re.escape(
+            "fedlit export: the federation's clients: client ids that are not safe as file names: '../escaped' "
+            f"holds a path separator; {str(tmp_path / 'abs')!r} holds a path separator.")):
+        export_federation(fed, out)
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "abs").exists()
+    assert not out.exists()  # checked before anything is written, c0 included
+
+
+def test_export_refuses_a_client_folder_that_links_outside_out(tmp_path):
+    fed = make_federation(tmp_path / "run", FedBN(), rounds=1)
+    fed.setup()
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "c1").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(DataError, match=re.escape(f"the folders of clients 'c1' -> {elsewhere} are not inside {out}")):
+        export_federation(fed, out)
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == ["c1"]
+
+
+def test_client_ids_with_spaces_and_signs_are_exported_under_their_own_names(tmp_path):
+    names = ["site a 50%", "$x_1$ Zürich", "O'Brien \"n\""]
+    fed = make_federation(tmp_path / "run", FedBN(), rounds=1, names=names)
+    fed.setup()
+    written = export_federation(fed, tmp_path / "out")
+    assert written == {c: tmp_path / "out" / c for c in names}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(names)
+    assert json.loads((tmp_path / "out" / "site a 50%" / "export.json").read_text())["client"] == "site a 50%"

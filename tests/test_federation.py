@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 
 import pytest
 import torch
@@ -38,6 +40,21 @@ def test_two_rounds_fedavg_writes_results_checkpoint_and_tensorboard(tmp_path):
     # far below the gap to the nearest other strategy's curve (FedProx(mu=0.5) gives 0.95444 in round 2)
     losses = [e.value for e in events.Scalars("server/train/loss_mean")]
     assert losses == pytest.approx([1.10297, 0.95283], abs=2e-5)
+
+
+def test_client_ids_with_spaces_and_signs_train_and_are_logged_as_they_are(tmp_path):
+    names = ["site a 50%", "$x_1$ Zürich", "a|b, \"c\""]  # data, not markup: kept and escaped where drawn
+    federation = make(tmp_path, FedAvg(), rounds=1, names=names)
+    results = federation.fit()
+    assert list(results["last"]["clients"]) == names and all(
+        math.isfinite(v["accuracy"]) for v in results["last"]["clients"].values())
+    tags = set(EventAccumulator(str(tmp_path / "tensorboard")).Reload().Tags()["scalars"])
+    assert {f"client/{c}/{s}" for c in names for s in ("train/loss", "val/accuracy")} <= tags
+    with open(tmp_path / "metrics.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert {r[1] for r in rows[1:] if r[2] == "train" and r[3] == "loss"} == set(names)
+    table = (tmp_path / "results.md").read_text()
+    assert "| site a 50% | " in table and "| a\\|b, \"c\" | " in table  # the | escaped: one cell
 
 
 def test_communication_is_counted_from_the_exchanged_tensors(tmp_path):

@@ -134,6 +134,25 @@ def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
     assert "No run of Local among the inputs" in text
 
 
+def test_labels_are_drawn_as_plain_text_and_escaped_in_tables(tmp_path: Path) -> None:
+    # client ids and recipe folders that matplotlib's mathtext cannot parse, a | that would end a Markdown cell,
+    # HTML markup: the report draws and writes them as text
+    odd, clients = "$\\frac{x$", ["$\\frac{x$", "a|b", "<b>&"]
+    for folder, lr, values in ((odd, 0.1, [0.8, 0.6, 0.5]), ("b|c", 0.2, [0.7, 0.9, 0.4])):
+        run = make_run(tmp_path / "runs" / folder, FEDAVG, 0, last=dict(zip(clients, values, strict=True)), lr=lr)
+        (run / "class_counts.json").write_text(json.dumps({c: {"train": [3, 1], "val": [1, 1], "test": [1, 1]}
+                                                          for c in clients}))
+    out = tmp_path / "out"
+    report.main([str(tmp_path / "runs"), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    assert f"| client | FedAvg ({odd}) | FedAvg (b\\|c) |" in text
+    assert f"| {odd} | **0.8000** | 0.7000 |" in text and "| a\\|b | 0.6000 | **0.9000** |" in text
+    for figure in ("convergence.png", "cost.png", "partition.png"):
+        assert (out / figure).stat().st_size > 0
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "<td>&lt;b&gt;&amp;</td>" in page
+
+
 def test_unknown_metric_lists_the_known_ones(experiment: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--metric auroc: no run has test values of it; the runs have \['accuracy"):
         report.write([experiment], tmp_path / "out", metric="auroc")

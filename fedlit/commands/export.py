@@ -10,6 +10,10 @@ model). :func:`export_federation` writes exactly those, per client::
     <out>/<client_id>/export.json         # roles, round, checkpoint, model section of the recipe, metrics
     <out>/<client_id>/adapter/            # only with peft LoRA: adapter_model.safetensors + adapter_config.json
 
+Client ids are safe file names (the data module refuses others, :mod:`fedlit.core.names`); as a second guard,
+each client's folder must resolve inside ``<out>`` (no symbolic link out of it), checked for every client before
+anything is written.
+
 The ``adapter`` folder is a standard peft adapter (as ``PeftModel.save_pretrained`` writes it) of the backbone
 module the LoRA layers were injected into, so ``PeftModel.from_pretrained(plain_backbone, folder)`` rebuilds the
 client's adapted backbone without fedlit. It holds the LoRA tensors only; the head and any other trainable tensor
@@ -34,7 +38,8 @@ from torch import nn
 from fedlit.commands import fit
 from fedlit.config.parser import root_parser
 from fedlit.core.checkpoint_io import BEST, LAST
-from fedlit.core.errors import CheckpointError, ConfigError
+from fedlit.core.errors import CheckpointError, ConfigError, DataError
+from fedlit.core.names import check_client_ids
 
 if TYPE_CHECKING:
     from fedlit.federation import Federation
@@ -126,6 +131,9 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
 
     Raises:
         ConfigError: If the federation was not set up, or a client is not one of its clients.
+        DataError: If a client id is not a safe file name (:mod:`fedlit.core.names`; the data module refuses such
+            ids, a federation built around it by hand may not), or its folder would resolve outside ``out`` (a
+            symbolic link there): nothing is written then.
     """
     from fedlit.engine.client import load_client
 
@@ -137,6 +145,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     if unknown:
         raise ConfigError(f"--clients: {unknown} are not clients of this run; its clients are "
                           f"{', '.join(fed.client_ids)}.")
+    folders = _client_folders(Path(out), wanted)
     roles = fed.module.parameter_roles()
     buffers = {n for n, _ in fed.module.named_buffers()}
     evaluated = fed.history.rounds.get(fed.server_round, {})
@@ -148,7 +157,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
                        server_round=fed.server_round, client_id=client_id)  # the model it evaluates
         live = fed.module.named_tensors("shared", "personal")
         tensors = {n: t.detach().cpu().contiguous().clone() for n, t in live.items()}
-        folder = Path(out) / client_id
+        folder = folders[client_id]
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
         meta: dict[str, Any] = {
@@ -169,6 +178,20 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
         (folder / META).write_text(json.dumps(meta, indent=1))
         written[client_id] = folder
     return written
+
+
+def _client_folders(out: Path, client_ids: list[str]) -> dict[str, Path]:
+    """Each client's folder ``out/<client_id>``, all checked before anything is written: the id is a safe name,
+    and the folder, once resolved (symbolic links followed), is a sub-folder of ``out``."""
+    check_client_ids(client_ids, "fedlit export: the federation's clients")
+    root = out.resolve()
+    folders = {c: out / c for c in client_ids}
+    outside = [f"{c!r} -> {f.resolve()}" for c, f in folders.items()
+               if f.resolve() == root or not f.resolve().is_relative_to(root)]
+    if outside:
+        raise DataError(f"export --out {out}: the folders of clients {', '.join(outside)} are not inside {root} "
+                        "(a symbolic link?); nothing was written. Remove the links, or export into a new folder.")
+    return folders
 
 
 def load_export(folder: str | Path, module: nn.Module) -> dict[str, Any]:

@@ -10,15 +10,35 @@ of that class (one row of totals for a task without classes). ``--out`` defaults
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 SPLITS = ("train", "val", "test")
 #: Up to this many clients, the plot writes each count beside its dot.
 LABELLED = 8
+#: Labels are data (client ids, class and method names): drawn as plain text, never as mathtext (``$\frac{x$``
+#: would not parse, ``$x$`` would change) nor LaTeX, whatever the user's matplotlibrc says.
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+_P, _R = ParamSpec("_P"), TypeVar("_R")
+
+
+def plain_text(draw: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``draw`` run with matplotlib's Agg backend (files only: no display needed) and :data:`PLAIN_TEXT`."""
+
+    @functools.wraps(draw)
+    def drawn(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        with matplotlib.rc_context(PLAIN_TEXT):
+            return draw(*args, **kwargs)
+
+    return drawn
 
 
 def add_arguments(parser: Any) -> None:
@@ -74,11 +94,9 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+@plain_text
 def plot(summary: dict[str, Any], path: Path) -> Path:
     """The dot plot of the train split (see the module's docstring), written to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     clients = list(summary["clients"])

@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from fedlit.commands import report_runs
+from fedlit.commands.partition_summary import plain_text
 from fedlit.commands.report_runs import Run
+from fedlit.core.names import table_cell
 from fedlit.engine import baseline
 
 
 def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the Agg backend and plain-text labels: set by @plain_text
 
     return plt
 
@@ -34,6 +33,7 @@ def _legend(ax: Any) -> None:
         ax.legend(fontsize="small")
 
 
+@plain_text
 def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
     """Mean validation ``metric`` per round, one line per method (mean over seeds), a min-max band over seeds.
     Returns False (and writes nothing) when no run has validation rows."""
@@ -58,6 +58,7 @@ def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> boo
                    f"Convergence: mean validation {metric} (band: min-max over seeds)")
 
 
+@plain_text
 def cost(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
     """Mean validation ``metric`` against cumulative upload bytes per round, one line per method (first seed's
     bytes, mean metric over seeds). Returns False when no run has both."""
@@ -129,9 +130,9 @@ def markdown(blocks: Sequence[Block]) -> str:
             lines += [block[1], ""]
         elif block[0] == "table":
             header, rows = block[1], block[2]
-            lines.append("| " + " | ".join(header) + " |")
+            lines.append("| " + " | ".join(map(table_cell, header)) + " |")
             lines.append("|---|" + "---:|" * (len(header) - 1))
-            lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+            lines += ["| " + " | ".join(map(table_cell, row)) + " |" for row in rows]
             lines.append("")
         elif block[0] == "img":
             lines += [f"![{block[2]}]({block[1].name})", ""]

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fedlit.core.errors import ConfigError
+from fedlit.core.names import check_client_ids
 from fedlit.data.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType, check_pool
 from fedlit.data.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
 from fedlit.data.splits import SPLITS
@@ -45,13 +46,15 @@ class FederatedDataModule:
     Everything is built once, lazily, by ``setup()`` (called for you by every accessor), from ``seed`` alone:
     the same seed gives the same clients and splits. Client ids are strings in a stable order.
 
-    ``setup()`` refuses a pool it cannot train on, naming the data set class, the sample index and the value:
-    non-finite inputs (floating pools; compact pools such as uint8 images are checked by their data set when
-    read) or targets (unless the data set declares ``finite_targets=False`` for a task without classes),
-    multiclass targets outside ``[0, num_classes)``, binary or multilabel targets other than 0/1, survival
-    targets other than (time >= 0, event 0/1) rows, split indices outside the pool, and a client with an empty
-    train or test split (an empty val split is allowed: the data set then has no validation split). Targets of
-    other tasks (regression...) may have any dtype and shape.
+    ``setup()`` refuses client ids that are not safe as file names (:mod:`fedlit.core.names`: empty, ``.``, ``..``,
+    a path separator, a control character, a leading ``-``, over 128 characters), naming them and where they came
+    from (:meth:`client_id_source`). It refuses a pool it cannot train on, naming the data set class, the sample
+    index and the value: non-finite inputs (floating pools; compact pools such as uint8 images are checked by their
+    data set when read) or targets (unless the data set declares ``finite_targets=False`` for a task without
+    classes), multiclass targets outside ``[0, num_classes)``, binary or multilabel targets other than 0/1, survival
+    targets other than (time >= 0, event 0/1) rows, split indices outside the pool, and a client with an empty train
+    or test split (an empty val split is allowed: the data set then has no validation split). Targets of other tasks
+    (regression...) may have any dtype and shape.
     File-backed data gets the same checks of its targets and splits, plus the existence of the files it lists
     (:func:`~fedlit.data.samples.check_samples`).
 
@@ -108,8 +111,8 @@ class FederatedDataModule:
         """Build the pool and the clients' splits, and check them (only the first call does work).
 
         Raises:
-            DataError: if the pool holds a non-finite value or an out-of-range target, or a client has an empty
-                train or test split (every problem found is listed).
+            DataError: if a client id is not a safe file name, or the pool holds a non-finite value or an
+                out-of-range target, or a client has an empty train or test split (every problem found is listed).
         """
         self._checked()
 
@@ -122,13 +125,21 @@ class FederatedDataModule:
         if self._data is None:
             if _overrides(type(self), "build_samples"):
                 samples = self.build_samples()
+                check_client_ids(samples.splits, self.client_id_source())
                 check_samples(samples, type(self).__name__)
                 self._data = samples
             else:
                 data = self.build()
+                check_client_ids(data.splits, self.client_id_source())
                 check_pool(data, type(self).__name__)
                 self._data = data
         return self._data
+
+    def client_id_source(self) -> str:
+        """Where the client ids come from, as an error message names it (a data set whose ids come from a file
+        or an option overrides it: ``column 'site' of /data/t.csv (data.init_args.site_column)``)."""
+        hook = "build_samples" if _overrides(type(self), "build_samples") else "build"
+        return f"{type(self).__name__}.{hook}() (the data module's clients)"
 
     @property
     def task(self) -> TaskType:

@@ -147,6 +147,10 @@ class SiteFolders(FederatedDataModule):
         """One client per site of ``sites`` (known without reading an image)."""
         return len(self.sites) if self._data is None else super().expected_num_clients()
 
+    def client_id_source(self) -> str:
+        """The site folders."""
+        return f"the site folders of {self.root} ({_OPTION}.root, {_OPTION}.sites)"
+
     def build_samples(self) -> SampleList:
         listed: dict[str, dict[str, list[tuple[str, str]]]] = {}
         layouts = {}

@@ -123,6 +123,11 @@ class SiteDataset(FederatedDataModule):
             details={"dataset": repr(self.dataset)[:200], "split_fractions": list(self.split_fractions)},
         )
 
+    def client_id_source(self) -> str:
+        """The ``sites`` option (and the dataset attribute it names)."""
+        named = f" (attribute {self.sites!r} of {type(self.dataset).__name__})" if isinstance(self.sites, str) else ""
+        return f"{_OPTION}.sites{named}"
+
     def _sites(self, n: int) -> np.ndarray:
         sites = self.sites
         if isinstance(sites, str):

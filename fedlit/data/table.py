@@ -146,6 +146,10 @@ class SiteTable(FederatedDataModule):
             },
         )
 
+    def client_id_source(self) -> str:
+        """The site column of the file."""
+        return f"column {self.site_column!r} of {self.path} ({_OPTION}.site_column)"
+
     def _read(self) -> tuple[pd.DataFrame, str]:
         """The table, and how its rows are named in messages (``line`` for CSV, ``row`` for Parquet)."""
         try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlit.core.errors import ConfigError
+from fedlit.core.names import table_cell
 
 if TYPE_CHECKING:
     from fedlit.engine.run import Run
@@ -134,7 +135,7 @@ def markdown(gain: Mapping[str, Any], metrics: list[str]) -> str:
              f"{gain['baseline_round']})", "", "| client | " + " | ".join(metrics) + " |",
              "|---|" + "---:|" * len(metrics)]
     for client, values in gain["clients"].items():
-        lines.append(f"| {client} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
+        lines.append(f"| {table_cell(client)} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
     for agg in ("mean", "std"):
         lines.append(f"| **{agg}** | " + " | ".join(_fmt(gain[agg].get(m)) for m in metrics) + " |")
     return "\n".join(lines) + "\n"

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from fedlit.core.names import table_cell
+
 AGGREGATES = ("mean", "wmean", "worst")
 PerClient = dict[str, dict[str, float]]
 
@@ -110,7 +112,7 @@ def markdown_table(title: str, result: Mapping[str, Any], metrics: list[str]) ->
     lines = [f"### {title} (round {result['round']})", "", "| client | " + " | ".join(metrics) + " |",
              "|---|" + "---:|" * len(metrics)]
     for client, values in per_client.items():
-        lines.append(f"| {client} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
+        lines.append(f"| {table_cell(client)} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
     for agg in AGGREGATES:
         lines.append(f"| **{agg}** | " + " | ".join(_fmt(summary.get(f"{m}_{agg}")) for m in metrics) + " |")
     return "\n".join(lines) + "\n"

@@ -28,6 +28,7 @@ from typing import Any
 
 from fedlit.core.checkpoint_io import load_checkpoint
 from fedlit.core.errors import ConfigError
+from fedlit.core.names import check_client_ids
 from fedlit.engine import baseline, energy, ranks, record, results, resume, rounds
 from fedlit.engine.executor import LocalExecutor
 from fedlit.engine.optim import round_schedule
@@ -57,6 +58,8 @@ def setup(run: Run, ckpt_path: str | Path | None = None) -> None:
         return
     launch(run)
     run.datamodule.setup()
+    # a FederatedDataModule checked its ids in setup(); any other data source (a Flower server's nodes) here
+    check_client_ids(run.client_ids, f"{type(run.datamodule).__name__}.client_ids")
     check_compatible(run)
     roles = run.strategy.configure_roles(run.module.parameter_roles())
     run.module.set_parameter_roles(roles)

@@ -13,6 +13,7 @@ import torch
 
 from fedlit.core.checkpoint_io import LAST
 from fedlit.core.errors import FedlitError, NonFiniteError
+from fedlit.core.names import table_cell
 from fedlit.core.roles import role_summary_table
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import energy, record, resume
@@ -32,7 +33,7 @@ def log_class_counts(run: Run) -> None:
         return
     lines = ["| client | " + " | ".join(f"{s} per class" for s in ("train", "val", "test")) + " |",
              "|---|---|---|---|"]
-    lines += [f"| {c} | " + " | ".join(str(v[s]) for s in ("train", "val", "test")) + " |"
+    lines += [f"| {table_cell(c)} | " + " | ".join(str(v[s]) for s in ("train", "val", "test")) + " |"
               for c, v in counts.items()]
     table = "\n".join(lines)
     shown = lines[:2 + 12] + ([f"| ... {len(counts) - 12} more clients in class_counts.json |"]

@@ -59,6 +59,7 @@ from torch import Tensor
 
 from fedlit.config.build import build_objects
 from fedlit.core.errors import ConfigError
+from fedlit.core.names import check_client_id
 from fedlit.engine import lifecycle
 from fedlit.engine.client import ClientTurn, train_client
 from fedlit.engine.executor import run_evaluate_task
@@ -76,6 +77,7 @@ __all__ = ["STATE_RECORD", "ClientRuntime", "FolderTable", "OwnClientData", "Sna
 
 #: The record of ``context.state`` that keeps the client's store entry (when the node has no ``state-dir``).
 STATE_RECORD = "fedlit"
+_RENAME = "Give the node the id of its site as the data names it, and rename sites whose names are not file names"
 
 
 class ClientRuntime:
@@ -239,6 +241,7 @@ def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:
     if "client-id" not in node:
         raise ConfigError("This SuperNode has no client id: start it with --node-config \"client-id='site_0'\" "
                           "(the id of the recipe's client it holds).")
+    check_client_id(str(node["client-id"]), "--node-config client-id of this SuperNode", _RENAME)
     return ClientRuntime(lambda: node_run(context.run_config, node, workdir / "run"), str(node["client-id"]))
 
 
@@ -250,7 +253,9 @@ def snapshots_of(context: Context) -> Snapshots:
     run = hashlib.sha256(out_dir.encode()).hexdigest()[:16] if out_dir else f"run{context.run_id}"
     folder = context.node_config.get("state-dir")
     if folder:
-        return Snapshots(FolderTable(Path(str(folder)) / run / str(context.node_config["client-id"])))
+        client_id = str(context.node_config["client-id"])
+        check_client_id(client_id, "--node-config client-id of this SuperNode", _RENAME)  # a folder under state-dir
+        return Snapshots(FolderTable(Path(str(folder)) / run / client_id))
     name = f"{STATE_RECORD}.{run}"
     if name not in context.state.config_records:
         context.state[name] = ConfigRecord()

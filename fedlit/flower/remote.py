@@ -24,6 +24,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedlit.core.errors import ConfigError, DataError
+from fedlit.core.names import check_client_ids
 
 
 class Transport(Protocol):
@@ -122,6 +123,7 @@ class RemoteData:
         by_client: dict[str, list[int]] = {}
         for node, answer in answers.items():
             by_client.setdefault(str(answer["client-id"]), []).append(node)
+        check_client_ids(by_client, "--node-config client-id of the SuperNodes")
         twice = {c: n for c, n in by_client.items() if len(n) > 1}
         if twice:
             raise ConfigError(f"Several SuperNodes hold the same client: {twice}. Give each node its own "

@@ -176,6 +176,14 @@ def test_bad_folders_are_refused_naming_the_file(sites: Path, tmp_path: Path) ->
         _data(sites, mean=[0.5, 0.5, 0.5], std=[0.2, 0.2, 0.2])
 
 
+def test_a_site_folder_named_like_an_option_is_refused_naming_the_root(sites: Path) -> None:
+    (sites / "site_b").rename(sites / "--site_b")
+    with pytest.raises(DataError, match=re.escape(
+            f"the site folders of {sites} (data.init_args.root, data.init_args.sites): client ids that are not "
+            "safe as file names: '--site_b' starts with '-' (it would read as an option).")):
+        _data(sites).setup()
+
+
 def test_empty_test_split_names_the_client(tmp_path: Path) -> None:
     root = tmp_path / "tiny"
     _png(root / "s1" / "a" / "0.png", 0, 8)

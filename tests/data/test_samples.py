@@ -76,6 +76,19 @@ def test_site_dataset_refuses_bad_labels_naming_sample_and_client() -> None:
         SiteDataset(dataset=dataset, sites="hospital", num_classes=3).setup()
 
 
+def test_site_ids_that_are_not_file_names_are_refused_naming_the_attribute() -> None:
+    dataset = Counting()
+    dataset.hospital = ["..", "-h1", "h\ni"] * 10
+    with pytest.raises(DataError) as info:
+        SiteDataset(dataset=dataset, sites="hospital").setup()
+    assert str(info.value).startswith(
+        "data.init_args.sites (attribute 'hospital' of Counting): client ids that are not safe as file names: "
+        "'-h1' starts with '-' (it would read as an option); '..' names a folder itself; 'h\\ni' holds a control "
+        "character.")
+    with pytest.raises(DataError, match=r"^data.init_args.sites: client ids .*: '/h' holds a path separator"):
+        SiteDataset(dataset=dataset, sites=lambda i: "/h" if i % 2 else "h").setup()
+
+
 def test_train_and_eval_transforms_are_separate() -> None:
     data = SiteDataset(dataset=Counting(), sites="hospital", train_transform=[lambda x: x + 100, lambda x: -x],
                        eval_transform=lambda x: x * 0)

@@ -134,6 +134,24 @@ def test_bad_options_are_named(table: Path, tmp_path: Path) -> None:
         _data(tmp_path / "small.csv").setup()
 
 
+def test_site_names_that_are_paths_are_refused_naming_them_and_the_column(tmp_path: Path) -> None:
+    frame = _frame()
+    outside = str(tmp_path.parent / "elsewhere")  # an absolute path
+    frame["hospital"] = frame["hospital"].map({"north": "../../x", "south": outside, "east": "east"})
+    frame.to_csv(tmp_path / "paths.csv", index=False)
+    with pytest.raises(DataError) as info:
+        _data(tmp_path / "paths.csv").setup()
+    message = str(info.value)
+    assert message.startswith(f"column 'hospital' of {tmp_path / 'paths.csv'} (data.init_args.site_column): "
+                              "client ids that are not safe as file names: ")
+    assert f"'../../x' holds a path separator; {outside!r} holds a path separator." in message
+    assert "'east'" not in message and "Rename these sites" in message
+    # a space, a percent sign, a dollar sign and quotes are data: kept as they are
+    frame["hospital"] = _frame()["hospital"].map({"north": "north 50%", "south": "$south$", "east": "O'East"})
+    frame.to_csv(tmp_path / "odd.csv", index=False)
+    assert _data(tmp_path / "odd.csv").client_ids == ["$south$", "O'East", "north 50%"]
+
+
 RECIPE = """
 model:
   class_path: fedlit.tasks.ClassificationModule

@@ -75,3 +75,14 @@ def test_a_node_without_client_id_answers_why(context):
     context.node_config = {}
     reply = handle_message(Message(RecordDict(), 42, "query", group_id="q"), context)
     assert "client-id" in reply.content["error"]["detail"]
+
+
+def test_a_node_whose_client_id_is_a_path_answers_why_and_writes_nothing(context, tmp_path):
+    context.node_config = {**context.node_config, "client-id": "../../outside"}
+    reply = handle_message(Message(RecordDict(), 42, "query", group_id="q"), context)
+    assert reply.content["error"]["detail"] == (
+        "DataError: --node-config client-id of this SuperNode: client ids that are not safe as file names: "
+        "'../../outside' holds a path separator. Client ids become folders (fedlit export), TensorBoard tags and "
+        "metrics.csv rows. Give the node the id of its site as the data names it, and rename sites whose names are "
+        "not file names.")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "outside").exists()

@@ -152,6 +152,23 @@ def test_missing_nodes_are_named(tmp_path):
         data.setup()
 
 
+def test_client_ids_the_nodes_report_are_checked_as_names(tmp_path):
+    from flwr.app import ConfigRecord, RecordDict
+
+    class Nodes:  # two SuperNodes, one started with a client-id that is a path
+        def node_ids(self):
+            return [1, 2]
+
+        def exchange(self, messages, message_type, timeout):
+            return [RecordDict({"query": ConfigRecord({"client-id": c, "position": i})})
+                    for i, c in enumerate(["c0", "../../x"])]
+
+    data = RemoteData(_fed(tmp_path / "dep")().datamodule, Nodes(), num_clients=2, connect_timeout=0.1)
+    with pytest.raises(DataError, match=r"^--node-config client-id of the SuperNodes: client ids that are not safe "
+                                        r"as file names: '\.\./\.\./x' holds a path separator\."):
+        data.setup()
+
+
 def test_unseen_clients_are_refused_in_deployment(tmp_path):
     transport = InProcessTransport({c: _fed(tmp_path / "node") for c in CLIENTS})
     with pytest.raises(ConfigError, match="federation.unseen_clients=1: unseen clients are evaluated"):
