@@ -98,6 +98,9 @@ class Run:
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
+        #: Callbacks that reported on the run and were dropped on a resume (``federation.allow_dropped_callbacks``):
+        #: ``state_key`` -> the round after which, their last state and report (see :mod:`fedlit.engine.resume`).
+        self.dropped_callbacks: dict[str, dict[str, Any]] = {}
         self.lr_schedule: RoundSchedule | None = None  # the module's schedule of interval "round"
         self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.engine.record)
         self.energy: dict[str, Any] | None = None  # the energy meter of a fit (see fedlit.engine.energy)

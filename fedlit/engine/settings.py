@@ -65,6 +65,12 @@ class Settings:
             :mod:`fedlit.engine.evaluate`).
         unseen_finetune_steps: Local optimizer steps an unseen client takes on its own train split from the model
             it receives before its second test (0, the default: no fine-tuned test).
+        allow_dropped_callbacks: Let a resumed run go on without a callback of the checkpoint's run that reports on
+            the whole run in ``results.json`` (the privacy callbacks). False (the default) refuses such a resume: its
+            next rounds would run without it (for differential privacy: released without noise) while the results
+            would lose what it reported. True continues, the drop recorded in ``config.json`` (``resumed``) and
+            ``results.json`` (``dropped_callbacks``, and a note in the callback's section: its figures, an epsilon
+            say, cover only the rounds it ran).
     """
 
     rounds: int = 10
@@ -88,6 +94,7 @@ class Settings:
     loggers: list[Logger] | None = None
     unseen_clients: list[str] | int | None = None
     unseen_finetune_steps: int = 0
+    allow_dropped_callbacks: bool = False
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
