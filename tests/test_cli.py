@@ -13,6 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from fedlit.cli import main, run
 from fedlit.engine.run_folder import claim_run_dir
 from fedlit.strategies import FedAvg
+from tests.test_rundir import killed_run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--federation.progress_bar", "false",
@@ -141,6 +142,24 @@ def test_resume_without_a_checkpoint_says_what_to_do(capsys, tmp_path):
     assert "no checkpoint at" in err and "Run `fedlit fit`" in err
 
 
+def test_a_run_killed_before_its_first_checkpoint_is_started_again_in_its_folder(capsys, tmp_path):
+    out = killed_run(tmp_path / "run")
+    argv = ["fit", *QUICK, "--out_dir", str(out), "--federation.rounds", "1", "--federation.local_epochs", "1",
+            "--data.init_args.samples_per_client", "20"]
+    err = error_of([*argv, "--ckpt_path", "last"], capsys)
+    assert (f"the run in {out} stopped before its first checkpoint, so there is nothing to resume. Start it again "
+            "with `fedlit fit` without --ckpt_path (it takes over that folder)") in err and err.count("\n") == 1
+    with pytest.warns(UserWarning, match="stopped before its first checkpoint .*starts it again from round 1 and "
+                                         "replaces its files"):
+        results = run(argv)
+    assert results["last"]["round"] == 1 and (out / "checkpoints" / "last.ckpt").is_file()
+    assert json.loads((out / "config.json").read_text())["federation"]["rounds"] == 1  # the new run's files only
+    assert "c0,train,loss,0.5" not in (out / "metrics.csv").read_text()
+    assert b"killed" not in b"".join(p.read_bytes() for p in (out / "tensorboard").iterdir() if p.is_file())
+    # now it has a checkpoint: a fresh run is refused again, before it builds anything
+    assert f"out_dir {out} already holds a run" in error_of(argv, capsys)
+
+
 def test_resume_of_the_newest_run_never_falls_back_to_an_older_one(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     older, newest = Path("runs/quickstart_fedbn/version_0"), Path("runs/quickstart_fedbn/version_1")
@@ -154,6 +173,7 @@ def test_resume_of_the_newest_run_never_falls_back_to_an_older_one(capsys, tmp_p
         assert (f"the newest run of this name, {newest}, has no checkpoint: it stopped before its first "
                 "checkpoint. `last` never falls back to an older run. Pass --out_dir of an older run (the newest "
                 f"with one is {older}), or --ckpt_path") in err
+        assert f"`fedlit fit` without --ckpt_path starts the run again (with --out_dir {newest}, in its" in err
     with claim_run_dir(newest, resume=True):
         err = error_of(["fit", *QUICK, "--ckpt_path", "last"], capsys)
         assert f"it is still running (pid {os.getpid()}) and has not saved one yet" in err

@@ -17,8 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from fedlit import FedAvg, FedBN, Federation, FedProx, Local, RoleRule
-from fedlit.cli import prepare
-from fedlit.core.errors import ConfigError
+from fedlit.cli import main, prepare, run
+from fedlit.core.errors import CheckpointError, ConfigError
 from fedlit.federation import derive_seed
 from fedlit.models import Backbone
 from fedlit.privacy import ClientLevelDP, SampleLevelDP, clip_and_noise, clip_update, gaussian_noise
@@ -300,3 +300,78 @@ def test_adding_client_level_dp_on_resume_warns_that_earlier_rounds_are_not_cove
     with pytest.warns(UserWarning, match=r"ClientLevelDP: the checkpoint's rounds 1..1 ran without it"):
         fed.fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
     assert dp.history == [[1.0, 1.0, 1]]
+
+
+# ------------------------------------------------------------------------------------------------- dropped on resume
+def test_a_resume_without_client_level_dp_is_refused_unless_allowed_and_then_says_what_epsilon_covers(tmp_path):
+    def fed(rounds, *callbacks, **options):
+        return make_federation(tmp_path, FedBN(weighting="uniform"), rounds=rounds, callbacks=list(callbacks),
+                               **options)
+
+    fed(2, ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1)).fit()
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    finished = (tmp_path / "results.json").read_text()
+    with pytest.raises(CheckpointError, match=r"saved by a run with the callbacks ClientLevelDP, which this run lacks: "
+                                              r"its rounds after 2 would run without them .*released without noise.*"
+                                              r"set federation.allow_dropped_callbacks: true"):
+        fed(4).fit(ckpt_path=ckpt)
+    assert (tmp_path / "results.json").read_text() == finished  # refused before any round
+    assert fed(4).evaluate("test", ckpt)["round"] == 2  # evaluating the checkpoint releases nothing: not refused
+    with pytest.warns(UserWarning, match=r"allow_dropped_callbacks: resuming .* without ClientLevelDP: the rounds "
+                                         r"after 2 run without them"):
+        results = fed(4, allow_dropped_callbacks=True).fit(ckpt_path=ckpt)
+    block = results["privacy"]["client_level"]
+    assert block["epsilon"] == pytest.approx(_epsilon(2, 1.0, 1.0, 1e-5)) and block["rounds"] == 2
+    assert block["dropped_after_round"] == 2 and "cover only the rounds it ran, up to round 2" in block["note"]
+    assert "rounds 3..4 ran without it" in block["note"]
+    assert results["dropped_callbacks"] == [{"callback": "ClientLevelDP", "after_round": 2}]
+    assert json.loads((tmp_path / "results.json").read_text())["privacy"] == results["privacy"]
+    assert "ClientLevelDP after round 2" in (tmp_path / "results.md").read_text()
+    # later checkpoints carry the drop on (no second refusal); bringing the callback back goes on from its 2 rounds
+    later = fed(5).fit(ckpt_path=ckpt)
+    assert later["privacy"]["client_level"]["epsilon"] == block["epsilon"]
+    assert "rounds 3..5 ran without it" in later["privacy"]["client_level"]["note"]
+    back = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1)
+    with pytest.warns(UserWarning, match=r"ClientLevelDP: the checkpoint's rounds 3..5 ran without it"):
+        again = fed(6, back).fit(ckpt_path=ckpt)
+    assert back.history == [[1.0, 1.0, 3]] and "note" not in again["privacy"]["client_level"]
+    assert "dropped_callbacks" not in again
+
+
+def test_a_resume_without_sample_level_dp_is_refused(tmp_path):
+    def fed(*callbacks):
+        torch.manual_seed(0)
+        module = ClassificationModule(backbone=PlainMLP(), num_classes=3, lr=0.1,
+                                      roles=[RoleRule("backbone.*", "shared")])
+        return Federation(module, TinyTabular(), FedAvg(), rounds=2, out_dir=tmp_path, progress_bar=False,
+                          accelerator="cpu", callbacks=list(callbacks))
+
+    fed(SampleLevelDP(noise_multiplier=1.0, max_grad_norm=0.5)).fit()
+    fed(SampleLevelDP(noise_multiplier=1.0, max_grad_norm=0.5)).fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
+    with pytest.raises(CheckpointError, match="the callbacks SampleLevelDP, which this run lacks"):
+        fed().fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
+
+
+def test_the_cli_refuses_to_drop_the_privacy_callback_in_one_line_and_records_an_allowed_drop(tmp_path, capsys):
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml").read_text())
+    recipe["federation"] |= {"rounds": 1, "local_epochs": 1, "progress_bar": False}
+    recipe["data"]["init_args"]["samples_per_client"] = 20
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(recipe))
+    recipe["callbacks"] = [{"class_path": "fedlit.privacy.ClientLevelDP",
+                            "init_args": {"noise_multiplier": 1.0, "clip_norm": 0.5}}]
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(recipe))
+    out = ["--out_dir", str(tmp_path / "run")]
+    run(["fit", "--config", str(tmp_path / "dp.yaml"), *out])
+    resume = ["fit", "--config", str(tmp_path / "plain.yaml"), *out, "--federation.rounds", "2", "--ckpt_path", "last"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(resume)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "the callbacks ClientLevelDP, which this run lacks" in err and "--federation.allow_dropped_callbacks" in err
+    with pytest.warns(UserWarning, match="without ClientLevelDP"):
+        results = run([*resume, "--federation.allow_dropped_callbacks", "true"])
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["resumed"] == [{"from_round": 1, "dropped_callbacks": ["ClientLevelDP"], "changed": {
+        "callbacks": [config["callbacks"], None], "ckpt_path": [None, "last"],
+        "federation.allow_dropped_callbacks": [False, True], "federation.rounds": [1, 2]}}]
+    assert results["privacy"]["client_level"]["dropped_after_round"] == 1 and results["last"]["round"] == 2

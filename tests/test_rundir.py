@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,55 @@ def test_a_fresh_run_refuses_a_folder_holding_a_run_and_a_resume_continues_it(tm
         check_run_dir(out, resume=False)
     with claim_run_dir(out, resume=True):
         assert (out / LOCK_NAME).is_file()
+
+
+def killed_run(folder):
+    """The folder of a run killed before its first checkpoint: its first files written, its lock left behind."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "manifest.json", "class_counts.json"):
+        (folder / name).write_text("{}")
+    (folder / "metrics.csv").write_text("round,client,split,metric,value\n1,c0,train,loss,0.5\n")
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "events.out.tfevents.1").write_bytes(b"the killed run's events")
+    (folder / "checkpoints").mkdir()
+    (folder / LOCK_NAME).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname()}))
+    return folder
+
+
+def test_a_fresh_run_takes_over_the_folder_of_a_run_killed_before_its_first_checkpoint(tmp_path):
+    out = killed_run(tmp_path / "run")
+    (out / "notes.txt").write_text("mine")
+    check_run_dir(out, resume=False)
+    with pytest.warns(UserWarning) as said:
+        lock = claim_run_dir(out, resume=False)
+    messages = [str(w.message) for w in said]
+    assert any("taking over the lock of a run that ended" in m for m in messages)
+    assert (f"out_dir {out} holds a run that stopped before its first checkpoint (config.json, manifest.json, "
+            "class_counts.json, metrics.csv, checkpoints/, tensorboard/): it has nothing to resume, so this run "
+            "starts it again from round 1 and replaces its files.") in messages
+    assert run_files(out) == [] and (out / "notes.txt").read_text() == "mine" and lock.held
+    lock.release()
+
+
+def test_a_folder_with_a_checkpoint_or_results_or_a_live_run_is_never_taken_over(tmp_path):
+    with_checkpoint = killed_run(tmp_path / "ckpt")
+    (with_checkpoint / "checkpoints" / "best.ckpt").write_bytes(b"a checkpoint to resume")
+    with_results = killed_run(tmp_path / "results")
+    (with_results / "results.json").write_text("{}")
+    for out in (with_checkpoint, with_results):
+        for check in (check_run_dir, claim_run_dir):
+            with pytest.raises(RunDirError, match="already holds a run"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the stale lock is taken over before the folder is refused
+                check(out, resume=False)
+        assert (out / "config.json").is_file() and (out / "tensorboard").is_dir()
+    live = killed_run(tmp_path / "live")
+    with pytest.warns(UserWarning, match="taking over the lock"):
+        holder = claim_run_dir(live, resume=True)  # a run of this process, not yet at its first checkpoint
+    with holder:
+        for check in (check_run_dir, claim_run_dir):
+            with pytest.raises(RunDirError, match="is in use by another run"):
+                check(live, resume=False)
+    assert (live / "config.json").is_file()
 
 
 def test_an_empty_existing_folder_or_unrelated_files_are_fine(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser, Namespace
 
 from fedlit.core.errors import CheckpointError, ConfigError
-from fedlit.engine.run_folder import lock_holder, run_versions
+from fedlit.engine.run_folder import lock_holder, run_files, run_versions
 
 LAST_KEYWORD = "last"
 BEST_KEYWORD = "best"
@@ -171,9 +171,17 @@ def resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | No
     if out_dir is not None:
         ckpt = out_dir / "checkpoints" / LAST
         if not ckpt.is_file():
+            holder = lock_holder(out_dir) if out_dir.is_dir() else None
+            if holder is None and out_dir.is_dir() and run_files(out_dir):
+                raise CheckpointError(
+                    f"{option}: no checkpoint at {ckpt}: the run in {out_dir} stopped before its first checkpoint, "
+                    f"so there is nothing to resume. Start it again with `fedlit fit` without --ckpt_path (it takes "
+                    "over that folder), or give --ckpt_path with the path of a .ckpt file."
+                )
+            running = f" (the run there is still running, pid {holder.get('pid', '?')})" if holder else ""
             raise CheckpointError(
-                f"{option}: no checkpoint at {ckpt}. Run `fedlit fit` into --out_dir {out_dir} first, or give "
-                "--out_dir of the run to resume, or --ckpt_path with the path of a .ckpt file."
+                f"{option}: no checkpoint at {ckpt}{running}. Run `fedlit fit` into --out_dir {out_dir} first, or "
+                "give --out_dir of the run to resume, or --ckpt_path with the path of a .ckpt file."
             )
         return out_dir, ckpt
     root = run_root(cfg)
@@ -192,9 +200,11 @@ def resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | No
                  else "it stopped before its first checkpoint")
         older = [p for p in runs[:-1] if (p / "checkpoints" / LAST).is_file()]
         hint = f" (the newest with one is {older[-1]})" if older else ""
+        again = "" if holder else (" It has nothing to resume: `fedlit fit` without --ckpt_path starts the run "
+                                   f"again (with --out_dir {newest}, in its folder).")
         raise CheckpointError(
             f"{option}: the newest run of this name, {newest}, has no checkpoint: {state}. `last` never falls "
             f"back to an older run. Pass --out_dir of an older run{hint}, or --ckpt_path with the path of a "
-            ".ckpt file."
+            f".ckpt file.{again}"
         )
     return newest, ckpt

@@ -20,6 +20,11 @@ never reach into Fabric or the data module.
     update = the client's shared tensors + extras, checked finite
     on_client_fit_end; save the client's personal tensors to the store
 
+With BatchNorm layers that normalize with the statistics of the batch (in train mode), a training batch of one
+sample is left out: it has no such statistics (PyTorch raises on it). It happens once per pass over a train split
+of 1 more than a multiple of the batch size; the skipped batch is not a step and does not enter the mean loss, and a
+warning names the client once per run (:func:`skip_single_sample`).
+
 A client whose loss or upload is not finite stops training at once and is *quarantined*: its turn carries the
 ``problem`` (the round leaves its update out of aggregation), ``on_client_fit_end`` is not called and nothing of
 it is saved, so its stored state and the strategy's per-client state stay as they were before the turn. A turn
@@ -31,13 +36,14 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from lightning.fabric import Fabric
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from fedlit.core.errors import DataError
@@ -71,6 +77,7 @@ class ClientContext:
         lr_schedule: The learning rate of this round (a schedule of interval ``round``), or None.
         trainer: What hooks receive as ``trainer``: the run in a simulation, this context on a Flower node.
         progress: Called as ``progress(steps, mean loss)`` after each step (a progress bar), or None.
+        warned: What the run has already warned about (each such warning once per run).
     """
 
     client_id: str
@@ -86,6 +93,7 @@ class ClientContext:
     lr_schedule: optim.RoundSchedule | None = None
     trainer: Any = None
     progress: Callable[[int, float], None] | None = field(default=None, repr=False)
+    warned: set[str] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         if self.trainer is None:
@@ -173,6 +181,7 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     hooks.call("on_client_fit_start", client_states=ctx.store, **hook_args, server_round=server_round,
                client_id=client_id, received=received, received_extras=received_extras)
     module.set_train_mode()
+    norms = batch_statistics_layers(module)
     steps, loss_sum, seen, epoch = 0, 0.0, 0, 0
     bad: str | None = None
     kind = "non-finite"
@@ -181,6 +190,8 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
         hooks.call("on_train_epoch_start", **hook_args)
         batches = 0
         for batch_idx, batch in enumerate(loader):
+            if skip_single_sample(ctx, batch, norms):
+                continue
             batch = precision.convert_input(fabric.to_device(batch))
             hooks.call("on_train_batch_start", **hook_args, batch=batch, batch_idx=batch_idx)
             with strategy.client_forward(module), fabric.autocast():
@@ -225,8 +236,9 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
             if steps >= max_steps:
                 break
         if batches == 0:
-            raise DataError(f"Client {client_id!r} has no training batch: its train split is empty. Give it "
-                            "training samples (change the partition) or leave it out of the federation.")
+            raise DataError(f"Client {client_id!r} has no training batch: its train split is "
+                            f"{_empty_or_single(ctx, norms)}. Give it training samples (change the partition) or "
+                            "leave it out of the federation.")
         hooks.call("on_train_epoch_end", **hook_args)
         epoch += 1
     shared = module.named_tensors("shared")
@@ -247,6 +259,49 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     ctx.store.save_from(client_id, module.named_tensors("personal"))
     _save_optimizer(ctx, optimizer, scheduler)
     return ClientTurn(update, download)
+
+
+def batch_statistics_layers(module: nn.Module) -> list[str]:
+    """The BatchNorm layers of ``module`` that normalize with the statistics of the batch: in train mode, or
+    without running statistics. A batch of one sample has none."""
+    return [name for name, m in module.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)]
+
+
+def skip_single_sample(ctx: ClientContext, batch: Any, norms: list[str]) -> bool:
+    """Whether to leave out ``batch``: one sample, with BatchNorm layers ``norms`` that need batch statistics. Warns
+    the first time in the run for the client."""
+    if not norms or _num_samples(batch) != 1:
+        return False
+    key = f"single-sample-batch:{ctx.client_id}"
+    if key not in ctx.warned and ctx.num_examples("train") > 1:  # a lone sample: the turn raises, saying why
+        ctx.warned.add(key)
+        warnings.warn(
+            f"Client {ctx.client_id!r}: a training batch of one sample is left out, one sample per pass over its "
+            f"{ctx.num_examples('train')} training samples (1 more than a multiple of the batch size), because the "
+            f"BatchNorm layers {norms[:3]}{' ...' if len(norms) > 3 else ''} normalize with the statistics of the "
+            "batch, which one sample cannot give. Choose a data.init_args.batch_size that leaves no sample alone to "
+            "train on every one.", stacklevel=3)
+    return True
+
+
+def _num_samples(batch: Any) -> int | None:
+    """The leading dimension of the first tensor in ``batch`` (a tensor, or a tuple, list or mapping of them)."""
+    if isinstance(batch, Tensor):
+        return batch.shape[0] if batch.dim() else None
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else ()
+    for item in items:
+        found = _num_samples(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _empty_or_single(ctx: ClientContext, norms: list[str]) -> str:
+    if ctx.num_examples("train") == 1 and norms:
+        return (f"one sample, which the BatchNorm layers {norms[:3]} cannot train on (they normalize with the "
+                "statistics of the batch)")
+    return "empty"
 
 
 def _client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:

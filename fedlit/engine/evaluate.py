@@ -41,7 +41,7 @@ from torch import Tensor
 from fedlit.core.errors import DataError
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import optim, record
-from fedlit.engine.client import ClientContext, load_client
+from fedlit.engine.client import ClientContext, batch_statistics_layers, load_client, skip_single_sample
 from fedlit.engine.history import summarize
 from fedlit.engine.tasks import evaluate_tasks
 
@@ -160,10 +160,13 @@ def finetune(ctx: ClientContext, received: Mapping[str, Tensor], steps: int) -> 
     optimizer = fabric.setup_optimizers(local.optimizer)
     precision = fabric.strategy.precision
     module.set_train_mode()
+    norms = batch_statistics_layers(module)
     done = 0
     while done < steps:
         batches = 0
         for batch_idx, batch in enumerate(loader):
+            if skip_single_sample(ctx, batch, norms):  # as in a client's turn: BatchNorm needs two samples
+                continue
             batch = precision.convert_input(fabric.to_device(batch))
             with fabric.autocast():
                 out = precision.convert_output(module.training_step(batch, batch_idx))

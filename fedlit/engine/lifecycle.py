@@ -47,14 +47,16 @@ def launch(run: Run) -> None:
         run.launched = True
 
 
-def setup(run: Run, ckpt_path: str | Path | None = None) -> None:
+def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = False) -> None:
     """Prepare data, roles, the live module, the store and the strategy; resume from ``ckpt_path``.
 
     Only the first call builds; a later one (``evaluate`` after ``fit``) only loads ``ckpt_path`` if given.
+    ``resuming``: a fit continues from ``ckpt_path`` (not an evaluation), so it may not drop a callback that reported
+    on the run (:func:`fedlit.engine.resume.check_dropped`).
     """
     if run.wrapped is not None:
         if ckpt_path is not None:
-            resume.restore(run, load_checkpoint(ckpt_path), ckpt_path)
+            resume.restore(run, load_checkpoint(ckpt_path), ckpt_path, resuming=resuming)
         return
     launch(run)
     run.datamodule.setup()
@@ -85,8 +87,8 @@ def setup(run: Run, ckpt_path: str | Path | None = None) -> None:
     run.strategy.initialize(run.module.named_tensors("shared"), training,
                             None if counts is None else {c: counts[c]["train"] for c in training}, roles=roles)
     if ckpt_path is not None:
-        resume.restore(run, load_checkpoint(ckpt_path), ckpt_path)
-        resume.record_resume(run, run.out_dir)
+        dropped = resume.restore(run, load_checkpoint(ckpt_path), ckpt_path, resuming=resuming)
+        resume.record_resume(run, run.out_dir, dropped)
     run.executor.setup(run)
 
 
@@ -146,7 +148,7 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
     # On an error, end the processes this one launched: they would wait for it in their next collective.
     with ranks.abort_on_error(run), (claim_run_dir(run.out_dir, resume=ckpt_path is not None) if zero
                                      else contextlib.nullcontext()):
-        setup(run, ckpt_path)
+        setup(run, ckpt_path, resuming=True)
         if run.baseline_run is not None:  # refuse another data set or seed before training, not after
             baseline.load(run.baseline_run, run)
         record.begin(run, resumed=ckpt_path is not None)

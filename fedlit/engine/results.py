@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedlit.core.checkpoint_io import BEST
 from fedlit.core.errors import DataError
-from fedlit.engine import baseline, hparams, record
+from fedlit.engine import baseline, hparams, record, resume
 from fedlit.engine.evaluate import GLOBAL, UNSEEN, evaluate_unseen, unseen_scalars
 from fedlit.engine.history import markdown_table, summarize
 from fedlit.engine.tasks import evaluate_tasks
@@ -95,6 +95,12 @@ def report(run: Run) -> dict[str, Any]:
         sections = getattr(callback, "results_json", None)
         for key, value in (sections(run) if callable(sections) else {}).items():
             results.setdefault(key, {}).update(value)
+    for key, value in resume.dropped_reports(run).items():  # what callbacks dropped on resume reported, marked
+        for name, block in value.items():
+            results.setdefault(key, {}).setdefault(name, block)
+    if run.dropped_callbacks:
+        results["dropped_callbacks"] = [{"callback": key, "after_round": entry["after_round"]}
+                                        for key, entry in run.dropped_callbacks.items()]
     if run.faults:
         results["faults"] = run.faults
     if run.stopped_early is not None:
@@ -125,6 +131,10 @@ def report(run: Run) -> dict[str, Any]:
     if run.stopped_early is not None:
         sections.append(f"Stopped after round {run.stopped_early['round']} of {run.rounds}: "
                         f"{run.stopped_early['reason']}.\n")
+    if run.dropped_callbacks:
+        sections.append("Callbacks dropped on resume (federation.allow_dropped_callbacks): " + "; ".join(
+            f"{key} after round {entry['after_round']} (what it reports covers only the rounds up to "
+            f"{entry['after_round']})" for key, entry in run.dropped_callbacks.items()) + ".\n")
     if run.faults:
         lines = [f"- round {f['round']}, client {f['client']}: {f['kind']} ({f['detail']})" for f in run.faults]
         sections.append("Clients left out of aggregation:\n\n" + "\n".join(lines) + "\n")

@@ -7,12 +7,19 @@ fingerprint of the frozen tensors, the partition manifest and, for runs started 
 refused with a message that names what differs. Settings that may change on resume are :data:`RESUMABLE`; each
 resume is recorded in ``config.json`` under ``resumed`` (the round it continued from and the keys it changed),
 the rest of the file staying the original configuration.
+
+Callbacks may change on resume, except one that reports on the whole run in ``results.json`` (a ``results_json``
+method: the privacy callbacks): the checkpoint keeps what each reported, and a resume without one of them is
+refused unless ``federation.allow_dropped_callbacks`` is set; then its report is carried into ``results.json``,
+marked as covering only the rounds it ran, and later checkpoints carry it on (its state too: a resume that brings
+it back goes on from the rounds it ran).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +40,7 @@ SECTIONS = ("model", "data", "strategy", "federation")
 #: Settings of the ``federation`` section that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
                        "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
-                       "client_timeout", "max_update_norm", "max_update_ratio"})
+                       "client_timeout", "max_update_norm", "max_update_ratio", "allow_dropped_callbacks"})
 
 
 def identity(run: Run) -> dict[str, Any]:
@@ -61,6 +68,8 @@ def save(run: Run, path: str | Path) -> Path:
         "identity": run.identity,
         "strategy": run.strategy.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in run.callbacks[1:]},
+        "reports": {cb.state_key: cb.results_json(run) for cb in run.callbacks[1:] if reports(cb)},
+        "dropped_callbacks": run.dropped_callbacks,
         "store": store,
         "history": run.history.state_dict(),
         "comm": dict(run.comm),
@@ -74,14 +83,35 @@ def save(run: Run, path: str | Path) -> Path:
     return path
 
 
-def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path) -> None:
-    """Load ``payload`` into ``fed`` after checking that it belongs to this run (see the module docstring)."""
+def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resuming: bool = False) -> list[str]:
+    """Load ``payload`` into ``run`` after checking that it belongs to this run (see the module docstring).
+
+    Args:
+        run: The run, set up.
+        payload: The checkpoint's content.
+        ckpt_path: Where it was read (for the messages).
+        resuming: Whether a fit continues from it (rather than an evaluation): only then is a callback that
+            reported on the run and is missing now refused (see :func:`check_dropped`).
+
+    Returns:
+        The callbacks (``state_key``) that reported on the checkpoint's run and that this run lacks.
+    """
     check_identity(payload.get("identity"), run.identity, ckpt_path)
     run.server_round = int(payload["server_round"])
+    live = {cb.state_key for cb in run.callbacks[1:]}
+    dropped = [key for key in payload.get("reports", {}) if key not in live]
+    if resuming:
+        check_dropped(dropped, run, ckpt_path)
+    carried = dict(payload.get("dropped_callbacks", {}))
     run.strategy.load_state_dict(payload["strategy"])
     for cb in run.callbacks[1:]:
         if cb.state_key in payload["callbacks"]:
             cb.load_state_dict(payload["callbacks"][cb.state_key])
+        elif cb.state_key in carried:  # dropped by an earlier resume and back now: on from the rounds it ran
+            cb.load_state_dict(carried[cb.state_key]["state"])
+    run.dropped_callbacks = {key: entry for key, entry in carried.items() if key not in live} | {
+        key: {"after_round": run.server_round, "state": payload["callbacks"].get(key),
+              "report": payload["reports"][key]} for key in dropped}
     run.store.load_state_dict(payload["store"])
     run.history.load_state_dict(payload["history"])
     run.comm = dict(payload["comm"])
@@ -89,6 +119,47 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path) -> None
     set_rng_state(payload["rng"])
     optim.restore_round_schedule(run.lr_schedule, payload)
     record.load_timing(run, payload.get("timing"))
+    return dropped
+
+
+def reports(callback: Any) -> bool:
+    """Whether ``callback`` reports on the whole run in ``results.json`` (a ``results_json`` method): a resume may
+    not drop it silently."""
+    return callable(getattr(callback, "results_json", None))
+
+
+def check_dropped(dropped: list[str], run: Run, ckpt_path: str | Path) -> None:
+    """Refuse to resume without callbacks that reported on the checkpoint's run (``dropped``), unless
+    ``federation.allow_dropped_callbacks`` is set; then warn."""
+    if not dropped:
+        return
+    names, last = ", ".join(dropped), run.server_round
+    if not run.settings.allow_dropped_callbacks:
+        raise CheckpointError(
+            f"ckpt_path: {ckpt_path} was saved by a run with the callbacks {names}, which this run lacks: its rounds "
+            f"after {last} would run without them (for a privacy callback: released without noise) and results.json "
+            "would lose what they reported. Give the callbacks again with the same settings (the run's config.json "
+            "lists them), or set federation.allow_dropped_callbacks: true (--federation.allow_dropped_callbacks "
+            "true) to go on without them, recorded in config.json and results.json.")
+    warnings.warn(f"federation.allow_dropped_callbacks: resuming {ckpt_path} without {names}: the rounds after {last} "
+                  f"run without them, and what they report in results.json covers only the rounds up to {last}.",
+                  stacklevel=4)
+
+
+def dropped_reports(run: Run) -> dict[str, Any]:
+    """The ``results.json`` sections of the callbacks dropped on resume, as they last reported them, each block
+    marked with the round after which the callback was dropped and a note that its figures stop there."""
+    sections: dict[str, Any] = {}
+    for key, entry in run.dropped_callbacks.items():
+        after = entry["after_round"]
+        note = (f"{key} was dropped when the run was resumed after round {after} (federation.allow_dropped_callbacks)"
+                f": these figures (an epsilon: the privacy spent) cover only the rounds it ran, up to round {after}; "
+                f"rounds {after + 1}..{run.server_round} ran without it.")
+        for section, blocks in entry["report"].items():
+            for name, block in blocks.items():
+                marked = {**block, "dropped_after_round": after, "note": note} if isinstance(block, Mapping) else block
+                sections.setdefault(section, {})[name] = marked
+    return sections
 
 
 def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:
@@ -149,16 +220,20 @@ def save_config(run: Run, folder: Path | None = None) -> None:
         (folder / "config.json").write_text(json.dumps(run.config, indent=1, default=str))
 
 
-def record_resume(run: Run, folder: Path) -> None:
-    """On resume, keep the original ``config.json`` and add this resume to its ``resumed`` list."""
+def record_resume(run: Run, folder: Path, dropped: list[str] | None = None) -> None:
+    """On resume, keep the original ``config.json`` and add this resume to its ``resumed`` list, with the
+    callbacks it ``dropped`` (see :func:`check_dropped`)."""
     path = folder / "config.json"
     if not run.config:
         return
     original = json.loads(path.read_text()) if path.is_file() else {}
     resumed = list(original.pop("resumed", []))
     if original:
-        resumed.append({"from_round": run.server_round, "changed": {
-            k: [_get(original, k), _get(run.config, k)] for k in config_changes(original, run.config)}})
+        entry: dict[str, Any] = {"from_round": run.server_round, "changed": {
+            k: [_get(original, k), _get(run.config, k)] for k in config_changes(original, run.config)}}
+        if dropped:
+            entry["dropped_callbacks"] = list(dropped)
+        resumed.append(entry)
         run.config = {**original, "resumed": resumed}
 
 

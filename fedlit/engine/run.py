@@ -98,10 +98,14 @@ class Run:
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
+        #: Callbacks that reported on the run and were dropped on a resume (``federation.allow_dropped_callbacks``):
+        #: ``state_key`` -> the round after which, their last state and report (see :mod:`fedlit.engine.resume`).
+        self.dropped_callbacks: dict[str, dict[str, Any]] = {}
         self.lr_schedule: RoundSchedule | None = None  # the module's schedule of interval "round"
         self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.engine.record)
         self.energy: dict[str, Any] | None = None  # the energy meter of a fit (see fedlit.engine.energy)
         self.progress = Progress()
+        self.warned: set[str] = set()  # what the run's client turns have warned about (once per run each)
         self.wrapped: Any = None  # the module as Fabric set it up; None until set up
         self.launched = False
         #: Set by a callback (e.g. :class:`~fedlit.callbacks.EarlyStopping`) to end the run after this round.
@@ -163,7 +167,7 @@ class Run:
         return ClientContext(client_id=client_id, module=self.module, fabric=self.fabric, data=self.datamodule,
                              store=self.store, strategy=self.strategy, hooks=self.hooks, seed=self.settings.seed,
                              local=self.settings.local(), rounds=self.settings.rounds, lr_schedule=self.lr_schedule,
-                             trainer=self, progress=self.progress.step)
+                             trainer=self, progress=self.progress.step, warned=self.warned)
 
 
 def _forward(name: str) -> property:

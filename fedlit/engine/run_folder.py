@@ -4,7 +4,9 @@ A run writes everything under its ``out_dir`` (results, checkpoints, configurati
 those folders honest:
 
 - A fresh run refuses a folder that already holds another run's files (:data:`RUN_FILES`); only a resumed run
-  (one given a checkpoint) may continue in such a folder. An empty or missing folder is fine.
+  (one given a checkpoint) may continue in such a folder. An empty or missing folder is fine, and so is the folder
+  of a run that stopped before its first checkpoint (no ``checkpoints/*.ckpt``, no results, no live lock): it has
+  nothing to resume, so a fresh run takes it over, with a warning, and replaces its files.
 - A run holds ``out_dir/.lock`` from start to end. The file records the holder (pid, host, start time, command)
   and is locked with ``flock``, which the operating system releases when the process dies: a lock file left by a
   killed run is stale and is taken over with a warning; a lock held by a live run is refused. Where the file
@@ -26,6 +28,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -45,6 +48,8 @@ LOCK_NAME = ".lock"
 #: Files and folders that only a run writes: a folder holding any of them holds a run.
 RUN_FILES = ("results.json", "results.md", "config.json", "manifest.json", "class_counts.json", "metrics.csv",
              "checkpoints", "tensorboard")
+#: What a run that got somewhere leaves: a fresh run never takes over a folder holding one of them.
+_RESULTS = ("results.json", "results.md")
 _VERSION = re.compile(r"version_(\d+)")
 # flock failing with one of these means the file system does not support it (some network file systems).
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -94,7 +99,8 @@ def claim_run_dir(out_dir: str | os.PathLike, *, resume: bool) -> RunDirLock:
 
     Args:
         out_dir: The run's folder.
-        resume: Whether the run continues from a checkpoint; only then may the folder already hold a run.
+        resume: Whether the run continues from a checkpoint; only then may the folder already hold a run (but
+            for one that stopped before its first checkpoint, which a fresh run takes over and replaces).
 
     Returns:
         The held lock; use it as a context manager (or call ``release()``) so that the lock goes at the end.
@@ -113,7 +119,7 @@ def claim_run_dir(out_dir: str | os.PathLike, *, resume: bool) -> RunDirLock:
     lock = RunDirLock(out_dir, _acquire(out_dir / LOCK_NAME))
     try:
         if not resume:
-            _refuse_a_finished_run(out_dir)
+            _take_over(out_dir, _refuse_a_run_to_keep(out_dir))
     except BaseException:
         lock.release()
         raise
@@ -134,7 +140,7 @@ def check_run_dir(out_dir: str | os.PathLike, *, resume: bool) -> None:
     if holder is not None:
         raise _busy(out_dir, holder, checked=checked)
     if not resume:
-        _refuse_a_finished_run(out_dir)
+        _refuse_a_run_to_keep(out_dir)
 
 
 def run_files(out_dir: str | os.PathLike) -> list[str]:
@@ -205,14 +211,42 @@ def _versions(root: Path) -> list[tuple[int, Path]]:
     return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _VERSION.fullmatch(p.name)) and p.is_dir())
 
 
-def _refuse_a_finished_run(out_dir: Path) -> None:
+def checkpoint_files(out_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints (``checkpoints/*.ckpt``) in ``out_dir``."""
+    folder = Path(out_dir) / "checkpoints"
+    return sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
+
+
+def _refuse_a_run_to_keep(out_dir: Path) -> list[str]:
+    """Refuse a folder whose run a fresh run would overwrite (it has a checkpoint or results); return the files of
+    a run that stopped before its first checkpoint (empty when there is no run), which a fresh run may replace."""
     found = run_files(out_dir)
-    if found:
+    if found and (checkpoint_files(out_dir) or any((out_dir / name).exists() for name in _RESULTS)):
         raise RunDirError(
             f"out_dir {out_dir} already holds a run ({', '.join(found)}): a new run would overwrite its results. "
             "Choose another out_dir (the command line numbers runs/<name>/version_<n> itself when --out_dir is "
             "left out), resume that run with --ckpt_path last, or delete the folder."
         )
+    return found
+
+
+def _take_over(out_dir: Path, found: list[str]) -> None:
+    """Remove the files ``found`` of a run that stopped before its first checkpoint, with a warning."""
+    if not found:
+        return
+    warnings.warn(f"out_dir {out_dir} holds a run that stopped before its first checkpoint ({', '.join(found)}): it "
+                  "has nothing to resume, so this run starts it again from round 1 and replaces its files.",
+                  stacklevel=3)
+    for name in found:
+        path = out_dir / name.rstrip("/")
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError as err:
+            raise RunDirError(f"out_dir {out_dir}: cannot remove {path} of the run that stopped there "
+                              f"({err.strerror}). Delete it, or choose another out_dir.") from None
 
 
 def _acquire(path: Path) -> int:

@@ -71,6 +71,12 @@ class Settings:
         max_update_ratio: The largest update norm relative to the size of what the client was sent (its L2 norm, at
             least 1); a larger one is rejected. 1000 by default catches a scaled or corrupted upload long before its
             aggregate overflows; None: no relative bound.
+        allow_dropped_callbacks: Let a resumed run go on without a callback of the checkpoint's run that reports on
+            the whole run in ``results.json`` (the privacy callbacks). False (the default) refuses such a resume: its
+            next rounds would run without it (for differential privacy: released without noise) while the results
+            would lose what it reported. True continues, the drop recorded in ``config.json`` (``resumed``) and
+            ``results.json`` (``dropped_callbacks``, and a note in the callback's section: its figures, an epsilon
+            say, cover only the rounds it ran).
     """
 
     rounds: int = 10
@@ -96,6 +102,7 @@ class Settings:
     unseen_finetune_steps: int = 0
     max_update_norm: float | None = None
     max_update_ratio: float | None = 1000.0
+    allow_dropped_callbacks: bool = False
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from fedlit import FedAvg, RoleRule
 from fedlit.core.errors import ConfigError, FedlitError, NonFiniteError
 from fedlit.strategies import SCAFFOLD
-from tests.conftest import make_federation
+from tests.conftest import TinyMLP, TinyTabular, make_federation
 
 
 class HeadDtype(Callback):
@@ -284,3 +285,71 @@ def test_a_client_past_client_timeout_is_left_out_and_keeps_its_stored_state(tmp
 def test_client_timeout_must_be_positive(tmp_path):
     with pytest.raises(ConfigError, match=r"federation.client_timeout=0 must be > 0 seconds"):
         make_federation(tmp_path, FedAvg(), client_timeout=0)
+
+
+class DropLast(TinyTabular):
+    """TinyTabular whose train loaders drop an incomplete last batch (the same shuffle otherwise)."""
+
+    def train_dataloader(self, client_id, generator):
+        loader = super().train_dataloader(client_id, generator)
+        return torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True,
+                                           generator=generator, drop_last=True)
+
+
+class TurnMetrics(Callback):
+    """Records what each turn uploads as metrics (its steps and mean loss)."""
+
+    def __init__(self) -> None:
+        self.metrics: list[tuple[int, str, dict[str, float]]] = []
+
+    def on_client_fit_end(self, server_round, client_id, update) -> None:
+        self.metrics.append((server_round, client_id, dict(update.metrics)))
+
+
+def _bn_federation(out_dir, data, recorder):
+    from fedlit import Federation
+    from fedlit.tasks import ClassificationModule
+
+    torch.manual_seed(0)
+    module = ClassificationModule(backbone=TinyMLP(), num_classes=3, lr=0.1, momentum=0.9,
+                                  roles=[RoleRule("backbone.*", "shared")])
+    return Federation(module, data, FedAvg(), rounds=2, local_epochs=2, out_dir=out_dir, progress_bar=False,
+                      accelerator="cpu", callbacks=[recorder])
+
+
+def test_a_batch_of_one_sample_is_left_out_with_batchnorm_and_said_once_per_client(tmp_path):
+    # 34 samples per client: 17 to train on, in batches of 8, 8 and 1; BatchNorm1d cannot train on the 1
+    turns, reference_turns = TurnMetrics(), TurnMetrics()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fed = _bn_federation(tmp_path / "skip", TinyTabular(samples=34), turns)
+        results = fed.fit()
+    said = [str(w.message) for w in caught if "a training batch of one sample is left out" in str(w.message)]
+    assert [m.split(":")[0] for m in said] == ["Client 'c0'", "Client 'c1'", "Client 'c2'"]  # once per run each
+    assert "one sample per pass over its 17 training samples" in said[0] and "['backbone.1']" in said[0]
+    assert {m["steps"] for _, _, m in turns.metrics} == {4.0}  # 2 epochs of 2 batches: the batch of one is no step
+    # the same as loaders that drop that batch: no step, not in the mean loss, nothing else changed
+    reference = _bn_federation(tmp_path / "drop", DropLast(samples=34), reference_turns)
+    assert reference.fit()["last"] == results["last"] and reference_turns.metrics == turns.metrics
+    state, again = fed.strategy.global_state, reference.strategy.global_state
+    assert all(torch.equal(state[n], again[n]) for n in state)
+
+
+def test_without_a_batch_of_one_nothing_changes(tmp_path):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*batch of one sample")
+        fed = make_federation(tmp_path, FedAvg(), rounds=2, local_epochs=2)  # 15 to train on: 8 and 7
+        results = fed.fit()
+    # the numbers of this run before single-sample batches were handled
+    assert results["last"]["summary"]["loss_mean"] == pytest.approx(0.7313775420188904, rel=1e-6)
+    assert results["last"]["summary"]["accuracy_mean"] == 0.875
+    assert float(fed.strategy.global_state["backbone.1.running_mean"].sum()) == pytest.approx(-0.4528324604034424,
+                                                                                              rel=1e-6)
+
+
+def test_a_client_with_one_training_sample_and_batchnorm_gets_a_clear_error(tmp_path):
+    from fedlit.core.errors import DataError
+
+    with pytest.raises(DataError, match=r"Client 'c0' has no training batch: its train split is one sample, which "
+                                        r"the BatchNorm layers \['backbone.1'\] cannot train on"):
+        _bn_federation(tmp_path, TinyTabular(samples=2), TurnMetrics()).fit()
