@@ -205,7 +205,8 @@ def encode_turn(turn: ClientTurn) -> RecordDict:
     update = turn.update
     content = RecordDict({"turn": ConfigRecord({
         "client-id": update.client_id, "num-examples": int(update.num_examples),
-        "download-bytes": int(turn.download_bytes), "problem": json.dumps(turn.problem)})})
+        "download-bytes": int(turn.download_bytes), "problem": json.dumps(turn.problem),
+        "problem-kind": turn.problem_kind})})
     codec.put_tree(content, "state", update.state)
     codec.put_tree(content, "update-extras", update.extras)
     codec.put_tree(content, "metrics", update.metrics)

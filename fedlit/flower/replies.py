@@ -64,10 +64,18 @@ def train_reply(reply: RecordDict, task: FitTask, *, expected: Sequence[str], tr
         update = ClientUpdate(turn["client-id"], turn["num-examples"], codec.get_tree(reply, "state"),
                               codec.get_tree(reply, "metrics"), codec.get_tree(reply, "update-extras"))
         problem = json.loads(str(turn["problem"]))
+        # a reply of an older client has no kind: its problem was a non-finite value (timeouts came later)
+        kind = str(turn["problem-kind"]) if "problem-kind" in turn else "non-finite"
     except Exception as err:  # noqa: BLE001  (whatever a malformed reply breaks: a missing record, bad JSON)
         return f"client {task.client_id!r} sent a train reply the server cannot read ({type(err).__name__}: {err})"
+    if kind not in PROBLEM_KINDS:
+        return f"client {task.client_id!r} sent a train reply with problem-kind {kind!r}, not one of {PROBLEM_KINDS}"
     why = update_problem(update, problem, task, expected=expected, train_size=train_size)
-    return why if why is not None else ClientTurn(update, download_bytes, problem)
+    return why if why is not None else ClientTurn(update, download_bytes, problem, kind)
+
+
+#: The kinds of problem a turn may report (:class:`~fedlit.engine.client.ClientTurn`'s ``problem_kind``).
+PROBLEM_KINDS = ("non-finite", "timeout")
 
 
 def update_problem(update: ClientUpdate, problem: Any, task: FitTask, *, expected: Sequence[str],

@@ -272,3 +272,21 @@ def test_a_node_uses_its_own_client_only(tmp_path):
             read()
     with pytest.raises(DataError, match="node config client-id='c7' is not a client of TinyTabular"):
         ClientRuntime(_fed(tmp_path / "node"), "c7")
+
+
+def test_a_turn_that_timed_out_on_its_node_is_recorded_as_a_timeout(tmp_path, monkeypatch):
+    from fedlit.engine import client as local
+    from tests.engine.test_client import SlowFor
+
+    clock = [0.0]
+    monkeypatch.setattr(local, "_clock", lambda: clock[0])
+
+    def fed(path):
+        return lambda: make_federation(path, S.FedAvg(), client_timeout=10.0,
+                                       callbacks=[SlowFor(clock, "c2", round=2, seconds=30.0)])
+
+    transport = InProcessTransport({c: fed(tmp_path / "node") for c in CLIENTS})
+    with pytest.warns(UserWarning, match=r"Round 2: client 'c2' timed out"):
+        results = deploy(fed(tmp_path / "dep")(), transport)
+    assert [(f["round"], f["client"], f["kind"]) for f in results["faults"]] == [(2, "c2", "timeout")]
+    assert results["faults"][0]["detail"].startswith("timed out: 30 s after 1 steps")
