@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -392,3 +393,54 @@ def test_no_client_at_all() -> None:
     with pytest.raises(DataError, match=re.escape("Pool (pool) builds no client")):
         data.setup()
 
+
+
+# Image files (read lazily by SiteFolders, the segmentation sites) ----------------------------------------------
+
+
+def _grey_png(path: Path, side: int = 64) -> Path:
+    from PIL import Image
+
+    Image.new("L", (side, side), 7).save(path)
+    return path
+
+
+def test_decompression_bomb_names_the_file_the_size_and_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import PIL.Image
+
+    from fedlit.data.samples import ImageFile
+    from fedlit.data.segmentation_sites import decode_image
+
+    path = _grey_png(tmp_path / "huge.png")  # 4096 pixels: over twice a limit of 1000 is PIL's error
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 1000)
+    for read in (lambda: ImageFile(root=str(tmp_path))("huge.png"), lambda: decode_image(path, None)):
+        with pytest.raises(DataError) as info:
+            read()
+        message = str(info.value)
+        assert message.startswith(f"{path}: refused as a possible decompression bomb: Image size (4096 pixels)")
+        assert "PIL.Image.MAX_IMAGE_PIXELS (1000 pixels" in message and "If the file is trusted, raise it" in message
+        assert info.value.__cause__ is None and info.value.__suppress_context__
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 3000)  # under twice the limit PIL only warns ...
+    with pytest.warns(PIL.Image.DecompressionBombWarning):
+        assert ImageFile(root=str(tmp_path), channels=1)("huge.png").shape == (1, 64, 64)
+    with warnings.catch_warnings(), pytest.raises(DataError, match=re.escape(f"{path}: refused as a possible dec")):
+        warnings.simplefilter("error", PIL.Image.DecompressionBombWarning)  # ... unless warnings are made errors
+        ImageFile(root=str(tmp_path))("huge.png")
+
+
+@pytest.mark.parametrize(("name", "why"), [("cut.png", "OSError: image file is truncated"),
+                                           ("text.png", "UnidentifiedImageError")])
+def test_truncated_or_garbage_image_names_the_file(tmp_path: Path, name: str, why: str) -> None:
+    from fedlit.data.samples import ImageFile
+    from fedlit.data.segmentation_sites import decode_image
+
+    whole = _grey_png(tmp_path / "whole.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.png").write_bytes(b"not an image\n")
+    expected = re.escape(f"{tmp_path / name}: cannot be read as an image ({why}")
+    with pytest.raises(DataError, match=expected):
+        ImageFile(root=str(tmp_path))(name)
+    with pytest.raises(DataError, match=expected):
+        decode_image(tmp_path / name, None)
