@@ -444,3 +444,42 @@ def test_truncated_or_garbage_image_names_the_file(tmp_path: Path, name: str, wh
         ImageFile(root=str(tmp_path))(name)
     with pytest.raises(DataError, match=expected):
         decode_image(tmp_path / name, None)
+
+
+def _tiny_medmnist() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 20), ("val", 6), ("test", 6)):
+        arrays[f"{split}_images"] = rng.integers(0, 256, (n, 8, 8), dtype=np.uint8)
+        arrays[f"{split}_labels"] = rng.integers(0, 2, (n, 1), dtype=np.uint8)
+    return arrays
+
+
+@pytest.mark.parametrize(
+    ("key", "shape", "expected"),
+    [("train_images", (20,), "(N, H, W) for grey images or (N, H, W, 3)"),
+     ("val_images", (6, 8, 8, 3, 1), "(N, H, W) for grey images"),
+     ("test_images", (6, 8, 8, 2), "(N, H, W) for grey images"),
+     ("train_labels", (), "(N,) or (N, L): one row of L labels per image"),
+     ("val_labels", (6, 1, 1), "(N,) or (N, L)")],
+)
+def test_medmnist_array_of_the_wrong_dimensions_names_file_key_and_shape(
+    tmp_path: Path, key: str, shape: tuple[int, ...], expected: str
+) -> None:
+    path = _write(tmp_path / "tinymnist.npz", dict(_tiny_medmnist(), **{key: np.zeros(shape, np.uint8)}))
+    with pytest.raises(DataError) as info:
+        MedMNIST(path=path, num_clients=2).setup()
+    assert str(info.value).startswith(f"{path}: array {key!r} has shape {shape}; a MedMNIST file holds {expected}")
+
+
+def test_medmnist_splits_of_different_image_or_label_shapes(tmp_path: Path) -> None:
+    path = _write(tmp_path / "tinymnist.npz", dict(_tiny_medmnist(), test_images=np.zeros((6, 8, 8, 3), np.uint8)))
+    with pytest.raises(DataError, match=re.escape(f"{path}: the splits' images differ in shape (train_images ('N', 8, "
+                                                  "8), val_images ('N', 8, 8), test_images ('N', 8, 8, 3))")):
+        MedMNIST(path=path, num_clients=2).setup()
+    arrays = dict(_tiny_medmnist(), val_labels=np.zeros((6, 2), np.uint8))
+    with pytest.raises(DataError, match=re.escape("the splits' labels differ in shape")):
+        MedMNIST(path=_write(path, arrays), num_clients=2).setup()
+    arrays = dict(_tiny_medmnist(), train_labels=np.zeros(20, np.uint8), val_labels=np.zeros((0, 1), np.uint8),
+                  val_images=np.zeros((0, 8, 8), np.uint8))
+    assert MedMNIST(path=_write(path, arrays), num_clients=1).task == "multiclass"  # (N,) labels, an empty split
