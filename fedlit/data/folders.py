@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import difflib
+import io
 import os
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 import torch
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
@@ -25,6 +26,7 @@ from fedlit.data.samples import (
     split_samples,
 )
 from fedlit.data.splits import SPLITS, check_split_fractions
+from fedlit.data.text import decode_utf8
 
 _OPTION = "data.init_args"
 
@@ -153,6 +155,7 @@ class SiteFolders(FederatedDataModule):
 
     def build_samples(self) -> SampleList:
         listed: dict[str, dict[str, list[tuple[str, str]]]] = {}
+        self._seen: dict[str, str] = {}  # class name -> where it first appears (a class folder, a labels line)
         layouts = {}
         for site in self.sites:
             folder = self.root / site
@@ -170,8 +173,10 @@ class SiteFolders(FederatedDataModule):
         class_names = sorted({label for groups in listed.values() for rows in groups.values() for _, label in rows},
                              key=class_sort_key)
         if self.requested_task == "binary" and len(class_names) != 2:
+            seen = "; ".join(f"{c!r} first at {self._seen[c]}" for c in class_names)
             raise DataError(f"{_OPTION}.task='binary' needs exactly 2 classes; the sites of {self.root} have "
-                            f"{len(class_names)}: {class_names}. Use task: multiclass")
+                            f"{len(class_names)}: {class_names} ({seen}). Fix the labels there, or use task: "
+                            "multiclass")
         index = {name: i for i, name in enumerate(class_names)}
         dtype = torch.float32 if self.requested_task == "binary" else torch.int64
         samples, targets, splits, rng = {}, {}, {}, np.random.default_rng(self.seed)
@@ -217,6 +222,8 @@ class SiteFolders(FederatedDataModule):
         for class_dir in _site_folders(folder):
             files = sorted(p for p in (folder / class_dir).rglob("*") if p.is_file() and is_image(p))
             rows += [(p.relative_to(self.root).as_posix(), class_dir) for p in files]
+            if files:
+                self._seen.setdefault(class_dir, str(folder / class_dir))
         if not rows:
             raise DataError(
                 f"{folder} holds no image: give it class sub-folders of images ({folder}/<class>/<image>) or a "
@@ -227,19 +234,33 @@ class SiteFolders(FederatedDataModule):
 
     def _read_labels(self, table: Path) -> list[tuple[str, str]]:
         try:
-            frame = pd.read_csv(table, dtype=str, keep_default_na=False, skipinitialspace=True)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise DataError(f"{table}: not a readable CSV ({type(err).__name__}: {err})") from None
+            text = decode_utf8(table, table.read_bytes())
+        except OSError as err:
+            raise DataError(f"{table}: cannot be read ({type(err).__name__}: {err})") from None
+        reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True, strict=True)
+        try:
+            lines = [(reader.line_num, row) for row in reader if any(field.strip() for field in row)]
+        except csv.Error as err:
+            raise DataError(f"{table}: line {reader.line_num}: not valid CSV ({err}); close the quoted field or "
+                            "remove the stray quote") from None
+        if not lines:
+            raise DataError(f"{table} is empty; give it a header line {self.file_column},{self.label_column} and "
+                            "one line per image")
+        header_line, header = lines[0][0], [c.strip() for c in lines[0][1]]
         missing = [(option, c) for option, c in (("file_column", self.file_column),
-                                                 ("label_column", self.label_column)) if c not in frame.columns]
+                                                 ("label_column", self.label_column)) if c not in header]
         if missing:
-            raise DataError(f"{table} has no column {', '.join(repr(c) for _, c in missing)} (its columns: "
-                            f"{list(frame.columns)}); name the right ones with "
-                            f"{', '.join(f'{_OPTION}.{o}' for o, _ in missing)}")
+            raise DataError(f"{table}: line {header_line} (the header) has no column "
+                            f"{', '.join(repr(c) for _, c in missing)} (its columns: {header}); name the right ones "
+                            f"with {', '.join(f'{_OPTION}.{o}' for o, _ in missing)}")
+        at_file, at_label = header.index(self.file_column), header.index(self.label_column)
         folder, rows, problems = table.parent, [], []
-        for i, (name, label) in enumerate(zip(frame[self.file_column], frame[self.label_column], strict=True)):
-            line = i + 2  # the header is line 1
-            name, label = name.strip(), label.strip()
+        for line, fields in lines[1:]:
+            if len(fields) > len(header) and any(f.strip() for f in fields[len(header):]):
+                problems.append(f"line {line}: {len(fields)} fields, but the header has {len(header)}")
+                continue
+            fields = [f.strip() for f in fields] + [""] * (len(header) - len(fields))
+            name, label = fields[at_file], fields[at_label]
             if not name or not label:
                 column = self.file_column if not name else self.label_column
                 problems.append(f"line {line}: column {column!r} is empty")
@@ -247,6 +268,7 @@ class SiteFolders(FederatedDataModule):
                 problems.append(f"line {line}: file {folder / name} does not exist")
             else:
                 rows.append(((folder / name).relative_to(self.root).as_posix(), label))
+                self._seen.setdefault(label, f"{table}, line {line}")
         if problems:
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
             raise DataError(f"{table}: {shown}. Fix the rows (paths are relative to {folder})")

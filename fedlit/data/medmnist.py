@@ -136,7 +136,8 @@ class MedMNIST(FederatedDataModule):
                     f"labels; the file is damaged: download it again from {_ZENODO}"
                 )
         images = np.concatenate([arrays[f"{s}_images"] for s in _SPLITS])
-        labels = np.concatenate([arrays[f"{s}_labels"].reshape(len(arrays[f"{s}_labels"]), -1) for s in _SPLITS])
+        labels = np.concatenate([a.reshape(len(a), a.shape[1] if a.ndim == 2 else 1)  # (N,) -> (N, 1), even N = 0
+                                 for a in (arrays[f"{s}_labels"] for s in _SPLITS)])
         sizes = [len(arrays[f"{s}_labels"]) for s in _SPLITS]
         if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] not in (1, 3)):
             raise DataError(f"{self.path}: images must be (N, H, W) or (N, H, W, 3), got {images.shape}")
@@ -258,7 +259,30 @@ def _load(path: Path) -> dict[str, np.ndarray]:
                     f"{download}"
                 ) from None
             _check_values(path, key, arrays[key])
+    _check_shapes(path, arrays)
     return arrays
+
+
+def _check_shapes(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Refuse arrays of the wrong number of dimensions, or splits whose images (or labels) differ in shape."""
+    for key, array in arrays.items():
+        images = key.endswith("_images")
+        if images and not (array.ndim == 3 or (array.ndim == 4 and array.shape[-1] in (1, 3))):
+            expected = "(N, H, W) for grey images or (N, H, W, 3) for colour ones"
+        elif not images and array.ndim not in (1, 2):
+            expected = "(N,) or (N, L): one row of L labels per image"
+        else:
+            continue
+        raise DataError(f"{path}: array {key!r} has shape {array.shape}; a MedMNIST file holds {expected}. "
+                        f"Save it again in that shape, or {_download_hint(path)}")
+    for kind in ("images", "labels"):
+        # labels (N,) are (N, 1)
+        shapes = {key: arrays[key].shape[1:] or (1,) for key in (f"{s}_{kind}" for s in _SPLITS)}
+        if len(set(shapes.values())) > 1:
+            shown = ", ".join(f"{key} {('N', *shape)}" for key, shape in shapes.items())
+            raise DataError(f"{path}: the splits' {kind} differ in shape ({shown}); every split must have the same "
+                            f"{'image size and channels' if kind == 'images' else 'labels per image'}. "
+                            f"Fix the file or {_download_hint(path)}")
 
 
 def _check_values(path: Path, key: str, array: np.ndarray) -> None:

@@ -168,7 +168,7 @@ class ImageFile:
     image_size: int | None = None
 
     def __call__(self, identity: str) -> torch.Tensor:
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image
         from torchvision.transforms.v2 import functional as TF
 
         path = Path(self.root) / identity
@@ -182,9 +182,8 @@ class ImageFile:
         except FileNotFoundError:
             raise DataError(f"{path}: image file not found (it was listed when the data set was built); "
                             "restore it, or rebuild the run's data without it") from None
-        except (UnidentifiedImageError, OSError, ValueError) as err:
-            raise DataError(f"{path}: cannot be read as an image ({type(err).__name__}: {err}); replace the "
-                            "file or remove it from the data set") from None
+        except image_errors() as err:
+            raise unreadable_image(path, err, "replace the file or remove it from the data set") from None
         return self._resize(TF.pil_to_tensor(image).float().div_(255.0))
 
     def _resize(self, x: torch.Tensor) -> torch.Tensor:
@@ -197,6 +196,31 @@ class ImageFile:
     def missing(self, identities: Sequence[str]) -> list[str]:
         """The identities whose file does not exist under ``root``."""
         return [i for i in identities if not (Path(self.root) / i).is_file()]
+
+
+def image_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises for an image file it cannot open or decode (a damaged, truncated or oversized one)."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    return (OSError, ValueError, SyntaxError, EOFError, struct.error, zlib.error, Image.DecompressionBombError,
+            Image.DecompressionBombWarning)  # the warning is raised only where warnings are made errors
+
+
+def unreadable_image(path: Path, error: BaseException, fix: str = "replace it") -> DataError:
+    """The error for an image file PIL cannot read (``error``, one of :func:`image_errors`), naming the file."""
+    from PIL import Image
+
+    if isinstance(error, Image.DecompressionBombError | Image.DecompressionBombWarning):
+        return DataError(
+            f"{path}: refused as a possible decompression bomb: {error} PIL's limit is PIL.Image.MAX_IMAGE_PIXELS "
+            f"({Image.MAX_IMAGE_PIXELS} pixels; over twice that is an error). If the file is trusted, raise it "
+            "(PIL.Image.MAX_IMAGE_PIXELS = None lifts it) in code imported before the data is read, e.g. the module "
+            f"of your model or data class; else {fix}"
+        )
+    return DataError(f"{path}: cannot be read as an image ({type(error).__name__}: {error}); {fix}")
 
 
 def split_samples(

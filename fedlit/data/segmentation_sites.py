@@ -21,7 +21,7 @@ from torch import nn
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.samples import Compose, SampleList, is_image
+from fedlit.data.samples import Compose, SampleList, image_errors, is_image, unreadable_image
 
 _OPTION = "data.init_args"
 
@@ -80,7 +80,7 @@ def decode_image(path: Path, mode: str | None) -> np.ndarray:
     Raises:
         DataError: naming the file when it is missing or PIL cannot decode it.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(path) as image:
@@ -89,8 +89,8 @@ def decode_image(path: Path, mode: str | None) -> np.ndarray:
             return np.array(image.convert(mode), dtype=np.uint8)
     except FileNotFoundError:
         raise DataError(f"{path}: file not found (it was listed when the data set was built); restore it") from None
-    except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise DataError(f"{path}: cannot be read as an image ({type(err).__name__}: {err}); replace it") from None
+    except image_errors() as err:
+        raise unreadable_image(path, err) from None
 
 
 class PairFlip(nn.Module):

@@ -14,6 +14,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.pool import PartitionedData
 from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
 from fedlit.data.splits import check_split_fractions
+from fedlit.data.text import not_utf8
 
 _OPTION = "data.init_args"
 
@@ -152,16 +153,25 @@ class SiteTable(FederatedDataModule):
 
     def _read(self) -> tuple[pd.DataFrame, str]:
         """The table, and how its rows are named in messages (``line`` for CSV, ``row`` for Parquet)."""
+        parquet = self.path.suffix.lower() in (".parquet", ".pq")
         try:
-            if self.path.suffix.lower() in (".parquet", ".pq"):
-                return pd.read_parquet(self.path).reset_index(drop=True), "row"
-            return pd.read_csv(self.path, skipinitialspace=True), "line"
+            if not parquet:
+                return pd.read_csv(self.path, skipinitialspace=True), "line"
+            frame = pd.read_parquet(self.path).reset_index(drop=True)
         except ImportError as err:
             raise DataError(f"{self.path}: reading Parquet needs pyarrow ({err}); pip install pyarrow, or save "
                             "the table as CSV") from None
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, ValueError) as err:
+        except UnicodeDecodeError as err:
+            raise (_parquet_error(self.path, err) if parquet else not_utf8(self.path)) from None
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as err:
             raise DataError(f"{self.path} ({_OPTION}.path) cannot be read as a table ({type(err).__name__}: "
                             f"{err})") from None
+        except Exception as err:
+            if type(err).__module__.split(".")[0] != "pyarrow":  # pyarrow's ArrowException is no OSError/ValueError
+                raise
+            raise _parquet_error(self.path, err) from None
+        _check_parquet_text(self.path)  # pyarrow reads bad UTF-8 without a word; pandas fails on it later
+        return frame, "row"
 
     def _feature_columns(self, frame: pd.DataFrame) -> list[str]:
         columns = [str(c) for c in frame.columns]
@@ -214,6 +224,37 @@ def _check_numeric(frame: pd.DataFrame, columns: list[str], path: Path, row_name
         shown = "; ".join(f"{row_name} {i + offset}, column {c!r}: {what}" for i, c, what in problems[:5])
         more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise DataError(f"{path}: {shown}{more}")
+
+
+def _check_parquet_text(path: Path) -> None:
+    """Refuse a Parquet text value that is not UTF-8, naming its row and column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    names = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    for name, column in zip(names, pq.read_table(path, columns=names).columns, strict=True):
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            for row, value in enumerate(column.cast(pa.large_binary()).to_pylist()):
+                try:
+                    value is None or value.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(f"{path}: row {row}, column {name!r} is not UTF-8 text (byte {err.start} of "
+                                    f"the value is 0x{value[err.start]:02x}); write the table again with its text "
+                                    "as UTF-8") from None
+
+
+def _parquet_error(path: Path, error: Exception) -> DataError:
+    """The error for a Parquet file pandas cannot read (pyarrow's errors are no OSError or ValueError)."""
+    try:
+        _check_parquet_text(path)
+    except DataError as err:
+        return err
+    except Exception:  # noqa: BLE001,S110 - unreadable in another way: the first message says how
+        pass
+    return DataError(f"{path} ({_OPTION}.path) cannot be read as Parquet ({type(error).__name__}: {error})")
 
 
 def _show(value: object) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -392,3 +393,93 @@ def test_no_client_at_all() -> None:
     with pytest.raises(DataError, match=re.escape("Pool (pool) builds no client")):
         data.setup()
 
+
+
+# Image files (read lazily by SiteFolders, the segmentation sites) ----------------------------------------------
+
+
+def _grey_png(path: Path, side: int = 64) -> Path:
+    from PIL import Image
+
+    Image.new("L", (side, side), 7).save(path)
+    return path
+
+
+def test_decompression_bomb_names_the_file_the_size_and_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import PIL.Image
+
+    from fedlit.data.samples import ImageFile
+    from fedlit.data.segmentation_sites import decode_image
+
+    path = _grey_png(tmp_path / "huge.png")  # 4096 pixels: over twice a limit of 1000 is PIL's error
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 1000)
+    for read in (lambda: ImageFile(root=str(tmp_path))("huge.png"), lambda: decode_image(path, None)):
+        with pytest.raises(DataError) as info:
+            read()
+        message = str(info.value)
+        assert message.startswith(f"{path}: refused as a possible decompression bomb: Image size (4096 pixels)")
+        assert "PIL.Image.MAX_IMAGE_PIXELS (1000 pixels" in message and "If the file is trusted, raise it" in message
+        assert info.value.__cause__ is None and info.value.__suppress_context__
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 3000)  # under twice the limit PIL only warns ...
+    with pytest.warns(PIL.Image.DecompressionBombWarning):
+        assert ImageFile(root=str(tmp_path), channels=1)("huge.png").shape == (1, 64, 64)
+    with warnings.catch_warnings(), pytest.raises(DataError, match=re.escape(f"{path}: refused as a possible dec")):
+        warnings.simplefilter("error", PIL.Image.DecompressionBombWarning)  # ... unless warnings are made errors
+        ImageFile(root=str(tmp_path))("huge.png")
+
+
+@pytest.mark.parametrize(("name", "why"), [("cut.png", "OSError: image file is truncated"),
+                                           ("text.png", "UnidentifiedImageError")])
+def test_truncated_or_garbage_image_names_the_file(tmp_path: Path, name: str, why: str) -> None:
+    from fedlit.data.samples import ImageFile
+    from fedlit.data.segmentation_sites import decode_image
+
+    whole = _grey_png(tmp_path / "whole.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.png").write_bytes(b"not an image\n")
+    expected = re.escape(f"{tmp_path / name}: cannot be read as an image ({why}")
+    with pytest.raises(DataError, match=expected):
+        ImageFile(root=str(tmp_path))(name)
+    with pytest.raises(DataError, match=expected):
+        decode_image(tmp_path / name, None)
+
+
+def _tiny_medmnist() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 20), ("val", 6), ("test", 6)):
+        arrays[f"{split}_images"] = rng.integers(0, 256, (n, 8, 8), dtype=np.uint8)
+        arrays[f"{split}_labels"] = rng.integers(0, 2, (n, 1), dtype=np.uint8)
+    return arrays
+
+
+@pytest.mark.parametrize(
+    ("key", "shape", "expected"),
+    [("train_images", (20,), "(N, H, W) for grey images or (N, H, W, 3)"),
+     ("val_images", (6, 8, 8, 3, 1), "(N, H, W) for grey images"),
+     ("test_images", (6, 8, 8, 2), "(N, H, W) for grey images"),
+     ("train_labels", (), "(N,) or (N, L): one row of L labels per image"),
+     ("val_labels", (6, 1, 1), "(N,) or (N, L)")],
+)
+def test_medmnist_array_of_the_wrong_dimensions_names_file_key_and_shape(
+    tmp_path: Path, key: str, shape: tuple[int, ...], expected: str
+) -> None:
+    path = _write(tmp_path / "tinymnist.npz", dict(_tiny_medmnist(), **{key: np.zeros(shape, np.uint8)}))
+    with pytest.raises(DataError) as info:
+        MedMNIST(path=path, num_clients=2).setup()
+    assert str(info.value).startswith(f"{path}: array {key!r} has shape {shape}; a MedMNIST file holds {expected}")
+
+
+def test_medmnist_splits_of_different_image_or_label_shapes(tmp_path: Path) -> None:
+    path = _write(tmp_path / "tinymnist.npz", dict(_tiny_medmnist(), test_images=np.zeros((6, 8, 8, 3), np.uint8)))
+    with pytest.raises(DataError, match=re.escape(f"{path}: the splits' images differ in shape (train_images ('N', 8, "
+                                                  "8), val_images ('N', 8, 8), test_images ('N', 8, 8, 3))")):
+        MedMNIST(path=path, num_clients=2).setup()
+    arrays = dict(_tiny_medmnist(), val_labels=np.zeros((6, 2), np.uint8))
+    with pytest.raises(DataError, match=re.escape("the splits' labels differ in shape")):
+        MedMNIST(path=_write(path, arrays), num_clients=2).setup()
+    arrays = dict(_tiny_medmnist(), train_labels=np.zeros(20, np.uint8), val_labels=np.zeros((0, 1), np.uint8),
+                  val_images=np.zeros((0, 8, 8), np.uint8))
+    assert MedMNIST(path=_write(path, arrays), num_clients=1).task == "multiclass"  # (N,) labels, an empty split

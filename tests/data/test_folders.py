@@ -251,3 +251,39 @@ def test_recipe_trains_two_rounds_through_the_cli(sites: Path, tmp_path: Path) -
     assert resumed["last"]["round"] == 3
     tested = run(["test", "--config", str(recipe), "--out_dir", str(out), "--federation.rounds", "3"])
     assert tested["summary"]["accuracy_mean"] == pytest.approx(resumed["last"]["summary"]["accuracy_mean"])
+
+
+def _labels_error(sites: Path, content: bytes) -> tuple[Path, str]:
+    table = sites / "site_c" / "labels.csv"
+    table.write_bytes(content)
+    with pytest.raises(DataError) as info:
+        _data(sites).setup()
+    assert info.value.__cause__ is None
+    return table, str(info.value)
+
+
+def test_labels_csv_parse_errors_name_the_file_and_line(sites: Path) -> None:
+    good = "images/benign_0.png,benign\n"
+    table, message = _labels_error(sites, f"file,label\n{good}\nimages/benign_1.png,benign,extra\n{good}".encode())
+    assert f"{table}: line 4: 3 fields, but the header has 2" in message  # the blank line 3 still counts
+    table, message = _labels_error(sites, f'file,label\n{good}images/benign_1.png,"benign\n{good}'.encode())
+    assert f"{table}: line 4: not valid CSV (unexpected end of data); close the quoted field" in message
+    table, message = _labels_error(sites, f"\npath,label\n{good}".encode())
+    assert f"{table}: line 2 (the header) has no column 'file' (its columns: ['path', 'label'])" in message
+    table, message = _labels_error(sites, b"")
+    assert f"{table} is empty; give it a header line file,label" in message
+
+
+def test_labels_csv_not_utf8_names_byte_offset_and_line(sites: Path) -> None:
+    table, message = _labels_error(sites, b"file,label\nimages/benign_0.png,b\xe9nign\n")
+    assert f"{table}: not UTF-8 text: byte 32 (line 2) is 0xe9; save the file as UTF-8" in message
+    rows = "".join(f"images/{c}_{i}.png,{c}\n" for c in ("benign", "normal") for i in range(3))
+    table.write_bytes(b"\xef\xbb\xbffile,label\n" + rows.encode())
+    assert _data(sites).num_examples("site_c", "train") >= 1  # a byte-order mark (Excel's CSV UTF-8) is fine
+
+
+def test_binary_task_with_a_third_label_names_where_each_class_is_first_seen(sites: Path) -> None:
+    with pytest.raises(DataError) as info:
+        _data(sites, task="binary").setup()
+    assert f"'normal' first at {sites / 'site_c' / 'labels.csv'}, line 10" in str(info.value)
+    assert f"'benign' first at {sites / 'site_a' / 'benign'}" in str(info.value)

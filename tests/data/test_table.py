@@ -178,3 +178,31 @@ def test_recipe_trains_two_rounds_through_the_cli(table: Path, tmp_path: Path) -
     manifest = json.loads((out / "manifest.json").read_text())
     # default split_fractions 0.6 / 0.2 / 0.2 of 16, 20 and 12 rows
     assert {s: len(manifest["clients"][s]["test"]) for s in SIZES} == {"north": 4, "south": 2, "east": 3}
+
+
+def test_csv_not_utf8_names_file_byte_offset_and_line(table: Path) -> None:
+    raw = table.read_bytes()
+    third = raw.index(b"\n", raw.index(b"\n") + 1) + 1  # the start of line 3
+    table.write_bytes(raw[:third] + b"caf\xe9" + raw[third:])  # latin-1 "é"
+    with pytest.raises(DataError) as info:
+        _data(table).setup()
+    message = str(info.value)
+    assert f"{table}: not UTF-8 text: byte {third + 3} (line 3) is 0xe9; save the file as UTF-8" in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_parquet_text_not_utf8_names_row_and_column(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    frame = _frame()
+    sites = [s.encode() for s in frame["hospital"]]
+    sites[5] = b"nor\xffth"
+    binary = pa.array(sites, type=pa.binary())
+    table = pa.Table.from_pandas(frame.drop(columns="hospital")).append_column(
+        "hospital", pa.Array.from_buffers(pa.string(), len(sites), binary.buffers())  # unchecked: not valid UTF-8
+    )
+    path = tmp_path / "cohort.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(DataError) as info:
+        _data(path).setup()
+    assert str(info.value).startswith(f"{path}: row 5, column 'hospital' is not UTF-8 text (byte 3 of the value is")
