@@ -180,9 +180,11 @@ def prepare(cfg: Any) -> PartitionJob:
     from fedlit.config import resolve as runnames
     from fedlit.config.build import instantiate
     from fedlit.data import FederatedDataModule
+    from fedlit.engine.settings import check_seed
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(FederatedDataModule, "data", required=True)
+    check_seed(cfg.federation.seed)
     seed_everything(cfg.federation.seed, verbose=False)  # as fit does: generated data is the run's
     data = instantiate(parser, parser.parse_object({"data": cfg.data.as_dict()})).data
     data.setup()

@@ -29,3 +29,20 @@ def test_min_clients_above_clients_per_round_is_refused_at_setup(tmp_path):
 def test_min_clients_equal_to_the_clients_of_a_round_runs(tmp_path):
     results = make_federation(tmp_path, FedAvg(), rounds=1, min_clients=2, clients_per_round=2).fit()
     assert results["last"]["round"] == 1
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_out_of_range_seed_names_the_option(tmp_path, seed):
+    with pytest.raises(ConfigError, match=rf"federation.seed={seed} must be in \[0, 2\*\*32\)"):
+        make_federation(tmp_path, FedAvg(), rounds=1, seed=seed).fit()
+
+
+def test_out_of_range_seed_in_a_recipe_is_one_line(tmp_path, capsys):
+    from fedlit.cli import main
+    from tests.test_cli import QUICK
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *QUICK, "--out_dir", str(tmp_path), "--federation.seed", "-1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedlit: error: ") and "federation.seed=-1 must be in [0, 2**32)" in err
