@@ -39,6 +39,7 @@ from fedlit.commands import fit
 from fedlit.config.parser import root_parser
 from fedlit.core.checkpoint_io import BEST, LAST
 from fedlit.core.errors import CheckpointError, ConfigError, DataError
+from fedlit.core.files import write_text_atomic
 from fedlit.core.names import check_client_ids
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
         adapters = _peft_modules(fed.module)
         if adapters:
             meta["adapter"] = _save_adapters(adapters, folder, set(tensors))
-        (folder / META).write_text(json.dumps(meta, indent=1))
+        write_text_atomic(folder / META, json.dumps(meta, indent=1))
         written[client_id] = folder
     return written
 

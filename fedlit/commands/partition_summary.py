@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from fedlit.core.files import write_text_atomic
+
 SPLITS = ("train", "val", "test")
 #: Up to this many clients, the plot writes each count beside its dot.
 LABELLED = 8
@@ -146,7 +148,7 @@ class PartitionJob:
         summary = summarize(self.datamodule)
         print(table(summary), flush=True)
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "partition.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_text_atomic(self.out / "partition.json", json.dumps(summary, indent=2) + "\n")
         png = plot(summary, self.out / "partition.png")
         print(f"fedlit partition: {self.out / 'partition.json'}, {png}", flush=True)
         return summary
@@ -180,9 +182,11 @@ def prepare(cfg: Any) -> PartitionJob:
     from fedlit.config import resolve as runnames
     from fedlit.config.build import instantiate
     from fedlit.data import FederatedDataModule
+    from fedlit.engine.settings import check_seed
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(FederatedDataModule, "data", required=True)
+    check_seed(cfg.federation.seed)
     seed_everything(cfg.federation.seed, verbose=False)  # as fit does: generated data is the run's
     data = instantiate(parser, parser.parse_object({"data": cfg.data.as_dict()})).data
     data.setup()

@@ -45,6 +45,7 @@ from fedlit.commands.report_runs import (
     summary,
 )
 from fedlit.core.errors import ConfigError
+from fedlit.core.files import write_text_atomic
 
 __all__ = [
     "NOT_METHOD",
@@ -87,8 +88,8 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str =
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     blocks = build(runs, warnings, out, metric, baseline_name)
-    (out / "report.md").write_text(markdown(blocks))
-    (out / "report.html").write_text(to_html(blocks, f"fedlit report: {metric}"))
+    write_text_atomic(out / "report.md", markdown(blocks))
+    write_text_atomic(out / "report.html", to_html(blocks, f"fedlit report: {metric}"))
     print(f"fedlit report: {len(runs)} runs -> {out / 'report.md'}, {out / 'report.html'}")
     return out / "report.md"
 

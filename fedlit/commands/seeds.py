@@ -20,6 +20,7 @@ from fedlit.commands import fit
 from fedlit.config.explain import CONFIG_ERRORS, explain
 from fedlit.config.parser import parse, root_parser
 from fedlit.core.errors import ConfigError, FedlitError
+from fedlit.core.files import write_text_atomic
 
 SEEDS = fit.SEEDS
 EXPERIMENT_FILE = "experiment.json"
@@ -115,7 +116,7 @@ class SeedsJob:
             "finished": [s for s in self.seeds if s in self.results],
         }
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / EXPERIMENT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        write_text_atomic(self.folder / EXPERIMENT_FILE, json.dumps(record, indent=2) + "\n")
 
 
 def prepare(argv: list[str]) -> SeedsJob:

@@ -17,7 +17,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from fedlit.config import resolve
 from fedlit.engine.run_folder import check_run_dir, new_version_dir
-from fedlit.engine.settings import Settings
+from fedlit.engine.settings import Settings, check_seed
 from fedlit.federation import Federation
 
 
@@ -57,6 +57,7 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
     baseline_run = config.pop("baseline_run", None)  # what the run is compared with, not part of it
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
+    check_seed(sub_cfg.federation.seed)
     seed_everything(sub_cfg.federation.seed, verbose=False)
     objects = instantiate(parser, cfg)[subcommand]
     if wrap_data is not None:
@@ -146,6 +147,7 @@ def build_objects(recipe: Mapping[str, Any], overrides: list[str] | None = None)
     cfg = parser.parse_object(sections)
     if overrides:
         cfg = parser.parse_args(list(overrides), namespace=cfg)
+    check_seed(cfg.federation.seed)
     seed_everything(cfg.federation.seed, verbose=False)
     objects = instantiate(parser, cfg)
     objects.federation = Settings(**objects.federation.as_dict())

@@ -103,12 +103,53 @@ def precheck(argv: list[str]) -> None:
             check_class_path(section, name)
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping of a recipe gives a key twice: ``key`` (dotted from the top), the 1-based lines of both."""
+
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(f"duplicate key {key!r} (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
+
+
+class RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key given twice in a mapping, at any level (PyYAML keeps the last)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        check_duplicate_keys(node)
+        return super().construct_document(node)
+
+
+def check_duplicate_keys(node: yaml.Node, prefix: str = "", seen: set[int] | None = None) -> None:
+    """Raise :class:`DuplicateKeyError` for the first key given twice in a mapping of ``node``'s tree."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias to a node already checked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key, line = f"{prefix}{key_node.value}", key_node.start_mark.line + 1
+                if key in lines:
+                    raise DuplicateKeyError(key, lines[key], line)
+                lines[key] = line
+                check_duplicate_keys(value_node, f"{key}.", seen)
+            else:
+                check_duplicate_keys(value_node, prefix, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            check_duplicate_keys(item, f"{prefix.rstrip('.')}[{i}].", seen)
+
+
 def read_recipe(path: Path) -> Any:
     if not path.is_file():
         where = "it is a folder" if path.is_dir() else f"no such file (relative to {Path.cwd()})"
         raise ConfigError(f"--config {path}: {where}. Give the path of a recipe .yaml file.")
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=RecipeLoader)  # noqa: S506  (a SafeLoader)
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{path}: key {err.key!r} is given twice (line {err.first} and line {err.second}); YAML "
+                          "would silently keep the last one. Merge the two into one.") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -109,8 +109,23 @@ def check_compatible(run: Run) -> None:
     if isinstance(run.settings.clients_per_round, int) and count > len(run.train_client_ids):
         problems.append(f"federation.clients_per_round={count} but the data has only "
                         f"{len(run.train_client_ids)} clients that train")
+    problems += _min_clients_problems(run, count)
     if problems:
         raise ConfigError("Model, strategy and data do not fit: " + "; ".join(problems) + ".")
+
+
+def _min_clients_problems(run: Run, count: int) -> list[str]:
+    """``federation.min_clients`` that no round could reach: more than the clients that train, or than a round
+    selects."""
+    least, training = run.settings.min_clients, len(run.train_client_ids)
+    if least > training:
+        return [f"federation.min_clients={least} but the data has only {training} clients that train; "
+                f"lower federation.min_clients to at most {training}"]
+    if least > count:
+        return [f"federation.min_clients={least} but a round selects only {count} clients "
+                f"(federation.clients_per_round={run.settings.clients_per_round}): no round could aggregate; "
+                f"lower federation.min_clients or raise federation.clients_per_round"]
+    return []
 
 
 def _unseen_problems(run: Run) -> list[str]:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedlit.core.checkpoint_io import BEST, LAST
+from fedlit.core.files import write_text_atomic
 from fedlit.engine import energy
 from fedlit.engine.history import summarize
 
@@ -89,10 +90,10 @@ def begin(run: Run, *, resumed: bool) -> None:
         start(run)
         return
     run.out_dir.mkdir(parents=True, exist_ok=True)
-    (run.out_dir / "manifest.json").write_text(json.dumps(run.datamodule.manifest()))
+    write_text_atomic(run.out_dir / "manifest.json", json.dumps(run.datamodule.manifest()))
     counts = run.datamodule.class_counts()
     if counts is not None:  # classification tasks only
-        (run.out_dir / "class_counts.json").write_text(json.dumps(counts, indent=1))
+        write_text_atomic(run.out_dir / "class_counts.json", json.dumps(counts, indent=1))
     start(run)
     if resumed:
         drop_stale_best(run)
@@ -306,5 +307,5 @@ def write_evaluation(run: Run, split: str, ckpt_path: str | os.PathLike,
     folder.mkdir(parents=True, exist_ok=True)
     record = {"split": split, "checkpoint": str(ckpt_path), "evaluated": utc_now(), "fedlit_version": __version__,
               **result}
-    path.write_text(json.dumps(record, indent=1))
+    write_text_atomic(path, json.dumps(record, indent=1))
     return path

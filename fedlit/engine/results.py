@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedlit.core.checkpoint_io import BEST
 from fedlit.core.errors import DataError
+from fedlit.core.files import write_text_atomic
 from fedlit.engine import baseline, hparams, record, resume
 from fedlit.engine.evaluate import GLOBAL, UNSEEN, evaluate_unseen, unseen_scalars
 from fedlit.engine.history import markdown_table, summarize
@@ -142,8 +143,8 @@ def report(run: Run) -> dict[str, Any]:
     if run.fabric.is_global_zero:  # over several ranks, every rank has the results and rank 0 writes them
         print(text)
         run.out_dir.mkdir(parents=True, exist_ok=True)
-        (run.out_dir / "results.md").write_text(text)
-        (run.out_dir / "results.json").write_text(json.dumps(results, indent=1))
+        write_text_atomic(run.out_dir / "results.md", text)
+        write_text_atomic(run.out_dir / "results.json", json.dumps(results, indent=1))
     final: dict[str, float] = {}
     for section, block in (("", results), (f"{GLOBAL}/", results.get(GLOBAL, {}))):
         for key, split_key in (("last", "test"), ("best", "test_at_best_val")):

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from fedlit.core.checkpoint_io import rng_state, save_checkpoint, set_rng_state
 from fedlit.core.errors import CheckpointError
+from fedlit.core.files import write_text_atomic
 from fedlit.engine import optim, ranks, record
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ def save_config(run: Run, folder: Path | None = None) -> None:
     if run.config:
         folder = folder or run.out_dir
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(run.config, indent=1, default=str))
+        write_text_atomic(folder / "config.json", json.dumps(run.config, indent=1, default=str))
 
 
 def record_resume(run: Run, folder: Path, dropped: list[str] | None = None) -> None:

@@ -115,7 +115,8 @@ def claim_run_dir(out_dir: str | os.PathLike, *, resume: bool) -> RunDirLock:
     except FileExistsError:
         raise RunDirError(f"out_dir {out_dir} is a file, not a folder. Choose another out_dir.") from None
     except OSError as err:
-        raise RunDirError(f"out_dir {out_dir} cannot be created ({err.strerror}). Choose another out_dir.") from None
+        raise too_long(out_dir, err) or RunDirError(
+            f"out_dir {out_dir} cannot be created ({err.strerror}). Choose another out_dir.") from None
     lock = RunDirLock(out_dir, _acquire(out_dir / LOCK_NAME))
     try:
         if not resume:
@@ -132,8 +133,11 @@ def check_run_dir(out_dir: str | os.PathLike, *, resume: bool) -> None:
     The command line calls this before it builds the model and data, so that a taken folder is refused at once.
     """
     out_dir = Path(out_dir)
-    if not out_dir.exists():
-        return
+    try:
+        if not out_dir.exists():
+            return
+    except OSError as err:  # a path too long to look up (over 4096 bytes) is too long to create
+        raise too_long(out_dir, err) or err from None
     if not out_dir.is_dir():
         raise RunDirError(f"out_dir {out_dir} is a file, not a folder. Choose another out_dir.")
     holder, checked = _holder(out_dir)
@@ -192,7 +196,8 @@ def new_version_dir(root: str | os.PathLike) -> Path:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise RunDirError(f"cannot create the run folder {root} ({err.strerror}); pass --out_dir.") from None
+        raise too_long(root, err) or RunDirError(
+            f"cannot create the run folder {root} ({err.strerror}); pass --out_dir.") from None
     versions = _versions(root)
     n = versions[-1][0] + 1 if versions else 0
     while True:
@@ -202,7 +207,18 @@ def new_version_dir(root: str | os.PathLike) -> Path:
         except FileExistsError:
             n += 1
             continue
+        except OSError as err:
+            raise too_long(folder, err) or err from None
         return folder
+
+
+def too_long(path: Path, err: OSError) -> RunDirError | None:
+    """The error naming ``--out_dir`` for a run folder whose name or path is too long for the file system
+    (ENAMETOOLONG), or None for another ``err``."""
+    if err.errno != errno.ENAMETOOLONG:
+        return None
+    return RunDirError(f"--out_dir {path}: the path is too long for the file system ({err.strerror}: a folder name "
+                       "may have at most 255 bytes, a whole path 4096). Choose a shorter --out_dir (or --name).")
 
 
 def _versions(root: Path) -> list[tuple[int, Path]]:
@@ -262,7 +278,8 @@ def _acquire(path: Path) -> int:
                 continue  # released meanwhile: try to create it again
             previous = _read_record(path)
         except OSError as err:
-            raise RunDirError(f"cannot write the lock file {path} ({err.strerror}). Choose another out_dir.") from None
+            raise too_long(path.parent, err) or RunDirError(
+                f"cannot write the lock file {path} ({err.strerror}). Choose another out_dir.") from None
         locked = _flock(fd, shared=False)
         if locked is False:
             os.close(fd)

@@ -124,6 +124,8 @@ class Settings:
                          ("min_clients", 1), ("num_nodes", 1)):
             if values[key] < low:
                 problems.append(f"federation.{key}={values[key]} must be >= {low}")
+        if seed_problem(values["seed"]) is not None:
+            problems.append(seed_problem(values["seed"]))
         if values["client_timeout"] is not None and not values["client_timeout"] > 0:
             problems.append(f"federation.client_timeout={values['client_timeout']} must be > 0 seconds "
                             "(or null: no limit)")
@@ -188,6 +190,21 @@ class Settings:
     def local(self) -> LocalSettings:
         """What a client's turn reads."""
         return LocalSettings(self.local_epochs, self.local_steps, self.optimizer_state, self.client_timeout)
+
+
+def seed_problem(seed: Any) -> str | None:
+    """What is wrong with ``federation.seed`` (None: nothing): torch and numpy take seeds in [0, 2**32)."""
+    if isinstance(seed, int) and not 0 <= seed < 2**32:
+        return f"federation.seed={seed} must be in [0, 2**32) (torch and numpy refuse other seeds)"
+    return None
+
+
+def check_seed(seed: Any) -> None:
+    """Refuse a ``federation.seed`` out of range before anything is seeded with it (Lightning's message does not
+    name the option)."""
+    problem = seed_problem(seed)
+    if problem is not None:
+        raise ConfigError(f"Invalid federation settings: {problem}.")
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,9 @@ class ClientRuntime:
         self.checkpointed: int | None = None
         run = build()
         run.datamodule = OwnClientData(run.datamodule, client_id)
-        # The node's run has one client, which the server selects: no selection, no unseen clients here.
+        # The node's run has one client, which the server selects: no selection, no unseen clients, no quorum here.
         run.settings.clients_per_round, run.settings.unseen_clients = None, None
+        run.settings.min_clients = 1
         lifecycle.setup(run)
         # What a simulation's process has run before the first turn (FedRA takes the seed, FedMetaMed the rounds).
         run.hooks.call("on_fit_start", trainer=run, pl_module=run.module)
