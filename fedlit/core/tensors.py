@@ -41,10 +41,17 @@ def numel(tree: Any) -> int:
     return sum(t.numel() for t in tensors(tree))
 
 
-def first_non_finite(tree: Any, what: str) -> str | None:
-    """A description of the first floating tensor of ``tree`` holding NaN or Inf (``non-finite <what> 'name'``),
-    or None (one reduction per floating tensor)."""
+def non_finite_name(tree: Any) -> str | None:
+    """The path of the first floating tensor of ``tree`` holding NaN or Inf, or None (one reduction per floating
+    tensor)."""
     for name, tensor in named_tensors(tree):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return f"non-finite {what} {name!r}"
+            return name
     return None
+
+
+def first_non_finite(tree: Any, what: str) -> str | None:
+    """A description of the first floating tensor of ``tree`` holding NaN or Inf (``non-finite <what> 'name'``),
+    or None."""
+    name = non_finite_name(tree)
+    return None if name is None else f"non-finite {what} {name!r}"

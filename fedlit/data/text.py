@@ -33,7 +33,8 @@ def not_utf8(path: Path, data: bytes | None = None, offset: int | None = None) -
         except OSError:
             pass
         return DataError(f"{path}: not UTF-8 text; save it as UTF-8")
-    assert data is not None
+    if data is None:  # a caller that knows the offset but not the bytes
+        data = path.read_bytes()
     line = data.count(b"\n", 0, offset) + 1
     return DataError(
         f"{path}: not UTF-8 text: byte {offset} (line {line}) is 0x{data[offset]:02x}; save the file as UTF-8 "

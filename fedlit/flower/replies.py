@@ -40,7 +40,7 @@ from typing import Any
 from flwr.app import RecordDict
 from torch import Tensor
 
-from fedlit.core.tensors import named_tensors
+from fedlit.core.tensors import non_finite_name
 from fedlit.engine.client import ClientTurn
 from fedlit.engine.evaluate import GLOBAL
 from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
@@ -132,10 +132,8 @@ def metrics_problem(metrics: Any, *, quarantined: bool = False) -> str | None:
 def non_finite(tree: Any, what: str) -> str | None:
     """``"<what> whose 'name' is not finite..."`` for the first floating tensor of ``tree`` with NaN or Inf, or
     None."""
-    for name, tensor in named_tensors(tree):
-        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
-            return f"{what} whose {name!r} is not finite, with no problem reported"
-    return None
+    name = non_finite_name(tree)
+    return None if name is None else f"{what} whose {name!r} is not finite, with no problem reported"
 
 
 def evaluate_reply(reply: RecordDict, task: EvaluateTask, *, sent_bytes: int) -> EvaluateResult | str:
@@ -187,10 +185,13 @@ def _client(claimed: Any, client_id: str) -> str | None:
     return None if claimed == client_id else f"as client {claimed!r} (the task was for {client_id!r})"
 
 
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _num_examples(value: Any, train_size: int) -> str | None:
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= train_size:
-        return None
-    return f"num_examples={value!r}, not an int in 1..{train_size} (its train split's size, as its node reported)"
+    return None if _int_in(value, 1, train_size) else (
+        f"num_examples={value!r}, not an int in 1..{train_size} (its train split's size, as its node reported)")
 
 
 def _problem(problem: Any) -> str | None:
@@ -205,9 +206,8 @@ def _extras(extras: Any) -> str | None:
 
 
 def _download(value: Any, sent_bytes: int) -> str | None:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= sent_bytes:
-        return None
-    return f"download bytes {value!r}, not an int in 0..{sent_bytes} (what the server sent)"
+    return None if _int_in(value, 0, sent_bytes) else (
+        f"download bytes {value!r}, not an int in 0..{sent_bytes} (what the server sent)")
 
 
 def _image(image: Any) -> str | None:
