@@ -232,9 +232,9 @@ def split_samples(
 ) -> dict[str, dict[str, np.ndarray]]:
     """Split every client's samples into train/val/test positions by ``fractions``, seeded by ``rng``.
 
-    Stratified by class for multiclass and binary targets, by the first positive label for multilabel ones, plain
-    random otherwise (see :func:`fedlit.data.splits.stratified_split`). The same ``rng`` state gives the same
-    splits.
+    Stratified by class for multiclass and binary targets, by the first positive label for multilabel ones, by the
+    event flag for survival ones, plain random otherwise (see :func:`fedlit.data.splits.stratified_split`). The
+    same ``rng`` state gives the same splits.
 
     Raises:
         DataError: naming the client when it has fewer samples than the splits it must fill.
@@ -253,9 +253,12 @@ def split_samples(
 
 
 def strata(targets: torch.Tensor, task: str) -> np.ndarray:
-    """One integer per sample to stratify on: the class, the first positive label (L if none), or 0."""
+    """One integer per sample to stratify on: the class, the first positive label (L if none), the event flag
+    (survival targets (N, 2): time, event), or 0."""
     if task in ("multiclass", "binary"):
         return targets.long().reshape(len(targets)).numpy()
+    if task == "survival":
+        return (targets[:, 1] > 0.5).long().numpy()
     if task == "multilabel":
         positive = targets.reshape(len(targets), -1) > 0
         first = positive.float().argmax(dim=1)

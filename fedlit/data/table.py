@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,43 +14,58 @@ from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.pool import PartitionedData
 from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
-from fedlit.data.splits import check_split_fractions
-from fedlit.data.text import not_utf8
+from fedlit.data.splits import SPLITS, check_split_fractions
+from fedlit.data.table_read import OPTION as _OPTION
+from fedlit.data.table_read import check_numeric, check_parquet_types, check_survival, read_table, split_codes
 
-_OPTION = "data.init_args"
+SURVIVAL = "survival"
+_FRACTIONS = (0.6, 0.2, 0.2)
 
 
 class SiteTable(FederatedDataModule):
     """Rows of a CSV or Parquet file, one client per value of ``site_column``; a tensor pool. No code needed.
 
-    Features are ``feature_columns`` (default: every column but the site and target columns), in that order,
-    as float32. They must be numbers: a categorical (text) value, a missing value or an infinite one is refused
-    naming the file, the row (the CSV line, header = line 1; the Parquet row, from 0) and the column; encode or
-    impute such columns before (fedlit does not guess an encoding). With ``standardize``, every site's features
-    are standardized with the mean and (unbiased) std of that site's train rows only, so nothing leaks from its
-    val and test rows or from other sites; a constant column is only centered.
+    Features are ``feature_columns`` (default: every column but the site, target and split columns), in that
+    order, as float32. They must be numbers: a categorical (text) value, a missing value or an infinite one is
+    refused naming the file, the row (the CSV line, header = line 1; the Parquet row, from 0) and the column;
+    encode or impute such columns before (fedlit does not guess an encoding). Booleans are numbers, 0 and 1: a
+    Parquet bool column, or a CSV column holding only ``true``/``false`` (any case, as pandas reads them). A
+    Parquet column of dates, durations, categories or numbers stored as text is refused naming its dtype and the
+    cast to do in pandas first. With ``standardize``, every site's features are standardized with the mean and
+    (unbiased) std of that site's train rows only, so nothing leaks from its val and test rows or from other
+    sites; a constant column is only centered.
 
     Targets (``target_column``): for ``multiclass`` the sorted distinct values (numerically when they are
     numbers) are the classes 0..K-1, recorded as ``class_names``; ``binary`` needs exactly two values (the second
-    in sorted order is positive); any other task name (e.g. ``regression``) keeps the column's numbers as float32
-    targets, and ``target_column`` may then list several columns (e.g. a survival time and an event flag).
+    in sorted order is positive). ``survival`` takes two columns, ``[time, event]``: times finite and >= 0, event
+    flags 0 (censored) or 1, each bad value refused naming its row and column; the targets are float32 (N, 2).
+    Any other task name (e.g. ``regression``) keeps the columns' numbers as float32 targets (one column or
+    several).
 
-    Each site is split by ``split_fractions``, stratified by class for classification, seeded by ``seed``. The
-    manifest's ``details`` give each site's rows of the pool and their row numbers in the file. Reading Parquet
-    needs ``pyarrow``.
+    Splits: with ``split_column``, each row's split is that column's value, ``train``, ``val`` or ``test``
+    (case-sensitive; any other value is refused naming its row); every site needs train and test rows, and one
+    without val rows has no validation split. ``split_fractions`` and ``seed`` then do not change the split (a
+    ``split_fractions`` other than the default is refused with it). Without it, each site is split by
+    ``split_fractions``, seeded by ``seed``, stratified by class for classification and by the event flag for
+    survival (every split gets events in proportion). For survival, a site whose val or test split holds no
+    event gets a warning: its C-index there is undefined, and the mean over clients covers fewer clients. The
+    manifest's ``details`` give each site's rows of the pool, their row numbers in the file and where the split
+    came from. Reading Parquet needs ``pyarrow``.
 
     Args:
         path: the ``.csv`` (any other suffix is read as CSV) or ``.parquet``/``.pq`` file.
         site_column: the column naming each row's site.
-        target_column: the target column (or columns, for a task that is not classification).
+        target_column: the target column (or columns: ``[time, event]`` for survival, several for regression).
         feature_columns: the feature columns (default: all other columns).
-        task: ``multiclass``, ``binary``, or another task name whose targets are numbers.
+        task: ``multiclass``, ``binary``, ``survival``, or another task name whose targets are numbers.
         standardize: standardize features per site with its train rows' mean and std.
-        split_fractions: (train, val, test) shares of each site's rows.
+        split_fractions: (train, val, test) shares of each site's rows, when there is no ``split_column``.
+        split_column: the column giving each row's split (``train``, ``val`` or ``test``), instead of drawing
+            splits by ``split_fractions``; it is not a feature.
         batch_size: training batch size.
         eval_batch_size: val/test batch size (default ``batch_size``).
         num_workers: DataLoader worker processes.
-        seed: seed of the splits.
+        seed: seed of the splits drawn by ``split_fractions`` (none with ``split_column``).
     """
 
     def __init__(
@@ -61,7 +77,8 @@ class SiteTable(FederatedDataModule):
         feature_columns: list[str] | None = None,
         task: str = "multiclass",
         standardize: bool = True,
-        split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
+        split_fractions: tuple[float, float, float] = _FRACTIONS,
+        split_column: str | None = None,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -72,37 +89,59 @@ class SiteTable(FederatedDataModule):
         )
         check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
         targets = [target_column] if isinstance(target_column, str) else list(target_column)
+        problems = []
         if task in CLASSIFICATION and len(targets) != 1:
-            raise ConfigError(f"{_OPTION}.target_column: a {task} task takes one target column, got {targets}")
+            problems.append(f"{_OPTION}.target_column: a {task} task takes one target column, got {targets}")
+        if task == SURVIVAL and len(targets) != 2:
+            problems.append(f"{_OPTION}.target_column: a survival task takes two columns, [time, event], got "
+                            f"{targets}")
         if task == "multilabel":
-            raise ConfigError(f"{_OPTION}.task='multilabel' is not supported by SiteTable; use one multiclass or "
-                             "binary target column")
+            problems.append(f"{_OPTION}.task='multilabel' is not supported by SiteTable; use one multiclass or "
+                            "binary target column")
+        if split_column is not None and tuple(float(f) for f in split_fractions) != _FRACTIONS:
+            problems.append(f"{_OPTION}.split_fractions={list(split_fractions)} with split_column={split_column!r}: "
+                            "the split column gives every row's split; leave split_fractions out")
+        if split_column is not None and split_column in (site_column, *targets):
+            problems.append(f"{_OPTION}.split_column={split_column!r} is the site or a target column; name the "
+                            "column holding train/val/test")
+        if problems:
+            raise ConfigError("; ".join(problems))
         self.path = Path(path).expanduser()
         if not self.path.is_file():
             raise InputFileError(f"{_OPTION}.path: no file {self.path}; give a CSV or Parquet file with one row "
                                     f"per sample and a {site_column!r} column")
-        self.site_column, self.target_columns = site_column, targets
+        self.site_column, self.target_columns, self.split_column = site_column, targets, split_column
         self.feature_columns = None if feature_columns is None else list(feature_columns)
         self.requested_task, self.standardize = task, standardize
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
     def build(self) -> PartitionedData:
-        frame, row_name = self._read()
+        frame, row_name = read_table(self.path)
         features = self._feature_columns(frame)
-        _check_numeric(frame, features, self.path, row_name, "feature")
-        _check_numeric(frame, [self.site_column], self.path, row_name, "site", numeric=False)
-        task = self.requested_task
-        _check_numeric(frame, self.target_columns, self.path, row_name, "target", numeric=task not in CLASSIFICATION)
+        task, path = self.requested_task, self.path
+        numeric_targets = task not in CLASSIFICATION
+        if row_name == "row":  # a Parquet file keeps its types: refuse those that are not numbers
+            check_parquet_types(frame, features, path, "feature")
+            if numeric_targets:
+                check_parquet_types(frame, self.target_columns, path, "target")
+        check_numeric(frame, features, path, row_name, "feature")
+        check_numeric(frame, [self.site_column], path, row_name, "site", numeric=False)
+        check_numeric(frame, self.target_columns, path, row_name, "target", numeric=numeric_targets)
+        if task == SURVIVAL:
+            check_survival(frame, *self.target_columns, path, row_name)
+        if self.split_column is not None:
+            check_numeric(frame, [self.split_column], path, row_name, "split", numeric=False)
+        codes = None if self.split_column is None else split_codes(frame, self.split_column, path, row_name)
         class_names = None
         if task in CLASSIFICATION:
             values = frame[self.target_columns[0]].astype(str).str.strip()
             class_names = sorted(values.unique(), key=class_sort_key)
             if task == "binary" and len(class_names) != 2:
-                raise DataError(f"{self.path}: {_OPTION}.task='binary' needs exactly 2 values in column "
+                raise DataError(f"{path}: {_OPTION}.task='binary' needs exactly 2 values in column "
                                 f"{self.target_columns[0]!r}, found {len(class_names)}: {class_names[:10]}; use "
                                 "task: multiclass")
-            codes = values.map({name: i for i, name in enumerate(class_names)}).to_numpy()
-            y = torch.from_numpy(codes.astype(np.float32 if task == "binary" else np.int64))
+            codes_y = values.map({name: i for i, name in enumerate(class_names)}).to_numpy()
+            y = torch.from_numpy(codes_y.astype(np.float32 if task == "binary" else np.int64))
         else:
             y = torch.from_numpy(frame[self.target_columns].to_numpy(dtype=np.float32))
             y = y[:, 0] if len(self.target_columns) == 1 else y
@@ -112,10 +151,13 @@ class SiteTable(FederatedDataModule):
         order = np.concatenate([np.flatnonzero(sites == s) for s in site_ids])
         x, y, file_rows = x[torch.from_numpy(order)], y[torch.from_numpy(order)], order
         bounds = np.cumsum([0] + [int((sites == s).sum()) for s in site_ids])
-        per_site = {s: y[bounds[i]:bounds[i + 1]] for i, s in enumerate(site_ids)}
-        local = split_samples(per_site, self.split_fractions, np.random.default_rng(self.seed), task,
-                              f"{_OPTION}.split_fractions")
-        splits = {s: {k: v + bounds[i] for k, v in local[s].items()} for i, s in enumerate(site_ids)}
+        if codes is None:
+            per_site = {s: y[bounds[i]:bounds[i + 1]] for i, s in enumerate(site_ids)}
+            local = split_samples(per_site, self.split_fractions, np.random.default_rng(self.seed), task,
+                                  f"{_OPTION}.split_fractions")
+            splits = {s: {k: v + bounds[i] for k, v in local[s].items()} for i, s in enumerate(site_ids)}
+        else:
+            splits = self._column_splits(codes[order], site_ids, bounds)
         stats = {}
         if self.standardize:
             for i, s in enumerate(site_ids):
@@ -125,16 +167,18 @@ class SiteTable(FederatedDataModule):
                 std = torch.where(torch.isfinite(std) & (std > 0), std, torch.ones_like(std))
                 x[bounds[i]:bounds[i + 1]] = (x[bounds[i]:bounds[i + 1]] - mean) / std
                 stats[s] = {"mean": mean.tolist(), "std": std.tolist()}
+        if task == SURVIVAL:
+            self._warn_without_events(splits, y)
         return PartitionedData(
-            name=self.path.stem,
+            name=path.stem,
             task=task,  # type: ignore[arg-type]  # any task name the recipe declares
-            num_classes=(len(class_names) if task == "multiclass" else 1) if class_names else len(self.target_columns),
+            num_classes=_num_classes(task, class_names, len(self.target_columns)),
             inputs=x,
             targets=y,
             splits=splits,
             partitioner="Natural()",
             details={
-                "path": str(self.path),
+                "path": str(path),
                 "site_column": self.site_column,
                 "target_columns": self.target_columns,
                 "feature_names": features,
@@ -143,52 +187,67 @@ class SiteTable(FederatedDataModule):
                 "rows": {s: [int(r) for r in file_rows[bounds[i]:bounds[i + 1]]] for i, s in enumerate(site_ids)},
                 "standardize": self.standardize,
                 "train_statistics": stats,
-                "split_fractions": list(self.split_fractions),
+                "split_column": self.split_column,
+                "splits_from": (f"column {self.split_column!r} of the file" if self.split_column else
+                                f"split_fractions drawn with seed {self.seed}"
+                                + (", stratified by the event flag" if task == SURVIVAL else "")),
+                "split_fractions": None if self.split_column else list(self.split_fractions),
             },
         )
+
+    def _column_splits(self, codes: np.ndarray, site_ids: list[str], bounds: np.ndarray
+                       ) -> dict[str, dict[str, np.ndarray]]:
+        """Each site's pool indices per split, from the split column's codes (in pool order).
+
+        Raises:
+            DataError: naming every site without a train or a test row (val may be empty).
+        """
+        splits, problems = {}, []
+        for i, s in enumerate(site_ids):
+            local = codes[bounds[i]:bounds[i + 1]]
+            splits[s] = {name: np.flatnonzero(local == k) + bounds[i] for k, name in enumerate(SPLITS)}
+            empty = [name for name in ("train", "test") if not len(splits[s][name])]
+            if empty:
+                problems.append(f"site {s!r} has no {' and no '.join(empty)} row")
+        if problems:
+            raise DataError(f"{self.path}: column {self.split_column!r} ({_OPTION}.split_column): "
+                            f"{'; '.join(problems)}; every site needs train and test rows (val may be empty): mark "
+                            "some of its rows so, or drop the site's rows")
+        return splits
+
+    def _warn_without_events(self, splits: dict[str, dict[str, np.ndarray]], y: torch.Tensor) -> None:
+        """Warn once per site whose val or test split has rows but no event: its C-index is undefined there."""
+        for s, parts in splits.items():
+            lacking = [f"{name} split ({len(parts[name])} rows)" for name in ("val", "test")
+                       if len(parts[name]) and not bool((y[torch.from_numpy(parts[name]), 1] > 0.5).any())]
+            if lacking:
+                fix = (f"mark rows with an event as val/test in column {self.split_column!r}" if self.split_column
+                       else "give the site more rows or a larger val/test share of split_fractions")
+                warnings.warn(f"SiteTable ({self.path}): site {s!r} has no event in its {' or its '.join(lacking)}"
+                              ": its C-index is undefined there (NaN), so the mean over clients of that split leaves "
+                              f"it out and covers fewer clients; {fix}", stacklevel=3)
 
     def client_id_source(self) -> str:
         """The site column of the file."""
         return f"column {self.site_column!r} of {self.path} ({_OPTION}.site_column)"
 
-    def _read(self) -> tuple[pd.DataFrame, str]:
-        """The table, and how its rows are named in messages (``line`` for CSV, ``row`` for Parquet)."""
-        parquet = self.path.suffix.lower() in (".parquet", ".pq")
-        try:
-            if not parquet:
-                return pd.read_csv(self.path, skipinitialspace=True), "line"
-            frame = pd.read_parquet(self.path).reset_index(drop=True)
-        except ImportError as err:
-            raise DataError(f"{self.path}: reading Parquet needs pyarrow ({err}); pip install pyarrow, or save "
-                            "the table as CSV") from None
-        except UnicodeDecodeError as err:
-            raise (_parquet_error(self.path, err) if parquet else not_utf8(self.path)) from None
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as err:
-            raise DataError(f"{self.path} ({_OPTION}.path) cannot be read as a table ({type(err).__name__}: "
-                            f"{err})") from None
-        except Exception as err:
-            if type(err).__module__.split(".")[0] != "pyarrow":  # pyarrow's ArrowException is no OSError/ValueError
-                raise
-            raise _parquet_error(self.path, err) from None
-        _check_parquet_text(self.path)  # pyarrow reads bad UTF-8 without a word; pandas fails on it later
-        return frame, "row"
-
     def _feature_columns(self, frame: pd.DataFrame) -> list[str]:
         columns = [str(c) for c in frame.columns]
         frame.columns = columns
         problems = []
+        split = [self.split_column] if self.split_column is not None else []
         for option, wanted in (("site_column", [self.site_column]), ("target_column", self.target_columns),
-                               ("feature_columns", self.feature_columns or [])):
+                               ("split_column", split), ("feature_columns", self.feature_columns or [])):
             absent = [c for c in wanted if c not in columns]
             if absent:
                 problems.append(f"{_OPTION}.{option}: {absent} not in the columns of {self.path} ({columns})")
         if problems:
             raise DataError("; ".join(problems))
-        used = {self.site_column, *self.target_columns}
+        used = {self.site_column, *self.target_columns, *split}
         if self.feature_columns is not None:
             clash = sorted(used & set(self.feature_columns))
             if clash:
-                raise DataError(f"{_OPTION}.feature_columns lists {clash}, the site or target column")
+                raise DataError(f"{_OPTION}.feature_columns lists {clash}, the site, target or split column")
             return self.feature_columns
         features = [c for c in columns if c not in used]
         if not features:
@@ -196,66 +255,8 @@ class SiteTable(FederatedDataModule):
         return features
 
 
-def _check_numeric(frame: pd.DataFrame, columns: list[str], path: Path, row_name: str, kind: str,
-                   numeric: bool = True) -> None:
-    """Refuse missing values in ``columns`` and, if ``numeric``, values that are not finite numbers.
-
-    Raises:
-        DataError: naming ``path``, the row (CSV line or Parquet row) and the column of each bad value (first
-            few listed, then the count).
-    """
-    problems = []
-    for column in columns:
-        values = frame[column]
-        missing = values.isna().to_numpy()
-        numbers = values if pd.api.types.is_bool_dtype(values) else pd.to_numeric(values, errors="coerce")
-        numbers = pd.Series(numbers, dtype="float64") if numeric else None
-        for i in np.flatnonzero(missing):
-            problems.append((i, column, f"is missing ({kind} values must be given; fill or drop the row)"))
-        if numeric and numbers is not None:
-            for i in np.flatnonzero(~missing & numbers.isna().to_numpy()):
-                problems.append((i, column, f"{_show(values.iloc[i])} is not a number (a categorical {kind}? one-hot "
-                                            "encode it, or leave the column out of the features)"))
-            for i in np.flatnonzero(~missing & np.isinf(numbers.to_numpy())):
-                problems.append((i, column, f"{_show(values.iloc[i])} is not finite"))
-    if problems:
-        problems.sort(key=lambda p: (p[0], columns.index(p[1])))
-        offset = 2 if row_name == "line" else 0  # a CSV's header is line 1
-        shown = "; ".join(f"{row_name} {i + offset}, column {c!r}: {what}" for i, c, what in problems[:5])
-        more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
-        raise DataError(f"{path}: {shown}{more}")
-
-
-def _check_parquet_text(path: Path) -> None:
-    """Refuse a Parquet text value that is not UTF-8, naming its row and column."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = pq.read_schema(path)
-    names = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-    for name, column in zip(names, pq.read_table(path, columns=names).columns, strict=True):
-        try:
-            column.validate(full=True)
-        except pa.ArrowInvalid:
-            for row, value in enumerate(column.cast(pa.large_binary()).to_pylist()):
-                try:
-                    value is None or value.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise DataError(f"{path}: row {row}, column {name!r} is not UTF-8 text (byte {err.start} of "
-                                    f"the value is 0x{value[err.start]:02x}); write the table again with its text "
-                                    "as UTF-8") from None
-
-
-def _parquet_error(path: Path, error: Exception) -> DataError:
-    """The error for a Parquet file pandas cannot read (pyarrow's errors are no OSError or ValueError)."""
-    try:
-        _check_parquet_text(path)
-    except DataError as err:
-        return err
-    except Exception:  # noqa: BLE001,S110 - unreadable in another way: the first message says how
-        pass
-    return DataError(f"{path} ({_OPTION}.path) cannot be read as Parquet ({type(error).__name__}: {error})")
-
-
-def _show(value: object) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+def _num_classes(task: str, class_names: list[str] | None, targets: int) -> int:
+    """Classes (multiclass), 1 (binary), 0 (survival: no classes) or the number of target columns."""
+    if class_names is not None:
+        return len(class_names) if task == "multiclass" else 1
+    return 0 if task == SURVIVAL else targets

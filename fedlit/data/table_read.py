@@ -1,0 +1,184 @@
+"""Reading and checking the file of :class:`~fedlit.data.table.SiteTable`: the table, its column types, values and
+splits, each bad value named by file, row (CSV line or Parquet row) and column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedlit.core.errors import DataError
+from fedlit.data.splits import SPLITS
+from fedlit.data.text import not_utf8
+
+OPTION = "data.init_args"
+
+
+def read_table(path: Path) -> tuple[pd.DataFrame, str]:
+    """The table at ``path`` (Parquet for ``.parquet``/``.pq``, else CSV), and how its rows are named in messages
+    (``line`` for CSV, ``row`` for Parquet).
+
+    Raises:
+        DataError: naming the file when it cannot be read; for a CSV that is not UTF-8, the byte offset and the
+            line of its first bad byte; for Parquet text that is not UTF-8, the row and column.
+    """
+    parquet = path.suffix.lower() in (".parquet", ".pq")
+    try:
+        if not parquet:
+            return pd.read_csv(path, skipinitialspace=True), "line"
+        frame = pd.read_parquet(path).reset_index(drop=True)
+    except ImportError as err:
+        raise DataError(f"{path}: reading Parquet needs pyarrow ({err}); pip install pyarrow, or save the table as "
+                        "CSV") from None
+    except UnicodeDecodeError as err:
+        raise (_parquet_error(path, err) if parquet else not_utf8(path)) from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as err:
+        raise DataError(f"{path} ({OPTION}.path) cannot be read as a table ({type(err).__name__}: {err})") from None
+    except Exception as err:
+        if type(err).__module__.split(".")[0] != "pyarrow":  # pyarrow's ArrowException is no OSError/ValueError
+            raise
+        raise _parquet_error(path, err) from None
+    _check_parquet_text(path)  # pyarrow reads bad UTF-8 without a word; pandas fails on it later
+    return frame, "row"
+
+
+def row_label(i: int, row_name: str) -> str:
+    """``line <n>`` of a CSV (its header is line 1) or ``row <i>`` of a Parquet file (from 0), for row ``i``."""
+    return f"{row_name} {i + 2 if row_name == 'line' else i}"
+
+
+def check_parquet_types(frame: pd.DataFrame, columns: list[str], path: Path, kind: str) -> None:
+    """Refuse Parquet columns that would only become numbers by a conversion fedlit does not guess.
+
+    Dates and durations, categoricals, and text holding numbers (a type the file keeps, unlike a CSV) are refused
+    with the column, its dtype and the cast to do in pandas before writing the file; booleans are numbers (0/1), as
+    a CSV column of ``true``/``false`` is. Text that is not numbers is left to :func:`check_numeric`, which names
+    its rows.
+
+    Raises:
+        DataError: naming ``path`` and every refused column with its dtype and fix.
+    """
+    problems = []
+    for column in columns:
+        values = frame[column]
+        dtype = values.dtype
+        if pd.api.types.is_bool_dtype(dtype) or (pd.api.types.is_numeric_dtype(dtype)
+                                                 and not isinstance(dtype, pd.CategoricalDtype)):
+            continue
+        if pd.api.types.is_datetime64_any_dtype(dtype):
+            fix = (f"turn it into a number first, e.g. days since a date: (df[{column!r}] - "
+                   "pd.Timestamp('2000-01-01')).dt.days")
+        elif pd.api.types.is_timedelta64_dtype(dtype):
+            fix = f"turn it into a number first, e.g. df[{column!r}].dt.total_seconds()"
+        elif isinstance(dtype, pd.CategoricalDtype):
+            fix = f"one-hot encode it (pd.get_dummies(df, columns=[{column!r}])) or leave it out of the {kind}s"
+        else:
+            present = values.dropna()
+            if not len(present) or pd.to_numeric(present, errors="coerce").isna().any():
+                continue  # text that is not numbers: check_numeric names its rows
+            fix = f"numbers stored as text; cast it first: df[{column!r}] = pd.to_numeric(df[{column!r}])"
+        problems.append(f"column {column!r} ({kind}) has dtype {dtype}: {fix}")
+    if problems:
+        raise DataError(f"{path}: {'; '.join(problems)}; then write the Parquet file again (fedlit converts no "
+                        "Parquet type to numbers but booleans, read as 0/1)")
+
+
+def check_numeric(frame: pd.DataFrame, columns: list[str], path: Path, row_name: str, kind: str,
+                  numeric: bool = True) -> None:
+    """Refuse missing values in ``columns`` and, if ``numeric``, values that are not finite numbers.
+
+    Raises:
+        DataError: naming ``path``, the row (CSV line or Parquet row) and the column of each bad value (first
+            few listed, then the count).
+    """
+    problems = []
+    for column in columns:
+        values = frame[column]
+        missing = values.isna().to_numpy()
+        for i in np.flatnonzero(missing):
+            problems.append((i, column, f"is missing ({kind} values must be given; fill or drop the row)"))
+        if not numeric:
+            continue
+        numbers = values if pd.api.types.is_bool_dtype(values) else pd.to_numeric(values, errors="coerce")
+        numbers = pd.Series(numbers, dtype="float64")
+        for i in np.flatnonzero(~missing & numbers.isna().to_numpy()):
+            problems.append((i, column, f"{_show(values.iloc[i])} is not a number (a categorical {kind}? one-hot "
+                                        "encode it, or leave the column out of the features)"))
+        for i in np.flatnonzero(~missing & np.isinf(numbers.to_numpy())):
+            problems.append((i, column, f"{_show(values.iloc[i])} is not finite"))
+    _raise(problems, columns, path, row_name)
+
+
+def check_survival(frame: pd.DataFrame, time: str, event: str, path: Path, row_name: str) -> None:
+    """Refuse a negative time or an event flag other than 0/1 (the values are finite numbers by now).
+
+    Raises:
+        DataError: naming ``path``, the row and the column of each bad value.
+    """
+    times = pd.Series(frame[time], dtype="float64").to_numpy()
+    events = pd.Series(frame[event], dtype="float64").to_numpy()
+    problems = [(i, time, f"{_show(frame[time].iloc[i])} is negative (survival times are >= 0)")
+                for i in np.flatnonzero(times < 0)]
+    problems += [(i, event, f"{_show(frame[event].iloc[i])} is not an event flag (1 = event, 0 = censored)")
+                 for i in np.flatnonzero((events != 0) & (events != 1))]
+    _raise(problems, [time, event], path, row_name)
+
+
+def split_codes(frame: pd.DataFrame, column: str, path: Path, row_name: str) -> np.ndarray:
+    """Each row's split from ``column``, as an index into ``SPLITS`` (train 0, val 1, test 2).
+
+    Raises:
+        DataError: naming ``path``, the row and the column of each value that is not ``train``, ``val`` or
+            ``test`` (case-sensitive; surrounding spaces are ignored).
+    """
+    values = frame[column].astype(str).str.strip()
+    codes = values.map({name: i for i, name in enumerate(SPLITS)})
+    problems = [(i, column, f"{_show(frame[column].iloc[i])} is not a split") for i in np.flatnonzero(codes.isna())]
+    _raise(problems, [column], path, row_name,
+           f" ({OPTION}.split_column: each value must be one of {list(SPLITS)}, lower case)")
+    return codes.to_numpy(dtype=np.int64)
+
+
+def _raise(problems: list[tuple[int, str, str]], columns: list[str], path: Path, row_name: str,
+           after: str = "") -> None:
+    if problems:
+        problems.sort(key=lambda p: (p[0], columns.index(p[1])))
+        shown = "; ".join(f"{row_label(i, row_name)}, column {c!r}: {what}" for i, c, what in problems[:5])
+        more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise DataError(f"{path}: {shown}{more}{after}")
+
+
+def _check_parquet_text(path: Path) -> None:
+    """Refuse a Parquet text value that is not UTF-8, naming its row and column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    names = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    for name, column in zip(names, pq.read_table(path, columns=names).columns, strict=True):
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            for row, value in enumerate(column.cast(pa.large_binary()).to_pylist()):
+                try:
+                    value is None or value.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(f"{path}: row {row}, column {name!r} is not UTF-8 text (byte {err.start} of "
+                                    f"the value is 0x{value[err.start]:02x}); write the table again with its text "
+                                    "as UTF-8") from None
+
+
+def _parquet_error(path: Path, error: Exception) -> DataError:
+    """The error for a Parquet file pandas cannot read (pyarrow's errors are no OSError or ValueError)."""
+    try:
+        _check_parquet_text(path)
+    except DataError as err:
+        return err
+    except Exception:  # noqa: BLE001,S110 - unreadable in another way: the first message says how
+        pass
+    return DataError(f"{path} ({OPTION}.path) cannot be read as Parquet ({type(error).__name__}: {error})")
+
+
+def _show(value: object) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
