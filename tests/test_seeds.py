@@ -54,6 +54,7 @@ def test_split_seeds():
     (["--seeds"], "at least one seed"),
     (["--seeds", "0", "--federation.seed", "4"], "leave out --federation.seed"),
     (["--seeds", "0", "1", "--federation.devices", "2"], "Start one command per seed"),
+    (["--seeds", "0", "--seeds_vary", "data"], "seeds_vary"),
 ])
 def test_bad_seeds_are_one_line_errors(tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -62,3 +63,33 @@ def test_bad_seeds_are_one_line_errors(tmp_path, capsys, extra, message):
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "exp").exists()
+
+
+def test_seeds_vary_training_keeps_the_recipes_data_split(tmp_path):
+    # quickstart.yaml gives data.init_args.seed 0; --data.init_args.seed 5 stands for a recipe's own data seed
+    results = run(["fit", *ARGS, "--data.init_args.seed", "5", "--seeds", "1", "2", "--seeds_vary", "training",
+                   "--out_dir", str(tmp_path / "exp")])
+    runs = {s: tmp_path / "exp" / f"seed_{s}" for s in (1, 2)}
+    for seed, folder in runs.items():
+        config = json.loads((folder / "config.json").read_text())
+        assert config["federation"]["seed"] == seed and config["data"]["init_args"]["seed"] == 5
+        assert "seeds_vary" not in config
+    manifests = [json.loads((runs[s] / "manifest.json").read_text()) for s in (1, 2)]
+    assert manifests[0]["clients"] == manifests[1]["clients"]  # one split, trained twice
+    assert results[1]["last"] != results[2]["last"]  # the training differs
+    experiment = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    assert experiment["seeds_vary"] == "training" and experiment["finished"] == [1, 2]
+    drawn = run(["fit", *ARGS, "--seeds", "1", "2", "--out_dir", str(tmp_path / "all")])
+    assert sorted(drawn) == [1, 2]
+    assert json.loads((tmp_path / "all" / "experiment.json").read_text())["seeds_vary"] == "all"
+    split = [json.loads((tmp_path / "all" / f"seed_{s}" / "manifest.json").read_text())["clients"] for s in (1, 2)]
+    assert split[0] != split[1]  # each seed re-draws the split
+
+
+def test_seeds_vary_without_seeds_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *ARGS, "--out_dir", str(tmp_path / "run"), "--seeds_vary", "training"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--seeds_vary training without --seeds" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()

@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from jsonargparse import ArgumentParser
 
 from fedlit.commands import cost
 from fedlit.config.build import build_run, remove_if_empty
 from fedlit.config.parser import parse, recipe_parser, root_parser
+from fedlit.core.errors import ConfigError
 from fedlit.federation import Federation
 
 HELP = {
@@ -32,6 +33,8 @@ HELP = {
 }
 #: Read before parsing by :mod:`fedlit.commands.seeds`; declared here for ``fedlit fit --help``.
 SEEDS = "--seeds"
+#: What the seeds of ``--seeds`` vary: ``all`` (the data's seed too) or ``training`` (federation.seed only).
+SEEDS_VARY = "--seeds_vary"
 
 
 def parser(name: str) -> ArgumentParser:
@@ -44,9 +47,14 @@ def parser(name: str) -> ArgumentParser:
     if name == "fit":
         cost.add_arguments(sub, name)
         sub.add_argument(SEEDS, type=list[int] | None, default=None,
-                         help="Run the recipe once per seed (--seeds 0 1 2): federation.seed and the data's seed set "
-                              "to each, runs in runs/<name>/<version>/seed_<s> (or OUT_DIR/seed_<s>), the "
-                              "experiment recorded in experiment.json.")
+                         help="Run the recipe once per seed (--seeds 0 1 2): federation.seed and the data's seed "
+                              "(unless --seeds_vary training) set to each, runs in runs/<name>/<version>/seed_<s> "
+                              "(or OUT_DIR/seed_<s>), the experiment recorded in experiment.json.")
+        sub.add_argument(SEEDS_VARY, type=Literal["all", "training"], default="all",
+                         help="With --seeds, what each seed varies: 'all' sets the data's seed too, so each seed "
+                              "re-draws the data's split; 'training' sets federation.seed only (model "
+                              "initialization, client sampling, batch order) over the one split of the recipe's data "
+                              "seed, as FLamby's per-seed results are.")
     return sub
 
 
@@ -82,6 +90,9 @@ def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -
     name = argv[0]
     root = build_parser(name)
     cfg = parse(root, argv)
+    if name == "fit" and cfg.fit.get("seeds_vary") != "all":
+        raise ConfigError(f"{SEEDS_VARY} {cfg.fit.seeds_vary} without --seeds: it says what the seeds of --seeds "
+                          f"vary; add --seeds 0 1 2, or leave {SEEDS_VARY} out")
     if name == "fit" and cfg.fit.get("dry_run"):
         return cost.prepare(root, cfg, name)  # builds no data, writes no run folder
     built = build_run(root, cfg, name, wrap_data=wrap_data)

@@ -1,12 +1,16 @@
 """``fedlit fit --seeds 0 1 2``: one recipe run once per seed, as one experiment.
 
 Each seed is a plain ``fit`` run with ``--federation.seed s`` (and ``--data.init_args.seed s`` when the data
-module takes a seed), in its own folder ``<experiment>/seed_<s>``. The experiment folder is
+module takes a seed), in its own folder ``<experiment>/seed_<s>``. ``--seeds_vary training`` leaves the data's
+seed as the recipe gives it: every seed then trains over the same data split (as FLamby's per-seed results do),
+and only the training (model initialization, client sampling, batch order) changes; the default ``all`` re-draws
+the split too. A data set whose splits are given (``SiteTable``'s ``split_column``) has the same split either
+way. The experiment folder is
 ``runs/<name>/<version>`` (the next ``version_<n>`` unless ``--version`` is given), or ``--out_dir D``. The seeds
 run one after another in this process; each run is seeded and built afresh, so ``seed_1`` holds the same
 results as ``fedlit fit --config R.yaml --federation.seed 1 --data.init_args.seed 1 --out_dir DIR``. The
-experiment folder's ``experiment.json`` records the seeds, the command and the run folders, and which of them
-have finished.
+experiment folder's ``experiment.json`` records the seeds, what they vary (``seeds_vary``), the command and the
+run folders, and which of them have finished.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from fedlit.core.errors import ConfigError, FedlitError
 from fedlit.core.files import write_text_atomic
 
 SEEDS = fit.SEEDS
+SEEDS_VARY = fit.SEEDS_VARY
 EXPERIMENT_FILE = "experiment.json"
 #: Options that place a run: the experiment takes them, each seed's run gets its own ``--out_dir``.
 _PLACING = ("--out_dir", "--name", "--version")
@@ -88,6 +93,7 @@ class SeedsJob:
     argvs: dict[int, list[str]]
     command: str
     created: bool
+    seeds_vary: str = "all"
     results: dict[int, Any] = field(default_factory=dict)
 
     def run_dir(self, seed: int) -> Path:
@@ -111,6 +117,7 @@ class SeedsJob:
     def _write(self) -> None:
         record = {
             "seeds": self.seeds,
+            "seeds_vary": self.seeds_vary,
             "command": self.command,
             "runs": {str(s): str(self.run_dir(s)) for s in self.seeds},
             "finished": [s for s in self.seeds if s in self.results],
@@ -145,12 +152,12 @@ def prepare(argv: list[str]) -> SeedsJob:
         raise ConfigError(f"{' and '.join(named)} and --out_dir {sub.out_dir}: give one of them (--out_dir is the "
                           "experiment's folder; --name and --version make runs/<name>/<version>).")
     init_args = sub.data.get("init_args")
-    data_seed = init_args is not None and "seed" in init_args
+    data_seed = init_args is not None and "seed" in init_args and sub.seeds_vary == "all"
     folder = Path(sub.out_dir) if sub.out_dir else runnames.version_dir(sub)
     if folder is not None and (folder / EXPERIMENT_FILE).exists():
         raise ConfigError(f"{folder} already holds an experiment ({EXPERIMENT_FILE}). Choose another --out_dir or "
                           "--version, or leave --version out for the next version_<n>.")
-    base = _without(rest, _PLACING)
+    base = _without(rest, (*_PLACING, SEEDS_VARY))
     argvs = {}
     for seed in seeds:
         overrides = ["--federation.seed", str(seed)]
@@ -162,7 +169,7 @@ def prepare(argv: list[str]) -> SeedsJob:
         folder = new_version_dir(runnames.run_root(sub))
     for seed in seeds:
         check_run_dir(folder / f"seed_{seed}", resume=False)
-    job = SeedsJob(seeds, folder, {}, " ".join(["fedlit", *argv]), created)
+    job = SeedsJob(seeds, folder, {}, " ".join(["fedlit", *argv]), created, sub.seeds_vary)
     for seed in seeds:
         job.argvs[seed] = [*argvs[seed], "--out_dir", str(job.run_dir(seed))]
     return job

@@ -52,7 +52,7 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
     if subcommand == "fit" and out_dir is not None and first:
         check_run_dir(out_dir, resume=ckpt_path is not None)  # refuse a taken folder before the slow part
     config = json.loads(parser.dump(cfg, format="json_indented", skip_none=False, skip_validation=True))[subcommand]
-    for key in ("dry_run", "seeds"):  # options of fit only: validate/test --run rebuild the run from this
+    for key in ("dry_run", "seeds", "seeds_vary"):  # options of fit only: validate/test --run rebuild the run from this
         config.pop(key, None)
     baseline_run = config.pop("baseline_run", None)  # what the run is compared with, not part of it
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
