@@ -40,7 +40,7 @@ def _build(lora: LoRA | None) -> ClassificationModule:
 def _snippet() -> str:
     """The code block of docs/runs.md that follows the marker naming this file."""
     text = (ROOT / "docs" / "runs.md").read_text()
-    blocks = re.findall(r"<!-- tests/test_export_docs.py runs this block[^>]*-->\n```python\n(.*?)```", text, re.S)
+    blocks = re.findall(r"<!-- tests/test_export_inference.py runs this block[^>]*-->\n```python\n(.*?)```", text, re.S)
     assert len(blocks) == 1, "docs/runs.md: the marked plain-PyTorch block is missing or not unique"
     return blocks[0]
 
