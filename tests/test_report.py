@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,7 @@ def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
     for client in ("site_0", "site_1", "site_2", "site_3"):
         assert f"| {client} |" in text
     assert (out / "convergence.png").stat().st_size > 0 and (out / "cost.png").exists()
-    assert (out / "partition.png").stat().st_size > 0 and "## Partition" in text
+    assert (out / "partition_seed_0.png").stat().st_size > 0 and "## Partition" in text
     assert "No run of Local among the inputs" in text
 
 
@@ -147,10 +148,13 @@ def test_labels_are_drawn_as_plain_text_and_escaped_in_tables(tmp_path: Path) ->
     text = (out / "report.md").read_text()
     assert f"| client | FedAvg ({odd}) | FedAvg (b\\|c) |" in text
     assert f"| {odd} | **0.8000** | 0.7000 |" in text and "| a\\|b | 0.6000 | **0.9000** |" in text
-    for figure in ("convergence.png", "cost.png", "partition.png"):
+    for figure in ("convergence.png", "cost.png", "partition_seed_0.png"):
         assert (out / figure).stat().st_size > 0
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "<td>&lt;b&gt;&amp;</td>" in page
+    report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "svg"), "--vector", "svg"])
+    drawn = (tmp_path / "svg" / "partition_seed_0.svg").read_text()  # SVG text stays text: the id as given
+    assert ">$\\frac{x$<" in drawn and ">&lt;b&gt;&amp;<" in drawn
 
 
 def test_unknown_metric_lists_the_known_ones(experiment: Path, tmp_path: Path) -> None:
@@ -192,3 +196,54 @@ def test_an_undefined_client_value_is_left_out_of_mean_and_worst(tmp_path: Path)
     runs, _ = report.load_runs([tmp_path])
     stats = report.summary(report.by_method(runs), "last", "accuracy")
     assert stats["FedAvg"]["mean"][0] == pytest.approx(0.7) and stats["FedAvg"]["worst"][0] == pytest.approx(0.6)
+
+
+def _counts(clients: dict[str, list[int]]) -> str:
+    return json.dumps({c: {"train": v, "val": [1, 1], "test": [1, 1]} for c, v in clients.items()})
+
+
+def test_each_seed_has_its_own_partition_figure_and_the_cost_figure_its_own_heading(experiment: Path,
+                                                                                    tmp_path: Path) -> None:
+    # seed 0 and seed 1 drew other partitions; FedAvg and Local of one seed share theirs
+    for method in ("fedavg", "local"):
+        (experiment / method / "seed_0" / "class_counts.json").write_text(_counts({"a": [17, 3], "b": [2, 29]}))
+        (experiment / method / "seed_1" / "class_counts.json").write_text(_counts({"a": [41, 5], "b": [7, 13]}))
+    out = tmp_path / "out"
+    report.main([str(experiment), "--out", str(out), "--vector", "svg"])
+    text = (out / "report.md").read_text()
+    headings = [line for line in text.splitlines() if line.startswith("#")]
+    assert headings[-4:] == ["## Cost", "### Mean validation accuracy against bytes uploaded", "## Partition",
+                             "## Configurations: the keys that differ"]
+    cost_section = text.split("### Mean validation accuracy against bytes uploaded")[1].split("## Partition")[0]
+    assert "(cost.png)" in cost_section and "partition" not in cost_section
+    partition = text.split("## Partition")[1]
+    assert "![Partition of seed 0 (from FedAvg" in partition and "(partition_seed_0.png)" in partition
+    assert "![Partition of seed 1 (from FedAvg" in partition and "(partition_seed_1.png)" in partition
+    assert "other partition" not in partition
+    # each figure draws its own seed's counts and says which seed it is
+    for seed, shown, absent in ((0, ["17", "29"], ["41"]), (1, ["41", "13"], ["17", "29"])):
+        labels = re.findall(r">([^<>]+)</text>", (out / f"partition_seed_{seed}.svg").read_text())
+        assert any(t.startswith(f"seed {seed}: ") for t in labels)
+        assert all(n in labels for n in shown) and not any(n in labels for n in absent)
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 4  # convergence, cost, 2 seeds
+    assert sorted(p.name for p in out.glob("*.svg")) == ["convergence.svg", "cost.svg", "partition_seed_0.svg",
+                                                         "partition_seed_1.svg"]
+    # a run of seed 0 on other data is named, not drawn
+    (experiment / "local" / "seed_0" / "class_counts.json").write_text(_counts({"a": [1, 1], "b": [1, 1]}))
+    report.main([str(experiment), "--out", str(out)])
+    assert f"Seed 0: the runs {experiment / 'local' / 'seed_0'} have another partition" in (
+        out / "report.md").read_text()
+
+
+def test_figures_are_written_as_pdf_with_embedded_truetype_fonts_or_png_only(experiment: Path,
+                                                                              tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    report.main([str(experiment), "--out", str(out)])  # default: PDF beside each PNG
+    pdf = (out / "convergence.pdf").read_bytes()
+    assert pdf.startswith(b"%PDF") and b"/CIDFontType2" in pdf and b"/Type3" not in pdf
+    assert "Vector: [cost.pdf](cost.pdf)" in (out / "report.md").read_text()
+    report.main([str(experiment), "--out", str(tmp_path / "png"), "--vector", "none"])
+    assert sorted(p.suffix for p in (tmp_path / "png").iterdir()) == [".html", ".md", ".png", ".png"]
+    assert "Vector:" not in (tmp_path / "png" / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        report.main([str(experiment), "--vector", "eps"])

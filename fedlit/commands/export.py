@@ -9,6 +9,10 @@ model). :func:`export_federation` writes exactly those, per client::
     <out>/<client_id>/model.safetensors   # shared + personal tensors, named as in the FederatedModule
     <out>/<client_id>/export.json         # roles, round, checkpoint, model section of the recipe, metrics
     <out>/<client_id>/adapter/            # only with peft LoRA: adapter_model.safetensors + adapter_config.json
+    <out>/<client_id>/inference.safetensors  # the whole model, LoRA merged: plain PyTorch loads it
+    <out>/<client_id>/preprocessing.json     # input kind, shape, normalization, class names (tables: columns)
+
+The last two are for inference without fedlit (:mod:`fedlit.commands.export_inference`).
 
 Client ids are safe file names (the data module refuses others, :mod:`fedlit.core.names`); as a second guard,
 each client's folder must resolve inside ``<out>`` (no symbolic link out of it), checked for every client before
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from fedlit.commands import fit
+from fedlit.commands.export_inference import INFERENCE, PREPROCESSING, merged_state_dict, preprocessing
 from fedlit.config.parser import root_parser
 from fedlit.core.checkpoint_io import BEST, LAST
 from fedlit.core.errors import CheckpointError, ConfigError, DataError
@@ -107,7 +113,7 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
 
 
 def export_run(run_dir: str | Path, *, ckpt_path: str | Path = "last", clients: Iterable[str] | None = None,
-               out: str | Path | None = None) -> dict[str, Path]:
+               out: str | Path | None = None, full: bool = True) -> dict[str, Path]:
     """Export every client (or ``clients``) of the run in ``run_dir`` into ``out`` (default ``run_dir/export``),
     from its ``last`` or ``best`` checkpoint or the file ``ckpt_path``.
 
@@ -117,11 +123,11 @@ def export_run(run_dir: str | Path, *, ckpt_path: str | Path = "last", clients: 
     path = checkpoint_of(run_dir, ckpt_path)
     fed = load_run(run_dir, path)
     return export_federation(fed, Path(out) if out is not None else Path(run_dir) / "export", clients,
-                             checkpoint=path)
+                             checkpoint=path, full=full)
 
 
 def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] | None = None, *,
-                      checkpoint: str | Path | None = None) -> dict[str, Path]:
+                      checkpoint: str | Path | None = None, full: bool = True) -> dict[str, Path]:
     """Write each client's evaluation tensors (see the module docstring) from a set-up :class:`Federation`.
 
     Args:
@@ -129,6 +135,8 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
         out: The folder that receives one sub-folder per client.
         clients: The clients to export (default: all).
         checkpoint: Recorded in ``export.json``.
+        full: Also write ``inference.safetensors``, the whole model with LoRA merged (frozen tensors included:
+            as large as the model, per client).
 
     Raises:
         ConfigError: If the federation was not set up, or a client is not one of its clients.
@@ -176,6 +184,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
         adapters = _peft_modules(fed.module)
         if adapters:
             meta["adapter"] = _save_adapters(adapters, folder, set(tensors))
+        meta["inference"] = _save_inference(fed, client_id, folder, full)
         write_text_atomic(folder / META, json.dumps(meta, indent=1))
         written[client_id] = folder
     return written
@@ -260,6 +269,27 @@ def _save_adapters(adapters: Mapping[str, nn.Module], folder: Path, exported: se
     return info
 
 
+def _save_inference(fed: Federation, client_id: str, folder: Path, full: bool) -> dict[str, Any]:
+    """``preprocessing.json`` and (with ``full``) ``inference.safetensors`` of the client's live model; what was
+    written, for ``export.json``."""
+    info: dict[str, Any] = {"weights": None, "preprocessing": None}
+    record = preprocessing(fed.datamodule, client_id)
+    if record is not None:
+        write_text_atomic(folder / PREPROCESSING, json.dumps(record, indent=1))
+        info["preprocessing"] = PREPROCESSING
+    if full:
+        try:
+            state = merged_state_dict(fed.module)
+        except TypeError as err:  # LoRA on a convolution: the other files are still written
+            warnings.warn(f"fedlit export: {client_id}: no {INFERENCE} ({err}); load model.safetensors and the "
+                          "adapter instead.", UserWarning, stacklevel=3)
+            info["why_no_weights"] = str(err)
+        else:
+            save_file(state, folder / INFERENCE, metadata={"format": "pt"})
+            info["weights"] = INFERENCE
+    return info
+
+
 def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
     """Metrics for JSON: NaN (an undefined AUROC on a one-class split) as null."""
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in values.items()}
@@ -277,6 +307,9 @@ def parser(name: str = "export") -> ArgumentParser:
     parser.add_argument("--clients", type=str | None, default=None,
                         help="Comma-separated client ids to export (default: every client).")
     parser.add_argument("--out", type=str | None, default=None, help="Output folder (default: <run>/export).")
+    parser.add_argument("--full", type=bool, default=True,
+                        help="Also write inference.safetensors per client: the whole model, LoRA merged, frozen "
+                        "tensors included (as large as the model); `--full false` skips it.")
     return parser
 
 
@@ -288,9 +321,11 @@ class ExportJob:
     checkpoint: Path
     clients: list[str] | None
     out: Path
+    full: bool = True
 
     def __call__(self) -> dict[str, Path]:
-        written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint)
+        written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint,
+                                    full=self.full)
         print(f"fedlit export: round {self.federation.server_round} of {self.checkpoint}, {len(written)} clients "
               f"-> {self.out}", flush=True)
         return written
@@ -301,7 +336,7 @@ def prepare(cfg: Namespace) -> ExportJob:
     ckpt = checkpoint_of(cfg.run, cfg.ckpt_path)
     clients = [c.strip() for c in cfg.clients.split(",") if c.strip()] if cfg.clients else None
     out = Path(cfg.out) if cfg.out else Path(cfg.run) / "export"
-    return ExportJob(load_run(cfg.run, ckpt), ckpt, clients, out)
+    return ExportJob(load_run(cfg.run, ckpt), ckpt, clients, out, cfg.full)
 
 
 def command(argv: list[str]) -> ExportJob:

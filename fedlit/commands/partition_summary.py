@@ -26,6 +26,10 @@ LABELLED = 8
 #: Labels are data (client ids, class and method names): drawn as plain text, never as mathtext (``$\frac{x$``
 #: would not parse, ``$x$`` would change) nor LaTeX, whatever the user's matplotlibrc says.
 PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+#: Vector formats a figure is also written in (``fedlit report --vector``). PDFs embed TrueType (Type 42) fonts,
+#: not matplotlib's default Type 3, which some publishers' checks refuse; SVGs keep text as text (editable).
+VECTOR_FORMATS = ("pdf", "svg")
+_VECTOR_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
 _P, _R = ParamSpec("_P"), TypeVar("_R")
 
 
@@ -37,7 +41,7 @@ def plain_text(draw: Callable[_P, _R]) -> Callable[_P, _R]:
         import matplotlib
 
         matplotlib.use("Agg")
-        with matplotlib.rc_context(PLAIN_TEXT):
+        with matplotlib.rc_context({**PLAIN_TEXT, **_VECTOR_RC}):
             return draw(*args, **kwargs)
 
     return drawn
@@ -96,9 +100,20 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def save_figure(fig: Any, path: Path, vector: str | None = None, **kwargs: Any) -> None:
+    """Write ``fig`` to ``path`` (its suffix gives the format) and, with ``vector`` (one of
+    :data:`VECTOR_FORMATS`), to the same path with that suffix."""
+    if vector is not None and vector not in VECTOR_FORMATS:
+        raise ValueError(f"vector={vector!r}: the vector formats are {', '.join(VECTOR_FORMATS)} (or None)")
+    fig.savefig(path, **kwargs)
+    if vector is not None:
+        fig.savefig(path.with_suffix(f".{vector}"), **kwargs)
+
+
 @plain_text
-def plot(summary: dict[str, Any], path: Path) -> Path:
-    """The dot plot of the train split (see the module's docstring), written to ``path`` (PNG)."""
+def plot(summary: dict[str, Any], path: Path, *, title: str | None = None, vector: str | None = None) -> Path:
+    """The dot plot of the train split (see the module's docstring), written to ``path`` (PNG) and, with
+    ``vector``, beside it as a PDF or SVG. ``title`` replaces the first line of the default title."""
     import matplotlib.pyplot as plt
 
     clients = list(summary["clients"])
@@ -127,12 +142,13 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(-0.8, len(names) - 0.4)
     ax.set_xlabel("client")
     ax.set_ylabel("class" if summary["classes"] else "")
-    ax.set_title(f"{summary['dataset']}: train samples per client\n(dot area ~ count; largest {largest})", fontsize=9)
+    heading = title if title is not None else f"{summary['dataset']}: train samples per client"
+    ax.set_title(f"{heading}\n(dot area ~ count; largest {largest})", fontsize=9)
     ax.grid(True, color="0.9", zorder=0)
     ax.set_axisbelow(True)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path, vector)
     plt.close(fig)
     return path
 

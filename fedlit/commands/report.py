@@ -4,13 +4,14 @@ Each argument is a run folder of ``fedlit fit`` (it holds ``results.json``) or a
 such run folders (an experiment of several seeds, or several experiments). Runs are grouped into methods by
 their strategy class (``strategy_class`` in ``results.json``), and further by their recipe name where one class
 ran under several recipes; the runs of one method are its seeds. The report (``report.md``, a self-contained
-``report.html`` and the figures as PNG files) holds:
+``report.html`` and the figures as PNG files, each also as a PDF or SVG unless ``--vector none``) holds:
 
 - the per-client test metric at the best-validation round and at the last round, mean +- sample std over seeds;
 - per method, the mean and the worst client (mean +- std over seeds) and, with a run of the baseline strategy
   among the inputs, the mean individual gain over it (runs paired by seed);
 - convergence (mean validation metric per round, a min-max band over seeds) and cost (bytes, trainable
   parameters, the metric against cumulative upload bytes);
+- the partition of each seed (train samples per class and client);
 - the resolved configurations, only the keys that differ.
 
 A run whose ``results.json`` or ``metrics.csv`` is missing or unreadable is named in a warning and left out (or,
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedlit.commands.partition_summary import VECTOR_FORMATS
 from fedlit.commands.report_figures import build, markdown, to_html
 from fedlit.commands.report_runs import (
     NOT_METHOD,
@@ -70,8 +72,9 @@ __all__ = [
 
 
 def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str = "accuracy",
-          baseline_name: str = "Local") -> Path:
-    """Read the runs under ``paths`` and write ``report.md``, ``report.html`` and the figures into ``out``.
+          baseline_name: str = "Local", vector: str | None = "pdf") -> Path:
+    """Read the runs under ``paths`` and write ``report.md``, ``report.html`` and the figures into ``out``: PNG
+    files and, unless ``vector`` is None, the same figures as ``pdf`` or ``svg`` files beside them.
     Warnings (unreadable files) are printed and written into the report. Returns ``out/report.md``.
 
     Raises:
@@ -87,7 +90,7 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str =
         print(f"fedlit report: warning: {warning}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    blocks = build(runs, warnings, out, metric, baseline_name)
+    blocks = build(runs, warnings, out, metric, baseline_name, vector)
     write_text_atomic(out / "report.md", markdown(blocks))
     write_text_atomic(out / "report.html", to_html(blocks, f"fedlit report: {metric}"))
     print(f"fedlit report: {len(runs)} runs -> {out / 'report.md'}, {out / 'report.html'}")
@@ -105,5 +108,8 @@ def main(argv: Sequence[str]) -> Path:
     parser.add_argument("--out", default="report", help="Folder to write the report into (default: report).")
     parser.add_argument("--metric", default="accuracy", help="The test/validation metric (default: accuracy).")
     parser.add_argument("--baseline", default="Local", help="Strategy class of the gain's baseline (default: Local).")
+    parser.add_argument("--vector", default="pdf", choices=[*VECTOR_FORMATS, "none"],
+                        help="Also write each figure in this vector format, for papers (default: pdf; the PNGs are "
+                        "always written: report.md shows them and report.html embeds them).")
     args = parser.parse_args(list(argv))
-    return write(args.runs, args.out, args.metric, args.baseline)
+    return write(args.runs, args.out, args.metric, args.baseline, None if args.vector == "none" else args.vector)

@@ -1,6 +1,7 @@
 """The figures of ``fedlit report`` (matplotlib, Agg backend), its content (:func:`build`) and the rendering of
-``report.md`` and of the self-contained ``report.html`` (figures embedded as base64 PNG data URIs). See
-:mod:`fedlit.commands.report`."""
+``report.md`` and of the self-contained ``report.html`` (figures embedded as base64 PNG data URIs). Each figure is
+a PNG and, unless ``vector`` is None, the same figure as a vector file beside it (``convergence.pdf``...), for
+papers. See :mod:`fedlit.commands.report`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlit.commands import report_runs
-from fedlit.commands.partition_summary import plain_text
+from fedlit.commands.partition_summary import plain_text, save_figure
 from fedlit.commands.report_runs import Run
 from fedlit.core.names import table_cell
 from fedlit.engine import baseline
@@ -34,7 +35,7 @@ def _legend(ax: Any) -> None:
 
 
 @plain_text
-def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
+def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path, vector: str | None = None) -> bool:
     """Mean validation ``metric`` per round, one line per method (mean over seeds), a min-max band over seeds.
     Returns False (and writes nothing) when no run has validation rows."""
     plt = _pyplot()
@@ -55,11 +56,11 @@ def convergence(groups: Mapping[str, list[Run]], metric: str, path: Path) -> boo
     if drawn:
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     return _finish(plt, fig, ax, path, drawn, "round", f"mean validation {metric}",
-                   f"Convergence: mean validation {metric} (band: min-max over seeds)")
+                   f"Convergence: mean validation {metric} (band: min-max over seeds)", vector)
 
 
 @plain_text
-def cost(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
+def cost(groups: Mapping[str, list[Run]], metric: str, path: Path, vector: str | None = None) -> bool:
     """Mean validation ``metric`` against cumulative upload bytes per round, one line per method (first seed's
     bytes, mean metric over seeds). Returns False when no run has both."""
     plt = _pyplot()
@@ -83,11 +84,13 @@ def cost(groups: Mapping[str, list[Run]], metric: str, path: Path) -> bool:
         ax.relim()
         ax.autoscale_view()
     return _finish(plt, fig, ax, path, drawn, f"cumulative upload ({unit if drawn else 'bytes'})",
-                   f"mean validation {metric}", f"Mean validation {metric} against bytes uploaded")
+                   f"mean validation {metric}", f"Mean validation {metric} against bytes uploaded", vector)
 
 
-def _finish(plt: Any, fig: Any, ax: Any, path: Path, drawn: bool, xlabel: str, ylabel: str, title: str) -> bool:
-    """Label, grid, legend and save a drawn figure to ``path``; close it either way. Returns ``drawn``."""
+def _finish(plt: Any, fig: Any, ax: Any, path: Path, drawn: bool, xlabel: str, ylabel: str, title: str,
+            vector: str | None) -> bool:
+    """Label, grid, legend and save a drawn figure to ``path`` (and its ``vector`` twin); close it either way.
+    Returns ``drawn``."""
     if drawn:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -95,13 +98,13 @@ def _finish(plt: Any, fig: Any, ax: Any, path: Path, drawn: bool, xlabel: str, y
         ax.grid(alpha=0.3)
         _legend(ax)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, vector, dpi=110)
     plt.close(fig)
     return drawn
 
 
 # A report is a list of blocks: ("h", level, text), ("p", text), ("table", header, rows) with cells as strings
-# ("**x**" marks bold), ("img", path, caption).
+# ("**x**" marks bold), ("img", path, caption, vector_path or None).
 Block = tuple[Any, ...]
 
 
@@ -136,6 +139,8 @@ def markdown(blocks: Sequence[Block]) -> str:
             lines.append("")
         elif block[0] == "img":
             lines += [f"![{block[2]}]({block[1].name})", ""]
+            if block[3] is not None:
+                lines += [f"Vector: [{block[3].name}]({block[3].name})", ""]
     return "\n".join(lines)
 
 
@@ -176,8 +181,10 @@ def _bold_best(cells: dict[str, tuple[float, float]], methods: list[str], metric
     return [f"**{fmt(cells.get(m))}**" if m in means and means[m] == best else fmt(cells.get(m)) for m in methods]
 
 
-def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline_name: str) -> list[tuple]:
-    """The report's blocks (see :mod:`fedlit.commands.report_figures`); writes the figures into ``out``."""
+def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline_name: str,
+          vector: str | None = None) -> list[tuple]:
+    """The report's blocks (see :mod:`fedlit.commands.report_figures`); writes the figures into ``out``, each
+    also as a ``vector`` (``pdf``, ``svg``) file unless it is None."""
     groups = report_runs.by_method(runs)
     methods = list(groups)
     baseline_class = next((r.strategy_class for r in runs if r.strategy_class == baseline_name
@@ -220,7 +227,8 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
             blocks.append(("p", f"Not paired ({method}): {why}"))
     curves = out / "convergence.png"
     blocks.append(("h", 2, "Convergence"))
-    blocks.append(("img", curves, f"Mean validation {metric} per round") if convergence(groups, metric, curves)
+    blocks.append(("img", curves, f"Mean validation {metric} per round", _twin(curves, vector))
+                  if convergence(groups, metric, curves, vector)
                   else ("p", "No validation rows in any metrics.csv: no convergence figure."))
     rows = []
     for method, method_runs in groups.items():
@@ -233,24 +241,49 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
                                             "trainable parameters"], rows),
                ("p", "Bytes from results.json (comm), per run, mean over seeds; trainable parameters from "
                 "metrics.csv (system/trainable_parameters; — where a run's metrics.csv has none).")]
-    partition = partition_summary(runs[0])
-    if partition is not None:
-        part_png = out / "partition.png"
-        from fedlit.commands.partition_summary import plot
-
-        plot(partition, part_png)
-        blocks += [("h", 2, "Partition"),
-                   ("img", part_png, f"Train samples per client of {runs[0].method}'s seed {runs[0].seed}"),
-                   ("p", f"From {runs[0].folder / 'class_counts.json'} (or its manifest.json): the run of "
-                    f"{runs[0].method}, seed {runs[0].seed}; runs of other seeds or data may differ.")]
     cost_png = out / "cost.png"
-    if cost(groups, metric, cost_png):
-        blocks.append(("img", cost_png, f"Mean validation {metric} against cumulative upload bytes"))
+    if cost(groups, metric, cost_png, vector):
+        blocks += [("h", 3, f"Mean validation {metric} against bytes uploaded"),
+                   ("img", cost_png, f"Mean validation {metric} against cumulative upload bytes",
+                    _twin(cost_png, vector))]
+    blocks += partition_blocks(runs, out, vector)
     diff = report_runs.config_differences(runs)
     names = [r.recipe + ("/" + r.folder.name if r.recipe != r.folder.name else "") for r in runs]
     blocks.append(("h", 2, "Configurations: the keys that differ"))
     blocks.append(("table", ["key", *names], [[k, *map(str, v)] for k, v in diff.items()]) if diff
                   else ("p", "The runs' configurations are the same (out_dir aside)."))
+    return blocks
+
+
+def _twin(path: Path, vector: str | None) -> Path | None:
+    return None if vector is None else path.with_suffix(f".{vector}")
+
+
+def partition_blocks(runs: list[Run], out: Path, vector: str | None) -> list[Block]:
+    """The Partition section: one figure per seed (each seed draws its own partition), from the first run of that
+    seed with a readable partition; runs of the same seed whose partition differs (other data) are named."""
+    from fedlit.commands.partition_summary import plot
+
+    by_seed: dict[str, list[tuple[Run, dict[str, Any]]]] = {}
+    for run in runs:
+        summary = partition_summary(run)
+        if summary is not None:
+            by_seed.setdefault(str(run.seed), []).append((run, summary))
+    if not by_seed:
+        return []
+    blocks: list[Block] = [("h", 2, "Partition"),
+                           ("p", "Train samples per class and client, one figure per seed (each seed draws its own "
+                            "partition), from the first run of that seed (its class_counts.json or manifest.json).")]
+    for seed, found in by_seed.items():
+        first, summary = found[0]
+        png = out / f"partition_seed_{seed}.png"
+        plot(summary, png, title=f"seed {seed}: {summary['dataset']}, train samples per client", vector=vector)
+        blocks.append(("img", png, f"Partition of seed {seed} (from {first.method}, {first.folder})",
+                       _twin(png, vector)))
+        others = [r for r, s in found[1:] if s != summary]
+        if others:
+            blocks.append(("p", f"Seed {seed}: the runs {', '.join(str(r.folder) for r in others)} have another "
+                           "partition (other data?), not drawn."))
     return blocks
 
 

@@ -247,6 +247,30 @@ class FederatedDataModule:
             },
         }
 
+    def preprocessing(self, client_id: str) -> dict[str, Any]:
+        """What a model trained on this data expects of one input and what its outputs mean, for inference
+        outside fedlit (``fedlit export`` writes it as each client's ``preprocessing.json``).
+
+        Default: the task, the number of classes and their names, and the input as the model receives it (after
+        the data set's evaluation transform), read from the client's first test sample: ``kind`` (``image``
+        for a (C, H, W) tensor, ``volume`` for (C, D, H, W), ``features`` for a vector, ``tokens`` for a mapping
+        of tensors), ``shape``, ``channels`` and ``size`` for images and volumes, ``dtype``. ``normalization`` is
+        None here: a data set whose loader turns raw data (files, table rows) into those inputs overrides this
+        method and adds what it does (per-channel ``mean``/``std``, per-site standardization...).
+        """
+        data = self.data
+        task = data.task
+        names = data.class_names if isinstance(data, SampleList) else (data.details or {}).get("class_names")
+        if task == "binary" and not names:
+            names = ["negative", "positive"]
+        elif task == "multiclass" and not names:
+            names = [str(i) for i in range(data.num_classes)]
+        dataset = self._loader(client_id, "test", 1, shuffle=False).dataset
+        getitems = getattr(dataset, "__getitems__", None)
+        first = getitems([0])[0] if getitems is not None else dataset[0]
+        return {"task": task, "num_classes": data.num_classes, "class_names": None if names is None else
+                [str(n) for n in names], "input": _describe(first[0]), "normalization": None}
+
     def _indices(self, client_id: str, split: str) -> np.ndarray:
         splits = self.data.splits
         if client_id not in splits:
@@ -300,3 +324,18 @@ def _count(targets: torch.Tensor, task: str, num_classes: int) -> list[int]:
         return [int(v) for v in targets.reshape(-1, num_classes).sum(dim=0).round().long()]
     length = 2 if task == "binary" else num_classes
     return [int(v) for v in torch.bincount(targets.long().reshape(-1), minlength=length)]
+
+
+def _describe(inputs: Any) -> dict[str, Any]:
+    """One input as the model receives it: kind, shape and dtype (see ``FederatedDataModule.preprocessing``)."""
+    if isinstance(inputs, dict):
+        return {"kind": "tokens", "keys": sorted(inputs),
+                "shape": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}}
+    if not isinstance(inputs, torch.Tensor):
+        return {"kind": type(inputs).__name__}
+    shape = list(inputs.shape)
+    kind = {1: "features", 3: "image", 4: "volume"}.get(inputs.dim(), "tensor")
+    described: dict[str, Any] = {"kind": kind, "shape": shape, "dtype": str(inputs.dtype).removeprefix("torch.")}
+    if kind in ("image", "volume"):
+        described.update(channels=shape[0], size=shape[1:])
+    return described

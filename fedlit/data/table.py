@@ -254,6 +254,14 @@ class SiteTable(FederatedDataModule):
             raise DataError(f"{self.path} has no feature column besides {sorted(used)}")
         return features
 
+    def preprocessing(self, client_id: str) -> dict[str, object]:
+        """The default's record plus the feature columns in input order and, with ``standardize``, this site's
+        train mean and std: a row ``x`` (the columns' values) becomes ``(x - mean) / std``."""
+        details = self.data.details
+        stats = details["train_statistics"].get(client_id) if self.standardize else None
+        return {**super().preprocessing(client_id), "feature_columns": list(details["feature_names"]),
+                "normalization": None if stats is None else {"kind": "standardize", **stats}}
+
 
 def _num_classes(task: str, class_names: list[str] | None, targets: int) -> int:
     """Classes (multiclass), 1 (binary), 0 (survival: no classes) or the number of target columns."""
