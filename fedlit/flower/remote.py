@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from types import SimpleNamespace
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from flwr.app import Error, Message, RecordDict
