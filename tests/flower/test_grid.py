@@ -12,6 +12,7 @@ pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedl
 
 from flwr.app import ConfigRecord, Error, RecordDict  # noqa: E402
 from flwr.common.constant import ErrorCode  # noqa: E402
+from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedlit.flower.server import GridTransport  # noqa: E402
@@ -42,8 +43,7 @@ class FakeGrid:
         failed = reply(1, 2, has_error=lambda: True, error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                                                                  "<class 'MemoryError'>:<'oom'>"))
         unavailable = reply(2, 0, has_error=lambda: True, error=Error(ErrorCode.NODE_UNAVAILABLE,
-                                                                      "Error: Node Unavailable - The destination node "
-                                                                      "is currently unavailable."))
+                                                                      NODE_UNAVAILABLE_ERROR_REASON))
         return [failed, *([unavailable] if self.gone else []), ok]  # in any order, node 3 missing or gone
 
 
@@ -72,4 +72,4 @@ def test_the_superlinks_error_for_a_gone_node_is_that_nodes_failure_with_flowers
                                                          3600.0)
     assert replies[0]["turn"]["n"] == 1 and replies[1].startswith("node 2 failed after ")
     assert re.fullmatch(r"node 3 failed after \d+ s: Flower error NODE_UNAVAILABLE \(code 5\): Error: Node "
-                        r"Unavailable - The destination node is currently unavailable\.", replies[2])
+                        r"Unavailable — The destination node failed to report a heartbeat within .*", replies[2])
