@@ -145,8 +145,15 @@ def read_recipe(path: Path) -> Any:
     if not path.is_file():
         where = "it is a folder" if path.is_dir() else f"no such file (relative to {Path.cwd()})"
         raise ConfigError(f"--config {path}: {where}. Give the path of a recipe .yaml file.")
+    return load_recipe(path.read_text(), str(path))
+
+
+def load_recipe(text: str, where: str) -> Any:
+    """The recipe ``text`` parsed with :class:`RecipeLoader`; a key given twice or bad YAML raises
+    :class:`~fedlit.core.errors.ConfigError` naming ``where`` (a file, or the run config's recipe) and the line."""
+    path = where
     try:
-        return yaml.load(path.read_text(), Loader=RecipeLoader)  # noqa: S506  (a SafeLoader)
+        return yaml.load(text, Loader=RecipeLoader)  # noqa: S506  (a SafeLoader)
     except DuplicateKeyError as err:
         raise ConfigError(f"{path}: key {err.key!r} is given twice (line {err.first} and line {err.second}); YAML "
                           "would silently keep the last one. Merge the two into one.") from None

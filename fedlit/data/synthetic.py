@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fedlit.core.errors import ConfigError
 from fedlit.data.datamodule import FederatedDataModule
@@ -121,18 +120,16 @@ class SyntheticImages(FederatedDataModule):
             spread(0.02, 0.1),
         )
 
-        signal = torch.from_numpy(_lesions(labels, size, data_rng)) + torch.from_numpy(
-            _background(len(labels), size, data_rng)
-        )
-        images = torch.empty(len(labels), 1, size, size)
+        # NumPy only, element-wise and single-threaded: the images are the same bytes whatever the thread count.
+        signal = _lesions(labels, size, data_rng) + _background(len(labels), size, data_rng)
+        images = np.empty((len(labels), 1, size, size), dtype=np.float32)
         for s in range(n_sites):
-            rows = torch.from_numpy(np.flatnonzero(sites == s))
-            blurred = _blur(signal[rows].unsqueeze(1), float(blur[s]))
+            rows = np.flatnonzero(sites == s)
+            blurred = _blur(signal[rows].astype(np.float64), float(blur[s]))
             # Centered on the site's own mean: ``offset`` is the site's mean intensity whatever its labels.
-            site_images = offset[s] + contrast[s] * (blurred - blurred.mean())
-            images[rows] = site_images.float()
-        images += torch.from_numpy(noise[sites].astype(np.float32)).view(-1, 1, 1, 1) * torch.from_numpy(
-            data_rng.standard_normal(images.shape, dtype=np.float32)
+            images[rows, 0] = offset[s] + contrast[s] * (blurred - blurred.mean())
+        images += noise[sites].astype(np.float32)[:, None, None, None] * data_rng.standard_normal(
+            images.shape, dtype=np.float32
         )
 
         client_ids = [f"site_{s}" for s in range(n_sites)]
@@ -141,7 +138,7 @@ class SyntheticImages(FederatedDataModule):
             name="synthetic_images",
             task="multiclass",
             num_classes=self._num_classes,
-            inputs=images,
+            inputs=torch.from_numpy(images),
             targets=torch.from_numpy(labels.astype(np.int64)),
             splits=split_clients(parts, labels, self.split_fractions, split_rng, client_ids),
             partitioner="Natural()",
@@ -207,20 +204,33 @@ def _shape(name: str, u: np.ndarray, v: np.ndarray, s: np.ndarray) -> np.ndarray
 
 
 def _background(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Smooth tissue-like texture: a 4x4 random field upsampled bilinearly, around a base level."""
-    coarse = torch.from_numpy(rng.normal(0.0, 0.1, (n, 1, 4, 4)).astype(np.float32))
-    field = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
-    return (0.2 + field[:, 0]).numpy()
+    """Smooth tissue-like texture: a 4x4 random field upsampled bilinearly (half-pixel centres, as
+    ``torch.nn.functional.interpolate(..., mode="bilinear", align_corners=False)``), around a base level."""
+    coarse = rng.normal(0.0, 0.1, (n, 4, 4)).astype(np.float32).astype(np.float64)
+    low, high, weight = _bilinear_taps(4, size)
+    rows = coarse[:, low, :] * (1 - weight)[None, :, None] + coarse[:, high, :] * weight[None, :, None]
+    field = rows[:, :, low] * (1 - weight)[None, None, :] + rows[:, :, high] * weight[None, None, :]
+    return (0.2 + field).astype(np.float32)
 
 
-def _blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Gaussian blur of a (N, 1, H, W) batch, a stand-in for a site's scanner resolution."""
+def _bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source pixels and weights of a bilinear resize along one axis with half-pixel centres."""
+    source = np.maximum((np.arange(out_size) + 0.5) * in_size / out_size - 0.5, 0.0)
+    low = np.floor(source).astype(np.int64)
+    return low, np.minimum(low + 1, in_size - 1), source - low
+
+
+def _blur(images: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian blur of a (N, H, W) float64 batch, a stand-in for a site's scanner resolution.
+
+    Written as a sum over the kernel's taps (no BLAS, no threads), so the result does not depend on the
+    number of threads; borders repeat the edge pixel."""
     if sigma < 0.1:
         return images
     radius = max(1, math.ceil(2 * sigma))
-    x = torch.arange(-radius, radius + 1, dtype=images.dtype)
-    kernel = torch.exp(-(x**2) / (2 * sigma**2))
-    kernel = kernel / kernel.sum()
-    padded = F.pad(images, (radius, radius, radius, radius), mode="replicate")
-    out = F.conv2d(padded, kernel.view(1, 1, 1, -1))
-    return F.conv2d(out, kernel.view(1, 1, -1, 1))
+    kernel = np.exp(-(np.arange(-radius, radius + 1, dtype=np.float64) ** 2) / (2 * sigma**2))
+    kernel /= kernel.sum()
+    height, width = images.shape[1:]
+    padded = np.pad(images, ((0, 0), (radius, radius), (radius, radius)), mode="edge")
+    across = sum(k * padded[:, :, i : i + width] for i, k in enumerate(kernel))
+    return sum(k * across[:, i : i + height, :] for i, k in enumerate(kernel))

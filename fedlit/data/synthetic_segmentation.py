@@ -80,7 +80,7 @@ class SyntheticSegmentation(FederatedDataModule):
         total = n_sites * n
         counts = data_rng.integers(1, 4, total)
         lesions, masks = _ellipses(counts, size, data_rng)
-        signal = torch.from_numpy(lesions + _background(total, size, data_rng)).unsqueeze(1)
+        signal = lesions + _background(total, size, data_rng)  # NumPy only: same bytes at any thread count
         sites = np.repeat(np.arange(n_sites), n)
 
         def spread(low: float, high: float) -> np.ndarray:
@@ -88,13 +88,13 @@ class SyntheticSegmentation(FederatedDataModule):
             return data_rng.permutation(values)  # evenly spaced in a seeded order: sites always differ
 
         offset, contrast, blur, noise = spread(0.0, 0.6), spread(0.5, 1.5), spread(0.0, 1.0), spread(0.03, 0.15)
-        images = torch.empty(total, 1, size, size)
+        images = np.empty((total, 1, size, size), dtype=np.float32)
         for s in range(n_sites):
-            rows = torch.from_numpy(np.flatnonzero(sites == s))
-            blurred = _blur(signal[rows], float(blur[s]))
-            images[rows] = (offset[s] + contrast[s] * (blurred - blurred.mean())).float()
-        images += torch.from_numpy(noise[sites].astype(np.float32)).view(-1, 1, 1, 1) * torch.from_numpy(
-            data_rng.standard_normal(images.shape, dtype=np.float32))
+            rows = np.flatnonzero(sites == s)
+            blurred = _blur(signal[rows].astype(np.float64), float(blur[s]))
+            images[rows, 0] = offset[s] + contrast[s] * (blurred - blurred.mean())
+        images += noise[sites].astype(np.float32)[:, None, None, None] * data_rng.standard_normal(
+            images.shape, dtype=np.float32)
 
         client_ids = [f"site_{s}" for s in range(n_sites)]
         parts = [np.flatnonzero(sites == s) for s in range(n_sites)]
@@ -103,7 +103,7 @@ class SyntheticSegmentation(FederatedDataModule):
             name="synthetic_segmentation",
             task="segmentation",
             num_classes=1,
-            inputs=images,
+            inputs=torch.from_numpy(images),
             targets=targets,
             splits=split_clients(parts, counts, self.split_fractions, split_rng, client_ids),
             partitioner="Natural()",

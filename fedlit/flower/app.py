@@ -37,18 +37,25 @@ def write_app(recipe: str | Path, out: str | Path, *, overrides: str = "", **set
         overrides: Command-line overrides of the recipe (``--federation.rounds 3 ...``), for the server and every
             node.
         settings: Other run config values (:data:`fedlit.flower.server.RUN_CONFIG`, ``_`` for ``-``); ``out_dir``
-            defaults to ``<out>/run``.
+            defaults to ``<out>-run`` beside the app folder, and is refused inside it: Flower bundles the app
+            folder's ``*.json``, ``*.md``, ... into every ``flwr run`` and ships them to every node.
     """
     recipe, out = Path(recipe), Path(out).resolve()
     if not recipe.is_file():
         raise ConfigError(f"--config {recipe}: no such recipe file.")
-    config = {**RUN_CONFIG, "recipe": recipe.read_text(), "overrides": overrides, "out-dir": str(out / "run")}
+    config = {**RUN_CONFIG, "recipe": recipe.read_text(), "overrides": overrides,
+              "out-dir": str(default_out_dir(out))}
     for key, value in settings.items():
         name = key.replace("_", "-")
         if name not in RUN_CONFIG:
             raise ConfigError(f"{key} is not a setting of fedlit's Flower app; valid: {sorted(RUN_CONFIG)}.")
         if value is not None:
             config[name] = value
+    run_dir = Path(str(config["out-dir"])).resolve()
+    if run_dir == out or out in run_dir.parents:
+        raise ConfigError(f"--out_dir {run_dir} is inside the app folder {out}: Flower ships the app folder's files "
+                          "(results.json, manifest.json, ...) to every node on each `flwr run`; put the run folder "
+                          f"outside it, e.g. the default {default_out_dir(out)}.")
     name = "fedlit-" + re.sub(r"[^a-z0-9]+", "-", recipe.stem.lower()).strip("-")
     project = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
@@ -66,6 +73,11 @@ def write_app(recipe: str | Path, out: str | Path, *, overrides: str = "", **set
     return path
 
 
+def default_out_dir(app: Path) -> Path:
+    """The server's run folder when none is given: ``<app>-run``, beside the app folder (never inside it)."""
+    return app.parent / f"{app.name}-run"
+
+
 def main(argv: list[str]) -> Path:
     """``fedlit flower-app``: parse ``argv``, check the recipe with the real parser, write the app folder."""
     parser = argparse.ArgumentParser(prog="fedlit flower-app", description=__doc__.splitlines()[0],
@@ -74,7 +86,8 @@ def main(argv: list[str]) -> Path:
     parser.add_argument("--out", required=True, help="The app folder to write.")
     parser.add_argument("--overrides", default="",
                         help="Overrides of the recipe, e.g. --overrides='--federation.rounds 3'.")
-    parser.add_argument("--out_dir", default=None, help="The server's run folder (default: <out>/run).")
+    parser.add_argument("--out_dir", default=None,
+                        help="The server's run folder, outside --out (default: <out>-run, beside it).")
     parser.add_argument("--client_ids", default=None, help="The expected clients, comma-separated.")
     parser.add_argument("--num_clients", type=int, default=None, help="The expected number of nodes.")
     parser.add_argument("--client_timeout", type=float, default=None, help="Seconds per turn (0: no limit).")

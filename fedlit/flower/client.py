@@ -52,12 +52,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import Tensor
 
 from fedlit.config.build import build_objects
+from fedlit.config.parser import load_recipe
 from fedlit.core.errors import ConfigError
 from fedlit.core.names import check_client_id
 from fedlit.engine import lifecycle
@@ -225,7 +225,7 @@ def node_run(run_config: Mapping[str, Any], node_config: Mapping[str, Any], out_
     ``overrides`` (no command line, no recipe file): the recipe's model, data module (not set up), strategy and
     callbacks, with its settings; one process, no progress bar, no run folder of its own (``out_dir`` is never
     written)."""
-    recipe = yaml.safe_load(str(run_config["recipe"])) or {}
+    recipe = load_recipe(str(run_config["recipe"]), "the run config's recipe") or {}
     if not isinstance(recipe, Mapping):
         raise ConfigError("The run config's recipe is not a YAML mapping: write the app with `fedlit flower-app "
                           "--config R.yaml`.")

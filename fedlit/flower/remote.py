@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any, Protocol
 
-from flwr.app import Message, RecordDict
+from flwr.app import Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedlit.core.errors import ConfigError, DataError
@@ -55,19 +57,43 @@ class GridTransport:
 
     def exchange(self, messages: list[tuple[int, str, RecordDict]], group: str,
                  timeout: float | None) -> list[RecordDict | str]:
-        """One message per node, replies matched by node (the loop never sends a node two messages at once)."""
+        """One message per node; each reply matched to the message it answers (:func:`replies_by_node`), a failure
+        described with Flower's error code and reason and the seconds the exchange took."""
         sent = [Message(content, node, message_type, group_id=group) for node, message_type, content in messages]
-        replies = {reply.metadata.src_node_id: reply for reply in self.grid.send_and_receive(sent, timeout=timeout)}
+        start = time.monotonic()
+        replies = replies_by_node(sent, self.grid.send_and_receive(sent, timeout=timeout))
+        elapsed = time.monotonic() - start
         out: list[RecordDict | str] = []
         for node, _, _ in messages:
             reply = replies.get(node)
             if reply is None:
-                out.append(f"no reply from node {node} within {timeout} s (timed out, or the node is gone)")
+                out.append(f"no reply from node {node} after {elapsed:.0f} s (client timeout {timeout} s: timed out, "
+                           "or the node is gone)")
             elif reply.has_error():
-                out.append(f"node {node} failed: {reply.error.reason}")
+                out.append(f"node {node} failed after {elapsed:.0f} s: {describe_error(reply.error)}")
             else:
                 out.append(reply.content)
         return out
+
+
+def replies_by_node(sent: list[Message], replies: Iterable[Message]) -> dict[int, Message]:
+    """Each reply under the node its message was sent to, matched by the id of the message it answers (the grid
+    sets ``message_id`` when it pushes a message): an error reply the SuperLink writes for a node that is gone
+    carries the SuperLink as its sender, not the node."""
+    nodes = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+    out: dict[int, Message] = {}
+    for reply in replies:
+        node = nodes.get(reply.metadata.reply_to_message_id)
+        if node is not None:
+            out.setdefault(node, reply)
+    return out
+
+
+def describe_error(error: Error) -> str:
+    """Flower's error as one line: its code's name and number, and its reason."""
+    names = {v: k for k, v in vars(ErrorCode).items() if not k.startswith("_") and isinstance(v, int)}
+    reason = (error.reason or "no reason given").strip()
+    return f"Flower error {names.get(error.code, 'UNKNOWN')} (code {error.code}): {reason}"
 
 
 class RemoteData:

@@ -38,6 +38,7 @@ from torch import Tensor
 from fedlit.core.errors import ConfigError
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine.client import ClientTurn
+from fedlit.flower.remote import describe_error, replies_by_node
 from fedlit.flower.secagg import (
     _FAULT,
     _PREFIX,
@@ -231,11 +232,12 @@ class _RecordingGrid(Grid):
         messages = list(messages)
         stage = str(messages[0].content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]) if messages else "?"
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
-        answered = {r.metadata.src_node_id for r in replies}
+        by_node = replies_by_node(messages, replies)  # by message id: the SuperLink sends a gone node's error
+        answered = set(by_node)
         self.answered[stage] = answered
-        for reply in replies:
-            if reply.has_error() and reply.metadata.src_node_id not in self.faults:
-                self.faults[reply.metadata.src_node_id] = _fault_of(reply.error, stage)
+        for node, reply in by_node.items():
+            if reply.has_error() and node not in self.faults:
+                self.faults[node] = _fault_of(reply.error, stage)
         for message in messages:
             node = message.metadata.dst_node_id
             if node not in answered and node not in self.faults:
@@ -259,8 +261,8 @@ def _fault_of(error: Error, stage: str) -> dict[str, Any]:
             return dict(json.loads(found.group(1)))
         except ValueError:
             pass
-    return {"kind": "error", "detail": f"SecAgg+ stage {stage!r}: the node answered with an error "
-                                       f"(code {error.code}): {reason}"}
+    return {"kind": "error", "detail": f"SecAgg+ stage {stage!r}: the node answered with an error: "
+                                       f"{describe_error(error)}"}
 
 
 def _is_float(name: str) -> bool:

@@ -86,3 +86,15 @@ def test_a_node_whose_client_id_is_a_path_answers_why_and_writes_nothing(context
         "metrics.csv rows. Give the node the id of its site as the data names it, and rename sites whose names are "
         "not file names.")
     assert not (tmp_path / "state").exists() and not (tmp_path / "outside").exists()
+
+
+def test_a_recipe_with_a_key_given_twice_is_refused_on_the_node_as_in_simulation(context):
+    # Plain YAML would keep the second `federation:` block (rounds 7) without a word; fedlit fit refuses it.
+    recipe = context.run_config["recipe"]
+    context.run_config = {**context.run_config, "recipe": recipe + "federation:\n  rounds: 7\n"}
+    first = 1 + recipe.splitlines().index("federation:")
+    second = 1 + len(recipe.splitlines())
+    reply = handle_message(Message(RecordDict(), 42, "query", group_id="q"), context)
+    assert reply.content["error"]["detail"] == (
+        f"ConfigError: the run config's recipe: key 'federation' is given twice (line {first} and line {second}); "
+        "YAML would silently keep the last one. Merge the two into one.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
+from uuid import uuid4
 
 import pytest
 import torch
@@ -91,6 +92,7 @@ class InProcessGrid(Grid):
     def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
         replies = []
         for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid4())  # as Flower's grids do when they push a message
             node = msg.metadata.dst_node_id
             stage = msg.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]
             if node in self.silent and Stage.all().index(stage) >= Stage.all().index(self.silent[node]):

@@ -178,9 +178,9 @@ def test_segmentation_recipe_raises_the_dice_through_the_cli(tmp_path, capsys):
     with (tmp_path / "metrics.csv").open() as f:
         mean_dice = {int(r["round"]): float(r["value"]) for r in csv.DictReader(f)
                      if r["split"] == "test" and r["metric"] == "dice_mean"}
-    # pinned (seed 0, 5 rounds): 0.409 after round 1, 0.871 after round 5
+    # pinned (seed 0, 5 rounds): 0.409 after round 1, 0.869 after round 5
     assert mean_dice[1] == pytest.approx(0.409, abs=0.05)
-    assert mean_dice[5] == pytest.approx(0.871, abs=0.03)
+    assert mean_dice[5] == pytest.approx(0.869, abs=0.03)
     assert mean_dice[5] > mean_dice[1] + 0.3 and mean_dice[5] > 0.8
     assert min(v["dice"] for v in results["last"]["clients"].values()) > 0.75
     manifest = json.loads((tmp_path / "manifest.json").read_text())
