@@ -70,6 +70,8 @@ def cox_loss(
     Returns:
         A scalar. Without any event the partial likelihood is empty: 0, connected to ``risk`` (zero gradient).
     """
+    if normalization not in ("events", "samples"):
+        raise ValueError(f"cox_loss: normalization must be 'events' or 'samples', got {normalization!r}")
     risk = risk.reshape(-1).float()
     time, event = time.reshape(-1).float().contiguous(), event.reshape(-1) > 0.5
     if not bool(event.any()):

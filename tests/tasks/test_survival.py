@@ -49,6 +49,8 @@ def test_cox_loss_normalized_by_events_or_by_samples_by_hand():
     risk = torch.tensor([0.0, math.log(2.0), 0.0, math.log(3.0)])
     tied_time, tied_event = torch.tensor([1.0, 2.0, 2.0, 3.0]), torch.tensor([1.0, 1.0, 1.0, 0.0])
     assert cox_loss(risk, tied_time, tied_event, "samples").item() == pytest.approx(math.log(126.0) / 4, rel=1e-6)
+    with pytest.raises(ValueError, match="cox_loss: normalization must be 'events' or 'samples', got 'mean'"):
+        cox_loss(risk, tied_time, tied_event, "mean")
 
 
 def test_cox_module_trains_and_reports_the_loss_with_its_normalization():
