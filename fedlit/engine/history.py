@@ -2,9 +2,10 @@
 
 Per client and split, every metric is reported as is; across clients as the unweighted mean (``mean``), the
 mean weighted by the split's sample count (``wmean``) and the worst client (``worst``: the minimum of a metric
-where higher is better, the maximum of a loss). Results are given at the last round and at the round with the
-best mean validation value of the selection metric. Test metrics are recorded at every evaluated round but are
-never used to choose anything.
+where higher is better, the maximum of a loss), leaving out clients whose value is undefined (NaN, such as a
+C-index without a comparable pair): the tables then say over how many clients. Results are given at the last
+round and at the round with the best mean validation value of the selection metric. Test metrics are recorded at
+every evaluated round but are never used to choose anything.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def summarize(
         out[f"{metric}_wmean"] = sum(v * w for v, w in pairs) / total if total > 0 else float("nan")
         out[f"{metric}_worst"] = min(values) if higher_is_better.get(metric, True) else max(values)
     return out
+
+
+def counted(per_client: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
+    """Per metric, how many clients have a value (not NaN): the clients its aggregates cover."""
+    metrics = sorted({m for values in per_client.values() for m in values})
+    return {m: sum(1 for v in per_client.values() if m in v and not math.isnan(v[m])) for m in metrics}
 
 
 class EvaluationHistory:
@@ -83,7 +90,8 @@ class EvaluationHistory:
         return best
 
     def results(self, split: str, weights: Mapping[str, int]) -> dict[str, Any]:
-        """``{"last": {...}, "best": {...}}`` with round, per-client values and aggregates of ``split``."""
+        """``{"last": {...}, "best": {...}}`` with round, per-client values and aggregates of ``split``, and how
+        many clients each metric's aggregates cover (``summary_clients``)."""
         out: dict[str, Any] = {"selection_metric": self.selection_metric}
         for key, server_round in (("last", self.last_round), ("best", self.best_round())):
             if server_round is None or split not in self.rounds.get(server_round, {}):
@@ -93,6 +101,7 @@ class EvaluationHistory:
                 "round": server_round,
                 "clients": per_client,
                 "summary": summarize(per_client, weights, self.higher_is_better),
+                "summary_clients": counted(per_client),
             }
         return out
 
@@ -115,6 +124,11 @@ def markdown_table(title: str, result: Mapping[str, Any], metrics: list[str]) ->
         lines.append(f"| {table_cell(client)} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
     for agg in AGGREGATES:
         lines.append(f"| **{agg}** | " + " | ".join(_fmt(summary.get(f"{m}_{agg}")) for m in metrics) + " |")
+    count = counted(per_client)
+    fewer = [f"{m} over {count.get(m, 0)} of {len(per_client)} clients" for m in metrics
+             if count.get(m, 0) < len(per_client)]
+    if fewer:
+        lines += ["", f"_Undefined values (—) are left out of mean, wmean and worst: {'; '.join(fewer)}._"]
     return "\n".join(lines) + "\n"
 
 

@@ -8,9 +8,25 @@ h(t | x) = h_0(t) exp(r(x)) with an unspecified baseline h_0. It is fitted by ma
 
 with tied event times handled as Breslow proposed (Breslow, N. "Covariance Analysis of Censored Survival
 Data." Biometrics, 1974): each event of a tie keeps the full risk set {j : t_j >= t_i}, tied events included.
-The loss is the negative log of (1) divided by the number of events, computed on a mini-batch during training
-(the risk sets are those within the batch, as deep Cox models do) and on the whole split for the ``loss``
-metric.
+The loss is the negative log of (1), computed on a mini-batch during training (the risk sets are those within
+the batch, as deep Cox models do) and on the whole split for the ``loss`` metric, divided by either
+
+- the number of events (``events``, the default): the mean over the terms of (1), as DeepSurv (Katzman, J. L.
+  et al. "DeepSurv: Personalized Treatment Recommender System Using a Cox Proportional Hazards Deep Neural
+  Network." BMC Medical Research Methodology, 2018) and pycox define it. torchsurv's ``reduction="mean"`` is the
+  same without tied event times (with ties it averages over the distinct event times instead);
+- or the number of samples (``samples``), censored ones included: the Cox loss of FLamby's Fed-TCGA-BRCA
+  baseline (Ogier du Terrail, J. et al. "FLamby: Datasets and Benchmarks for Cross-Silo Federated Learning in
+  Realistic Healthcare Settings." NeurIPS Datasets and Benchmarks, 2022), which averages a per-sample term that
+  is 0 for a censored sample (its risk sets at tied times follow the order of a sort, where here they are
+  Breslow's: the same without ties). lifelines' ``CoxPHFitter`` maximizes the sum of (1) by Newton's method
+  (which the scale does not change) and multiplies its penalizer by the sample count: the same as penalizing
+  this mean.
+
+The two differ by the factor samples / events of the batch (about 1 / (1 - censoring share)): with 85% of the
+samples censored, ``samples`` makes the loss, its gradients and so SGD's steps about 7 times smaller (Adam's
+much less: it divides by the gradients' running scale), and within an epoch a batch with fewer events weighs
+less. Choose ``samples`` to reuse a learning rate tuned with FLamby's loss, ``events`` otherwise.
 
 Harrell's concordance index (Harrell, F. E., Califf, R. M., Pryor, D. B., Lee, K. L., Rosati, R. A.
 "Evaluating the Yield of Medical Tests." JAMA, 1982) is the share of comparable pairs that the risk scores
@@ -32,23 +48,30 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from fedlit.core.errors import ConfigError
 from fedlit.core.metrics import concordance_index
 from fedlit.core.roles import RoleRule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
 
 
-def cox_loss(risk: Tensor, time: Tensor, event: Tensor) -> Tensor:
-    """Negative Cox partial log-likelihood (Breslow ties), divided by the number of events.
+def cox_loss(
+    risk: Tensor, time: Tensor, event: Tensor, normalization: Literal["events", "samples"] = "events"
+) -> Tensor:
+    """Negative Cox partial log-likelihood (Breslow ties), divided by the number of events or of samples.
 
     Args:
         risk: (N,) risk scores (log hazard ratios).
         time: (N,) event or censoring times.
         event: (N,) 1 where the event happened at ``time``, 0 where the sample is censored.
+        normalization: ``events`` divides the sum by the number of events, ``samples`` by N (FLamby's
+            Fed-TCGA-BRCA loss; see the module's docstring).
 
     Returns:
         A scalar. Without any event the partial likelihood is empty: 0, connected to ``risk`` (zero gradient).
     """
+    if normalization not in ("events", "samples"):
+        raise ValueError(f"cox_loss: normalization must be 'events' or 'samples', got {normalization!r}")
     risk = risk.reshape(-1).float()
     time, event = time.reshape(-1).float().contiguous(), event.reshape(-1) > 0.5
     if not bool(event.any()):
@@ -58,7 +81,7 @@ def cox_loss(risk: Tensor, time: Tensor, event: Tensor) -> Tensor:
     log_cumulative = torch.logcumsumexp(risk[torch.argsort(time, descending=True)], dim=0)
     at_risk = len(time) - torch.searchsorted(torch.sort(time).values, time, right=False)
     log_denominator = log_cumulative[at_risk - 1]
-    return -(risk - log_denominator)[event].sum() / event.sum()
+    return -(risk - log_denominator)[event].sum() / (len(time) if normalization == "samples" else event.sum())
 
 
 class CoxModule(FederatedModule):
@@ -77,6 +100,10 @@ class CoxModule(FederatedModule):
         lr: Local learning rate.
         momentum: SGD momentum.
         weight_decay: Weight decay.
+        loss_normalization: What the Cox loss is divided by, in training and in the ``loss`` metric: ``events``
+            (the number of events in the batch, DeepSurv's and pycox's mean) or ``samples`` (the batch size,
+            censored samples included: FLamby's Fed-TCGA-BRCA baseline loss, to reproduce its learning rates).
+            With heavy censoring ``samples`` gives SGD much smaller steps (see the module's docstring).
     """
 
     accepted_tasks = frozenset({"survival"})
@@ -92,15 +119,23 @@ class CoxModule(FederatedModule):
         lr: float = 0.01,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        loss_normalization: Literal["events", "samples"] = "events",
     ) -> None:
         super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        if loss_normalization not in ("events", "samples"):
+            raise ConfigError(f"model.init_args.loss_normalization must be 'events' or 'samples', got "
+                              f"{loss_normalization!r}")
+        self.loss_normalization = loss_normalization
         self.backbone = backbone.build()
         self.head = nn.Linear(self.backbone.num_features, 1, bias=False)
         self._risks: list[Tensor] = []
         self._targets: list[Tensor] = []
 
     def default_role_rules(self) -> list[RoleRule]:
-        return [RoleRule("backbone.*", "frozen"), RoleRule("head.*", "shared")]
+        """The backbone frozen (when it has tensors: ``Identity`` has none, and a rule for it would be reported
+        as matching nothing) and the head shared."""
+        frozen = [RoleRule("backbone.*", "frozen")] if self.backbone.state_dict() else []
+        return [*frozen, RoleRule("head.*", "shared")]
 
     def forward(self, inputs: Any) -> Tensor:
         """(B,) risk scores."""
@@ -110,7 +145,8 @@ class CoxModule(FederatedModule):
         """``{"loss", "risk", "targets"}``: the Cox loss over the batch's risk sets."""
         inputs, targets = batch
         risk = self(inputs)
-        return {"loss": cox_loss(risk, targets[:, 0], targets[:, 1]), "risk": risk, "targets": targets}
+        loss = cox_loss(risk, targets[:, 0], targets[:, 1], self.loss_normalization)
+        return {"loss": loss, "risk": risk, "targets": targets}
 
     def validation_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> Tensor:
         """Keep the batch's risks and targets: both metrics need the whole split's risk sets and pairs."""
@@ -118,7 +154,7 @@ class CoxModule(FederatedModule):
         risk = self(inputs)
         self._risks.append(risk.detach().float().cpu())
         self._targets.append(targets.detach().float().cpu())
-        return cox_loss(risk, targets[:, 0], targets[:, 1])
+        return cox_loss(risk, targets[:, 0], targets[:, 1], self.loss_normalization)
 
     def reset_metrics(self) -> None:
         self._risks, self._targets = [], []
@@ -129,7 +165,8 @@ class CoxModule(FederatedModule):
             return {}
         risk, targets = torch.cat(self._risks), torch.cat(self._targets)
         time, event = targets[:, 0], targets[:, 1]
-        loss = float(cox_loss(risk, time, event)) if bool((event > 0.5).any()) else float("nan")
+        has_events = bool((event > 0.5).any())
+        loss = float(cox_loss(risk, time, event, self.loss_normalization)) if has_events else float("nan")
         return {"c_index": concordance_index(risk, time, event), "loss": loss}
 
     @property

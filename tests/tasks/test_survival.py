@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from fedlit.cli import run
-from fedlit.models import Identity
+from fedlit.core.errors import ConfigError
+from fedlit.core.roles import RoleRule, role_summary_table
+from fedlit.models import Identity, SmallCNN
 from fedlit.tasks import CoxModule, concordance_index, cox_loss
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +31,57 @@ def test_cox_loss_by_hand_with_tied_events_and_a_censored_sample():
     # the order of the samples does not matter
     perm = torch.tensor([3, 1, 0, 2])
     assert cox_loss(risk[perm], time[perm], event[perm]).item() == pytest.approx(math.log(126.0) / 3, rel=1e-6)
+
+
+def test_cox_loss_normalized_by_events_or_by_samples_by_hand():
+    # times 1, 2, 3, 4, only the sample at 2 has its event, every risk 0: the one term of the partial likelihood is
+    # r_2 - ln(e^0 + e^0 + e^0) (risk set {2, 3, 4}), so -log PL = ln 3. Divided by 1 event: ln 3; by 4 samples
+    # (FLamby's Fed-TCGA-BRCA loss): ln(3) / 4. Gradients of ln 3 - r_2 + ln(sum_{j>=2} e^r_j): sample 1 0 (never
+    # at risk of another event), sample 2 -1 + 1/3, samples 3 and 4 +1/3 each; "samples" divides them by 4.
+    time, event = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0.0, 1.0, 0.0, 0.0])
+    for normalization, divisor in (("events", 1.0), ("samples", 4.0)):
+        risk = torch.zeros(4, requires_grad=True)
+        loss = cox_loss(risk, time, event, normalization)
+        loss.backward()
+        assert loss.item() == pytest.approx(math.log(3.0) / divisor, rel=1e-6)
+        assert risk.grad.tolist() == pytest.approx([0.0, -2 / 3 / divisor, 1 / 3 / divisor, 1 / 3 / divisor])
+    # the tied example above: 3 events of 4 samples, ln(126) / 3 by events, ln(126) / 4 by samples
+    risk = torch.tensor([0.0, math.log(2.0), 0.0, math.log(3.0)])
+    tied_time, tied_event = torch.tensor([1.0, 2.0, 2.0, 3.0]), torch.tensor([1.0, 1.0, 1.0, 0.0])
+    assert cox_loss(risk, tied_time, tied_event, "samples").item() == pytest.approx(math.log(126.0) / 4, rel=1e-6)
+    with pytest.raises(ValueError, match="cox_loss: normalization must be 'events' or 'samples', got 'mean'"):
+        cox_loss(risk, tied_time, tied_event, "mean")
+
+
+def test_cox_module_trains_and_reports_the_loss_with_its_normalization():
+    inputs = torch.tensor([[0.0], [0.0], [0.0], [0.0]])
+    targets = torch.tensor([[1.0, 0.0], [2.0, 1.0], [3.0, 0.0], [4.0, 0.0]])  # the example above: ln 3 over 1 or 4
+    for normalization, divisor in (("events", 1.0), ("samples", 4.0)):
+        module = CoxModule(backbone=Identity(num_features=1), loss_normalization=normalization)
+        assert module.training_step((inputs, targets), 0)["loss"].item() == pytest.approx(math.log(3.0) / divisor)
+        module.reset_metrics()
+        module.validation_step((inputs, targets), 0)
+        assert module.compute_metrics()["loss"] == pytest.approx(math.log(3.0) / divisor)
+    with pytest.raises(ConfigError, match="model.init_args.loss_normalization must be 'events' or 'samples', got "
+                                          "'batch'"):
+        CoxModule(backbone=Identity(num_features=1), loss_normalization="batch")
+
+
+def test_cox_roles_over_identity_report_no_default_rule_as_unmatched_but_keep_the_users():
+    # Identity has no tensor: a default "backbone.* -> frozen" rule would be listed as matching nothing
+    module = CoxModule(backbone=Identity(num_features=3))
+    rules = [*module.default_role_rules(), *module.role_rules]
+    assert "match no tensor" not in role_summary_table(module, module.parameter_roles(), rules)
+    assert module.parameter_roles()["head.weight"] == "shared"
+    mistyped = CoxModule(backbone=Identity(num_features=3), roles=[RoleRule("backbone.fc.*", "personal")])
+    with pytest.warns(UserWarning, match="model.init_args.roles\\[0\\]: role rule pattern 'backbone.fc.\\*'"):
+        roles = mistyped.parameter_roles()
+    table = role_summary_table(mistyped, roles, [*mistyped.default_role_rules(), *mistyped.role_rules])
+    assert table.endswith("Role rules that match no tensor: 'backbone.fc.*' -> personal")
+    # a backbone with tensors is still frozen by default
+    cnn = CoxModule(backbone=SmallCNN())
+    assert {r for n, r in cnn.parameter_roles().items() if n.startswith("backbone.")} == {"frozen"}
+    assert "match no tensor" not in role_summary_table(cnn, cnn.parameter_roles(), cnn.default_role_rules())
 
 
 def test_cox_loss_matches_the_definition_on_random_data_with_ties():
