@@ -26,6 +26,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedlit.core.checkpoint_io import load_checkpoint
 from fedlit.core.errors import ConfigError
 from fedlit.core.names import check_client_ids
@@ -59,6 +61,8 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
             resume.restore(run, load_checkpoint(ckpt_path), ckpt_path, resuming=resuming)
         return
     launch(run)
+    if run.settings.threads is not None:  # after the launch: Lightning sets each launched process's own count
+        torch.set_num_threads(run.settings.threads)
     run.datamodule.setup()
     # a FederatedDataModule checked its ids in setup(); any other data source (a Flower server's nodes) here
     check_client_ids(run.client_ids, f"{type(run.datamodule).__name__}.client_ids")

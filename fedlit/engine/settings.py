@@ -77,6 +77,12 @@ class Settings:
             would lose what it reported. True continues, the drop recorded in ``config.json`` (``resumed``) and
             ``results.json`` (``dropped_callbacks``, and a note in the callback's section: its figures, an epsilon
             say, cover only the rounds it ran).
+        threads: Intra-op CPU threads of PyTorch in this process (``torch.set_num_threads``, set when the run is
+            set up, for each of its processes). CPU kernels split their sums by thread, so a model trained on the
+            CPU gives bit-identical results on other machines, core counts and launchers only at the same thread
+            count: set it (1 is the surest, and the fastest for tiny models) to pin them. None, the default,
+            leaves PyTorch's own choice (``OMP_NUM_THREADS`` or the core count; Lightning divides the cores among
+            the processes it launches). The generated data sets and splits never depend on it.
     """
 
     rounds: int = 10
@@ -103,6 +109,7 @@ class Settings:
     max_update_norm: float | None = None
     max_update_ratio: float | None = 1000.0
     allow_dropped_callbacks: bool = False
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
@@ -132,6 +139,8 @@ class Settings:
         for key in ("max_update_norm", "max_update_ratio"):
             if values[key] is not None and not values[key] > 0:
                 problems.append(f"federation.{key}={values[key]} must be > 0 (or null: no bound)")
+        if values["threads"] is not None and values["threads"] < 1:
+            problems.append(f"federation.threads={values['threads']} must be >= 1 (or null: PyTorch's default)")
         if values["unseen_finetune_steps"] < 0:
             problems.append(f"federation.unseen_finetune_steps={values['unseen_finetune_steps']} must be >= 0")
         unseen = values["unseen_clients"]
