@@ -311,3 +311,16 @@ def test_a_recipe_that_is_not_a_mapping_names_the_section_and_the_close_key(reci
     assert err.startswith(f"fedlit: error: {expected}")
     assert "fedlit fit --print_config" in err or "Valid options" in err
     assert err.count("\n") == 1 and "Unexpected config" not in err and "Unable to load" not in err
+
+
+@pytest.mark.parametrize("out_dir", ["given/a/b", None])
+def test_a_run_refused_at_setup_leaves_no_folder_it_made(out_dir, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()  # an empty folder the run did not make stays
+    where = ["--out_dir", out_dir] if out_dir else []
+    err = error_of(["fit", *QUICK, "--federation.min_clients", "99", *where], capsys)
+    assert "federation.min_clients=99" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # no given/, no runs/quickstart_fedbn/
+    (tmp_path / "given").mkdir()
+    error_of(["fit", *QUICK, "--federation.min_clients", "99", "--out_dir", "given/a/b"], capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["given", "kept"]  # it existed before the run
