@@ -483,3 +483,27 @@ def test_medmnist_splits_of_different_image_or_label_shapes(tmp_path: Path) -> N
     arrays = dict(_tiny_medmnist(), train_labels=np.zeros(20, np.uint8), val_labels=np.zeros((0, 1), np.uint8),
                   val_images=np.zeros((0, 8, 8), np.uint8))
     assert MedMNIST(path=_write(path, arrays), num_clients=1).task == "multiclass"  # (N,) labels, an empty split
+
+
+def test_a_heart_disease_file_that_is_not_utf8_names_the_byte_and_line(tmp_path: Path) -> None:
+    from fedlit.data.heart_disease import _read
+
+    path = tmp_path / "processed.va.data"
+    good = b"63,1,1,145,233,1,2,150,0,2.3,3,0,6,0\n"
+    path.write_bytes(good + b"67,1,4,160,286,0,2,108,1,1.5,2,3,3,2 \xe9\n")
+    with pytest.raises(DataError) as err:
+        _read(path)
+    offset = len(good) + len(b"67,1,4,160,286,0,2,108,1,1.5,2,3,3,2 ")
+    assert str(err.value).startswith(f"{path}: not UTF-8 text: byte {offset} (line 2) is 0xe9; save the file as UTF-8")
+
+
+def test_a_medical_abstracts_file_that_is_not_utf8_names_the_byte_and_line(tmp_path: Path) -> None:
+    from fedlit.data import MedicalAbstracts
+
+    path = tmp_path / "medical_tc_test.csv"
+    head = b"condition_label,medical_abstract\n1,a text\n" + b"2,b " * 5000  # past the decoder's first chunk
+    path.write_bytes(head + b"caf\xe9 text\n")
+    with pytest.raises(DataError) as err:
+        _ = MedicalAbstracts(root=tmp_path).data
+    assert str(err.value).startswith(f"{path}: not UTF-8 text: byte {len(head) + 3} (line 3) is 0xe9; ")
+    assert "download it again" in str(err.value)
