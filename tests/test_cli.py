@@ -290,3 +290,37 @@ def test_other_loggers_replace_tensorboard(tmp_path):
     assert not (tmp_path / "run" / "tensorboard").exists() and (tmp_path / "run" / "metrics.csv").is_file()
     header = (tmp_path / "csv" / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[0]
     assert "server/val/accuracy_mean" in header and "hparams/last/test/accuracy_mean" in header
+
+
+@pytest.mark.parametrize("recipe, expected", [
+    ("federation:\n  roundz 3\n", "federation: expected a mapping of options (`key: value` lines), got 'roundz 3': a "
+                                  "key without ':', or a misspelled one. Did you mean 'rounds: <value>'? Valid "
+                                  "options: rounds, "),
+    ("model:\n  class_path: fedlit.tasks.ClassificationModule\n  init_args:\n    lrr 0.1\n",
+     "model.init_args: expected a mapping of options (`key: value` lines), got 'lrr 0.1': a key without ':', or a "
+     "misspelled one. Did you mean 'lr: <value>'? Valid options of fedlit.tasks.ClassificationModule: backbone, "),
+    ("- model\n- data\n", "--config: the recipe is not a mapping of sections: it reads as '- model\\n- data'. A "
+                          "recipe is YAML whose top-level keys are sections (config, model, data, "),
+    ("", "--config: the recipe is empty. "),
+    ("federation:\n  roundz: 3\n", "federation.roundz is not an option. Did you mean 'rounds'?"),
+])
+def test_a_recipe_that_is_not_a_mapping_names_the_section_and_the_close_key(recipe, expected, capsys, tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(recipe)
+    err = error_of(["fit", "--config", str(path), "--out_dir", str(tmp_path / "out")], capsys)
+    assert err.startswith(f"fedlit: error: {expected}")
+    assert "fedlit fit --print_config" in err or "Valid options" in err
+    assert err.count("\n") == 1 and "Unexpected config" not in err and "Unable to load" not in err
+
+
+@pytest.mark.parametrize("out_dir", ["given/a/b", None])
+def test_a_run_refused_at_setup_leaves_no_folder_it_made(out_dir, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()  # an empty folder the run did not make stays
+    where = ["--out_dir", out_dir] if out_dir else []
+    err = error_of(["fit", *QUICK, "--federation.min_clients", "99", *where], capsys)
+    assert "federation.min_clients=99" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # no given/, no runs/quickstart_fedbn/
+    (tmp_path / "given").mkdir()
+    error_of(["fit", *QUICK, "--federation.min_clients", "99", "--out_dir", "given/a/b"], capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["given", "kept"]  # it existed before the run

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from fedlit.core.errors import DataError
-from fedlit.core.names import MAX_LENGTH, check_client_id, check_client_ids, client_id_problem, table_cell
+from fedlit.core.names import (
+    MAX_LENGTH,
+    case_collisions,
+    check_client_id,
+    check_client_ids,
+    client_id_problem,
+    table_cell,
+)
 
 REFUSED = {
     "": "is empty",
@@ -26,9 +33,14 @@ REFUSED = {
     "x" * (MAX_LENGTH + 1): f"is {MAX_LENGTH + 1} characters long (at most {MAX_LENGTH})",
     "\U0001f3e5" * 64: "is 256 bytes long in UTF-8 (at most 255)",  # 64 characters, 4 bytes each
     7: "is a int, not a string",
+    "CON": "is a device name Windows reserves (no folder can have it there)",
+    "nul": "is a device name Windows reserves (no folder can have it there)",
+    "Com1": "is a device name Windows reserves (no folder can have it there)",
+    "LPT9.site": "is a device name Windows reserves (no folder can have it there)",
+    "aux .x": "is a device name Windows reserves (no folder can have it there)",
 }
 ALLOWED = ["site_0", "site a 50%", "$x_1$", "{x$", "Zürich", "東京", "O'Brien \"north\"", "a,b;c", "a|b", "x-1",
-           "...", ".hidden", "x" * MAX_LENGTH, "\U0001f3e5" * 63]
+           "...", ".hidden", "CONSOLE", "COM0", "COM10", "site.NUL", "LPT", "x" * MAX_LENGTH, "\U0001f3e5" * 63]
 
 
 @pytest.mark.parametrize(("client_id", "why"), list(REFUSED.items()), ids=[repr(c)[:20] for c in REFUSED])
@@ -58,3 +70,14 @@ def test_one_error_names_every_refused_id_the_source_and_the_fix() -> None:
 def test_table_cell_escapes_the_pipe() -> None:
     assert table_cell("a|b") == "a\\|b"
     assert table_cell(3) == "3" and table_cell("a\nb|c") == "a b\\|c"
+
+
+def test_ids_that_differ_only_by_case_are_refused_together() -> None:
+    assert case_collisions(["SiteA", "b", "sitea", "B", "c", "SITEA", "c"]) == [["SITEA", "SiteA", "sitea"],
+                                                                              ["B", "b"]]
+    assert case_collisions(["a", "a", "b"]) == []  # the same id twice is one folder, not a collision
+    with pytest.raises(DataError) as err:
+        check_client_ids(["SiteA", "north", "sitea"], "folders of /data")
+    assert str(err.value).startswith("folders of /data: client ids that are not safe as file names: 'SiteA' and "
+                                     "'sitea' differ only by case (one folder on Windows and macOS). ")
+    assert "Rename these sites" in str(err.value)

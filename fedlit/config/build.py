@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ class BuiltRun:
     Attributes:
         federation: The run.
         ckpt_path: The checkpoint to resume or evaluate, or None.
-        created: The new version folder made for it, removed again if the run leaves it empty (None: none made).
+        created: The outermost folder the run makes (its new version folder, or the first missing folder of
+            ``out_dir`` and of ``runs/<name>``), removed again if the run leaves no file in it (None: none made).
     """
 
     federation: Federation
@@ -66,7 +68,14 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
     created = None
     if out_dir is None:
         root = resolve.run_root(sub_cfg)
-        out_dir = created = new_version_dir(root) if first else root / "version_of_rank_0"  # replaced at launch
+        if first:
+            missing = first_missing(root)  # runs/<name> of a first run: removed too if the run fails
+            out_dir = new_version_dir(root)
+            created = missing or out_dir
+        else:
+            out_dir = created = root / "version_of_rank_0"  # replaced at launch
+    elif subcommand == "fit" and first:
+        created = first_missing(Path(out_dir))  # the fit makes it: removed again if it fails before writing
     try:
         federation = Federation(objects.model, objects.data, objects.strategy,
                                 settings=Settings(**objects.federation.as_dict()), callbacks=objects.callbacks,
@@ -125,11 +134,27 @@ def _is_wrapper(err: BaseException) -> bool:
                                 "Problem with given class_path")))
 
 
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself or a parent) that does not exist yet: what making ``path`` creates
+    first; None when ``path`` exists (or cannot be looked up: making it will say why)."""
+    missing = None
+    try:
+        for folder in (path, *path.parents):
+            if folder.exists():
+                break
+            missing = folder
+    except OSError:
+        return None
+    return missing
+
+
 def remove_if_empty(folder: Path | None) -> None:
-    """Remove ``folder`` if it is empty (a version folder the run did not write into)."""
-    if folder is not None:
-        with contextlib.suppress(OSError):  # not empty (the run wrote into it), or already gone
-            folder.rmdir()
+    """Remove ``folder`` and the folders in it if none holds a file (folders a run made and did not write into)."""
+    if folder is None or not folder.is_dir() or any(files for _, _, files in os.walk(folder)):
+        return
+    for sub, _, _ in os.walk(folder, topdown=False):  # the innermost first
+        with contextlib.suppress(OSError):  # filled meanwhile by another process, or already gone
+            os.rmdir(sub)
 
 
 def build_objects(recipe: Mapping[str, Any], overrides: list[str] | None = None) -> Namespace:

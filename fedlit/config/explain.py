@@ -55,6 +55,19 @@ def explain(err: BaseException) -> str:
             return _unknown_key(key, option, _init_args(class_paths[-1]), f" of {class_paths[-1]}")
         section, _, option = name.rpartition(".")
         return _unknown_key(name, option, _section_keys(section))
+    if found := re.search(r"Unable to load config [\"'](.*?)[\"']\n", text + "\n"):
+        return _not_a_mapping(_nested_key(keys), found.group(1), _section_keys(_nested_key(keys)), "")
+    if class_paths and re.search(r"'(str|int|float|bool|list)' object has no attribute 'keys'", text):
+        given = re.search(r"'init_args': ('[^']*'|\S+?)[,}]", text)
+        return _not_a_mapping(_nested_key(keys) + ".init_args", given.group(1).strip("'") if given else "?",
+                              _init_args(class_paths[-1]), f" of {class_paths[-1]}")
+    if found := re.match(r"Unexpected config: (.*)", outer, re.DOTALL):
+        content = found.group(1).strip()
+        shown = repr(content if len(content) <= 60 else content[:60] + "...")
+        what = "empty" if not content else f"not a mapping of sections: it reads as {shown}"
+        return (f"--config: the recipe is {what}. A recipe is YAML whose top-level keys are sections "
+                f"({', '.join(_section_keys(''))}), each followed by ':'. See fedlit fit --print_config for a "
+                "complete one, or fedlit fit --help.")
     if found := re.search(r"expects a function or a callable class: (.+?)\. Got value: .*?class_path='([\w.]+)'", text):
         return _callable_class_path(_nested_key(keys), found.group(2), found.group(1))
     if found := re.search(r"Expected a dot import path string: (\S+)", text):
@@ -93,6 +106,16 @@ def _unknown_key(key: str, name: str, valid: list[str], owner: str = "") -> str:
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"{key} is not an option{owner}.{hint} Valid options: {', '.join(valid)}."
+
+
+def _not_a_mapping(key: str, value: str, valid: list[str], owner: str = "") -> str:
+    """A section or ``init_args`` given a plain value (``roundz 3``: a key whose ``:`` is missing)."""
+    first = re.split(r"[\s:=]", value.strip(), maxsplit=1)[0]
+    close = difflib.get_close_matches(first, valid, n=1) if first not in valid else [first]
+    hint = f" Did you mean '{close[0]}: <value>'?" if close else ""
+    listed = f" Valid options{owner}: {', '.join(valid)}." if valid else ""
+    return (f"{key or 'the recipe'}: expected a mapping of options (`key: value` lines), got {value!r}: a key "
+            f"without ':', or a misspelled one.{hint}{listed} fedlit fit --print_config shows a complete recipe.")
 
 
 def _section_keys(section: str) -> list[str]:

@@ -11,7 +11,12 @@ clients) one that:
 - holds a control character (NUL, newline, tab...; Unicode categories Cc, Zl, Zp) or a lone surrogate: it would
   cut a file name, a log line or a table row;
 - starts with ``-``: it would read as an option on a command line (``--clients -x``, ``rm *`` in ``<out>``);
-- is longer than :data:`MAX_LENGTH` characters or 255 bytes in UTF-8 (the longest file name of most file systems).
+- is longer than :data:`MAX_LENGTH` characters or 255 bytes in UTF-8 (the longest file name of most file systems);
+- is a name Windows reserves for a device (``CON``, ``PRN``, ``AUX``, ``NUL``, ``COM1``-``COM9``,
+  ``LPT1``-``LPT9``, in any case, alone or before a ``.``: ``nul.txt``): no folder can have it there.
+
+and refuses ids that differ only by case (``SiteA`` and ``sitea``): on a case-insensitive file system (Windows,
+macOS by default) they would be one folder.
 
 Anything else is data, kept as it is: spaces, unicode letters, ``$``, ``%``, quotes, commas. Where such an id is
 written into markup it is escaped there: HTML with :func:`html.escape`, Markdown table cells with
@@ -31,6 +36,9 @@ MAX_LENGTH = 128
 #: The longest client id, in bytes of UTF-8 (``NAME_MAX`` of ext4, XFS, APFS).
 MAX_BYTES = 255
 _CONTROL = {"Cc", "Zl", "Zp", "Cs"}
+#: Device names Windows reserves: no file or folder can be named so, with or without an extension.
+WINDOWS_RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
+                              *(f"LPT{i}" for i in range(1, 10))})
 #: What a message suggests when ids are refused.
 FIX = ("Rename these sites in the data (letters, digits, spaces, '_', '-', '.'; no '/' or '\\'), or map them to "
        "such names before fedlit reads them")
@@ -52,7 +60,19 @@ def client_id_problem(client_id: object) -> str | None:
         return f"is {len(client_id)} characters long (at most {MAX_LENGTH})"
     if len(client_id.encode("utf-8")) > MAX_BYTES:
         return f"is {len(client_id.encode('utf-8'))} bytes long in UTF-8 (at most {MAX_BYTES})"
+    if client_id.split(".", 1)[0].rstrip(" ").upper() in WINDOWS_RESERVED:
+        return "is a device name Windows reserves (no folder can have it there)"
     return None
+
+
+def case_collisions(client_ids: Iterable[object]) -> list[list[str]]:
+    """The groups of distinct ids that differ only by case (``['SiteA', 'sitea']``): one folder on a
+    case-insensitive file system."""
+    groups: dict[str, set[str]] = {}
+    for client_id in client_ids:
+        if isinstance(client_id, str):
+            groups.setdefault(client_id.casefold(), set()).add(client_id)
+    return [sorted(group) for group in groups.values() if len(group) > 1]
 
 
 def check_client_ids(client_ids: Iterable[object], source: str, fix: str = FIX) -> None:
@@ -68,10 +88,13 @@ def check_client_ids(client_ids: Iterable[object], source: str, fix: str = FIX) 
         DataError: Naming each refused id (shown with ``repr``, so a control character is visible), why, the
             ``source`` and the ``fix``.
     """
-    problems = [(c, why) for c in client_ids if (why := client_id_problem(c)) is not None]
+    client_ids = list(client_ids)
+    problems = [(_show(c), why) for c in client_ids if (why := client_id_problem(c)) is not None]
+    problems += [(" and ".join(map(_show, group)), "differ only by case (one folder on Windows and macOS)")
+                 for group in case_collisions(client_ids)]
     if not problems:
         return
-    shown = "; ".join(f"{_show(c)} {why}" for c, why in problems[:10])
+    shown = "; ".join(f"{c} {why}" for c, why in problems[:10])
     more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
     raise DataError(f"{source}: client ids that are not safe as file names: {shown}{more}. Client ids "
                     f"become folders (fedlit export), TensorBoard tags and metrics.csv rows. {fix}.")

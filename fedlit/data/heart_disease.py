@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from pathlib import Path
@@ -15,6 +16,7 @@ from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import stratified_split
+from fedlit.data.text import decode_utf8
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -204,49 +206,48 @@ def _read(path: Path) -> pd.DataFrame:
     Raises:
         DataError: naming the file, and the line and column of each field that is not a finite number within
             float32's range (all such fields are found; the first few are listed), or of each line without 14
-            fields.
+            fields; or the byte offset and line of the first byte that is not UTF-8.
     """
     rows: list[list[float]] = []
     problems: list[str] = []
     float32_max = float(np.finfo(np.float32).max)
-    with path.open(newline="") as f:
-        reader = csv.reader(f)
-        for fields in reader:
-            if len(fields) <= 1 and not "".join(fields).strip():
-                continue  # a blank line
-            line = reader.line_num
-            if not rows and not problems and not any(_is_number(field) for field in fields):
-                continue  # a mirror's "age,sex,..." header line, absent from the UCI files
-            if len(fields) != len(COLUMNS):
-                problems.append(
-                    f"line {line} has {len(fields)} comma-separated fields, expected {len(COLUMNS)} "
-                    "(13 features + target)"
-                )
-                continue
-            row = []
-            for column, field in zip(COLUMNS, fields, strict=True):
-                token = field.strip()
-                value = math.nan
-                if token not in ("?", ""):
-                    if not _is_number(token):
-                        problems.append(
-                            f"line {line}, column {column!r}: {field!r} is not a number; write a number, or '?' "
-                            "for a missing value"
-                        )
-                    elif not math.isfinite(value := float(token)) or abs(value) > float32_max:
-                        reads = "is not finite" if not math.isfinite(value) else "is beyond float32's range"
-                        problems.append(
-                            f"line {line}, column {column!r}: {field!r} {reads} (parses to {value:g}); write a "
-                            "finite number, or '?' if the value is missing (the row is then dropped, as FLamby "
-                            "does)"
-                        )
-                    elif column == "target" and value not in _DIAGNOSES:
-                        problems.append(
-                            f"line {line}, column 'target': {field!r} is not a diagnosis; the target is 0 (no "
-                            "disease) to 4, or '?' if it is missing"
-                        )
-                row.append(value)
-            rows.append(row)
+    reader = csv.reader(io.StringIO(decode_utf8(path, path.read_bytes()), newline=""))
+    for fields in reader:
+        if len(fields) <= 1 and not "".join(fields).strip():
+            continue  # a blank line
+        line = reader.line_num
+        if not rows and not problems and not any(_is_number(field) for field in fields):
+            continue  # a mirror's "age,sex,..." header line, absent from the UCI files
+        if len(fields) != len(COLUMNS):
+            problems.append(
+                f"line {line} has {len(fields)} comma-separated fields, expected {len(COLUMNS)} "
+                "(13 features + target)"
+            )
+            continue
+        row = []
+        for column, field in zip(COLUMNS, fields, strict=True):
+            token = field.strip()
+            value = math.nan
+            if token not in ("?", ""):
+                if not _is_number(token):
+                    problems.append(
+                        f"line {line}, column {column!r}: {field!r} is not a number; write a number, or '?' "
+                        "for a missing value"
+                    )
+                elif not math.isfinite(value := float(token)) or abs(value) > float32_max:
+                    reads = "is not finite" if not math.isfinite(value) else "is beyond float32's range"
+                    problems.append(
+                        f"line {line}, column {column!r}: {field!r} {reads} (parses to {value:g}); write a "
+                        "finite number, or '?' if the value is missing (the row is then dropped, as FLamby "
+                        "does)"
+                    )
+                elif column == "target" and value not in _DIAGNOSES:
+                    problems.append(
+                        f"line {line}, column 'target': {field!r} is not a diagnosis; the target is 0 (no "
+                        "disease) to 4, or '?' if it is missing"
+                    )
+            row.append(value)
+        rows.append(row)
     if problems:
         listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise DataError(f"{path}: {listed}")

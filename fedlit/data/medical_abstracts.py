@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.partition import Dirichlet, Partitioner
 from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
+from fedlit.data.text import decode_utf8, not_utf8
 
 TEXT_FILE = "medical_tc_test.csv"
 LABELS_FILE = "medical_tc_labels.csv"
@@ -187,8 +189,8 @@ def read_abstracts(path: Path) -> tuple[np.ndarray, list[str], list[int]]:
                 labels.append(int(label))
                 texts.append(text)
                 lines.append(line)
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path} is not UTF-8 text ({err}); download it again from {_URL}") from None
+    except UnicodeDecodeError:  # the error's position is within a chunk: not_utf8 finds the file's byte
+        raise DataError(f"{not_utf8(path)}; or download it again from {_URL}") from None
     except csv.Error as err:
         raise DataError(f"{path} is not a readable CSV file ({err}); download it again from {_URL}") from None
     if not labels:
@@ -200,8 +202,8 @@ def _check_label_names(path: Path) -> None:
     """Refuse a labels file whose names differ from the corpus's five classes (another label order)."""
     if not path.is_file():
         return
-    with path.open(newline="", encoding="utf-8") as handle:
-        names = {row[0].strip(): row[1].strip() for row in list(csv.reader(handle))[1:] if len(row) >= 2}
+    rows = list(csv.reader(io.StringIO(decode_utf8(path, path.read_bytes()), newline="")))
+    names = {row[0].strip(): row[1].strip() for row in rows[1:] if len(row) >= 2}
     expected = {str(i + 1): name for i, name in enumerate(CLASS_NAMES)}
     if names != expected:
         raise DataError(f"{path}: label names {names} differ from the corpus's {expected}; is this another corpus?")

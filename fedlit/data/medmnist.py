@@ -55,8 +55,9 @@ class MedMNIST(FederatedDataModule):
     Protocol (FHBench): the official train, val and test splits are pooled (pool rows: train, then val, then
     test; ``manifest()["details"]["pool"]`` gives the ranges), the pool is partitioned into clients by
     ``partitioner`` (default Dir(0.5); FHBench uses Dir(0.1) and 20 clients), and each client is split into
-    train/val/test by ``split_fractions`` (4:3:3), stratified by label. Images are kept as uint8 and turned
-    into float32 batches when read: (x / 255 - 0.5) / 0.5 if ``normalize``. For multilabel sets (ChestMNIST)
+    train/val/test by ``split_fractions`` (4:3:3), stratified by label. Images (pixels 0..255, whole numbers in any
+    numeric dtype; others are refused) are kept as uint8 and turned into float32 batches when read:
+    (x / 255 - 0.5) / 0.5 if ``normalize``. For multilabel sets (ChestMNIST)
     partitions and strata use each image's rarest positive label (an extra "none" class for all-negative).
 
     The file is checked when the data is built: an unreadable archive (truncated, not a zip, a missing key, an
@@ -135,7 +136,8 @@ class MedMNIST(FederatedDataModule):
                     f"{self.path}: {split}_images has {n_images} images but {split}_labels has {n_labels} "
                     f"labels; the file is damaged: download it again from {_ZENODO}"
                 )
-        images = np.concatenate([arrays[f"{s}_images"] for s in _SPLITS])
+        # whole numbers in 0..255 (checked when read): the same pixels as uint8, a quarter or eighth the memory
+        images = np.concatenate([arrays[f"{s}_images"] for s in _SPLITS]).astype(np.uint8, copy=False)
         labels = np.concatenate([a.reshape(len(a), a.shape[1] if a.ndim == 2 else 1)  # (N,) -> (N, 1), even N = 0
                                  for a in (arrays[f"{s}_labels"] for s in _SPLITS)])
         sizes = [len(arrays[f"{s}_labels"]) for s in _SPLITS]
@@ -286,13 +288,22 @@ def _check_shapes(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _check_values(path: Path, key: str, array: np.ndarray) -> None:
-    """Refuse an array of ``key`` that is not numeric, holds NaN/Inf, or (labels) negative or fractional values."""
+    """Refuse an array of ``key`` that is not numeric, holds NaN/Inf, (images) pixels outside 0..255 or fractional
+    ones, or (labels) negative or fractional values."""
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise DataError(
             f"{path}: key {key!r} must hold numbers, got dtype {array.dtype}: {_download_hint(path)}"
         )
     floating = np.issubdtype(array.dtype, np.floating)
     checks = [(floating, lambda a: ~np.isfinite(a), "not a finite number")]
+    if key.endswith("_images"):  # pixels as MedMNIST stores them: uint8, read as x / 255
+        checks += [
+            (True, lambda a: (a < 0) | (a > 255), "outside the pixel range 0..255 (MedMNIST images are uint8; "
+                                                  "rescale to 0..255 and save as np.uint8)"),
+            (floating, lambda a: np.isfinite(a) & (a != np.round(a)), "not a whole number: pixels are uint8 0..255 "
+                                                                    "(an array scaled to [0, 1]? save (images * 255)"
+                                                                    ".round().astype(np.uint8))"),
+        ]
     if key.endswith("_labels"):
         checks += [
             (True, lambda a: a < 0, "a negative label (labels are class numbers 0, 1, ...)"),

@@ -20,13 +20,8 @@ import torch
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import SampleList, is_image
-from fedlit.data.segmentation_sites import (
-    decode_image,
-    find_sites,
-    pair_augmentation,
-    report_unmatched,
-    segmentation_option_problems,
-)
+from fedlit.data.segmentation_sites import decode_image, pair_augmentation
+from fedlit.data.site_options import check_site_names, find_sites, report_unmatched, segmentation_option_problems
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
 
 _OPTION = "data.init_args"
@@ -134,6 +129,8 @@ class FedPolyp(FederatedDataModule):
             problems.append(str(err))
         if problems:
             raise ConfigError("; ".join(problems))
+        if sites is not None:  # before any folder is looked at
+            check_site_names(sites)
         self.root = Path(root).expanduser()
         layout = (f"{self.root}/TrainDataset/{{image,mask}}/*.png and {self.root}/TestDataset/<site>/{{images,masks}}"
                   f"/*.png (PraNet's download), or {self.root}/<site>/{{images,masks}}/ (sites "

@@ -24,12 +24,8 @@ import torch
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import SampleList
-from fedlit.data.segmentation_sites import (
-    find_sites,
-    pair_augmentation,
-    report_unmatched,
-    segmentation_option_problems,
-)
+from fedlit.data.segmentation_sites import pair_augmentation
+from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
 
 _OPTION = "data.init_args"

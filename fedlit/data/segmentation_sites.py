@@ -10,7 +10,6 @@ of unmatched files are shared with the other segmentation sites (``FedProstateVo
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,8 +19,9 @@ import torch
 from torch import nn
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule, is_int
+from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import Compose, SampleList, image_errors, is_image, unreadable_image
+from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems
 
 _OPTION = "data.init_args"
 
@@ -155,58 +155,6 @@ def pair_augmentation(crop_size: int | None, flip: bool) -> nn.Module | None:
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else Compose(parts)
-
-
-def segmentation_option_problems(image_size: object, crop_size: object, unmatched: object) -> list[str]:
-    """What is wrong with the options every segmentation site shares, one message per problem."""
-    problems = []
-    if image_size is not None and (not is_int(image_size) or image_size < 1):
-        problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
-    if crop_size is not None and (not is_int(crop_size) or crop_size < 1):
-        problems.append(f"{_OPTION}.crop_size must be null (no crop) or an integer >= 1, got {crop_size!r}")
-    elif crop_size is not None and is_int(image_size) and crop_size > image_size:
-        problems.append(f"{_OPTION}.crop_size={crop_size} is larger than {_OPTION}.image_size={image_size}; a "
-                        "train crop must fit in the resized image (e.g. crop_size 320 for image_size 384)")
-    if unmatched not in ("error", "skip"):
-        problems.append(f"{_OPTION}.unmatched must be 'error' or 'skip', got {unmatched!r}")
-    return problems
-
-
-def report_unmatched(owner: str, lost: list[str], policy: str, partner: str = "a partner of the same name") -> None:
-    """Refuse (``policy`` ``error``) or warn about (``skip``) the files in ``lost``, naming every one.
-
-    Raises:
-        DataError: when ``policy`` is ``error`` and ``lost`` is not empty.
-    """
-    if lost and policy == "error":
-        raise DataError(f"{owner}: {len(lost)} files have no {partner}: {', '.join(lost)}. Fix or remove them, "
-                        f"or set {_OPTION}.unmatched: skip (--{_OPTION}.unmatched skip) to leave them out")
-    if lost:
-        warnings.warn(f"{owner}: skipped {len(lost)} files without {partner}: {', '.join(lost)}", stacklevel=3)
-
-
-def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: tuple[str, ...], layout: str,
-               source: str, present: Callable[[str], bool] | None = None) -> list[str]:
-    """The sites a site-per-folder data set reads: ``sites`` (each must be present under ``root``) or those of
-    ``default_sites`` that are.
-
-    Raises:
-        DataError: naming ``data.init_args.root`` or ``data.init_args.sites``, the ``layout`` expected and, for a
-            missing root or no site, where to get the data (``source``).
-    """
-    present = present or (lambda site: (root / site).is_dir())
-    if not root.is_dir():
-        raise DataError(f"{_OPTION}.root: no folder {root}. {owner} expects {layout}. {source}")
-    if sites is not None:
-        absent = [s for s in sites if not present(s)]
-        if absent:
-            raise DataError(f"{_OPTION}.sites: {absent} are not found under {root}; expected {layout}")
-        return list(sites)
-    found = [s for s in default_sites if present(s)]
-    if not found:
-        raise DataError(f"{_OPTION}.root: {root} holds none of the sites {list(default_sites)}; expected {layout}. "
-                        f"{source}")
-    return found
 
 
 class _SegmentationSites(FederatedDataModule):

@@ -32,6 +32,7 @@ from fedlit.core.checkpoint_io import load_checkpoint
 from fedlit.core.errors import ConfigError
 from fedlit.core.names import check_client_ids
 from fedlit.engine import baseline, energy, ranks, record, results, resume, rounds
+from fedlit.engine.channels import channel_problem
 from fedlit.engine.executor import LocalExecutor
 from fedlit.engine.optim import round_schedule
 from fedlit.engine.progress import Progress
@@ -109,6 +110,8 @@ def check_compatible(run: Run) -> None:
         if ours is not None and theirs is not None and ours != theirs:
             problems.append(f"model.init_args.{attr}={ours!r} but the data set has {attr}={theirs!r}")
     problems += _unseen_problems(run)
+    if (channels := channel_problem(run)) is not None:
+        problems.append(channels)
     count = run.num_selected()
     if isinstance(run.settings.clients_per_round, int) and count > len(run.train_client_ids):
         problems.append(f"federation.clients_per_round={count} but the data has only "

@@ -1,7 +1,8 @@
 """What a run records beside its checkpoints: ``metrics.csv``, the run's description, ``best.ckpt``, evaluations.
 
-``metrics.csv`` is written as the run goes: the rows of a round are appended (and flushed) when the round ends,
-so the file of a killed run holds every finished round. It is tidy (one value per row), with the columns
+``metrics.csv`` is written as the run goes, as UTF-8: the rows of a round are appended in one write, flushed and
+synced to disk when the round ends (before its checkpoint), so the file of a killed run holds every finished
+round, and at most a cut last line, which a resume drops. It is tidy (one value per row), with the columns
 :data:`CSV_COLUMNS`:
 
 - ``round``: the server round (from 1);
@@ -29,13 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import math
 import os
 import subprocess
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedlit.core.checkpoint_io import BEST, LAST
+from fedlit.core.errors import RunDirError
 from fedlit.core.files import write_text_atomic
 from fedlit.engine import energy
 from fedlit.engine.history import summarize
@@ -94,10 +97,10 @@ def begin(run: Run, *, resumed: bool) -> None:
     counts = run.datamodule.class_counts()
     if counts is not None:  # classification tasks only
         write_text_atomic(run.out_dir / "class_counts.json", json.dumps(counts, indent=1))
+    open_metrics(run)  # first: a metrics.csv that cannot be read stops the resume before anything changes
     start(run)
     if resumed:
         drop_stale_best(run)
-    open_metrics(run)
 
 
 def start(run: Run) -> None:
@@ -165,22 +168,56 @@ def log_validation_images(run: Run, server_round: int, images: Mapping[str, torc
 
 # -------------------------------------------------------------------------------------------- metrics.csv
 def open_metrics(run: Run) -> Path:
-    """Start ``metrics.csv`` (a fresh run), or keep its rows up to the resumed round (a resumed run)."""
+    """Start ``metrics.csv`` (a fresh run), or keep its rows up to the resumed round (a resumed run).
+
+    A last line without its newline is a row cut by a kill while it was appended: rows are appended before the
+    round's checkpoint is saved, so it belongs to a round after the checkpoint and is dropped (with a warning).
+
+    Raises:
+        RunDirError: naming the file, the byte offset and the line when ``metrics.csv`` is not UTF-8 (the file is
+            left as it is).
+    """
     path = run.out_dir / CSV_NAME
     if not path.is_file():
-        with open(path, "w", newline="") as file:
-            csv.writer(file).writerow(CSV_COLUMNS)
+        _append(path, [CSV_COLUMNS])
         return path
-    with open(path, newline="") as file:
-        rows = list(csv.reader(file))
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise RunDirError(
+            f"{path}: not UTF-8 text: byte {err.start} (line {line}) is 0x{data[err.start]:02x}; fedlit writes "
+            "this file as UTF-8, so it was edited or damaged. Restore it (or fix that line), or move it away to "
+            "start a new one; it was left as it is") from None
+    torn = ""
+    if text and not text.endswith("\n"):
+        cut = text.rfind("\n") + 1
+        text, torn = text[:cut], text[cut:]
+        warnings.warn(f"{path}: its last line {torn[:80]!r} has no newline (a row cut while it was written, of a "
+                      "round after the checkpoint): dropped", stacklevel=3)
+    rows = list(csv.reader(io.StringIO(text, newline="")))
     kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= run.server_round
                            and not r[2].startswith(_FINAL_SECTIONS))]
-    if len(kept) < len(rows):
+    if len(kept) < len(rows) or torn:
         tmp = path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as file:
+        with open(tmp, "w", newline="", encoding="utf-8") as file:
             csv.writer(file).writerows(kept)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(tmp, path)
     return path
+
+
+def _append(path: Path, rows: Iterable[Sequence[Any]]) -> None:
+    """Append ``rows`` to ``path`` whole: one write of their UTF-8 bytes, then flush and fsync, so a kill or a
+    crash leaves at most one cut last line (which :func:`open_metrics` drops on resume), never rows interleaved."""
+    buffer = io.StringIO(newline="")
+    csv.writer(buffer).writerows(rows)
+    with open(path, "ab") as file:
+        file.write(buffer.getvalue().encode("utf-8"))
+        file.flush()
+        os.fsync(file.fileno())
 
 
 def _round_of(row: list[str]) -> int:
@@ -223,12 +260,10 @@ def _row(server_round: int, key: str, value: Any) -> tuple[Any, ...]:
 
 
 def append_round(run: Run, server_round: int, log: Mapping[str, float]) -> None:
-    """Append the round's rows to ``metrics.csv`` and flush them to the operating system (rank 0 only)."""
+    """Append the round's rows to ``metrics.csv`` whole and durably (rank 0 only; see :func:`_append`)."""
     if not run.fabric.is_global_zero:
         return
-    with open(run.out_dir / CSV_NAME, "a", newline="") as file:
-        csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in round_rows(run, server_round, log))
-        file.flush()
+    _append(run.out_dir / CSV_NAME, [(r, c, s, m, _number(v)) for r, c, s, m, v in round_rows(run, server_round, log)])
 
 
 def append_final(run: Run, server_round: int, log: Mapping[str, float]) -> None:
@@ -236,10 +271,7 @@ def append_final(run: Run, server_round: int, log: Mapping[str, float]) -> None:
     path = run.out_dir / CSV_NAME
     if not path.is_file() or not run.fabric.is_global_zero:
         return
-    with open(path, "a", newline="") as file:
-        csv.writer(file).writerows((r, c, s, m, _number(v)) for r, c, s, m, v in
-                                   (_row(server_round, k, v) for k, v in log.items()))
-        file.flush()
+    _append(path, [(r, c, s, m, _number(v)) for r, c, s, m, v in (_row(server_round, k, v) for k, v in log.items())])
 
 
 def _number(value: Any) -> Any:

@@ -98,6 +98,7 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
         The callbacks (``state_key``) that reported on the checkpoint's run and that this run lacks.
     """
     check_identity(payload.get("identity"), run.identity, ckpt_path)
+    check_tensor_shapes(payload, run.identity["shapes"], ckpt_path)
     run.server_round = int(payload["server_round"])
     live = {cb.state_key for cb in run.callbacks[1:]}
     dropped = [key for key in payload.get("reports", {}) if key not in live]
@@ -121,6 +122,34 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
     optim.restore_round_schedule(run.lr_schedule, payload)
     record.load_timing(run, payload.get("timing"))
     return dropped
+
+
+def check_tensor_shapes(payload: Mapping[str, Any], shapes: Mapping[str, list[Any]], ckpt_path: str | Path) -> None:
+    """Refuse a checkpoint whose model tensors (the strategy's global state, the store's initial and client
+    tensors) do not have the model's shapes, though its recorded identity matches (a file edited or damaged).
+
+    Raises:
+        CheckpointError: naming the file, the first such tensor (where it is in the checkpoint) and both shapes.
+    """
+    store = payload.get("store") or {}
+    strategy = payload.get("strategy")
+    places: list[tuple[str, Any]] = [
+        ("strategy.global_state", strategy.get("global_state") if isinstance(strategy, Mapping) else None),
+        ("store.initial", store.get("initial")),
+        *((f"store.tensors.{client}", tensors) for client, tensors in (store.get("tensors") or {}).items()),
+    ]
+    for where, tensors in places:
+        if not isinstance(tensors, Mapping):
+            continue
+        for name, tensor in tensors.items():
+            expected = shapes.get(name)
+            if expected is None or not isinstance(tensor, Tensor) or list(tensor.shape) == expected[:-1]:
+                continue
+            raise CheckpointError(
+                f"ckpt_path: {ckpt_path}: tensor {where}.{name} has shape {list(tensor.shape)}, the model's "
+                f"{name} has shape {expected[:-1]} (and so does the checkpoint's own record of the model): the file "
+                "was edited or damaged. Resume from another checkpoint (best.ckpt, a copy), or start a new run "
+                "without --ckpt_path.")
 
 
 def reports(callback: Any) -> bool:

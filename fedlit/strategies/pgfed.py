@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregate import State, client_weights, common_keys, weighted_average
@@ -78,16 +78,21 @@ def mean_loss_and_gradient(
     batch gradients of ``params`` (zero where a parameter gets none), at the module's current parameters.
 
     The module runs in training mode (the objective it trains); its buffers (BatchNorm running statistics) are
-    restored afterwards, so the pass changes no tensor of the model. ``prepare``, ``autocast`` and
-    ``convert_output`` apply the run's device and precision as the local loop does.
+    restored afterwards, so the pass changes no tensor of the model. As in the local loop, a batch of one sample
+    is left out when BatchNorm layers normalize with the statistics of the batch (one sample has none).
+    ``prepare``, ``autocast`` and ``convert_output`` apply the run's device and precision as the local loop does.
     """
     names = list(params)
     buffers = {n: b.detach().clone() for n, b in pl_module.named_buffers()}
     sums = {n: torch.zeros(p.shape, dtype=torch.float64, device=p.device) for n, p in params.items()}
     loss_sum, count = 0.0, 0
     pl_module.set_train_mode()
+    batch_statistics = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
+                           for m in pl_module.modules())
     try:
         for batch_idx, batch in enumerate(batches):
+            if batch_statistics and _num_samples(batch) == 1:
+                continue
             with autocast():
                 out = convert_output(pl_module.training_step(prepare(batch), batch_idx))
             loss = out["loss"] if isinstance(out, Mapping) else out
@@ -103,6 +108,17 @@ def mean_loss_and_gradient(
     if count == 0:
         raise ValueError("PGFed's extra pass found no training batch.")
     return loss_sum / count, {n: (s / count).to(params[n].dtype) for n, s in sums.items()}
+
+
+def _num_samples(batch: Any) -> int | None:
+    """The leading dimension of the first tensor in ``batch`` (a tensor, or a tuple, list or mapping of them)."""
+    if isinstance(batch, Tensor):
+        return batch.shape[0] if batch.dim() else None
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else ()
+    for item in items:
+        if (found := _num_samples(item)) is not None:
+            return found
+    return None
 
 
 def state_dot(a: State, b: State) -> Tensor:

@@ -483,3 +483,52 @@ def test_medmnist_splits_of_different_image_or_label_shapes(tmp_path: Path) -> N
     arrays = dict(_tiny_medmnist(), train_labels=np.zeros(20, np.uint8), val_labels=np.zeros((0, 1), np.uint8),
                   val_images=np.zeros((0, 8, 8), np.uint8))
     assert MedMNIST(path=_write(path, arrays), num_clients=1).task == "multiclass"  # (N,) labels, an empty split
+
+
+def test_a_heart_disease_file_that_is_not_utf8_names_the_byte_and_line(tmp_path: Path) -> None:
+    from fedlit.data.heart_disease import _read
+
+    path = tmp_path / "processed.va.data"
+    good = b"63,1,1,145,233,1,2,150,0,2.3,3,0,6,0\n"
+    path.write_bytes(good + b"67,1,4,160,286,0,2,108,1,1.5,2,3,3,2 \xe9\n")
+    with pytest.raises(DataError) as err:
+        _read(path)
+    offset = len(good) + len(b"67,1,4,160,286,0,2,108,1,1.5,2,3,3,2 ")
+    assert str(err.value).startswith(f"{path}: not UTF-8 text: byte {offset} (line 2) is 0xe9; save the file as UTF-8")
+
+
+def test_a_medical_abstracts_file_that_is_not_utf8_names_the_byte_and_line(tmp_path: Path) -> None:
+    from fedlit.data import MedicalAbstracts
+
+    path = tmp_path / "medical_tc_test.csv"
+    head = b"condition_label,medical_abstract\n1,a text\n" + b"2,b " * 5000  # past the decoder's first chunk
+    path.write_bytes(head + b"caf\xe9 text\n")
+    with pytest.raises(DataError) as err:
+        _ = MedicalAbstracts(root=tmp_path).data
+    assert str(err.value).startswith(f"{path}: not UTF-8 text: byte {len(head) + 3} (line 3) is 0xe9; ")
+    assert "download it again" in str(err.value)
+
+
+def _small_medmnist() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    sizes = {"train": 40, "val": 12, "test": 12}
+    arrays = {f"{s}_images": rng.integers(1, 255, (n, 8, 8), dtype=np.uint8) for s, n in sizes.items()}
+    return arrays | {f"{s}_labels": (np.arange(n) % 2).astype(np.uint8)[:, None] for s, n in sizes.items()}
+
+
+@pytest.mark.parametrize(("scale", "expected"), [
+    (1e6, r"train_images\[0, 0, 0\] is \d+\.0, outside the pixel range 0\.\.255 \(MedMNIST images are uint8; "
+          r"rescale to 0\.\.255 and save as np\.uint8\); 2560 such values in train_images"),
+    (1 / 255, r"train_images\[0, 0, 0\] is 0\.\d+, not a whole number: pixels are uint8 0\.\.255 \(an array "
+              r"scaled to \[0, 1\]\? save \(images \* 255\)\.round\(\)\.astype\(np\.uint8\)\)"),
+])
+def test_medmnist_float_pixels_outside_0_255_or_scaled_are_refused(tmp_path: Path, scale: float, expected: str) -> None:
+    arrays = _small_medmnist()
+    arrays["train_images"] = arrays["train_images"].astype(np.float64) * scale
+    path = _write(tmp_path / "pneumoniamnist.npz", arrays)
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}: {expected}"):
+        MedMNIST(path=path, num_clients=2).setup()
+    arrays["train_images"] = (arrays["train_images"] / scale).round()  # whole numbers in 0..255: read as uint8 is
+    data = MedMNIST(path=_write(tmp_path / "whole.npz", arrays), num_clients=2, normalize=False)
+    x = data.data.transform(data.data.inputs[:1])
+    assert torch.allclose(x[0, 0], torch.from_numpy(arrays["train_images"][0] / 255.0).float())

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data import FedFundus, FedProstateSlices, PairFlip
+from fedlit.data import FedFundus, FedPolyp, FedProstateSlices, FedProstateVolumes, PairFlip
 
 PROSTATE_SITES = ["BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"]
 MATCHED_PROSTATE = [s for s in PROSTATE_SITES if s != "I2CVB"]
@@ -324,3 +324,20 @@ def test_fundus_site_folders_named_site_are_found(tmp_path: Path) -> None:
         _fundus_pair(tmp_path, "test", "b.png", grey, site)
     data = FedFundus(root=tmp_path, image_size=None)
     assert data.client_ids == ["Site1", "Site3"]
+
+
+@pytest.mark.parametrize("cls", [FedProstateSlices, FedFundus, FedPolyp, FedProstateVolumes])
+@pytest.mark.parametrize("site", ["../outside", "/etc", "a\\b", "..", "-x"])
+def test_unsafe_site_names_are_refused_before_any_file_is_looked_at(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cls: type, site: str) -> None:
+    root = tmp_path / "root"
+    (root / "BIDMC").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()  # "../outside" exists: only the name can refuse it
+    looked_at: list[Path] = []
+    for name in ("is_dir", "exists", "iterdir", "glob"):
+        original = getattr(Path, name)
+        monkeypatch.setattr(Path, name, lambda self, *a, _o=original, **k: looked_at.append(self) or _o(self, *a, **k))
+    with pytest.raises(ConfigError, match=r"^data\.init_args\.sites: .*; name site folders directly under "
+                                          r"data\.init_args\.root"):
+        cls(root=str(root), sites=["BIDMC", site])
+    assert looked_at == []

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import os
 
 import pytest
 import torch
 from lightning.pytorch import Callback
 
 from fedlit import FedAvg, Federation, FedProx, RoleRule
-from fedlit.core.errors import CheckpointError
+from fedlit.core.errors import CheckpointError, RunDirError
 from fedlit.strategies import FedAdam
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyMLP, TinyTabular, make_federation
@@ -85,3 +88,69 @@ def test_resume_may_change_rounds_and_records_it_but_not_the_model_settings(tmp_
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["federation"]["rounds"] == 1  # the original configuration...
     assert saved["resumed"] == [{"from_round": 1, "changed": {"federation.rounds": [1, 2]}}]  # ...and the resume
+
+
+def test_a_checkpoint_with_an_edited_tensor_shape_names_the_file_the_tensor_and_both_shapes(tmp_path):
+    make_federation(tmp_path, FedAvg(), rounds=1).fit()
+    path = tmp_path.joinpath(*CKPT)
+    payload = torch.load(path, weights_only=True)
+    payload["strategy"]["global_state"]["backbone.0.weight"] = torch.zeros(33)  # TinyMLP's first layer is [8, 4]
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError) as err:
+        make_federation(tmp_path, FedAvg(), rounds=2).fit(ckpt_path=path)
+    assert str(err.value).startswith(f"ckpt_path: {path}: tensor strategy.global_state.backbone.0.weight has shape "
+                                     "[33], the model's backbone.0.weight has shape [8, 4]")
+    assert "\n" not in str(err.value)
+
+
+def test_a_metrics_csv_that_is_not_utf8_stops_the_resume_naming_the_byte_and_is_left_as_it_is(tmp_path):
+    make_federation(tmp_path, FedAvg(), rounds=1).fit()
+    metrics = tmp_path / "metrics.csv"
+    header = b"round,client,split,metric,value\r\n"
+    assert metrics.read_bytes().startswith(header)
+    damaged = header + b"1,c\xe9,train,loss,1.0\r\n" + metrics.read_bytes()[len(header):]
+    metrics.write_bytes(damaged)
+    with pytest.raises(RunDirError) as err:
+        make_federation(tmp_path, FedAvg(), rounds=2).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    assert str(err.value).startswith(f"{metrics}: not UTF-8 text: byte {len(header) + 3} (line 2) is 0xe9; ")
+    assert metrics.read_bytes() == damaged
+
+
+def test_a_row_cut_by_a_kill_is_dropped_on_resume_and_appends_are_whole_and_synced(tmp_path, monkeypatch):
+    make_federation(tmp_path, FedAvg(), rounds=1).fit()
+    metrics = tmp_path / "metrics.csv"
+    whole = metrics.read_bytes()
+    metrics.write_bytes(whole + b"2,c0,train,lo")  # killed while round 2's rows were written
+    synced, writes = [], []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    with pytest.warns(UserWarning, match=r"metrics\.csv: its last line '2,c0,train,lo' has no newline"):
+        make_federation(tmp_path, FedAvg(), rounds=2).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    text = metrics.read_bytes()
+    assert text.startswith(whole) and b"lo\r\n" not in text and b"2,c0,train,lo," not in text
+    rows = list(csv.reader(io.StringIO(text.decode(), newline="")))
+    assert all(len(r) == 5 for r in rows) and {r[0] for r in rows[1:]} == {"1", "2"}
+    assert synced  # the rewrite and round 2's rows reached the disk
+    from fedlit.engine import record
+    path = tmp_path / "one.csv"
+    monkeypatch.setattr(record, "open", lambda *a, **k: _Counting(open(*a, **k), writes), raising=False)
+    record._append(path, [(3, "c0", "train", "loss", 0.5), (3, "", "train", "loss_mean", 0.25)])
+    assert writes == [b"3,c0,train,loss,0.5\r\n3,,train,loss_mean,0.25\r\n"]  # one write, whole rows
+
+
+class _Counting:
+    def __init__(self, file, writes):
+        self.file, self.writes = file, writes
+
+    def write(self, data):
+        self.writes.append(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()

@@ -166,12 +166,30 @@ def test_the_extra_pass_uploads_the_mean_batch_gradient_and_the_risk_offset():
 
 def test_the_extra_pass_restores_batchnorm_statistics():
     bn = nn.BatchNorm1d(2)
-    module = SimpleNamespace(named_buffers=bn.named_buffers, set_train_mode=bn.train,
+    module = SimpleNamespace(named_buffers=bn.named_buffers, set_train_mode=bn.train, modules=bn.modules,
                              training_step=lambda batch, i: {"loss": bn(batch[0]).pow(3).mean()})
     before = {n: b.clone() for n, b in bn.named_buffers()}
     loss, grad = mean_loss_and_gradient(module, dict(bn.named_parameters()), BATCHES[:2])
     assert all(torch.equal(before[n], b) for n, b in bn.named_buffers())
     assert grad["weight"].abs().sum() > 0
+
+
+def test_the_extra_pass_leaves_out_a_batch_of_one_with_batchnorm_as_the_local_loop_does():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    module = SimpleNamespace(named_buffers=net.named_buffers, set_train_mode=net.train, modules=net.modules,
+                             training_step=lambda batch, i: {"loss": net(batch[0]).pow(2).sum(-1).mean()})
+    pair, lone = (torch.tensor([[1.0, 2.0], [3.0, -1.0]]), None), (torch.tensor([[0.5, 0.5]]), None)
+    params = dict(net.named_parameters())
+    loss, grad = mean_loss_and_gradient(module, params, [pair, lone])  # BatchNorm refuses one sample in train mode
+    expected_loss = net(pair[0]).pow(2).sum(-1).mean()  # independently: the pair's batch alone
+    expected = torch.autograd.grad(expected_loss, list(params.values()))
+    assert loss == pytest.approx(expected_loss.item())
+    assert all(torch.allclose(grad[n], g) for n, g in zip(params, expected, strict=True))
+    net.eval()  # running statistics: one sample is a batch like any other
+    module.set_train_mode = lambda: None
+    _, with_lone = mean_loss_and_gradient(module, params, [lone])
+    assert with_lone["0.weight"].abs().sum() > 0
 
 
 def test_the_server_averages_and_stores_each_clients_gradient_loss_row_and_model():

@@ -1,0 +1,85 @@
+"""The options every segmentation site data set shares (``FedProstateSlices``, ``FedFundus``, ``FedPolyp``,
+``FedProstateVolumes``): their checks, the sites found under ``root`` and the handling of unmatched files."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from fedlit.core.errors import ConfigError, DataError
+from fedlit.core.names import client_id_problem
+from fedlit.data.datamodule import is_int
+
+_OPTION = "data.init_args"
+
+
+def check_site_names(sites: object) -> None:
+    """Refuse ``data.init_args.sites`` unless it is a list of safe folder names (see :mod:`fedlit.core.names`):
+    a site is a folder under ``root`` and becomes a client id, so ``../x`` or ``/etc`` must not be looked at.
+
+    Raises:
+        ConfigError: naming each refused site, why, and the fix.
+    """
+    if not isinstance(sites, list | tuple):
+        raise ConfigError(f"{_OPTION}.sites must be a list of site folder names, got {sites!r}")
+    problems = [f"{site!r} {why}" for site in sites if (why := client_id_problem(site)) is not None]
+    if problems:
+        raise ConfigError(f"{_OPTION}.sites: {'; '.join(problems)}; name site folders directly under "
+                          f"{_OPTION}.root (e.g. sites: [BIDMC, UCL])")
+
+
+def segmentation_option_problems(image_size: object, crop_size: object, unmatched: object) -> list[str]:
+    """What is wrong with the options every segmentation site shares, one message per problem."""
+    problems = []
+    if image_size is not None and (not is_int(image_size) or image_size < 1):
+        problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
+    if crop_size is not None and (not is_int(crop_size) or crop_size < 1):
+        problems.append(f"{_OPTION}.crop_size must be null (no crop) or an integer >= 1, got {crop_size!r}")
+    elif crop_size is not None and is_int(image_size) and crop_size > image_size:
+        problems.append(f"{_OPTION}.crop_size={crop_size} is larger than {_OPTION}.image_size={image_size}; a "
+                        "train crop must fit in the resized image (e.g. crop_size 320 for image_size 384)")
+    if unmatched not in ("error", "skip"):
+        problems.append(f"{_OPTION}.unmatched must be 'error' or 'skip', got {unmatched!r}")
+    return problems
+
+
+def report_unmatched(owner: str, lost: list[str], policy: str, partner: str = "a partner of the same name") -> None:
+    """Refuse (``policy`` ``error``) or warn about (``skip``) the files in ``lost``, naming every one.
+
+    Raises:
+        DataError: when ``policy`` is ``error`` and ``lost`` is not empty.
+    """
+    if lost and policy == "error":
+        raise DataError(f"{owner}: {len(lost)} files have no {partner}: {', '.join(lost)}. Fix or remove them, "
+                        f"or set {_OPTION}.unmatched: skip (--{_OPTION}.unmatched skip) to leave them out")
+    if lost:
+        warnings.warn(f"{owner}: skipped {len(lost)} files without {partner}: {', '.join(lost)}", stacklevel=3)
+
+
+def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: tuple[str, ...], layout: str,
+               source: str, present: Callable[[str], bool] | None = None) -> list[str]:
+    """The sites a site-per-folder data set reads: ``sites`` (each must be present under ``root``) or those of
+    ``default_sites`` that are.
+
+    Raises:
+        DataError: naming ``data.init_args.root`` or ``data.init_args.sites``, the ``layout`` expected and, for a
+            missing root or no site, where to get the data (``source``).
+        ConfigError: naming ``data.init_args.sites`` when a site is not one safe folder name (``../x``), before
+            any file is read.
+    """
+    if sites is not None:  # before any file is looked at: "../x" names a folder outside root
+        check_site_names(sites)
+    present = present or (lambda site: (root / site).is_dir())
+    if not root.is_dir():
+        raise DataError(f"{_OPTION}.root: no folder {root}. {owner} expects {layout}. {source}")
+    if sites is not None:
+        absent = [s for s in sites if not present(s)]
+        if absent:
+            raise DataError(f"{_OPTION}.sites: {absent} are not found under {root}; expected {layout}")
+        return list(sites)
+    found = [s for s in default_sites if present(s)]
+    if not found:
+        raise DataError(f"{_OPTION}.root: {root} holds none of the sites {list(default_sites)}; expected {layout}. "
+                        f"{source}")
+    return found
