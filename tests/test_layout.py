@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.children import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedlit"
@@ -78,8 +79,7 @@ print(json.dumps({"package": fedlit.__path__[0], "walked": len(names), "failures
 
 
 def test_every_module_imports_on_its_own() -> None:
-    done = subprocess.run([sys.executable, "-c", _IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, check=False)
+    done = run_child([sys.executable, "-c", _IMPORT_EVERY_MODULE], cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     # the walk found this checkout's package (run from ROOT, it comes first on sys.path), not an empty path
@@ -101,7 +101,6 @@ def test_import_contracts_are_kept() -> None:
     # lint-imports reads [tool.importlinter] from pyproject.toml in its working directory and imports nothing.
     # It finds fedlit on sys.path: this checkout first, not an installed copy of another one.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([str(_lint_imports()), "--no-cache", "--no-logo"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = run_child([str(_lint_imports()), "--no-cache", "--no-logo"], cwd=ROOT, env=env)
     broken = done.returncode != 0
     assert not broken, f"lint-imports found broken import contracts:\n{done.stdout}{done.stderr}"

@@ -25,12 +25,12 @@ from fedlit.engine.run_folder import (
     run_files,
     run_versions,
 )
+from tests.children import popen_child, run_child
 
 
 def dead_pid() -> int:
     """The pid of a process that has already exited."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    done = run_child([sys.executable, "-c", "import os; print(os.getpid())"])
     return int(done.stdout)
 
 
@@ -165,8 +165,8 @@ time.sleep(60)
 
 
 def test_a_live_run_in_another_process_holds_the_folder_until_it_is_killed(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(Path(rundir.__file__).parent), str(tmp_path)],
-                             stdout=subprocess.PIPE, text=True)
+    child = popen_child([sys.executable, "-c", HOLDER, str(Path(rundir.__file__).parent), str(tmp_path)],
+                        stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "holding"
         with pytest.raises(RunDirError, match=f"in use by another run \\(pid {child.pid} on host"):

@@ -19,6 +19,7 @@ from lightning.pytorch import Callback
 from fedlit.engine.hparams import hparams
 from fedlit.engine.record import git_state
 from fedlit.strategies import FedAvg, FedProx
+from tests.children import run_child
 from tests.conftest import TinyTabular, make_federation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,8 +176,8 @@ def test_a_killed_run_keeps_its_rows_and_its_resume_writes_each_round_once(tmp_p
     # killed in round 3 after its rows were written, before its checkpoint (checkpoint_every=2: round 2's is kept)
     folder = tmp_path / "killed"
     killer = f"[{{class_path: {__name__}.SigkillAtRoundEnd, init_args: {{at: 3}}}}]"
-    done = subprocess.run([sys.executable, "-m", "fedlit", "fit", *args, "--out_dir", str(folder), "--callbacks",
-                           killer, "--federation.checkpoint_every", "2"], env=env, capture_output=True, cwd=ROOT)
+    done = run_child([sys.executable, "-m", "fedlit", "fit", *args, "--out_dir", str(folder), "--callbacks",
+                      killer, "--federation.checkpoint_every", "2"], env=env, cwd=ROOT, text=False)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
     assert {r["round"] for r in read_csv(folder / "metrics.csv")} == {"1", "2", "3"}
     resumed = run(["fit", *args, "--out_dir", str(folder), "--ckpt_path", "last"])

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import fedlit
+from tests.children import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_LIBRARIES = ("transformers", "peft", "timm", "segment_anything")
@@ -19,8 +19,7 @@ MODEL_LIBRARIES = ("transformers", "peft", "timm", "segment_anything")
 
 def _python(code: str, cwd: Path = ROOT) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = run_child([sys.executable, "-c", code], cwd=cwd, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -40,8 +39,7 @@ def test_help_and_version_import_neither_torch_nor_the_model_libraries():
 
 def test_version_prints_the_package_version_and_exits_0():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "fedlit", "--version"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = run_child([sys.executable, "-m", "fedlit", "--version"], cwd=ROOT, env=env)
     assert (done.returncode, done.stdout.strip()) == (0, f"fedlit {fedlit.__version__}")
 
 

@@ -7,7 +7,7 @@ import difflib
 import io
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -212,6 +212,16 @@ class SiteFolders(FederatedDataModule):
                 "eval_transform": repr(self.eval_transform),
             },
         )
+
+    def preprocessing(self, client_id: str) -> dict[str, Any]:
+        """The default's record plus what the loader does to an image file: decoded with PIL, turned grey or RGB
+        (``channels``), scaled to [0, 1] (8-bit / 255, 16-bit / 65535), resized to ``image_size`` (bilinear,
+        antialiased), then ``(x - mean) / std`` per channel when ``mean`` and ``std`` are given. A custom
+        ``eval_transform`` is recorded by its ``repr`` only."""
+        return {**super().preprocessing(client_id), "normalization": {
+            "kind": "image", "channels": self.channels, "size": self.image_size,
+            "scale": "8-bit / 255, 16-bit / 65535", "mean": self.mean, "std": self.std,
+            "eval_transform": None if self.eval_transform is None else repr(self.eval_transform)}}
 
     def _list(self, folder: Path) -> list[tuple[str, str]]:
         """(path relative to ``root``, class name) of every image in ``folder``, in a stable order."""

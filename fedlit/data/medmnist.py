@@ -7,7 +7,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -173,6 +173,16 @@ class MedMNIST(FederatedDataModule):
                 "split_fractions": list(self.split_fractions),
             },
         )
+
+    def preprocessing(self, client_id: str) -> dict[str, Any]:
+        """The default's record plus what the loader does to a MedMNIST uint8 image: / 255, grey repeated to RGB
+        or RGB turned grey (BT.601 luma) for ``channels``, resized to ``image_size`` (bilinear, antialiased), then
+        ``(x - 0.5) / 0.5`` per channel with ``normalize``."""
+        base = super().preprocessing(client_id)
+        channels = int(base["input"]["channels"])  # the file's, unless ``channels`` set them
+        return {**base, "normalization": {
+            "kind": "image", "channels": channels, "size": self.image_size, "scale": "uint8 / 255",
+            "mean": [0.5] * channels if self.normalize else None, "std": [0.5] * channels if self.normalize else None}}
 
     def _resolve_task(
         self, labels: np.ndarray, sizes: list[int]

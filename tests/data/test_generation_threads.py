@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.children import run_child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,8 +36,8 @@ print(json.dumps(out))
 def _digests(threads: int) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", BUILD, str(threads), str(ROOT / "recipes" / "quickstart.yaml")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = run_child([sys.executable, "-c", BUILD, str(threads), str(ROOT / "recipes" / "quickstart.yaml")],
+                     cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -21,6 +21,7 @@ from fedlit.engine import ranks
 from fedlit.engine.progress import Progress
 from fedlit.engine.ranks import RankError, RankExecutor, assign_clients
 from fedlit.engine.tasks import FitTask
+from tests.children import run_child
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "quickstart.yaml"
@@ -170,8 +171,7 @@ def fedlit_fit(cwd: Path, out_dir: str, devices: int, rounds: int, *extra: str) 
             "--federation.accelerator", "cpu", "--federation.devices", str(devices),
             "--federation.optimizer_state", "persist", "--federation.progress_bar", "false", "--out_dir", out_dir,
             "--data.init_args.samples_per_client", "40"]
-    return subprocess.run([sys.executable, "-m", "fedlit", "fit", *args, *extra], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_child([sys.executable, "-m", "fedlit", "fit", *args, *extra], cwd=cwd, env=env)
 
 
 def per_client(results: dict) -> dict:

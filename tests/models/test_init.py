@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 
 import pytest
 
 import fedlit.models
+from tests.children import run_child
 
 
 @pytest.mark.parametrize("name", fedlit.models.__all__)
@@ -28,6 +28,6 @@ def test_package_registry_names_come_with_fedlit_builders_registered() -> None:
     # list_models/register_model. A fresh interpreter, since this one has imported tiny already.
     code = ("import sys\nfrom fedlit.models import list_models\n"
             "print(list_models(), 'fedlit.models.tiny' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    done = run_child([sys.executable, "-c", code])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['fedlit_test_cnn',", "'fedlit_test_vit']", "True"]
