@@ -113,12 +113,13 @@ def test_worker_answers_as_a_fresh_process_and_is_reused(make_context, folder, w
     inline, worker = make_context({**node, "worker": False}), make_context(node)
     if with_state_dir:  # the two nodes must not share snapshot files
         inline.node_config["state-dir"] = str(folder / "inline")
-    pids = set()
+    pids, trained = set(), []
     for msg in _messages(received):
         expected = handle_message(msg, inline).content
         got = clientapp.answer(msg, worker, watch_pid=os.getpid()).content
         assert "error" not in got.config_records, got.config_records.get("error")
         pids.add(_worker_pid(worker))
+        trained.append(codec.get_tree(got, "state") if msg.metadata.message_type == "train" else None)
         if msg.metadata.message_type == "query":
             assert dict(got["query"]) == dict(expected["query"])
         elif msg.metadata.message_type == "train":
@@ -135,6 +136,11 @@ def test_worker_answers_as_a_fresh_process_and_is_reused(make_context, folder, w
         assert set(worker.state.config_records) == set(inline.state.config_records)
         assert worker.state.config_records[next(iter(worker.state.config_records))].keys() == \
             inline.state.config_records[next(iter(inline.state.config_records))].keys()
+    # Round 1 again (a server started afresh on the same run folder): no snapshot before round 1, so the kept client
+    # starts from a fresh entry, not from what it trained, and answers as the first time.
+    again = codec.get_tree(clientapp.answer(_messages(received)[1], worker, watch_pid=os.getpid()).content, "state")
+    assert all((again[n] == trained[1][n]).all() for n in again)
+    assert not all((again[n] == trained[2][n]).all() for n in again)
 
 
 def test_thin_module_imports_no_torch():
