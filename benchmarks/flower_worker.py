@@ -7,7 +7,10 @@ builds the recipe: fedlit before the worker) and without (the node's worker does
 run's wall time (``flwr run`` until it returns) and, per message, the time from the SuperNode's ``Receiving:`` log
 line to its ``Sending:`` line (stamped here as the lines arrive): Flower's own task launch and polling, the
 ``flwr-clientapp`` process and fedlit's answer. The first message of a node with the worker also starts the worker.
-Nothing is asserted. With ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.2``; the machine's load is printed.
+Then, to split the per-message time: the import time of Flower's ClientApp module, of fedlit's thin ClientApp and of
+the in-process one (fresh interpreters), and a round-1 ``train`` answered by a kept client in this process vs
+through the thin app's socket to a warm worker (what forwarding adds). Nothing is asserted. With
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.2``; the machine's load is printed. About 6 minutes on 2 cores loaded 16 times.
 
 Run: python benchmarks/flower_worker.py
 """
@@ -107,6 +110,62 @@ def deploy(folder: Path, node_extra: str) -> dict:
     return {"wall": wall, "messages": messages}
 
 
+def _import_seconds(module: str, repeat: int = 3) -> float:
+    """Median wall seconds of ``python -c "import module"`` (a fresh interpreter, as flwr-clientapp loads the app)."""
+    times = []
+    for _ in range(repeat):
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-c", f"import {module}"], check=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+        times.append(time.monotonic() - started)
+    return statistics.median(times)
+
+
+def forwarding(repeat: int = 5) -> tuple[float, float]:
+    """Median seconds of a round-1 ``train`` of site_0 answered by a kept client in this process and through the
+    thin app's socket to a warm worker: the difference is what forwarding adds (serde, socket, context.state)."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedlit.cli import prepare
+    from fedlit.flower import client, clientapp, codec
+
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 7, 0, 0
+    with tempfile.TemporaryDirectory(prefix="fw", dir="/tmp") as tmp:
+        shared = prepare(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), *OVERRIDES.split(),
+                          "--out_dir", f"{tmp}/probe"]).federation
+        shared.setup()
+        received = {n: t.detach().clone() for n, t in shared.module.named_tensors("shared").items()}
+        content = RecordDict({"task": ConfigRecord({"client-id": "site_0", "round": 1, "checkpointed": 0})})
+        for name, tree in (("received", received), ("extras", {}), ("schedule", None)):
+            codec.put_tree(content, name, tree)
+        run_config = {"recipe": (ROOT / "recipes" / "quickstart.yaml").read_text(), "overrides": OVERRIDES,
+                      "out-dir": f"{tmp}/run"}
+
+        def context() -> Context:
+            return Context(run_id=7, node_id=101, node_config={"client-id": "site_0", "worker-idle-s": 60},
+                           state=RecordDict(), run_config=run_config)
+
+        msg = Message(content, 101, "train", group_id="1")
+        runtime = client.runtime_from_context(context(), Path(tmp))
+        inline, forwarded = [], []
+        clientapp.answer(Message(RecordDict(), 101, "query", group_id="q"), context(), watch_pid=os.getpid())
+        path = clientapp.socket_path(context())
+        try:
+            for _ in range(repeat):
+                ctx = context()
+                started = time.monotonic()
+                runtime.snapshots = client.snapshots_of(ctx)
+                client.answer(runtime, msg, ctx)
+                inline.append(time.monotonic() - started)
+                started = time.monotonic()
+                clientapp.answer(msg, context(), watch_pid=os.getpid())
+                forwarded.append(time.monotonic() - started)
+        finally:
+            os.kill(int(Path(f"{path}.pid").read_text()), 9)
+    return statistics.median(inline), statistics.median(forwarded)
+
+
 def main() -> None:
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f} on {os.cpu_count()} "
           "CPUs (1, 5, 15 min)", flush=True)
@@ -115,6 +174,9 @@ def main() -> None:
         for name, extra in (("per-message process (worker=false)", " worker=false"), ("node worker", "")):
             results[name] = deploy(Path(tmp) / name.split()[0], extra)
             print(f"{name}: done in {results[name]['wall']:.1f} s", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.1f}")
+    imports = {m: _import_seconds(m) for m in ("flwr.clientapp", "fedlit.flower.clientapp", "fedlit.flower.client")}
+    inline, forwarded = forwarding()
     print(f"load after: {os.getloadavg()[0]:.1f}")
     print("\n| mode | flwr run wall s | messages per node | first message s | later messages s (median, max) |")
     print("|---|---:|---:|---:|---:|")
@@ -127,6 +189,11 @@ def main() -> None:
     for name, result in results.items():
         for client, pairs in result["messages"].items():
             print(f"{name} {client}: " + ", ".join(f"{t} {s:.1f}" for t, s in pairs))
+
+
+    print("\nimport in a fresh interpreter, median s: " + ", ".join(f"{m} {t:.2f}" for m, t in imports.items()))
+    print(f"round-1 train of site_0, median s: kept client in this process {inline:.3f}, through the thin app to a "
+          f"warm worker {forwarded:.3f} (forwarding adds {forwarded - inline:.3f})")
 
 
 if __name__ == "__main__":

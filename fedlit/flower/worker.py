@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -130,6 +131,7 @@ def serve(path: Path, idle_s: float, watch_pid: int | None = None) -> None:
     """Listen on ``path`` and answer until idle for ``idle_s`` seconds, ``path`` is removed or replaced, or
     ``watch_pid`` is gone."""
     worker = NodeWorker()
+    signal.signal(signal.SIGTERM, _exit_on_term)  # as a worker that ends by itself: its socket file goes
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(16)
@@ -151,9 +153,7 @@ def serve(path: Path, idle_s: float, watch_pid: int | None = None) -> None:
                 continue
             last = time.monotonic()
         # No new caller finds this socket; those already waiting in its backlog are still answered.
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(path).st_ino == inode:
-                path.unlink()
+        _unlink_if(path, inode)
         listener.settimeout(0)
         while _alive(watch_pid):
             try:
@@ -161,11 +161,22 @@ def serve(path: Path, idle_s: float, watch_pid: int | None = None) -> None:
             except (BlockingIOError, TimeoutError):
                 break
     finally:
+        _unlink_if(path, inode)
         listener.close()
         worker.close()
         with contextlib.suppress(FileNotFoundError):
             if pid_file.read_text().strip() == str(os.getpid()):
                 pid_file.unlink()
+
+
+def _unlink_if(path: Path, inode: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(path).st_ino == inode:  # not a socket a newer worker bound there
+            path.unlink()
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,10 +54,12 @@ def _gone(pid: int, within: float = 60.0) -> bool:
 
 
 @pytest.fixture
-def folder():
-    """A short state-dir (a Unix socket path holds about 100 bytes); every worker that wrote a pid file under it is
-    killed at the end."""
+def folder(monkeypatch):
+    """A short folder (a Unix socket path holds about 100 bytes) for state-dirs and as the temporary folder (where a
+    node without state-dir has its worker's socket); every worker that wrote a pid file under it is killed at the
+    end."""
     path = Path(tempfile.mkdtemp(prefix="fw", dir="/tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
     yield path
     for pid_file in path.rglob("*.pid"):
         _kill(int(pid_file.read_text()))
@@ -183,7 +185,7 @@ def _start(folder: Path, idle_s: float, watch_pid: int) -> tuple[subprocess.Pope
     return worker, path
 
 
-def test_worker_exits_when_idle_when_its_socket_goes_and_when_the_watched_process_ends(folder):
+def test_worker_exits_when_idle_its_socket_goes_terminated_or_the_watched_process_ends(folder):
     worker, path = _start(folder, 0.5, os.getpid())
     try:
         assert worker.wait(timeout=60) == 0 and not path.exists() and not Path(f"{path}.pid").exists()
@@ -193,6 +195,12 @@ def test_worker_exits_when_idle_when_its_socket_goes_and_when_the_watched_proces
     try:
         path.unlink()
         assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+    worker, path = _start(folder, 600, os.getpid())
+    try:  # as the SuperNode's process group is stopped: the socket and pid files go with the worker
+        worker.terminate()
+        assert worker.wait(timeout=60) == 0 and not path.exists() and not Path(f"{path}.pid").exists()
     finally:
         worker.kill()
     watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
