@@ -162,7 +162,7 @@ def forwarding(repeat: int = 5) -> tuple[float, float]:
                 clientapp.answer(msg, context(), watch_pid=os.getpid())
                 forwarded.append(time.monotonic() - started)
         finally:
-            os.kill(int(Path(f"{path}.pid").read_text()), 9)
+            os.kill(int(Path(f"{path}.pid").read_text()), 15)  # SIGTERM: it removes its socket and pid files
     return statistics.median(inline), statistics.median(forwarded)
 
 
