@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedlit[flower]'): no Flower deployment")
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedlit.flower import clientapp, codec  # noqa: E402
@@ -165,6 +166,10 @@ def test_a_worker_that_dies_mid_message_is_an_error_reply_and_a_new_one_starts(m
     assert "query" in clientapp.answer(query, context, watch_pid=os.getpid()).content.config_records
     first = _worker_pid(context)
     assert "turn" in clientapp.answer(train_1, context, watch_pid=os.getpid()).content.config_records
+    # what answering raises in the worker (a SecAgg+ turn left out) is raised again here, its text kept for Flower
+    secure = Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({})}), 42, "train", group_id="1")
+    with pytest.raises(clientapp.WorkerRaised, match="a SecAgg\\+ message reached the train function before the "):
+        clientapp.answer(secure, context, watch_pid=os.getpid())
     reply = clientapp.answer(train_2, context, watch_pid=os.getpid())  # ExitAt ends the worker in round 2
     assert reply.content["error"]["detail"] == ("the node's fedlit worker failed: WorkerError: the connection closed "
                                                 "before the whole answer arrived")
