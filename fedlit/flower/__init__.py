@@ -3,7 +3,9 @@
 - :mod:`fedlit.flower.server`: the ServerApp, the ordinary fedlit loop with a
   :class:`~fedlit.flower.server.FlowerExecutor` and a :class:`~fedlit.flower.remote.RemoteData` (no client data);
 - :mod:`fedlit.flower.remote`: how the server reaches the nodes (transports) and its view of their data;
-- :mod:`fedlit.flower.client`: the ClientApp, one site's client built from the same recipe;
+- :mod:`fedlit.flower.clientapp`: the ClientApp (flwr only), which forwards each message to the node's worker
+  (:mod:`fedlit.flower.worker`, one long-lived process per SuperNode);
+- :mod:`fedlit.flower.client`: one site's client built from the same recipe, and its in-process ClientApp;
 - :mod:`fedlit.flower.node_data`: a node's view of its own client's data;
 - :mod:`fedlit.flower.snapshots`: where a node keeps its client's store entry between messages;
 - :mod:`fedlit.flower.codec`: tensors and extras in Flower records;

@@ -6,7 +6,7 @@
     flwr run flower_app <superlink connection>
 
 The folder holds one ``pyproject.toml``: the app's components are fedlit's ServerApp and ClientApp
-(``fedlit.flower.server:app``, ``fedlit.flower.client:app``; fedlit and flwr must be installed where the SuperLink
+(``fedlit.flower.server:app``, ``fedlit.flower.clientapp:app``; fedlit and flwr must be installed where the SuperLink
 and the SuperNodes run), and its run config carries the recipe's text, the overrides (applied on the server and on
 every node) and the server's settings (:data:`fedlit.flower.server.RUN_CONFIG`). Any of them can be changed per run
 with ``flwr run ... --run-config "key=value"``.
@@ -63,7 +63,7 @@ def write_app(recipe: str | Path, out: str | Path, *, overrides: str = "", **set
                     "license": "Apache-2.0", "dependencies": [FLWR_REQUIREMENT]},
         "tool": {"flwr": {"app": {
             "publisher": "fedlit",
-            "components": {"serverapp": "fedlit.flower.server:app", "clientapp": "fedlit.flower.client:app"},
+            "components": {"serverapp": "fedlit.flower.server:app", "clientapp": "fedlit.flower.clientapp:app"},
             "config": config,
         }}},
     }

@@ -1,18 +1,21 @@
 """The client's side of a Flower deployment: one site's process, its data, its store entry.
 
-A SuperNode of Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message it receives (its
-SuperExec launches one task per message) and keeps ``context.state`` between them. So every message's process
-builds the recipe's objects once (:func:`node_run`: model, data, strategy and callbacks straight from the run
+A SuperNode of Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message it receives (its SuperExec
+launches one task per message) and keeps ``context.state`` between them. fedlit's ClientApp
+(:mod:`fedlit.flower.clientapp`) forwards each message to the node's long-lived worker
+(:mod:`fedlit.flower.worker`), which builds the client once per run and keeps it; with the node config
+``worker=false`` (or this module's ``app``) each message's process builds it (:func:`handle_message`). Either way
+the client is built from the recipe (:func:`node_run`: model, data, strategy and callbacks straight from the run
 config's recipe, with the same seed and overrides as the server, no command line and no recipe file; a
 :class:`ClientRuntime` sets them up as a run of one client that never fits by itself and builds that client's
 :class:`~fedlit.engine.client.ClientContext`, which every turn and evaluation takes), restores the client's store
-entry (its personal tensors, optimizer state and the per-client state of the
-strategy and callbacks), answers, and saves the entry again. Nothing is cached in globals that a new process
-would need. The entry (a ``torch.save`` of :meth:`~fedlit.core.store.ClientStore.client_state`, loaded with
-``weights_only=True``) is kept per round (:class:`~fedlit.flower.snapshots.Snapshots`, so a resumed server finds
-the state of its checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the node is started
-with ``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives
-the SuperNode process (:func:`snapshots_of`). The entry never leaves the node.
+entry (its personal tensors, optimizer state and the per-client state of the strategy and callbacks) from the
+snapshots before every message, answers, and saves the entry again, so a kept client answers as a fresh one. The
+entry (a ``torch.save`` of :meth:`~fedlit.core.store.ClientStore.client_state`, loaded with ``weights_only=True``)
+is kept per round (:class:`~fedlit.flower.snapshots.Snapshots`, so a resumed server finds the state of its
+checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the node is started with
+``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives the
+SuperNode process (:func:`snapshots_of`). The entry never leaves the node.
 
 What the data module builds: the recipe's data section, as on a simulation (``setup()``), with the node's own
 ``overrides`` (node config) on top; the runtime then keeps one client, the node's ``client-id``
@@ -33,7 +36,7 @@ Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
 
 The server checks every reply before it uses it (:mod:`fedlit.flower.replies`).
 
-This module holds the runtime, the replies and the ClientApp; the node's view of its data is in
+This module holds the runtime, the replies and the in-process ClientApp; the node's view of its data is in
 :mod:`fedlit.flower.node_data`, the per-round store entries in :mod:`fedlit.flower.snapshots` (both re-exported
 here), and the SecAgg+ train messages are answered by :mod:`fedlit.flower.secagg_client`.
 """
@@ -73,7 +76,7 @@ from fedlit.flower.snapshots import FolderTable, Snapshots
 #: What this module defines, and the names it re-exports from :mod:`fedlit.flower.node_data` and
 #: :mod:`fedlit.flower.snapshots` (their home before the split).
 __all__ = ["STATE_RECORD", "ClientRuntime", "FolderTable", "OwnClientData", "Snapshots", "app", "encode_turn",
-           "error_content", "handle_message", "node_run", "runtime_from_context", "snapshots_of"]
+           "answer", "error_content", "handle_message", "node_run", "runtime_from_context", "snapshots_of"]
 
 #: The record of ``context.state`` that keeps the client's store entry (when the node has no ``state-dir``).
 STATE_RECORD = "fedlit"
@@ -106,13 +109,15 @@ class ClientRuntime:
         self.run = run
         #: What the client's turns and evaluations take (built once per runtime, for its one client).
         self.context = run.client_context(client_id)
+        # The entry of a client that has not trained: what a message without a snapshot starts from, even when this
+        # runtime answered other messages before (the node worker keeps it across a run's messages).
+        self._fresh = self.dump_state()
 
     # ---------------------------------------------------------------------------------------- the store entry
     def load_state(self, blob: bytes | None) -> None:
         """Restore the client's store entry from :meth:`dump_state`'s bytes (None: a client that has not trained)."""
-        if blob:
-            state = torch.load(io.BytesIO(blob), map_location=self.run.store.device, weights_only=True)
-            self.run.store.load_client_state(self.client_id, state)
+        state = torch.load(io.BytesIO(blob or self._fresh), map_location=self.run.store.device, weights_only=True)
+        self.run.store.load_client_state(self.client_id, state)
 
     def dump_state(self) -> bytes:
         """The client's store entry, as bytes."""
@@ -273,16 +278,19 @@ def handle_message(msg: Message, context: Context) -> Message:
         except Exception as err:  # noqa: BLE001  (a node that cannot build its client answers why)
             traceback.print_exc()
             return Message(error_content(f"{type(err).__name__}: {err}"), reply_to=msg)
-        return _answer(runtime, msg, context)
+        return answer(runtime, msg, context)
 
 
-def _answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
+def answer(runtime: ClientRuntime, msg: Message, context: Context) -> Message:
+    """``msg`` answered by ``runtime`` (its snapshots set for ``context``); a SecAgg+ turn left out of the masked
+    sum raises (:class:`~fedlit.flower.secagg_client.SecureTrainFault`), for Flower to report."""
     if is_secure_train(msg):
         return handle_secure_train(msg, context, runtime.train)
     return Message(runtime.handle(msg.metadata.message_type, msg.content), reply_to=msg)
 
 
-#: The ClientApp of fedlit's Flower app (``[tool.flwr.app.components] clientapp = "fedlit.flower.client:app"``).
+#: The ClientApp that answers in its own process (what ``fedlit.flower.client:app`` apps of earlier fedlit name;
+#: ``fedlit flower-app`` now writes :mod:`fedlit.flower.clientapp`'s, which forwards to the node's worker).
 app = ClientApp(mods=client_mods())
 
 

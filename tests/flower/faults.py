@@ -20,3 +20,13 @@ class RaiseAt(Callback):
     def on_client_fit_start(self, server_round: int, client_id: str) -> None:
         if (client_id, server_round) == (self.client_id, self.server_round):
             raise RuntimeError(f"disk full on {client_id}")
+
+
+class ExitAt(RaiseAt):
+    """End the process (``os._exit(3)``, as a crash) at the start of ``client_id``'s turn in ``server_round``."""
+
+    def on_client_fit_start(self, server_round: int, client_id: str) -> None:
+        if (client_id, server_round) == (self.client_id, self.server_round):
+            import os
+
+            os._exit(3)

@@ -30,7 +30,7 @@ def test_flower_app_writes_a_valid_app_with_the_recipe(tmp_path):
     valid, errors, _ = validate_config(config, check_module=True, project_dir=tmp_path / "app")
     assert valid, errors
     app = config["tool"]["flwr"]["app"]
-    assert app["components"] == {"serverapp": "fedlit.flower.server:app", "clientapp": "fedlit.flower.client:app"}
+    assert app["components"] == {"serverapp": "fedlit.flower.server:app", "clientapp": "fedlit.flower.clientapp:app"}
     run_config = app["config"]
     assert run_config["recipe"] == RECIPE.read_text()
     assert run_config["overrides"] == "--federation.rounds 2"

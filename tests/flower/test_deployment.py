@@ -6,9 +6,10 @@ quickstart:
   client's state in files: the deployed run gives the simulation's per-client results and faults;
 - FedAvg with SecAgg+: the aggregated model is the simulation's to the protocol's quantization error.
 
-Every process a test starts is gone at its end. They are part of the default run although they take 70 s and 130 s
-on 2 CPU cores: most of that is waiting (the SuperNode polls every 3 s, and each message starts a fresh
-``flwr-clientapp`` process that imports torch and builds the recipe), little CPU.
+Every process a test starts is gone at its end (the nodes' workers, :mod:`fedlit.flower.worker`, stay in their
+SuperNode's process group and exit once its SuperExec is gone). They are part of the default run although they take
+about 60 s and 80 s on 2 shared CPU cores: most of that is waiting (the SuperNode polls every 3 s, and each message
+starts a fresh ``flwr-clientapp`` process; its node's worker imports torch and builds the recipe once), little CPU.
 """
 
 from __future__ import annotations
