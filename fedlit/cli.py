@@ -8,7 +8,10 @@
     fedlit partition --config RECIPE.yaml                               fedlit.commands.partition_summary
     fedlit export --run RUN                                                       fedlit.commands.export
     fedlit report RUN [RUN ...]                                                   fedlit.commands.report
+    fedlit recipes [NAME ...] [--out DIR]                                         fedlit.commands.recipes
     fedlit flower-app --config RECIPE.yaml --out APP                              fedlit.flower.app
+    fedlit certs --out DIR --host HOST [--nodes N]                                fedlit.flower.certs
+    fedlit node-state --state_dir DIR [--older_than DAYS] [--delete]              fedlit.flower.node_state
 
 Each command parses its own options and builds its objects (:func:`prepare`); the result runs it. Errors in the
 recipe, the command line, the input files or the run folder end with one clear line and exit code 2: fedlit's own
@@ -40,7 +43,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "fedlit.commands.report", "main"),
     "flower-app": ("Write a Flower app folder that deploys a recipe on a SuperLink and SuperNodes (`flwr run`).",
                    "fedlit.flower.app", "main"),
+    "certs": ("Make a Flower deployment's TLS certificates (CA, SuperLink) and SuperNode key pairs.",
+              "fedlit.flower.certs", "main"),
+    "node-state": ("List (and with --delete remove) the runs a SuperNode keeps in its state-dir.",
+                   "fedlit.flower.node_state", "main"),
+    "recipes": ("List the recipes that ship with fedlit, or copy some into a folder (default recipes/).",
+                "fedlit.commands.recipes", "main"),
 }
+#: Commands that parse their own arguments (those after the subcommand) when run.
+_OWN_PARSER = ("report", "flower-app", "certs", "node-state", "recipes")
 
 
 def _summary(argv: list[str]) -> NoReturn:
@@ -73,7 +84,7 @@ def prepare(argv: list[str] | None = None, **options: Any) -> Callable[[], Any]:
 
         if seeds.requested(argv):
             return seeds.prepare(argv)  # one plain fit per seed
-    if name in ("report", "flower-app"):  # they parse their own arguments (after the subcommand) when run
+    if name in _OWN_PARSER:
         return lambda: getattr(importlib.import_module(module), function)(argv[1:])
     return getattr(importlib.import_module(module), function)(argv, **options)
 

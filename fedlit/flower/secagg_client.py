@@ -116,8 +116,10 @@ def _upload_problem(update: ClientUpdate, names: list[str], clipping_range: floa
         return f"it uploads tensors {sorted(update.state)[:5]} instead of the shared ones it received {names[:5]}"
     n = update.num_examples
     if n > max_weight:
-        return (f"its {n} training examples exceed {OPTION}.max_weight={max_weight:g}; set max_weight to at least the "
-                "largest client's number of training examples")
+        return (f"its {n} training examples exceed {OPTION}.max_weight={max_weight:g}, so it cannot upload; set "
+                "max_weight to at least the largest client's number of training examples, e.g. `flwr run APP "
+                f"CONNECTION --run-config 'secure-aggregation=\"{{\\\"max_weight\\\": {n}}}\"'` (or fedlit "
+                f"flower-app --secure_aggregation '{{\"max_weight\": {n}}}')")
     for name in names:
         tensor = update.state[name]
         if not tensor.is_floating_point() or tensor.numel() == 0:

@@ -3,7 +3,6 @@ script makes a SuperLink certificate that verifies against its CA for the hosts 
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import zipfile
 from pathlib import Path
@@ -74,23 +73,3 @@ def test_a_run_folder_inside_the_app_folder_is_refused(tmp_path, inside):
         run(["flower-app", "--config", str(RECIPE), "--out", str(tmp_path / "app"),
              "--out_dir", str(tmp_path / inside)])
     assert not (tmp_path / "app").exists()
-
-
-def test_certificates_verify_for_the_hosts(tmp_path):
-    from cryptography import x509
-    from cryptography.x509.verification import PolicyBuilder, Store
-
-    spec = importlib.util.spec_from_file_location("flower_certs", ROOT / "scripts" / "flower_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    paths = module.make_certificates(tmp_path, ["127.0.0.1", "localhost"], nodes=1)
-    ca = x509.load_pem_x509_certificate(paths["ca.crt"].read_bytes())
-    server = x509.load_pem_x509_certificate(paths["server.pem"].read_bytes())
-    for host in (x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1")), x509.DNSName("localhost")):
-        verifier = PolicyBuilder().store(Store([ca])).build_server_verifier(host)
-        assert verifier.verify(server, [])[-1] == ca
-    with pytest.raises(Exception, match="(?i)match|subject"):
-        PolicyBuilder().store(Store([ca])).build_server_verifier(x509.DNSName("example.org")).verify(server, [])
-    assert paths["node_0.key"].read_bytes().startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
-    assert paths["node_0.pub"].read_bytes().startswith(b"ecdsa-sha2-nistp384 ")
-    assert paths["ca.key"].stat().st_mode & 0o077 == 0

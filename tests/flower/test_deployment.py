@@ -15,7 +15,6 @@ starts a fresh ``flwr-clientapp`` process; its node's worker imports torch and b
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedl
 from fedlit.cli import run  # noqa: E402
 from fedlit.core.checkpoint_io import load_checkpoint  # noqa: E402
 from fedlit.flower.app import write_app  # noqa: E402
+from fedlit.flower.certs import make_certificates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -55,10 +55,7 @@ def _free_port() -> int:
 
 
 def _certificates(out: Path) -> dict[str, Path]:
-    spec = importlib.util.spec_from_file_location("flower_certs", ROOT / "scripts" / "flower_certs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_certificates(out, ["127.0.0.1", "localhost"], nodes=len(CLIENTS))
+    return make_certificates(out, ["127.0.0.1", "localhost"], nodes=len(CLIENTS))
 
 
 def _alive(pgid: int) -> bool:

@@ -336,6 +336,8 @@ def test_a_value_that_would_be_clipped_is_refused_by_its_client() -> None:
     turns, _ = _run(["a", "b", "c"], _train({}), options)
     assert isinstance(turns[2], str) and "30 training examples exceed secure-aggregation.max_weight=25" \
         in turns[2]
+    # the fix, as the operator types it, with this client's count
+    assert """--run-config 'secure-aggregation="{\\"max_weight\\": 30}"'""" in turns[2]
 
 
 def test_secure_fit_refuses_rounds_it_cannot_protect() -> None:

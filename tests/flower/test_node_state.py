@@ -1,0 +1,69 @@
+"""``fedlit node-state``: what SuperNodes keep in their state-dir, listed and deleted by age or by server run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("flwr.app", reason="flwr is not installed (pip install 'fedlit[flower]')")
+
+from fedlit.cli import main  # noqa: E402
+from fedlit.flower.client import snapshots_of  # noqa: E402
+from fedlit.flower.node_state import run_key  # noqa: E402
+
+DAY = 86400
+
+
+def _run(state_dir, out_dir, clients, rounds, age_days):
+    """Snapshots as a node writes them, last written ``age_days`` ago."""
+    for client in clients:
+        context = SimpleNamespace(run_config={"out-dir": out_dir}, node_config={"state-dir": str(state_dir),
+                                                                                "client-id": client}, run_id=1)
+        snapshots = snapshots_of(context)
+        for r in rounds:
+            snapshots.save(r, b"x" * 1000)
+    folder = state_dir / hashlib.sha256(out_dir.encode()).hexdigest()[:16]
+    stamp = os.path.getmtime(folder) - age_days * DAY
+    for path in folder.rglob("*"):
+        os.utime(path, (stamp, stamp))
+    return folder
+
+
+def test_the_run_folder_is_the_nodes(tmp_path):
+    folder = _run(tmp_path, "/abs/runs/study", ["site_0"], [1], 0)
+    assert folder.name == run_key("/abs/runs/study") and (folder / "site_0" / "round_1.pt").is_file()
+
+
+def test_list_then_delete_old_runs(tmp_path, capsys):
+    old = _run(tmp_path, "/abs/runs/old", ["site_0", "site_1"], [1, 2], 40)
+    recent = _run(tmp_path, "/abs/runs/recent", ["site_0"], [3], 2)
+    main(["node-state", "--state_dir", str(tmp_path)])
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == [old.name, recent.name]  # oldest first
+    assert "clients site_0,site_1  rounds 1,2  0.0 MB  last written 40.0 days ago" in listed[0]
+    main(["node-state", "--state_dir", str(tmp_path), "--older_than", "30"])  # a dry run
+    assert capsys.readouterr().out.split()[0] == old.name and old.is_dir()
+    main(["node-state", "--state_dir", str(tmp_path), "--older_than", "30", "--delete"])
+    assert capsys.readouterr().out.startswith(f"deleted {old.name}")
+    assert not old.exists() and (recent / "site_0" / "round_3.pt").is_file()
+
+
+def test_delete_one_server_runs_state(tmp_path, capsys):
+    one = _run(tmp_path, "/abs/runs/one", ["site_0"], [1], 0)
+    two = _run(tmp_path, "/abs/runs/two", ["site_0"], [1], 0)
+    main(["node-state", "--state_dir", str(tmp_path), "--out_dir", "/abs/runs/one", "--delete"])
+    assert not one.exists() and two.is_dir()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--delete"], "--delete needs --older_than DAYS or --out_dir RUN_FOLDER"),
+    (["--older_than", "-1"], "--older_than -1: must be >= 0 days"),
+])
+def test_refused(tmp_path, capsys, argv, message):
+    kept = _run(tmp_path, "/abs/runs/one", ["site_0"], [1], 100)
+    with pytest.raises(SystemExit):
+        main(["node-state", "--state_dir", str(tmp_path), *argv])
+    assert message in capsys.readouterr().err and kept.is_dir()
