@@ -108,6 +108,14 @@ class FlowerExecutor:
                 problems.append("secure-aggregation = true with ClientLevelDP: it clips each client's update on the "
                                 "server, which SecAgg+ hides (the server sees only the mean); use one of them, or "
                                 "SampleLevelDP on the sites")
+            options = self.secure_aggregation
+            over = {c: n for c in fed.train_client_ids if (n := fed.num_examples(c, "train")) > options.max_weight}
+            if over:
+                largest = max(over.values())
+                problems.append(f"secure-aggregation.max_weight={options.max_weight:g} is below the training examples "
+                                f"of {', '.join(f'{c} ({n})' for c, n in over.items())}, which could never upload; "
+                                f"set max_weight to at least {largest}, e.g. flwr run APP CONNECTION --run-config "
+                                f"'secure-aggregation=\"{{\\\"max_weight\\\": {largest}}}\"'")
             if fed.lr_schedule is not None:
                 problems.append("secure-aggregation = true with a learning-rate schedule of interval 'round': the "
                                 "SecAgg+ train message carries no schedule, so the nodes would train at the initial "

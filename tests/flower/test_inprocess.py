@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import warnings
 
 import pytest
@@ -222,6 +223,27 @@ def test_secure_aggregation_refuses_client_level_dp(tmp_path):
     server.executor = FlowerExecutor(transport, server.datamodule, secure_aggregation=True)
     with pytest.raises(ConfigError, match="secure-aggregation = true with ClientLevelDP"):
         server.fit()
+
+
+def test_secure_aggregation_refuses_a_max_weight_below_a_clients_train_size_before_round_one(tmp_path):
+    """SecAgg+ weights an upload by num_examples / max_weight: a client above max_weight could never upload, so
+    the server stops before any round, naming the clients, their sizes and the max_weight that fits."""
+    from fedlit.flower.server import FlowerExecutor, RemoteData
+
+    counted = make_federation(tmp_path / "count", S.FedAvg()).datamodule
+    counted.setup()
+    train = {c: counted.num_examples(c, "train") for c in CLIENTS}
+    transport = InProcessTransport({c: lambda: make_federation(tmp_path / "node", S.FedAvg()) for c in CLIENTS})
+    server = make_federation(tmp_path / "dep", S.FedAvg())
+    server.datamodule = RemoteData(server.datamodule, transport, num_clients=len(CLIENTS), connect_timeout=1.0)
+    limit = min(train.values()) - 1
+    server.executor = FlowerExecutor(transport, server.datamodule, secure_aggregation={"max_weight": limit})
+    listed = ", ".join(f"{c} ({train[c]})" for c in CLIENTS if train[c] > limit)
+    with pytest.raises(ConfigError, match=re.escape(
+            f"secure-aggregation.max_weight={limit} is below the training examples of {listed}, which could never "
+            f"upload; set max_weight to at least {max(train.values())}")):
+        server.fit()
+    assert not (tmp_path / "dep" / "metrics.csv").exists()
 
 
 class CrashAt(Callback):
