@@ -7,6 +7,7 @@ node builds, without a run folder).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -38,11 +39,39 @@ class BuiltRun:
     created: Path | None
 
 
+@dataclass(frozen=True)
+class DataSection:
+    """The recipe's data section, parsed and type-checked but never built: all a Flower server knows of the data.
+
+    The server constructs no data module: a constructor may look for the sites' folders or files, which only the
+    nodes hold. The number of clients it waits for comes from the options alone
+    (:meth:`~fedlit.data.FederatedDataModule.clients_in_options`).
+
+    Attributes:
+        class_path: The data module's class, as the parser resolved it.
+        init_args: Its options, defaults included.
+    """
+
+    class_path: str
+    init_args: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        """The class's name."""
+        return self.class_path.rsplit(".", 1)[-1]
+
+    def expected_num_clients(self) -> int | None:
+        """The number of clients the options give (sites listed, ``num_clients``...), or None."""
+        module, _, name = self.class_path.rpartition(".")
+        return getattr(importlib.import_module(module), name).clients_in_options(self.init_args)
+
+
 def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
-              wrap_data: Callable[[Any], Any] | None = None) -> BuiltRun:
+              wrap_data: Callable[[DataSection], Any] | None = None) -> BuiltRun:
     """Resolve the run folder and checkpoint of ``cfg[subcommand]`` and build its objects (configuration errors
-    are raised here). ``wrap_data`` replaces the recipe's data module, built but not set up, by what it returns (a
-    Flower server's view of the nodes' data, :mod:`fedlit.flower`)."""
+    are raised here). With ``wrap_data`` the data section is parsed and validated but not built: what
+    ``wrap_data`` returns for its :class:`DataSection` is the run's data module (a Flower server's view of the
+    nodes' data, :mod:`fedlit.flower`)."""
     from lightning.fabric.utilities.seed import seed_everything
 
     from fedlit.engine.ranks import launched_rank_zero
@@ -61,9 +90,14 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     check_seed(sub_cfg.federation.seed)
     seed_everything(sub_cfg.federation.seed, verbose=False)
-    objects = instantiate(parser, cfg)[subcommand]
-    if wrap_data is not None:
-        objects.data = wrap_data(objects.data)
+    if wrap_data is None:
+        objects = instantiate(parser, cfg)[subcommand]
+    else:  # the data section stays a description: its constructor never runs here
+        section = cfg[subcommand].data
+        without_data = cfg.clone()
+        without_data[subcommand].data = None
+        objects = instantiate(parser, without_data)[subcommand]
+        objects.data = wrap_data(DataSection(str(section.class_path), section.init_args.as_dict()))
     objects.data.setup()  # reading and partitioning the data is input: its errors are configuration errors
     created = None
     if out_dir is None:

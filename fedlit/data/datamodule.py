@@ -15,13 +15,14 @@ A subclass implements exactly one of the two hooks.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.names import check_client_ids
 from fedlit.data.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType, check_pool
 from fedlit.data.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
@@ -86,6 +87,8 @@ class FederatedDataModule:
         self.num_workers = num_workers
         self.seed = seed
         self._data: PartitionedData | SampleList | None = None
+        #: The one client to build (:meth:`only_site`), or None: every client.
+        self.only_client: str | None = None
         if not (_overrides(type(self), "build") or _overrides(type(self), "build_samples")):
             raise TypeError(
                 f"{type(self).__name__} must implement build() (an in-memory tensor pool) or build_samples() "
@@ -175,6 +178,50 @@ class FederatedDataModule:
             return len(self._data.splits)
         count = getattr(self, "num_clients", None)
         return count if is_int(count) else None
+
+    @classmethod
+    def clients_in_options(cls, options: Mapping[str, Any]) -> int | None:
+        """The number of clients the constructor's options give, without constructing the data module (a Flower
+        server, which holds no data, waits for that many nodes): the length of a ``sites`` list, else an integer
+        ``num_clients``, else None (the run config must then name the clients)."""
+        sites, count = options.get("sites"), options.get("num_clients")
+        if isinstance(sites, list | tuple):
+            return len(sites)
+        return count if is_int(count) else None
+
+    def only_site(self, client_id: str) -> None:
+        """Build only ``client_id``'s data: what a Flower node holding one site calls before :meth:`setup`.
+
+        A site data set (one client per file, folder or site value: ``FedHeartDisease``, ``SiteTable``,
+        ``SiteFolders``, the segmentation sites) then reads that site's files alone, and builds it exactly as it
+        would among all the sites (its split, encoding and standardization depend on that site's rows only). A data
+        set that generates or partitions every client from one seed (``SyntheticImages``, MedMNIST partitions)
+        still builds them all: the node uses its own client only.
+        """
+        if self._data is not None:
+            raise ConfigError(f"{type(self).__name__}.only_site({client_id!r}) after setup(): call it before")
+        self.only_client = client_id
+
+    def sites_to_build(self, sites: Sequence[str], option: str = "data.init_args.sites") -> list[str]:
+        """``sites``, or the one of :meth:`only_site` (for a site data set's ``build``).
+
+        Raises:
+            DataError: when the site of :meth:`only_site` is not one of ``sites``.
+        """
+        if self.only_client is None:
+            return list(sites)
+        if self.only_client not in sites:
+            raise DataError(f"node config client-id={self.only_client!r} is not a site of {type(self).__name__} "
+                            f"({option}: {list(sites)}); give the node the id of its site")
+        return [self.only_client]
+
+    def client_position(self, client_id: str) -> int:
+        """The client's place in the data set's client order, known on a node that built only that client: its
+        place in a ``sites`` list when the data set has one, else in :attr:`client_ids`."""
+        sites = getattr(self, "sites", None)
+        if isinstance(sites, list | tuple) and client_id in sites:
+            return list(sites).index(client_id)
+        return self.client_ids.index(client_id)
 
     def train_dataloader(self, client_id: str, generator: torch.Generator) -> DataLoader:
         """A shuffled loader over the client's train split; ``generator`` drives the shuffle."""

@@ -6,6 +6,7 @@ import csv
 import difflib
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from fedlit.data.samples import (
     make_transform,
     split_samples,
 )
+from fedlit.data.site_options import check_site_names, class_index, site_rng
 from fedlit.data.splits import SPLITS, check_split_fractions
 from fedlit.data.text import decode_utf8
 
@@ -42,10 +44,15 @@ class SiteFolders(FederatedDataModule):
         root/<site>/{train,val,test}/...       the site's own splits (either layout inside each), used as they
                                                are when ``train`` and ``test`` exist (``val`` optional)
 
-    Sites are the sub-folders of ``root`` (sorted) or ``sites``. Class names are the union over all sites,
-    sorted (numerically when they are numbers), so class ``i`` is the same everywhere; the manifest records them
+    Sites are the sub-folders of ``root`` (sorted) or ``sites``. Class names are ``class_names`` when given (class
+    ``i`` is ``class_names[i]`` on every site, a site lacking a class keeps the others' numbers, and a label not in
+    the list is refused naming its folder or CSV line), else the union over the sites read, sorted (numerically
+    when they are numbers), so class ``i`` is the same everywhere; the manifest records them
     under ``class_names``, and every client's files per split (paths relative to ``root``). Sites without their
-    own splits are split by ``split_fractions``, stratified by class, seeded by ``seed``.
+    own splits are split by ``split_fractions``, stratified by class, seeded by ``seed`` and the site's name (a
+    site's split does not depend on the other sites). On a Flower node (:meth:`only_site`) only the node's site
+    folder is listed and read: ``root`` (node config ``overrides``: ``--data.init_args.root /data``) needs to hold
+    that folder only; declare ``class_names`` in the recipe so that every node numbers the classes alike.
 
     Images (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``, ``.tif``, ``.tiff``, ``.gif``, ``.webp``) are decoded with PIL
     in the DataLoader workers, turned grey or RGB (``channels``), scaled to float [0, 1] and resized to
@@ -68,6 +75,7 @@ class SiteFolders(FederatedDataModule):
         eval_transform: the same for val and test images (keep it deterministic).
         mean: per-channel mean for the final normalization (e.g. ImageNet's [0.485, 0.456, 0.406]).
         std: per-channel std for the final normalization.
+        class_names: the classes in number order (the label map every site uses); default: the labels read.
         batch_size: training batch size.
         eval_batch_size: val/test batch size (default ``batch_size``).
         num_workers: DataLoader worker processes reading the images.
@@ -90,6 +98,7 @@ class SiteFolders(FederatedDataModule):
         eval_transform: TransformSpec = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        class_names: list[str] | None = None,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -118,23 +127,22 @@ class SiteFolders(FederatedDataModule):
             check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
         except ValueError as err:
             problems.append(str(err))
+        if class_names is not None and task == "binary" and len(class_names) != 2:
+            problems.append(f"{_OPTION}.class_names: a binary task has 2 classes (negative, positive), got "
+                            f"{list(class_names)}")
         if problems:
             raise ConfigError("; ".join(problems))
+        self.class_index = class_index(class_names)
         self.root = Path(root).expanduser()
         if not self.root.is_dir():
             raise InputFileError(
                 f"{_OPTION}.root: no folder {self.root}. It must hold one sub-folder per site, each with class "
                 f"sub-folders of images or a {labels_file} listing images and labels"
             )
-        found = _site_folders(self.root)
         if sites is not None:
-            unknown = [s for s in sites if s not in found]
-            if unknown:
-                close = difflib.get_close_matches(unknown[0], found, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{_OPTION}.sites: {unknown} are not folders of {self.root}; its site folders "
-                                 f"are {found}{hint}")
-        self.sites = list(sites) if sites is not None else found
+            check_site_names(sites)
+        # Listed sites are looked for when built: a node holds its own site folder only (only_site).
+        self.sites = list(sites) if sites is not None else _site_folders(self.root)
         if not self.sites:
             raise InputFileError(f"{_OPTION}.root: {self.root} holds no site folder; put each site's images in "
                                     f"{self.root}/<site>/")
@@ -153,11 +161,23 @@ class SiteFolders(FederatedDataModule):
         """The site folders."""
         return f"the site folders of {self.root} ({_OPTION}.root, {_OPTION}.sites)"
 
+    def _built_sites(self) -> list[str]:
+        """The sites to build (every one of ``sites``, or the node's own), each checked to be a folder of root."""
+        sites = self.sites_to_build(self.sites)
+        found = _site_folders(self.root)
+        unknown = [s for s in sites if s not in found]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], found, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{_OPTION}.sites: {unknown} are not folders of {self.root}; its site folders "
+                              f"are {found}{hint}")
+        return sites
+
     def build_samples(self) -> SampleList:
         listed: dict[str, dict[str, list[tuple[str, str]]]] = {}
         self._seen: dict[str, str] = {}  # class name -> where it first appears (a class folder, a labels line)
         layouts = {}
-        for site in self.sites:
+        for site in self._built_sites():
             folder = self.root / site
             own = [s for s in SPLITS if (folder / s).is_dir()]
             if own and not ("train" in own and "test" in own):
@@ -170,8 +190,8 @@ class SiteFolders(FederatedDataModule):
             else:
                 listed[site] = {"all": self._list(folder)}
                 layouts[site] = self.labels_file if (folder / self.labels_file).is_file() else "class folders"
-        class_names = sorted({label for groups in listed.values() for rows in groups.values() for _, label in rows},
-                             key=class_sort_key)
+        read = {label for groups in listed.values() for rows in groups.values() for _, label in rows}
+        class_names = self._class_names(read)
         if self.requested_task == "binary" and len(class_names) != 2:
             seen = "; ".join(f"{c!r} first at {self._seen[c]}" for c in class_names)
             raise DataError(f"{_OPTION}.task='binary' needs exactly 2 classes; the sites of {self.root} have "
@@ -179,14 +199,14 @@ class SiteFolders(FederatedDataModule):
                             "multiclass")
         index = {name: i for i, name in enumerate(class_names)}
         dtype = torch.float32 if self.requested_task == "binary" else torch.int64
-        samples, targets, splits, rng = {}, {}, {}, np.random.default_rng(self.seed)
+        samples, targets, splits = {}, {}, {}
         for site, groups in listed.items():
             rows = [row for group in groups.values() for row in group]
             samples[site] = [path for path, _ in rows]
             targets[site] = torch.tensor([index[label] for _, label in rows], dtype=dtype)
             if "all" in groups:
-                splits.update(split_samples({site: targets[site]}, self.split_fractions, rng, self.requested_task,
-                                            f"{_OPTION}.split_fractions"))
+                splits.update(split_samples({site: targets[site]}, self.split_fractions, site_rng(self.seed, site),
+                                            self.requested_task, f"{_OPTION}.split_fractions"))
             else:
                 bounds = np.cumsum([0] + [len(groups.get(s, [])) for s in SPLITS])
                 splits[site] = {s: np.arange(bounds[i], bounds[i + 1]) for i, s in enumerate(SPLITS)}
@@ -212,6 +232,23 @@ class SiteFolders(FederatedDataModule):
                 "eval_transform": repr(self.eval_transform),
             },
         )
+
+    def _class_names(self, read: set[str]) -> list[str]:
+        """The declared ``class_names`` (every label read must be one), else the labels read, sorted."""
+        if self.class_index is None:
+            if self.only_client is not None:
+                warnings.warn(f"SiteFolders ({self.root}): the classes are numbered by the labels this node reads "
+                              f"({sorted(read, key=class_sort_key)[:10]}); a site lacking or adding a class numbers "
+                              f"them differently. Declare them in the recipe with {_OPTION}.class_names",
+                              stacklevel=4)
+            return sorted(read, key=class_sort_key)
+        unknown = sorted(read - set(self.class_index), key=class_sort_key)
+        if unknown:
+            where = "; ".join(f"{c!r} first at {self._seen[c]}" for c in unknown[:5])
+            raise DataError(f"{_OPTION}.class_names {list(self.class_index)} lacks labels of {self.root}: {where}. "
+                            "Fix the labels there, or add the class to class_names (in the recipe, so that every "
+                            "site numbers the classes alike)")
+        return list(self.class_index)
 
     def preprocessing(self, client_id: str) -> dict[str, Any]:
         """The default's record plus what the loader does to an image file: decoded with PIL, turned grey or RGB

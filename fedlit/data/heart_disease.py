@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,12 @@ FEATURE_NAMES = (
 _URL = "https://archive.ics.uci.edu/dataset/45/heart+disease"
 # The UCI "num" column: 0 = no disease, 1-4 = disease; the label is target > 0.
 _DIAGNOSES = (0.0, 1.0, 2.0, 3.0, 4.0)
+# The documented values of the two one-hot encoded columns (UCI's heart-disease.names): chest pain type cp 1 =
+# typical angina, 2 = atypical angina, 3 = non-anginal pain, 4 = asymptomatic; resting ECG restecg 0 = normal,
+# 1 = ST-T wave abnormality, 2 = left ventricular hypertrophy.
+_CP = (1.0, 2.0, 3.0, 4.0)
+_RESTECG = (0.0, 1.0, 2.0)
+_LEVELS = {"cp": _CP, "restecg": _RESTECG}
 
 
 class FedHeartDisease(FederatedDataModule):
@@ -51,23 +58,32 @@ class FedHeartDisease(FederatedDataModule):
     Protocol (FLamby's ``HeartDiseaseRaw``): per file, "?" and empty fields are missing; columns 10-12 (slope,
     ca, thal) are dropped, then every row with a missing value; the label is ``target > 0``. Per center,
     ``train_test_split(arange(n), test_size=1 - 0.66, train_size=0.66, random_state=43, shuffle=True)``,
-    stratified by label when both classes have more than 2 samples. Over all centers together, columns 2 (cp)
-    and 6 (restecg) are one-hot encoded with the first level dropped: 13 float features (``FEATURE_NAMES``).
+    stratified by label when both classes have more than 2 samples. Columns 2 (cp) and 6 (restecg) are one-hot
+    encoded with the first level dropped: 13 float features (``FEATURE_NAMES``). FLamby encodes over all centers
+    pooled; here the levels are the columns' documented values (cp 1-4, restecg 0-2, UCI's heart-disease.names),
+    the same columns as pooled over the four files, but fixed by the data's definition, so one hospital's file
+    alone gives the same features (any other value is refused naming its line).
     Each center is standardized with the mean and unbiased std of its own train rows,
     x = (x - mean) / (std + 1e-9). Sizes: train 199/172/30/85, test 104/89/16/45. FLamby trains a logistic
     regression with BCE, batch 4.
 
     Additions, off by default: ``val_fraction > 0`` moves a stratified share of each center's train rows
-    (seeded by ``seed``) to a validation split; the standardization then uses the remaining train rows only.
-    Files with a header line (as some mirrors ship them) are read too. The pool is the 4 centers' kept rows in
-    ``CENTERS`` order; ``manifest()["details"]["rows"]`` maps them back to data rows of the files.
+    (seeded by ``seed`` and the center, so each center's split is its own) to a validation split; the
+    standardization then uses the remaining train rows only. Files with a header line (as some mirrors ship them)
+    are read too. The pool is the built centers' kept rows in ``sites`` order; ``manifest()["details"]["rows"]``
+    maps them back to data rows of the files.
+
+    Every step depends on one center's rows only, so a hospital that holds only its own file builds its client
+    exactly as it is built among all four (a Flower node does so, :meth:`only_site`: its ``root`` needs only
+    ``processed.<site>.data``).
 
     Only "?" and empty fields mean missing. Any other field must be a finite number within float32's range
     (and the target one of 0..4): a "nan", "inf" or "1e400" (which parses to infinity) is refused when the data
     is built, naming the file, line and column, rather than silently dropped or trained on.
 
     Args:
-        root: folder holding the 4 ``processed.*.data`` files.
+        root: folder holding the ``processed.<center>.data`` files of the centers built.
+        sites: the centers (clients), in this order; default all four, ``CENTERS``.
         val_fraction: share of each center's train rows used for validation, in [0, 1); 0 = FLamby (no val).
         normalize: standardize each center with its train statistics.
         batch_size: training batch size (FLamby: 4).
@@ -83,6 +99,7 @@ class FedHeartDisease(FederatedDataModule):
         self,
         *,
         root: str | os.PathLike,
+        sites: list[str] | None = None,
         val_fraction: float = 0.0,
         normalize: bool = True,
         batch_size: int = 4,
@@ -98,28 +115,45 @@ class FedHeartDisease(FederatedDataModule):
                 f"data.init_args.val_fraction must be in [0, 1), got {val_fraction!r}: 0 reproduces FLamby "
                 "(no validation split), e.g. 0.2 holds out a fifth of each center's train rows"
             )
-        self.root = Path(root).expanduser()
-        missing = [name for name in FILES if not (self.root / name).is_file()]
-        if missing:
-            where = f"folder {self.root} lacks {missing}" if self.root.is_dir() else f"no folder {self.root}"
-            raise InputFileError(
-                f"data.init_args.root: {where}. It must hold {list(FILES)}, the processed files of UCI Heart "
-                f"Disease ({_URL}, 'processed.*.data' in the download)"
+        unknown = [s for s in sites or () if s not in CENTERS]
+        if sites is not None and (unknown or not sites or len(set(sites)) != len(sites)):
+            raise ConfigError(
+                f"data.init_args.sites must list distinct centers of {list(CENTERS)}, got {sites!r}"
             )
+        self.root = Path(root).expanduser()
+        if not self.root.is_dir():
+            raise InputFileError(
+                f"data.init_args.root: no folder {self.root}. It must hold the processed files of UCI Heart "
+                f"Disease ({_URL}, 'processed.*.data' in the download): {list(FILES)}, or on a node of one "
+                "hospital that hospital's file alone"
+            )
+        self.sites = list(sites) if sites is not None else list(CENTERS)
         self.val_fraction = float(val_fraction)
         self.normalize = normalize
 
+    @classmethod
+    def clients_in_options(cls, options: Mapping[str, object]) -> int:
+        """The centers of ``sites`` (default all four), known without reading their files."""
+        sites = options.get("sites")
+        return len(sites) if isinstance(sites, list | tuple) else len(CENTERS)
+
     def expected_num_clients(self) -> int:
-        """The four centers (one client each), known without reading their files."""
-        return len(CENTERS)
+        """The centers of ``sites`` (one client each), known without reading their files."""
+        return len(self.sites)
 
     def build(self) -> PartitionedData:
-        import pandas as pd
         from sklearn.model_selection import train_test_split
 
-        val_rng = np.random.default_rng(self.seed)
-        frames, labels, kept_rows, center_splits = [], [], {}, []
-        for center, name in zip(CENTERS, FILES, strict=True):
+        centers = self.sites_to_build(self.sites)
+        missing = [f"processed.{c}.data" for c in centers if not (self.root / f"processed.{c}.data").is_file()]
+        if missing:
+            raise InputFileError(
+                f"data.init_args.root: folder {self.root} lacks {missing}, the processed files of UCI Heart "
+                f"Disease ({_URL}, 'processed.*.data' in the download) of the centers it builds ({centers})"
+            )
+        blocks, labels, kept_rows, center_splits = [], [], {}, []
+        for center in centers:
+            name = f"processed.{center}.data"
             raw = _read(self.root / name)
             df = raw.drop(columns=[10, 11, 12]).dropna(axis=0)
             y = (df.pop(13).to_numpy() > 0).astype(np.int64)
@@ -149,6 +183,8 @@ class FedHeartDisease(FederatedDataModule):
                         f"a share to validation (data.init_args.val_fraction={self.val_fraction}): set "
                         "val_fraction to 0"
                     )
+                # Seeded per center: a hospital's split is the same whether it is built alone or with the others.
+                val_rng = np.random.default_rng([self.seed, CENTERS.index(center)])
                 train, val = stratified_split(
                     train, y[train], (1 - self.val_fraction, self.val_fraction), val_rng
                 )
@@ -158,23 +194,15 @@ class FedHeartDisease(FederatedDataModule):
                     "std of its train rows needs 2 or more (one row gives NaN features); restore the file from "
                     "the UCI download, or set data.init_args.normalize: false"
                 )
-            frames.append(df)
+            blocks.append(encode(df))
             labels.append(y)
             kept_rows[center] = [int(i) for i in df.index]
             center_splits.append({"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)})
 
-        # One-hot over all centers together, as FLamby does, so every center has the same 13 columns.
-        features = pd.get_dummies(pd.concat(frames, ignore_index=True), columns=[2, 6], drop_first=True)
-        if features.shape[1] != len(FEATURE_NAMES):
-            raise DataError(
-                f"{self.root}: expected {len(FEATURE_NAMES)} features after one-hot encoding cp and restecg, "
-                f"got {features.shape[1]} ({list(features.columns)})"
-                "; are these the UCI processed.*.data files?"
-            )
-        x = torch.from_numpy(features.to_numpy(dtype=np.float32))
+        x = torch.from_numpy(np.concatenate(blocks).astype(np.float32))
         offsets = np.cumsum([0] + [len(y) for y in labels])
         splits = {}
-        for i, center in enumerate(CENTERS):
+        for i, center in enumerate(centers):
             splits[center] = {k: v + offsets[i] for k, v in center_splits[i].items()}
             if self.normalize:
                 rows = slice(offsets[i], offsets[i + 1])
@@ -191,12 +219,23 @@ class FedHeartDisease(FederatedDataModule):
             details={
                 "root": str(self.root),
                 "feature_names": list(FEATURE_NAMES),
-                "pool": {c: [int(offsets[i]), int(offsets[i + 1])] for i, c in enumerate(CENTERS)},
+                "pool": {c: [int(offsets[i]), int(offsets[i + 1])] for i, c in enumerate(centers)},
                 "rows": kept_rows,
                 "val_fraction": self.val_fraction,
                 "normalize": self.normalize,
             },
         )
+
+
+def encode(df: pd.DataFrame) -> np.ndarray:
+    """The 13 features (``FEATURE_NAMES``) of one center's complete rows (columns 0-9 of a processed file): the 8
+    kept columns, then cp and restecg one-hot over their documented values with the first dropped (``cp_2``..
+    ``cp_4``, ``restecg_1``, ``restecg_2``). Fixed by the data's definition, not by the values present, so a center
+    alone is encoded as among all four (``_read`` refuses any other value of cp or restecg)."""
+    kept = df[[0, 1, 3, 4, 5, 7, 8, 9]].to_numpy(dtype=np.float64)
+    cp, restecg = df[2].to_numpy(), df[6].to_numpy()
+    onehot = [cp == level for level in _CP[1:]] + [restecg == level for level in _RESTECG[1:]]
+    return np.concatenate([kept, np.stack(onehot, axis=1).astype(np.float64)], axis=1)
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -245,6 +284,12 @@ def _read(path: Path) -> pd.DataFrame:
                     problems.append(
                         f"line {line}, column 'target': {field!r} is not a diagnosis; the target is 0 (no "
                         "disease) to 4, or '?' if it is missing"
+                    )
+                elif column in _LEVELS and value not in _LEVELS[column]:
+                    problems.append(
+                        f"line {line}, column {column!r}: {field!r} is not one of its documented values "
+                        f"{[int(v) for v in _LEVELS[column]]} (UCI heart-disease.names), which fix its one-hot "
+                        "encoding; correct it, or write '?' (the row is then dropped)"
                     )
             row.append(value)
         rows.append(row)

@@ -21,7 +21,7 @@ from torch import nn
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import Compose, SampleList, image_errors, is_image, unreadable_image
-from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems
+from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems, site_rng
 
 _OPTION = "data.init_args"
 
@@ -209,20 +209,21 @@ class _SegmentationSites(FederatedDataModule):
         return len(self.sites) if self._data is None else super().expected_num_clients()
 
     def build_samples(self) -> SampleList:
-        samples, splits, unmatched, rng = {}, {}, [], np.random.default_rng(self.seed)
-        for site in self.sites:
+        samples, splits, unmatched = {}, {}, []
+        built = self.sites_to_build(self.sites)  # a Flower node: its own site only
+        for site in built:
             pairs: dict[str, list[list[str]]] = {}
             for split in ("train", "test"):
                 pairs[split], lost = self._pairs(site, split)
                 unmatched += lost
             samples[site] = pairs["train"] + pairs["test"]
             n_train = len(pairs["train"])
-            order = rng.permutation(n_train)
+            order = site_rng(self.seed, site).permutation(n_train)  # a site's split depends on it alone
             n_val = min(int(round(self.val_fraction * n_train)), max(n_train - 1, 0))
             splits[site] = {"train": np.sort(order[n_val:]), "val": np.sort(order[:n_val]),
                             "test": np.arange(n_train, len(samples[site]))}
         report_unmatched(type(self).__name__, unmatched, self.unmatched)
-        untrained = [site for site in self.sites if len(splits[site]["train"]) == 0 and len(splits[site]["test"])]
+        untrained = [site for site in built if len(splits[site]["train"]) == 0 and len(splits[site]["test"])]
         if self.sites_without_train == "evaluate" and untrained:
             warnings.warn(f"{type(self).__name__}: {', '.join(untrained)} {'has' if len(untrained) == 1 else 'have'} "
                           f"no (image, mask) pair to train on under {self.root}"
@@ -230,14 +231,14 @@ class _SegmentationSites(FederatedDataModule):
                           "with the model a new client receives, never trained "
                           f"({_OPTION}.sites_without_train=evaluate)", stacklevel=2)
         evaluated = set(untrained) if self.sites_without_train == "evaluate" else set()
-        empty = [f"{site}/{split}" for site in self.sites for split in ("train", "test")
+        empty = [f"{site}/{split}" for site in built for split in ("train", "test")
                  if len(splits[site][split]) == 0 and not (split == "train" and site in evaluated)]
         if empty:
             raise DataError(f"{type(self).__name__}: no (image, mask) pair in {', '.join(empty)} under {self.root}"
                             f"{' after skipping the unmatched files' if unmatched else ''}; add pairs, leave "
                             f"those sites out with {_OPTION}.sites, or evaluate a site that has test pairs only "
                             f"with {_OPTION}.sites_without_train=evaluate")
-        if len(evaluated) == len(self.sites):
+        if len(evaluated) == len(built):
             raise DataError(f"{type(self).__name__}: no site has an (image, mask) pair to train on under "
                             f"{self.root}; add train pairs")
         train_transform = pair_augmentation(self.crop_size, self.augment)

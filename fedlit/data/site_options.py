@@ -1,11 +1,16 @@
 """The options every segmentation site data set shares (``FedProstateSlices``, ``FedFundus``, ``FedPolyp``,
-``FedProstateVolumes``): their checks, the sites found under ``root`` and the handling of unmatched files."""
+``FedProstateVolumes``): their checks, the sites found under ``root`` and the handling of unmatched files; and what
+every site data set shares: a site's own split generator (:func:`site_rng`) and a declared label map
+(:func:`class_index`)."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.names import client_id_problem
@@ -83,3 +88,26 @@ def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: t
         raise DataError(f"{_OPTION}.root: {root} holds none of the sites {list(default_sites)}; expected {layout}. "
                         f"{source}")
     return found
+
+
+def site_rng(seed: int, site: str) -> np.random.Generator:
+    """The generator of one site's random split: seeded by ``seed`` and the site's name alone, so a site is split
+    the same whether it is built alone (a Flower node, :meth:`~fedlit.data.FederatedDataModule.only_site`) or
+    among the others, in any order."""
+    return np.random.default_rng([int(seed), zlib.crc32(str(site).encode("utf-8"))])
+
+
+def class_index(names: Sequence[str] | None, option: str = f"{_OPTION}.class_names") -> dict[str, int] | None:
+    """Class name -> number of a declared label map (``class_names``), or None when none is declared.
+
+    Raises:
+        ConfigError: naming ``option`` when a name is empty or given twice.
+    """
+    if names is None:
+        return None
+    listed = [str(n).strip() for n in names]
+    twice = sorted({n for n in listed if listed.count(n) > 1})
+    if not listed or "" in listed or twice:
+        raise ConfigError(f"{option} must list distinct, non-empty class names, got {list(names)!r}"
+                          + (f" ({twice} given twice)" if twice else ""))
+    return {name: i for i, name in enumerate(listed)}

@@ -14,9 +14,17 @@ from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.pool import PartitionedData
 from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
+from fedlit.data.site_options import class_index, site_rng
 from fedlit.data.splits import SPLITS, check_split_fractions
 from fedlit.data.table_read import OPTION as _OPTION
-from fedlit.data.table_read import check_numeric, check_parquet_types, check_survival, read_table, split_codes
+from fedlit.data.table_read import (
+    check_numeric,
+    check_parquet_types,
+    check_survival,
+    read_table,
+    row_label,
+    split_codes,
+)
 
 SURVIVAL = "survival"
 _FRACTIONS = (0.6, 0.2, 0.2)
@@ -35,22 +43,29 @@ class SiteTable(FederatedDataModule):
     (unbiased) std of that site's train rows only, so nothing leaks from its val and test rows or from other
     sites; a constant column is only centered.
 
-    Targets (``target_column``): for ``multiclass`` the sorted distinct values (numerically when they are
-    numbers) are the classes 0..K-1, recorded as ``class_names``; ``binary`` needs exactly two values (the second
-    in sorted order is positive). ``survival`` takes two columns, ``[time, event]``: times finite and >= 0, event
-    flags 0 (censored) or 1, each bad value refused naming its row and column; the targets are float32 (N, 2).
-    Any other task name (e.g. ``regression``) keeps the columns' numbers as float32 targets (one column or
-    several).
+    Targets (``target_column``): with ``class_names``, class ``i`` is the value ``class_names[i]`` on every site
+    (declare it in the recipe when sites read their own files: a site lacking a class keeps the others' numbers),
+    and a value not in the list is refused naming its row; without it, the sorted distinct values read (numerically
+    when they are numbers) are the classes 0..K-1, recorded as ``class_names``. ``binary`` needs exactly two values
+    (the second in ``class_names``, or in sorted order, is positive). ``survival`` takes two columns,
+    ``[time, event]``: times finite and >= 0, event flags 0 (censored) or 1, each bad value refused naming its row
+    and column; the targets are float32 (N, 2). Any other task name (e.g. ``regression``) keeps the columns'
+    numbers as float32 targets (one column or several).
 
     Splits: with ``split_column``, each row's split is that column's value, ``train``, ``val`` or ``test``
     (case-sensitive; any other value is refused naming its row); every site needs train and test rows, and one
     without val rows has no validation split. ``split_fractions`` and ``seed`` then do not change the split (a
     ``split_fractions`` other than the default is refused with it). Without it, each site is split by
     ``split_fractions``, seeded by ``seed``, stratified by class for classification and by the event flag for
-    survival (every split gets events in proportion). For survival, a site whose val or test split holds no
+    survival (every split gets events in proportion), each site by its own generator (``seed`` and its name), so
+    a site's split does not depend on the others. For survival, a site whose val or test split holds no
     event gets a warning: its C-index there is undefined, and the mean over clients covers fewer clients. The
     manifest's ``details`` give each site's rows of the pool, their row numbers in the file and where the split
     came from. Reading Parquet needs ``pyarrow``.
+
+    On a Flower node (:meth:`only_site`) only the node's site is built: give the node its own file (node config
+    ``overrides``: ``--data.init_args.path /data/site.csv``); a file holding several sites is read, and only the
+    node's rows are used.
 
     Args:
         path: the ``.csv`` (any other suffix is read as CSV) or ``.parquet``/``.pq`` file.
@@ -62,6 +77,8 @@ class SiteTable(FederatedDataModule):
         split_fractions: (train, val, test) shares of each site's rows, when there is no ``split_column``.
         split_column: the column giving each row's split (``train``, ``val`` or ``test``), instead of drawing
             splits by ``split_fractions``; it is not a feature.
+        class_names: the classes of a ``multiclass`` or ``binary`` target, in number order (the label map every
+            site uses); default: the sorted distinct values read.
         batch_size: training batch size.
         eval_batch_size: val/test batch size (default ``batch_size``).
         num_workers: DataLoader worker processes.
@@ -79,6 +96,7 @@ class SiteTable(FederatedDataModule):
         standardize: bool = True,
         split_fractions: tuple[float, float, float] = _FRACTIONS,
         split_column: str | None = None,
+        class_names: list[str] | None = None,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -104,8 +122,14 @@ class SiteTable(FederatedDataModule):
         if split_column is not None and split_column in (site_column, *targets):
             problems.append(f"{_OPTION}.split_column={split_column!r} is the site or a target column; name the "
                             "column holding train/val/test")
+        if class_names is not None and task not in CLASSIFICATION:
+            problems.append(f"{_OPTION}.class_names is for a multiclass or binary task, not {task!r}; leave it out")
+        elif class_names is not None and task == "binary" and len(class_names) != 2:
+            problems.append(f"{_OPTION}.class_names: a binary task has 2 classes (negative, positive), got "
+                            f"{list(class_names)}")
         if problems:
             raise ConfigError("; ".join(problems))
+        self.class_index = class_index(class_names)
         self.path = Path(path).expanduser()
         if not self.path.is_file():
             raise InputFileError(f"{_OPTION}.path: no file {self.path}; give a CSV or Parquet file with one row "
@@ -135,7 +159,7 @@ class SiteTable(FederatedDataModule):
         class_names = None
         if task in CLASSIFICATION:
             values = frame[self.target_columns[0]].astype(str).str.strip()
-            class_names = sorted(values.unique(), key=class_sort_key)
+            class_names = self._class_names(values, row_name)
             if task == "binary" and len(class_names) != 2:
                 raise DataError(f"{path}: {_OPTION}.task='binary' needs exactly 2 values in column "
                                 f"{self.target_columns[0]!r}, found {len(class_names)}: {class_names[:10]}; use "
@@ -147,14 +171,15 @@ class SiteTable(FederatedDataModule):
             y = y[:, 0] if len(self.target_columns) == 1 else y
         x = torch.from_numpy(frame[features].to_numpy(dtype=np.float32))
         sites = frame[self.site_column].astype(str).str.strip().to_numpy()
-        site_ids = sorted({str(s) for s in sites}, key=class_sort_key)
+        site_ids = self.sites_to_build(sorted({str(s) for s in sites}, key=class_sort_key),
+                                       f"the sites of column {self.site_column!r} of {path}")
         order = np.concatenate([np.flatnonzero(sites == s) for s in site_ids])
         x, y, file_rows = x[torch.from_numpy(order)], y[torch.from_numpy(order)], order
         bounds = np.cumsum([0] + [int((sites == s).sum()) for s in site_ids])
         if codes is None:
             per_site = {s: y[bounds[i]:bounds[i + 1]] for i, s in enumerate(site_ids)}
-            local = split_samples(per_site, self.split_fractions, np.random.default_rng(self.seed), task,
-                                  f"{_OPTION}.split_fractions")
+            local = {s: split_samples({s: per_site[s]}, self.split_fractions, site_rng(self.seed, s), task,
+                                      f"{_OPTION}.split_fractions")[s] for s in site_ids}
             splits = {s: {k: v + bounds[i] for k, v in local[s].items()} for i, s in enumerate(site_ids)}
         else:
             splits = self._column_splits(codes[order], site_ids, bounds)
@@ -194,6 +219,25 @@ class SiteTable(FederatedDataModule):
                 "split_fractions": None if self.split_column else list(self.split_fractions),
             },
         )
+
+    def _class_names(self, values: pd.Series, row_name: str) -> list[str]:
+        """The declared ``class_names`` (each value checked against them), else the sorted distinct values read."""
+        if self.class_index is None:
+            names = sorted(values.unique(), key=class_sort_key)
+            if self.only_client is not None:
+                warnings.warn(f"SiteTable ({self.path}): the classes are numbered by the values this node reads "
+                              f"({names[:10]}); another site lacking or adding a value numbers them differently. "
+                              f"Declare them in the recipe with {_OPTION}.class_names", stacklevel=3)
+            return names
+        class_names = list(self.class_index)
+        bad = np.flatnonzero(~values.isin(class_names).to_numpy())
+        if len(bad):
+            shown = "; ".join(f"{row_label(int(i), row_name)}: {values.iloc[int(i)]!r}" for i in bad[:5])
+            more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise DataError(f"{self.path}: column {self.target_columns[0]!r} holds values that are not in "
+                            f"{_OPTION}.class_names {class_names}: {shown}{more}; fix the rows, or add the class to "
+                            "class_names (in the recipe, so that every site numbers the classes alike)")
+        return class_names
 
     def _column_splits(self, codes: np.ndarray, site_ids: list[str], bounds: np.ndarray
                        ) -> dict[str, dict[str, np.ndarray]]:

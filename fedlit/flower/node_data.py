@@ -1,8 +1,11 @@
 """A node's view of its own client's data: the recipe's data module seen through the node's one client.
 
-On a SuperNode, :class:`~fedlit.flower.client.ClientRuntime` (:mod:`fedlit.flower.client`) builds the recipe's data
-section as a simulation does, then wraps it in :class:`OwnClientData`: the loop sees one client, the node's
-``client-id``; loaders, sizes and class counts of the other clients are never read. The server's counterpart, which
+On a SuperNode, :class:`~fedlit.flower.client.ClientRuntime` (:mod:`fedlit.flower.client`) constructs the recipe's
+data module (with the node's ``overrides``: its own folder or file) and wraps it in :class:`OwnClientData`, which
+restricts it to the node's ``client-id`` before it is set up
+(:meth:`~fedlit.data.FederatedDataModule.only_site`): a site data set reads that site's files alone, built exactly
+as among all the sites; one that generates every client from a seed builds them all (nothing private). The loop
+sees one client; loaders, sizes and class counts of any other client are never read. The server's counterpart, which
 holds no data at all, is :class:`~fedlit.flower.remote.RemoteData` (:mod:`fedlit.flower.remote`).
 """
 
@@ -27,7 +30,10 @@ class OwnClientData:
         self.inner, self.client_id = datamodule, client_id
 
     def setup(self) -> None:
-        """Set up the data and check that it holds the node's client."""
+        """Set up the node's site only (:meth:`~fedlit.data.FederatedDataModule.only_site`) and check that the data
+        holds it."""
+        if getattr(self.inner, "_data", None) is None and hasattr(self.inner, "only_site"):
+            self.inner.only_site(self.client_id)
         self.inner.setup()
         if self.client_id not in self.inner.client_ids:
             ids = self.inner.client_ids
@@ -72,6 +78,8 @@ class OwnClientData:
 
     def position(self) -> int:
         """The client's place in the data set's client order (the server orders the clients by it)."""
+        if hasattr(self.inner, "client_position"):
+            return int(self.inner.client_position(self.client_id))
         return list(self.inner.client_ids).index(self.client_id)
 
     def _own(self, client_id: str) -> str:

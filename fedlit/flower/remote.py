@@ -100,7 +100,8 @@ class RemoteData:
     """What the server knows of the clients' data: the nodes' answers to the ``query`` message.
 
     Args:
-        recipe_data: The recipe's data module, built but never set up (only ``expected_num_clients()`` is read).
+        recipe_data: The recipe's data section (:class:`~fedlit.config.build.DataSection`: its options, never
+            built), or a data module that is never set up; only ``expected_num_clients()`` is read.
         transport: How to reach the nodes.
         client_ids: The expected clients, in the run's order; empty: any ``num_clients`` clients, ordered as the
             data set orders them.
@@ -114,8 +115,9 @@ class RemoteData:
         self.expected_ids = list(client_ids or [])
         self.expected = len(self.expected_ids) or num_clients or recipe_data.expected_num_clients()
         if not self.expected:
-            raise ConfigError(f"{type(recipe_data).__name__} cannot tell its number of clients before it is built: "
-                              "give the run config client-ids (comma-separated) or num-clients.")
+            name = getattr(recipe_data, "name", type(recipe_data).__name__)
+            raise ConfigError(f"{name} cannot tell its number of clients from its options (the server builds no "
+                              "data): give the run config client-ids (comma-separated) or num-clients.")
         self.connect_timeout = connect_timeout
         self.nodes: dict[str, int] = {}
         self.info: dict[str, dict[str, Any]] = {}

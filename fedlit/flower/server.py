@@ -3,12 +3,14 @@
 The ServerApp (:data:`app`) builds the recipe's :class:`~fedlit.federation.Federation` exactly as ``fedlit fit``
 does (same parser, seed, model, strategy, callbacks, out_dir, resume), with two changes:
 
-- the data module is a :class:`~fedlit.flower.remote.RemoteData`: the server never builds the clients' data.
-  Before round 1 it sends a ``query`` message to every node and keeps what each answers about its client (id,
-  split sizes, class counts, manifest entry, task); that is all the loop asks a data module outside a client's
-  turn. It waits until the expected number of nodes has connected (the run config's ``client-ids``, else
-  ``num-clients``, else the recipe's data section's ``expected_num_clients()``), and stops with the missing clients
-  named after ``connect-timeout`` seconds.
+- the data module is a :class:`~fedlit.flower.remote.RemoteData`: the server never builds the clients' data, nor
+  constructs the recipe's data module (its section is parsed and validated only,
+  :class:`~fedlit.config.build.DataSection`: a constructor that looks for the sites' files never runs here, so the
+  server needs no data folder). Before round 1 it sends a ``query`` message to every node and keeps what each
+  answers about its client (id, split sizes, class counts, manifest entry, task); that is all the loop asks a data
+  module outside a client's turn. It waits until the expected number of nodes has connected (the run config's
+  ``client-ids``, else ``num-clients``, else the number of clients the data section's options give, e.g. the length
+  of its ``sites``), and stops with the missing clients named after ``connect-timeout`` seconds.
 - ``fed.executor`` is a :class:`FlowerExecutor`: each client's turn (or evaluation) is one message to the node
   that holds it, with what the strategy computed on the server (:class:`~fedlit.engine.executor.FitTask`); the
   replies are checked against what the server sent and knows (:mod:`fedlit.flower.replies`) and decoded into
@@ -56,6 +58,7 @@ from fedlit.flower.remote import GridTransport, RemoteData, Transport
 from fedlit.flower.secagg_server import secure_fit
 
 if TYPE_CHECKING:
+    from fedlit.config.build import DataSection
     from fedlit.engine.run import Run
 
 #: What this module defines, and the names it re-exports from :mod:`fedlit.flower.remote` (their home before the
@@ -266,7 +269,7 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
     ids = [c.strip() for c in str(config["client-ids"]).split(",") if c.strip()]
     holder: dict[str, RemoteData] = {}
 
-    def remote(recipe_data: Any) -> RemoteData:
+    def remote(recipe_data: DataSection) -> RemoteData:
         holder["data"] = RemoteData(recipe_data, transport, client_ids=ids, num_clients=int(config["num-clients"]),
                                     connect_timeout=float(config["connect-timeout"]))
         return holder["data"]

@@ -153,7 +153,7 @@ def test_binary_task_and_site_selection(sites: Path) -> None:
     with pytest.raises(DataError, match=r"task='binary' needs exactly 2 classes; .* have 3: \['benign', 'malig"):
         _data(sites, task="binary").setup()
     with pytest.raises(ValueError, match=r"data.init_args.sites: \['site_d'\] are not folders .* did you mean"):
-        _data(sites, sites=["site_d"])
+        _data(sites, sites=["site_d"]).setup()
 
 
 def test_bad_folders_are_refused_naming_the_file(sites: Path, tmp_path: Path) -> None:
@@ -287,3 +287,34 @@ def test_binary_task_with_a_third_label_names_where_each_class_is_first_seen(sit
         _data(sites, task="binary").setup()
     assert f"'normal' first at {sites / 'site_c' / 'labels.csv'}, line 10" in str(info.value)
     assert f"'benign' first at {sites / 'site_a' / 'benign'}" in str(info.value)
+
+
+def test_a_node_holding_only_its_site_builds_it_as_among_all_with_the_recipe_label_map(sites: Path,
+                                                                                       tmp_path: Path) -> None:
+    """site_a has benign and malignant only: with class_names it keeps 'malignant' = 1 of [benign, malignant,
+    normal], and a node whose root holds only site_a (the recipe listing all three sites) builds the same files,
+    splits and targets as the pooled folders."""
+    import shutil
+
+    names = ["benign", "malignant", "normal"]
+    alone_root = tmp_path / "node"
+    shutil.copytree(sites / "site_a", alone_root / "site_a")
+    alone = _data(alone_root, sites=["site_a", "site_b", "site_c"], class_names=names)
+    alone.only_site("site_a")
+    pooled = _data(sites, class_names=names)
+    assert alone.client_ids == ["site_a"] and alone.num_classes == 3 and alone.client_position("site_a") == 0
+    assert alone.manifest()["clients"]["site_a"] == pooled.manifest()["clients"]["site_a"]
+    assert alone.class_counts()["site_a"] == pooled.class_counts()["site_a"]
+    assert alone.manifest()["class_names"] == names
+    # without the label map the node numbers its own labels, with a warning
+    own = _data(alone_root)
+    own.only_site("site_a")
+    with pytest.warns(UserWarning, match=r"numbered by the labels this node reads \(\['benign', 'malignant'\]\)"):
+        own.setup()
+
+
+def test_a_label_outside_the_recipe_label_map_is_refused(sites: Path) -> None:
+    data = _data(sites, class_names=["benign", "malignant"])
+    with pytest.raises(DataError, match=r"class_names \['benign', 'malignant'\] lacks labels of .*: 'normal' first "
+                                        r"at .*site_c/labels\.csv, line 10"):
+        data.setup()

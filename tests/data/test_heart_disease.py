@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 from sklearn.model_selection import train_test_split
 
+from fedlit.core.errors import DataError
 from fedlit.data import FedHeartDisease
 from fedlit.data.heart_disease import CENTERS, FILES
 
@@ -149,7 +151,49 @@ def test_missing_folder_or_file_is_explained(tmp_path: Path) -> None:
     for name in FILES[:3]:
         (tmp_path / name).write_text("")
     with pytest.raises(FileNotFoundError, match=r"lacks \['processed\.va\.data'\]"):
-        FedHeartDisease(root=tmp_path)
+        FedHeartDisease(root=tmp_path).setup()
+
+
+@pytest.mark.parametrize("val_fraction", [0.0, 0.2])
+def test_one_hospital_alone_builds_its_client_as_among_all_four(root: Path, tmp_path: Path, val_fraction) -> None:
+    """A node of Hungary holds processed.hungarian.data only: its client equals, tensor for tensor, Hungary's client
+    built from all four files (encoding, split, validation hold-out and standardization)."""
+    shutil.copy(root / "processed.hungarian.data", tmp_path)
+    alone = FedHeartDisease(root=tmp_path, val_fraction=val_fraction, seed=1)
+    alone.only_site("hungarian")
+    alone.setup()
+    full = FedHeartDisease(root=root, val_fraction=val_fraction, seed=1)
+    assert alone.client_ids == ["hungarian"]
+    for split in ("train", "val", "test"):
+        assert alone.num_examples("hungarian", split) == full.num_examples("hungarian", split)
+        if not alone.num_examples("hungarian", split):
+            continue
+        loader = {"train": lambda d: d.train_dataloader("hungarian", torch.Generator().manual_seed(0)),
+                  "val": lambda d: d.val_dataloader("hungarian"),
+                  "test": lambda d: d.test_dataloader("hungarian")}[split]
+        (xa, ya), (xf, yf) = _all(loader(alone)), _all(loader(full))
+        assert torch.equal(xa, xf) and torch.equal(ya, yf), split
+    assert alone.data.details["rows"]["hungarian"] == full.data.details["rows"]["hungarian"]
+    assert alone.class_counts()["hungarian"] == full.class_counts()["hungarian"]
+
+
+def test_a_node_of_a_center_outside_sites_is_refused(root: Path) -> None:
+    data = FedHeartDisease(root=root, sites=["cleveland", "va"])
+    assert data.expected_num_clients() == 2 and FedHeartDisease.clients_in_options({"sites": None}) == 4
+    data.only_site("hungarian")
+    with pytest.raises(DataError, match=r"client-id='hungarian' is not a site of FedHeartDisease .*'cleveland', 'va'"):
+        data.setup()
+
+
+def test_a_category_outside_its_documented_values_is_refused(root: Path, tmp_path: Path) -> None:
+    lines = (root / "processed.switzerland.data").read_text().splitlines()
+    fields = lines[4].split(",")
+    fields[2] = "5"  # chest pain type is 1-4
+    lines[4] = ",".join(fields)
+    (tmp_path / "processed.switzerland.data").write_text("\n".join(lines) + "\n")
+    data = FedHeartDisease(root=tmp_path, sites=["switzerland"])
+    with pytest.raises(DataError, match=r"line 5, column 'cp': '5' is not one of its documented values \[1, 2, 3, 4\]"):
+        data.setup()
 
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.0])

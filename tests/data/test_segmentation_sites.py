@@ -341,3 +341,15 @@ def test_unsafe_site_names_are_refused_before_any_file_is_looked_at(
                                           r"data\.init_args\.root"):
         cls(root=str(root), sites=["BIDMC", site])
     assert looked_at == []
+
+
+def test_a_node_builds_only_its_site_as_among_all(prostate_root: Path) -> None:
+    full = FedProstateSlices(root=prostate_root, sites=MATCHED_PROSTATE, image_size=16, val_fraction=0.5)
+    alone = FedProstateSlices(root=prostate_root, sites=MATCHED_PROSTATE, image_size=16, val_fraction=0.5)
+    alone.only_site("RUNMC")
+    assert alone.client_ids == ["RUNMC"] and alone.client_position("RUNMC") == MATCHED_PROSTATE.index("RUNMC")
+    assert alone.manifest()["clients"]["RUNMC"] == full.manifest()["clients"]["RUNMC"]
+    other = FedProstateSlices(root=prostate_root, sites=MATCHED_PROSTATE, image_size=16)
+    other.only_site("I2CVB")  # not among the recipe's sites
+    with pytest.raises(DataError, match=r"client-id='I2CVB' is not a site of FedProstateSlices"):
+        other.setup()
