@@ -85,8 +85,9 @@ class FitJob:
 
 def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -> FitJob | cost.CostJob:
     """Parse ``argv`` (``fit ...``, ``validate ...`` or ``test ...``), resolve the run folder and checkpoint and
-    build the objects (configuration errors are raised here); calling the result runs it. ``wrap_data`` replaces
-    the recipe's data module, built but not set up, by what it returns (a Flower server's view of its nodes)."""
+    build the objects (configuration errors are raised here); calling the result runs it. With ``wrap_data`` the
+    recipe's data section is validated but never constructed: the run's data module is what ``wrap_data`` returns
+    for its :class:`~fedlit.config.build.DataSection` (a Flower server's view of its nodes)."""
     name = argv[0]
     root = build_parser(name)
     cfg = parse(root, argv)

@@ -17,13 +17,14 @@ checkpoint's round) in ``context.state`` (record ``fedlit.<run>``), or, when the
 ``--node-config "... state-dir='/path'"``, in ``<state-dir>/<run>/<client-id>/round_<r>.pt``, which outlives the
 SuperNode process (:func:`snapshots_of`). The entry never leaves the node.
 
-What the data module builds: the recipe's data section, as on a simulation (``setup()``), with the node's own
-``overrides`` (node config) on top; the runtime then keeps one client, the node's ``client-id``
-(:class:`~fedlit.flower.node_data.OwnClientData`): loaders, sizes and class counts of the other clients are never
-used. A data set that generates every client from one seed (``SyntheticImages``) generates them all on every node
-(synthetic data: nothing private); a site data set (``SiteFolders``, ``SiteTable``...) reads what its section
-lists, so give each node a data section (or a node ``overrides`` such as ``--data.init_args.root /data/site_0``)
-that lists its own site only.
+What the data module builds: the recipe's data section with the node's own ``overrides`` (node config) on top,
+told before ``setup()`` to build the node's ``client-id`` only
+(:meth:`~fedlit.data.FederatedDataModule.only_site`, through :class:`~fedlit.flower.node_data.OwnClientData`): a
+site data set (``FedHeartDisease``, ``SiteTable``, ``SiteFolders``, the segmentation sites) reads that site's files
+alone and builds it exactly as among all the sites, so a node's folder holds its own site only (point the node's
+``overrides`` at it, e.g. ``--data.init_args.root /data/site_0``). A data set that generates every client from one
+seed (``SyntheticImages``) generates them all on every node (synthetic data: nothing private); loaders, sizes and
+class counts of the other clients are never used.
 
 Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
 
