@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +35,7 @@ from fedlit.cli import run  # noqa: E402
 from fedlit.core.checkpoint_io import load_checkpoint  # noqa: E402
 from fedlit.flower.app import write_app  # noqa: E402
 from fedlit.flower.certs import make_certificates  # noqa: E402
+from tests.children import popen_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -131,10 +133,12 @@ NEEDS_SUPERLINK = pytest.mark.skipif(shutil.which("flower-superlink", path=str(B
 
 
 @contextlib.contextmanager
-def _deployment(tmp_path: Path, state_dir: Path | None = None) -> Iterator[dict[str, str]]:
-    """A SuperLink (TLS, SuperNode authentication) and one authenticated SuperNode per client of ``CLIENTS`` on
-    127.0.0.1 (the second keeps its client's state in ``state_dir`` when given); yields the environment for ``flwr``
-    and stops every process, checking that none is left."""
+def _deployment(tmp_path: Path, state_dir: Path | None = None, clients: list[str] = CLIENTS,
+                node_config: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """A SuperLink (TLS, SuperNode authentication) and one authenticated SuperNode per client of ``clients`` on
+    127.0.0.1 (the second keeps its client's state in ``state_dir`` when given; ``node_config`` adds a client's own
+    node config entries); yields the environment for ``flwr`` and stops every process, checking that none is
+    left."""
     certs = _certificates(tmp_path / "certs")
     home = tmp_path / "flwr_home"
     home.mkdir()
@@ -162,7 +166,7 @@ def _deployment(tmp_path: Path, state_dir: Path | None = None) -> Iterator[dict[
                "--ssl-certfile", str(certs["server.pem"]), "--ssl-keyfile", str(certs["server.key"]),
                "--port", str(port), "--enable-supernode-auth",
                "--disable-runtime-dependency-installation"], "superlink.log")
-        for i, client in enumerate(CLIENTS):
+        for i, client in enumerate(clients):
             deadline = time.monotonic() + LIMIT
             while True:  # until the SuperLink answers
                 registered = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(certs[f"node_{i}.pub"]),
@@ -174,7 +178,8 @@ def _deployment(tmp_path: Path, state_dir: Path | None = None) -> Iterator[dict[
             assert registered.returncode == 0, registered.stdout + registered.stderr
             start(["flower-supernode", "--root-certificates", str(certs["ca.crt"]), "--superlink", f"127.0.0.1:{port}",
                    "--port", str(_free_port()), "--auth-supernode-private-key", str(certs[f"node_{i}.key"]),
-                   "--node-config", f"client-id='{client}'" + (f" state-dir='{state_dir}'" if i and state_dir else "")],
+                   "--node-config", f"client-id='{client}'" + (f" state-dir='{state_dir}'" if i and state_dir else "")
+                   + (f" {node_config[client]}" if node_config and client in node_config else "")],
                   f"supernode_{i}.log")
         yield env
     finally:
@@ -253,3 +258,68 @@ def test_secagg_plus_fedavg_deployment_gives_the_simulations_aggregate(tmp_path)
     for client in CLIENTS:
         for metric, value in simulated["last"]["clients"][client].items():
             assert results["last"]["clients"][client][metric] == pytest.approx(value, abs=1e-3), (client, metric)
+
+
+@pytest.mark.slow
+@NEEDS_SUPERLINK
+def test_a_node_killed_in_round_2_is_reported_with_flowers_reason(tmp_path):
+    """``kill -9`` of site_1's SuperNode (and its worker: the same process group) once it has received its round-2
+    train message: the SuperLink answers for the gone node, and the server stops the run naming the node, Flower's
+    reason (NODE_UNAVAILABLE) and the seconds it waited (well under the client timeout), keeping round 1's
+    checkpoint."""
+    app = write_app(ROOT / "recipes" / "quickstart.yaml", tmp_path / "app",
+                    overrides=OVERRIDES.replace(" --federation.on_client_error skip", ""),
+                    out_dir=str(tmp_path / "deployed"), client_ids=",".join(CLIENTS), connect_timeout=LIMIT,
+                    client_timeout=LIMIT).parent
+    with _deployment(tmp_path) as env:
+        deployed = popen_child([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        node_log = tmp_path / "supernode_1.log"
+        deadline = time.monotonic() + LIMIT
+        while node_log.read_text().count("Receiving: train message") < 2:
+            assert deployed.poll() is None and time.monotonic() < deadline, "round 2 never reached site_1's node"
+            time.sleep(0.2)
+        node = int((tmp_path / "process_groups").read_text().split()[2])  # the SuperLink, then one per client
+        os.killpg(node, signal.SIGKILL)
+        output, _ = deployed.communicate(timeout=LIMIT)
+    said = re.search(r"Round 2: the turn of client 'site_1' \(Flower node \d+\) failed: node \d+ failed after "
+                     r"(\d+) s: Flower error NODE_UNAVAILABLE", output)
+    assert said is not None, output[-6000:]
+    assert int(said.group(1)) < LIMIT
+    assert load_checkpoint(tmp_path / "deployed" / "checkpoints" / "last.ckpt")["server_round"] == 1
+
+
+HEART = ROOT.parent / "shared" / "data" / "heart_disease"
+
+
+@NEEDS_SUPERLINK
+def test_each_hospital_holds_only_its_own_file_and_the_deployment_equals_the_simulation(tmp_path):
+    """FedHeartDisease across two hospitals: each SuperNode's folder holds its own ``processed.<site>.data`` only
+    (its node config points the recipe's root there), the server's recipe names a folder it does not have, and the
+    deployed run gives the simulation's per-client results on all the files."""
+    if not HEART.is_dir():
+        pytest.skip(f"the real Fed-Heart-Disease files are absent ({HEART})")
+    sites = ["cleveland", "hungarian"]
+    folders = {}
+    for site in sites:
+        folders[site] = tmp_path / "hospitals" / site
+        folders[site].mkdir(parents=True)
+        shutil.copy(HEART / f"processed.{site}.data", folders[site])
+    recipe = tmp_path / "heart.yaml"
+    recipe.write_text((ROOT / "recipes" / "heart_disease_fedavg.yaml").read_text().replace(
+        "root: ../shared/data/heart_disease", f"root: {tmp_path / 'not_on_the_server'}"))
+    overrides = "--data.init_args.sites [cleveland,hungarian] --federation.rounds 2 --federation.local_steps 10"
+    app = write_app(recipe, tmp_path / "app", overrides=overrides, out_dir=str(tmp_path / "deployed"),
+                    client_ids=",".join(sites), connect_timeout=LIMIT, client_timeout=LIMIT).parent
+    node_config = {site: f"overrides='--data.init_args.root {folders[site]}'" for site in sites}
+    with _deployment(tmp_path, clients=sites, node_config=node_config) as env:
+        _flwr_run(app, env, tmp_path)
+    assert sorted(p.name for p in folders["cleveland"].iterdir()) == ["processed.cleveland.data"]
+    assert not (tmp_path / "not_on_the_server").exists()
+    simulated = run(["fit", "--config", str(recipe), *overrides.split(), "--data.init_args.root", str(HEART),
+                     "--out_dir", str(tmp_path / "simulated"), "--federation.progress_bar", "false"])
+    deployed = json.loads((tmp_path / "deployed" / "results.json").read_text())
+    assert set(deployed["last"]["clients"]) == set(sites)
+    for site in sites:
+        for metric, value in simulated["last"]["clients"][site].items():
+            assert deployed["last"]["clients"][site][metric] == pytest.approx(value, abs=1e-5), (site, metric)
