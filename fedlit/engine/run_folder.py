@@ -38,6 +38,7 @@ from types import TracebackType
 from typing import Any
 
 from fedlit.core.errors import RunDirError
+from fedlit.core.processes import pid_alive
 
 try:
     import fcntl
@@ -344,13 +345,7 @@ def _maybe_alive(record: dict[str, Any]) -> bool:
         return False
     if host != socket.gethostname():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by another user
-    return True
+    return pid_alive(pid)
 
 
 def _describe(record: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from fedlit.core.processes import pid_alive
 from fedlit.flower.clientapp import error_content, recv_frames, send_frames
 
 #: Seconds between the worker's checks of its socket file and of the watched process.
@@ -94,15 +95,7 @@ class NodeWorker:
 
 
 def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid is None or pid_alive(pid)
 
 
 def _serve_one(listener: socket.socket, worker: NodeWorker) -> None:
