@@ -21,7 +21,13 @@ from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import SampleList, is_image
 from fedlit.data.segmentation_sites import decode_image, pair_augmentation
-from fedlit.data.site_options import check_site_names, find_sites, report_unmatched, segmentation_option_problems
+from fedlit.data.site_options import (
+    check_site_names,
+    find_sites,
+    report_unmatched,
+    segmentation_option_problems,
+    site_rng,
+)
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
 
 _OPTION = "data.init_args"
@@ -145,8 +151,9 @@ class FedPolyp(FederatedDataModule):
         return len(self.sites) if self._data is None else super().expected_num_clients()
 
     def build_samples(self) -> SampleList:
-        samples, splits, origins, lost, rng = {}, {}, {}, [], np.random.default_rng(self.seed)
-        for site in self.sites:
+        samples, splits, origins, lost = {}, {}, {}, []
+        built = self.sites_to_build(self.sites)  # a Flower node: its own site only
+        for site in built:
             pairs, origins[site] = [], {}
             for images, masks, keep in self._folders(site):
                 found, missing = _pairs(self.root, images, masks, keep)
@@ -157,13 +164,13 @@ class FedPolyp(FederatedDataModule):
             samples[site] = pairs
         report_unmatched("FedPolyp", lost, self.unmatched, "partner of the same name")
         needed = sum(f > 0 for f in self.split_fractions)
-        few = [f"{site} ({len(samples[site])})" for site in self.sites if len(samples[site]) < needed]
+        few = [f"{site} ({len(samples[site])})" for site in built if len(samples[site]) < needed]
         if few:
             raise DataError(f"FedPolyp: sites {', '.join(few)} have fewer (image, mask) pairs under {self.root} than "
                             f"the non-empty splits of {_OPTION}.split_fractions={self.split_fractions}; add pairs, or "
                             f"leave those sites out with {_OPTION}.sites")
-        for site in self.sites:
-            order = rng.permutation(len(samples[site]))
+        for site in built:
+            order = site_rng(self.seed, site).permutation(len(samples[site]))  # a site's split depends on it alone
             bounds = np.cumsum([0, *split_sizes(len(samples[site]), self.split_fractions)])
             splits[site] = {split: np.sort(order[bounds[i]:bounds[i + 1]]) for i, split in enumerate(SPLITS)}
         train_transform = pair_augmentation(self.crop_size, self.augment)

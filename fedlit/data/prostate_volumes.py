@@ -25,7 +25,7 @@ from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import SampleList
 from fedlit.data.segmentation_sites import pair_augmentation
-from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems
+from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems, site_rng
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
 
 _OPTION = "data.init_args"
@@ -220,18 +220,19 @@ class FedProstateVolumes(FederatedDataModule):
 
     def build_samples(self) -> SampleList:
         listed, lost = {}, []
-        for site in self.sites:
+        built = self.sites_to_build(self.sites)  # a Flower node: its own site only
+        for site in built:
             listed[site], missing = self._cases(site)
             lost += missing
         report_unmatched("FedProstateVolumes", lost, self.unmatched, "partner (a CaseXX.nii.gz needs its "
                          "CaseXX_segmentation.nii.gz and the reverse)")
-        samples, splits, cases, rng = {}, {}, {}, np.random.default_rng(self.seed)
+        samples, splits, cases = {}, {}, {}
         for site, pairs in listed.items():
             if len(pairs) < sum(f > 0 for f in self.split_fractions):
                 raise DataError(f"FedProstateVolumes: site {site} has {len(pairs)} matched cases under "
                                 f"{self.root / site}, fewer than the non-empty splits of {_OPTION}.split_fractions="
                                 f"{self.split_fractions}; add cases or leave the site out with {_OPTION}.sites")
-            order = rng.permutation(len(pairs))
+            order = site_rng(self.seed, site).permutation(len(pairs))  # a site's split depends on it alone
             bounds = np.cumsum([0, *split_sizes(len(pairs), self.split_fractions)])
             split_of = {int(case): split for i, split in enumerate(SPLITS) for case in order[bounds[i]:bounds[i + 1]]}
             samples[site], positions = [], {split: [] for split in SPLITS}
@@ -244,7 +245,7 @@ class FedProstateVolumes(FederatedDataModule):
                 cases[site][split].append({"image": image_rel, "mask": mask_rel, "slices": len(kept),
                                            "foreground_pixels": foreground})
             splits[site] = {split: np.asarray(positions[split], dtype=np.int64) for split in SPLITS}
-        empty = [f"{site}/{split}" for site in self.sites for split in ("train", "test")
+        empty = [f"{site}/{split}" for site in built for split in ("train", "test")
                  if not len(splits[site][split])]
         if empty:
             raise DataError(f"FedProstateVolumes: no slice with prostate in {', '.join(empty)} under {self.root}; "

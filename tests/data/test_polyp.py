@@ -129,3 +129,13 @@ def test_missing_folders_sizes_and_options_are_named(pranet: Path, tmp_path: Pat
     (pranet / "TestDataset" / "CVC-ColonDB" / "images" / "4.jpg").write_bytes(b"")
     with pytest.raises(DataError, match=r"share the name '4'"):
         FedPolyp(root=pranet, sites=["CVC-ColonDB"]).setup()
+
+
+def test_a_site_built_alone_is_the_site_built_among_all(pranet: Path) -> None:
+    """A Flower node builds its own site only (``only_site``): the same pairs and the same split as among all."""
+    together = FedPolyp(root=pranet, seed=3, split_fractions=(0.6, 0.2, 0.2)).manifest()["clients"]
+    for site in ("CVC-ColonDB", "ETIS-LaribPolypDB"):
+        alone = FedPolyp(root=pranet, seed=3, split_fractions=(0.6, 0.2, 0.2))
+        alone.only_site(site)
+        assert alone.client_ids == [site]
+        assert alone.manifest()["clients"][site] == together[site]

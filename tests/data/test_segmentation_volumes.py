@@ -185,3 +185,18 @@ def test_fed_prostate_reads_either_layout_and_names_both_when_neither(saml: Path
     (tmp_path / "empty" / "UCL").mkdir(parents=True)
     with pytest.raises(DataError, match=r"holds neither layout"):
         FedProstate(root=str(tmp_path / "empty"))
+
+
+def test_a_site_built_alone_is_the_site_built_among_all(saml: Path) -> None:
+    """A Flower node builds its own site only (``only_site``): the same cases and the same split as among all, even
+    when its folder holds that site alone."""
+    together = FedProstateVolumes(root=saml, image_size=None, seed=1).manifest()["clients"]
+    alone = FedProstateVolumes(root=saml, image_size=None, seed=1)
+    alone.only_site("HK")
+    assert alone.client_ids == ["HK"] and alone.manifest()["clients"]["HK"] == together["HK"]
+    own = saml.parent / "hk_only"
+    for case in range(5):
+        _case(own, "HK", case + 10, suffix="_Segmentation")
+    by_itself = FedProstateVolumes(root=own, image_size=None, seed=1)
+    by_itself.only_site("HK")
+    assert by_itself.manifest()["clients"]["HK"] == together["HK"]
