@@ -43,9 +43,10 @@ def log_class_counts(run: Run) -> None:
 
 def log_role_summary(run: Run) -> None:
     """Print the tensors, parameters and MB of each role (after the strategy's refinement) and log the table
-    to TensorBoard, once per fit."""
-    rules = [*getattr(run.module, "default_role_rules", list)(), *getattr(run.module, "role_rules", [])]
-    table = role_summary_table(run.module, run.module.parameter_roles(), rules)
+    to TensorBoard, once per fit. Below it: the recipe's role rules (``model.init_args.roles``) that match no
+    tensor; a module's own defaults are left out (``backbone.*`` over an ``Identity`` backbone matches nothing, and
+    says nothing about the recipe)."""
+    table = role_summary_table(run.module, run.module.parameter_roles(), list(getattr(run.module, "role_rules", [])))
     print(f"{type(run.module).__name__} parameter roles ({run.strategy!r}):\n{table}", flush=True)
     _add_text(run, "model/roles", table)
 
