@@ -23,211 +23,56 @@ block, with ``A_s``, ``A_m``, ``A_d`` its ``Space_Adapter``, ``MLP_Adapter`` and
 The space adapter has its own skip; the MLP and depth adapters have none. With ``depth_adapters=True`` the input
 is a volume (B, C, D, H, W): its D slices go through the encoder as one batch and, in every block, the depth
 branch ``Attn_depth`` attends over the D slices at each spatial position with the block's own ``qkv`` and ``proj``
-projections, then ``A_d`` adds its output to the spatial branch before the residual, as MSA does. Adapters are
-registered in the order they run (depth, space, MLP), so fedlit's adapter order (by block, then registration,
-as FedSCA reads it) is ``blocks.0.Space_Adapter, blocks.0.MLP_Adapter, blocks.1...`` (24 adapters in ViT-B; 36
-with depth adapters).
+projections, then ``A_d`` adds its output to the spatial branch before the residual, as MSA does. FedSCA numbers
+the adapters by block, then registration (:meth:`SamAdapterNet.adapter_names`): ``adapter_layout: fedlit``
+registers them in the order they run (``blocks.0.Space_Adapter, blocks.0.MLP_Adapter, blocks.1...``: 24 in ViT-B;
+36 with depth adapters, depth first); ``reference`` as MSA's code, MLP, space and depth in every block even for
+2-D images, where the depth adapters never run (36 in ViT-B, FedSCA's K = 36, A^1 = ``blocks.0.MLP_Adapter``).
 
 Images (B, C, H, W) of floats in [0, 1] (grey ones repeated to 3 channels) are scaled by 255 and normalized
-with SAM's pixel mean and std. H and W must be multiples of the patch size (16) but need not be the built
-``image_size``: the absolute position embedding is resized (bicubic) to the input's grid on the fly, SAM resizes
-the relative position tables of its global-attention blocks itself, and the prompt encoder's dense positional
-encoding is computed for the actual grid; so training crops of 320 and test images of 384 go through the same
-model. The frozen prompt encoder gives no prompt (``prompt: none``) or a box around the whole image (``box``);
-the mask decoder's first ``out_channels`` mask tokens give the low-resolution masks, upsampled (bilinear) to the
-input size.
+with SAM's pixel mean and std (``normalize_input``). H and W must be multiples of the patch size but need not be
+the built ``image_size``: the absolute position embedding is resized (bicubic) to the input's grid on the fly,
+SAM resizes the relative position tables of its global-attention blocks itself, and the dense positional
+encoding is computed for the actual grid. The frozen prompt encoder gives no prompt, a box around the whole
+image, or a click drawn from the mask (:mod:`fedlit.models.sam_prompts`); the decoder's first ``out_channels``
+mask tokens give low-resolution masks, upsampled (``upsample``) to the input size.
 
-Deviations from MSA's code: the depth branch attends over the D slices as one sequence without relative
-positions (MSA folds them into a small 2-D grid and reuses the windowed block's tables); every checkpoint key
-is loaded or reported (MSA's loading leaves the relative position tables at zero through a name mismatch).
+Deviations from MSA's code (``normalize_input: false``, ``upsample: nearest``, ``prompt: click`` give its input
+handling): the defaults normalize, upsample bilinearly and give no prompt, and evaluation never draws clicks from
+the ground truth unless asked; clicks are (x, y) (MSA passes (row, column)); the depth branch attends over the
+D slices as one sequence without relative positions (MSA folds them into a 2-D grid and reuses the windowed
+block's tables); every checkpoint key is loaded or reported (:mod:`fedlit.models.sam_checkpoint`).
 """
 
 from __future__ import annotations
 
 import difflib
 import warnings
-from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fedlit.core.errors import CheckpointError, ConfigError, DataError
+from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import RoleRule
 from fedlit.models.dry import weight_loading_enabled
+from fedlit.models.sam_blocks import Adapter, AdapterBlock
+from fedlit.models.sam_checkpoint import OPTION, SamLoadReport, load_sam_checkpoint, resize_pos_embed, resize_rel_pos
+from fedlit.models.sam_prompts import PROMPTS, Prompt, sparse_prompt
+from fedlit.models.sam_variants import VARIANTS
 from fedlit.models.unet import SegmentationNetwork
 
 __all__ = ["VARIANTS", "Adapter", "AdapterBlock", "SamAdapter", "SamAdapterNet", "SamLoadReport",
-           "load_sam_checkpoint", "resize_pos_embed", "resize_rel_pos"]
+           "load_sam_checkpoint", "resize_pos_embed", "resize_rel_pos"]  # the last four from sam_checkpoint
 
-_OPTION = "model.init_args.network.init_args"
 # SAM's pixel statistics, on the 0-255 scale (segment_anything.modeling.Sam).
 PIXEL_MEAN = (123.675, 116.28, 103.53)
 PIXEL_STD = (58.395, 57.12, 57.375)
-_GET_WEIGHTS = (
-    "SAM: https://github.com/facebookresearch/segment-anything (e.g. sam_vit_b_01ec64.pth for variant vit_b); "
-    "MedSAM: https://github.com/bowang-lab/MedSAM (medsam_vit_b.pth, variant vit_b). Download the file on a "
-    "machine with internet access, put it on this machine (e.g. under checkpoints/) and give its path"
-)
 
-
-@dataclass(frozen=True)
-class _Variant:
-    width: int
-    depth: int
-    heads: int
-    global_attention: tuple[int, ...]
-    patch: int = 16
-    window: int = 14
-    image_size: int = 1024
-    prompt_dim: int = 256
-    decoder_depth: int = 2
-    decoder_mlp: int = 2048
-    decoder_heads: int = 8
-    iou_hidden: int = 256
-    mask_in_chans: int = 16
-
-
-VARIANTS: dict[str, _Variant] = {
-    "vit_b": _Variant(width=768, depth=12, heads=12, global_attention=(2, 5, 8, 11)),
-    "vit_l": _Variant(width=1024, depth=24, heads=16, global_attention=(5, 11, 17, 23)),
-    "vit_h": _Variant(width=1280, depth=32, heads=16, global_attention=(7, 15, 23, 31)),
-    # For tests and quick runs: block 0 windowed, block 1 global, 64-pixel images on an 8 x 8 grid.
-    "tiny": _Variant(width=64, depth=2, heads=2, global_attention=(1,), patch=8, window=4, image_size=64,
-                     prompt_dim=32, decoder_mlp=64, decoder_heads=2, iou_hidden=32, mask_in_chans=8),
-}
-"""SAM's encoder and decoder sizes per ``variant`` (segment_anything.build_sam), plus a tiny one."""
 
 _NUM_MASK_TOKENS = 4  # SAM's decoder: 1 single-mask token + 3 multimask tokens
-
-
-class Adapter(nn.Module):
-    """MSA's bottleneck: ``D_fc2(GELU(D_fc1 x))``, plus ``x`` when ``skip`` (the space adapter's own skip)."""
-
-    def __init__(self, dim: int, *, ratio: float = 0.25, skip: bool = True) -> None:
-        super().__init__()
-        hidden = int(dim * ratio)
-        self.D_fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.D_fc2 = nn.Linear(hidden, dim)
-        self.skip = skip
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.D_fc2(self.act(self.D_fc1(x)))
-        return x + out if self.skip else out
-
-
-class AdapterBlock(nn.Module):
-    """A ``segment_anything`` encoder ``Block`` with MSA's adapters; its ``norm1``, ``attn``, ``norm2`` and
-    ``mlp`` are the original block's modules, so SAM's checkpoint keys stay the same.
-
-    Args:
-        block: The SAM block whose submodules are kept.
-        depth_adapter: Add the ``Depth_Adapter`` (3-D inputs).
-        mlp_adapter_scale: ``s``, the weight of the MLP adapter's output.
-    """
-
-    def __init__(self, block: nn.Module, *, depth_adapter: bool = False, mlp_adapter_scale: float = 0.5) -> None:
-        super().__init__()
-        dim = block.norm1.normalized_shape[0]
-        self.norm1, self.attn, self.norm2, self.mlp = block.norm1, block.attn, block.norm2, block.mlp
-        self.window_size = block.window_size
-        # Registered in the order they run (depth, space, MLP): FedSCA ranks adapters of a block by this order.
-        if depth_adapter:
-            self.Depth_Adapter = Adapter(dim, skip=False)
-        self.Space_Adapter = Adapter(dim)
-        self.MLP_Adapter = Adapter(dim, skip=False)
-        self.mlp_adapter_scale = mlp_adapter_scale
-
-    def forward(self, x: Tensor, depth: int | None = None) -> Tensor:
-        """(N, h, w, C) tokens -> the same shape; ``depth`` = slices per volume (N = volumes * depth) or None."""
-        from segment_anything.modeling.image_encoder import window_partition, window_unpartition
-
-        shortcut = x
-        across_slices = None
-        if depth is not None:
-            n, h, w, c = x.shape
-            columns = x.reshape(n // depth, depth, h, w, c).permute(0, 2, 3, 1, 4).reshape(-1, depth, c)
-            columns = self.Depth_Adapter(_attend(self.attn, self.norm1(columns)))
-            across_slices = columns.reshape(n // depth, h, w, depth, c).permute(0, 3, 1, 2, 4).reshape(n, h, w, c)
-        x = self.norm1(x)
-        if self.window_size > 0:
-            size = x.shape[1:3]
-            x, padded = window_partition(x, self.window_size)
-        x = self.Space_Adapter(self.attn(x))
-        if self.window_size > 0:
-            x = window_unpartition(x, self.window_size, padded, size)
-        if across_slices is not None:
-            x = x + across_slices
-        x = shortcut + x
-        normed = self.norm2(x)
-        return x + self.mlp(normed) + self.mlp_adapter_scale * self.MLP_Adapter(normed)
-
-
-def _attend(attn: nn.Module, tokens: Tensor) -> Tensor:
-    """SAM ``Attention``'s projections over (N, L, C) token sequences, without relative positions."""
-    n, length, c = tokens.shape
-    q, k, v = attn.qkv(tokens).reshape(n, length, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-    out = F.scaled_dot_product_attention(q, k, v)  # softmax(q k^T / sqrt(head_dim)) v, SAM's attn.scale
-    return attn.proj(out.transpose(1, 2).reshape(n, length, c))
-
-
-def resize_pos_embed(pos_embed: Tensor, grid: tuple[int, int]) -> Tensor:
-    """SAM's (1, h, w, C) absolute position embedding resized (bicubic) to ``grid``."""
-    if tuple(pos_embed.shape[1:3]) == tuple(grid):
-        return pos_embed
-    resized = F.interpolate(pos_embed.permute(0, 3, 1, 2), size=tuple(grid), mode="bicubic", align_corners=False)
-    return resized.permute(0, 2, 3, 1)
-
-
-def resize_rel_pos(table: Tensor, length: int) -> Tensor:
-    """A (L, head_dim) relative position table resized (linear, as SAM's ``get_rel_pos``) to ``length`` rows."""
-    return F.interpolate(table.T.unsqueeze(0), size=length, mode="linear", align_corners=False)[0].T
-
-
-@dataclass
-class SamLoadReport:
-    """What loading a SAM checkpoint did with each tensor.
-
-    Attributes:
-        path: The file read.
-        loaded: Model keys that received the file's tensor.
-        resized: Model key -> (file shape, model shape) for the tensors interpolated on the way (``pos_embed``,
-            relative position tables of global-attention blocks).
-        missing_adapters: Adapter tensors the file lacks: they keep their initialization (expected with SAM).
-        missing: Other model keys not in the file: they keep their initialization.
-        unexpected: File keys that were not used.
-    """
-
-    path: Path
-    loaded: list[str] = field(default_factory=list)
-    resized: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    missing_adapters: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """True when every model tensor was loaded and every file tensor used."""
-        return not (self.missing_adapters or self.missing or self.unexpected)
-
-    def summary(self) -> str:
-        """One line per kind of tensor; every non-adapter key not loaded is named."""
-        lines = [f"loaded {len(self.loaded)} tensors from {self.path}"]
-        if self.resized:
-            lines.append(f"interpolated {len(self.resized)} to the built image size: " + ", ".join(
-                f"{k} {old} -> {new}" for k, (old, new) in self.resized.items()))
-        if self.missing_adapters:
-            lines.append(f"{len(self.missing_adapters)} adapter tensors kept at initialization (not in the file)")
-        if self.missing:
-            lines.append(f"{len(self.missing)} model tensors not in the file keep their initialization: "
-                         + ", ".join(self.missing))
-        if self.unexpected:
-            lines.append(f"{len(self.unexpected)} tensors of the file were not used: " + ", ".join(self.unexpected))
-        return "\n".join(lines)
 
 
 class SamAdapter(SegmentationNetwork):
@@ -242,46 +87,76 @@ class SamAdapter(SegmentationNetwork):
         checkpoint: Path of an original SAM or MedSAM ``.pth`` (keys ``image_encoder.*``, ``prompt_encoder.*``,
             ``mask_decoder.*``, possibly under ``model`` or ``state_dict``), or None (random initialization).
             Nothing downloads.
+        min_loaded: Share of the image encoder's tensors (adapters left out) that the checkpoint must give; a file
+            with fewer is refused (1.0: all of them).
+        checkpoint_key_prefix: Removed from the start of the checkpoint's keys before matching (e.g. ``sam.`` for
+            a file saved from a module that holds SAM as ``self.sam``).
         image_size: Side of the square images the model is built for (``pos_embed`` and the relative position
             tables are interpolated to it when loading); default 1024 (64 for ``tiny``). Other sizes that are
             multiples of the patch size also run.
         in_channels: Channels of the input images: 1 (repeated to RGB) or 3.
-        prompt: ``none`` (no sparse prompt) or ``box`` (a box around the whole image).
+        prompt: The prompt in training: ``none``, ``box`` (a box around the whole image) or ``click`` (one click
+            drawn from each image's ground-truth mask, as MSA trains; the network must then get the masks).
+        eval_prompt: The prompt in evaluation (validation and test); None: ``prompt``, except ``none`` after
+            training with clicks (clicks drawn from the ground truth would leak the labels into the prediction).
+        normalize_input: Scale by 255 and normalize with SAM's pixel mean and std (SAM's own preprocessing);
+            false feeds the [0, 1] images as they are, as MSA's code does.
+        upsample: How the low-resolution masks are resized to the input: ``bilinear`` or ``nearest`` (MSA).
+        adapter_layout: ``fedlit``: a space and an MLP adapter per block (and a depth adapter first with
+            ``depth_adapters``), 24 in ViT-B; ``reference``: MSA's MLP, space and depth adapters in every block
+            in that order, 36 in ViT-B (FedSCA's K = 36), the depth adapters unused for 2-D images.
         train_mask_decoder: Whether the default roles train (share) the mask decoder.
-        depth_adapters: Add MSA's depth adapters; inputs must then be volumes (B, C, D, H, W).
+        depth_adapters: Use MSA's depth adapters; inputs must then be volumes (B, C, D, H, W).
         mlp_adapter_scale: Weight of the MLP adapter's output (0.5 in MSA).
     """
 
     def __init__(self, *, variant: Literal["vit_b", "vit_l", "vit_h", "tiny"] = "vit_b",
-                 checkpoint: str | None = None, image_size: int | None = None, in_channels: int = 1,
-                 prompt: Literal["none", "box"] = "none", train_mask_decoder: bool = True,
+                 checkpoint: str | None = None, min_loaded: float = 1.0, checkpoint_key_prefix: str = "",
+                 image_size: int | None = None, in_channels: int = 1, prompt: Prompt = "none",
+                 eval_prompt: Prompt | None = None, normalize_input: bool = True,
+                 upsample: Literal["bilinear", "nearest"] = "bilinear",
+                 adapter_layout: Literal["fedlit", "reference"] = "fedlit", train_mask_decoder: bool = True,
                  depth_adapters: bool = False, mlp_adapter_scale: float = 0.5) -> None:
         if isinstance(checkpoint, str) and checkpoint.strip() in ("", "None", "null", "none", "~"):
             # jsonargparse turns `--model.init_args.network.init_args.checkpoint null` (an option of a class nested
             # in a class) into the string 'None': read it, and an empty string, as no checkpoint
             checkpoint = None
+        if eval_prompt in ("None", "null", "~"):
+            eval_prompt = None
         problems = []
         if variant not in VARIANTS:
             close = difflib.get_close_matches(str(variant), VARIANTS, n=1)
-            problems.append(f"{_OPTION}.variant={variant!r} is not one of {list(VARIANTS)}"
+            problems.append(f"{OPTION}.variant={variant!r} is not one of {list(VARIANTS)}"
                             + (f" (did you mean {close[0]!r}?)" if close else ""))
         else:
             patch = VARIANTS[variant].patch
             size = VARIANTS[variant].image_size if image_size is None else image_size
             if isinstance(size, bool) or not isinstance(size, int) or size < patch or size % patch:
-                problems.append(f"{_OPTION}.image_size={image_size!r} must be a positive multiple of the patch "
+                problems.append(f"{OPTION}.image_size={image_size!r} must be a positive multiple of the patch "
                                 f"size {patch} of variant {variant!r}")
         if in_channels not in (1, 3) or isinstance(in_channels, bool):
-            problems.append(f"{_OPTION}.in_channels={in_channels!r} must be 1 (grey, repeated to RGB) or 3")
-        if prompt not in ("none", "box"):
-            problems.append(f"{_OPTION}.prompt={prompt!r} is not one of ['none', 'box']")
+            problems.append(f"{OPTION}.in_channels={in_channels!r} must be 1 (grey, repeated to RGB) or 3")
+        for name, value, allowed in (("prompt", prompt, PROMPTS), ("eval_prompt", eval_prompt, (*PROMPTS, None)),
+                                     ("upsample", upsample, ("bilinear", "nearest")),
+                                     ("adapter_layout", adapter_layout, ("fedlit", "reference"))):
+            if value not in allowed:
+                problems.append(f"{OPTION}.{name}={value!r} is not one of {list(allowed)}")
+        if not isinstance(min_loaded, int | float) or isinstance(min_loaded, bool) or not 0 <= min_loaded <= 1:
+            problems.append(f"{OPTION}.min_loaded={min_loaded!r} must be a share between 0 and 1")
         if not isinstance(mlp_adapter_scale, int | float) or isinstance(mlp_adapter_scale, bool):
-            problems.append(f"{_OPTION}.mlp_adapter_scale={mlp_adapter_scale!r} must be a number")
+            problems.append(f"{OPTION}.mlp_adapter_scale={mlp_adapter_scale!r} must be a number")
         if problems:
             raise ConfigError("SamAdapter: " + "; ".join(problems) + ".")
+        if eval_prompt == "click":
+            warnings.warn(f"{OPTION}.eval_prompt=click draws each evaluation click from the ground-truth mask, as "
+                          "MSA's code does: the labels leak into the predictions, so the scores are not those of "
+                          "an unprompted model. Use none or box for honest scores.", stacklevel=2)
         self.variant, self.checkpoint = variant, checkpoint
+        self.min_loaded, self.checkpoint_key_prefix = float(min_loaded), str(checkpoint_key_prefix)
         self.image_size = VARIANTS[variant].image_size if image_size is None else image_size
         self.in_channels, self.prompt = in_channels, prompt
+        self.eval_prompt = eval_prompt if eval_prompt is not None else "none" if prompt == "click" else prompt
+        self.normalize_input, self.upsample, self.adapter_layout = bool(normalize_input), upsample, adapter_layout
         self.train_mask_decoder, self.depth_adapters = bool(train_mask_decoder), bool(depth_adapters)
         self.mlp_adapter_scale = float(mlp_adapter_scale)
 
@@ -292,7 +167,8 @@ class SamAdapter(SegmentationNetwork):
                               f"{_NUM_MASK_TOKENS}.")
         net = SamAdapterNet(self, out_channels)
         if self.checkpoint is not None and weight_loading_enabled():
-            net.load_report = load_sam_checkpoint(net, self.checkpoint)
+            net.load_report = load_sam_checkpoint(net, self.checkpoint, min_loaded=self.min_loaded,
+                                                  key_prefix=self.checkpoint_key_prefix)
         return net
 
 
@@ -300,8 +176,8 @@ class SamAdapterNet(nn.Module):
     """The built network: ``image_encoder``, ``prompt_encoder`` and ``mask_decoder`` as in SAM's ``Sam``.
 
     ``forward`` maps (B, C, H, W) images in [0, 1] (or (B, C, D, H, W) volumes with depth adapters) to
-    (B, out_channels, H, W) (or (B, out_channels, D, H, W)) logits. ``load_report`` tells what loading the
-    checkpoint did (None without a checkpoint).
+    (B, out_channels, H, W) (or (B, out_channels, D, H, W)) logits; with click prompts it also takes the masks
+    (:attr:`needs_masks`). ``load_report`` tells what loading the checkpoint did (None without a checkpoint).
     """
 
     def __init__(self, spec: SamAdapter, out_channels: int) -> None:
@@ -316,7 +192,8 @@ class SamAdapterNet(nn.Module):
             use_rel_pos=True, global_attn_indexes=v.global_attention, window_size=v.window)
         for i, block in enumerate(self.image_encoder.blocks):
             self.image_encoder.blocks[i] = AdapterBlock(block, depth_adapter=spec.depth_adapters,
-                                                        mlp_adapter_scale=spec.mlp_adapter_scale)
+                                                        mlp_adapter_scale=spec.mlp_adapter_scale,
+                                                        layout=spec.adapter_layout)
         self.prompt_encoder = PromptEncoder(embed_dim=v.prompt_dim, image_embedding_size=(grid, grid),
                                             input_image_size=(spec.image_size, spec.image_size),
                                             mask_in_chans=v.mask_in_chans)
@@ -327,9 +204,21 @@ class SamAdapterNet(nn.Module):
             transformer=TwoWayTransformer(depth=v.decoder_depth, embedding_dim=v.prompt_dim,
                                           num_heads=v.decoder_heads, mlp_dim=v.decoder_mlp))
         self.out_channels, self.patch_size, self.in_channels = out_channels, v.patch, spec.in_channels
-        self.prompt, self.depth_adapters = spec.prompt, spec.depth_adapters
+        self.prompt, self.eval_prompt, self.depth_adapters = spec.prompt, spec.eval_prompt, spec.depth_adapters
+        self.normalize_input, self.upsample = spec.normalize_input, spec.upsample
         self.train_mask_decoder = spec.train_mask_decoder
         self.load_report: SamLoadReport | None = None
+
+    @property
+    def needs_masks(self) -> bool:
+        """Whether ``forward`` needs the ground-truth masks now: clicks are drawn from them in this mode."""
+        return (self.prompt if self.training else self.eval_prompt) == "click"
+
+    def adapter_names(self, prefix: str = "") -> list[str]:
+        """The adapters' module paths in FedSCA's order (block by block, each block's in registration order):
+        ``A^1, A^2, ...``; with ``adapter_layout: reference`` A^1 is ``image_encoder.blocks.0.MLP_Adapter``."""
+        return [f"{prefix}image_encoder.blocks.{i}.{name}" for i, block in enumerate(self.image_encoder.blocks)
+                for name, _ in block.named_children() if name.endswith("_Adapter")]
 
     def default_role_rules(self, prefix: str = "") -> list[RoleRule]:
         """Everything frozen, the adapters shared, the mask decoder shared when ``train_mask_decoder``.
@@ -342,40 +231,52 @@ class SamAdapterNet(nn.Module):
             rules.append(RoleRule(f"{prefix}mask_decoder.*", "shared"))
         return rules
 
-    def forward(self, images: Tensor) -> Tensor:
-        """(B, C, H, W) -> (B, out_channels, H, W) logits; (B, C, D, H, W) -> (B, out_channels, D, H, W)."""
+    def forward(self, images: Tensor, masks: Tensor | None = None) -> Tensor:
+        """(B, C, H, W) -> (B, out_channels, H, W) logits; (B, C, D, H, W) -> (B, out_channels, D, H, W).
+        ``masks`` (B, out_channels, H, W) (or (B, out_channels, D, H, W)) are read only by click prompts."""
+        if self.needs_masks and masks is None:
+            raise ConfigError(f"SamAdapter draws click prompts from the masks ({OPTION}.prompt or eval_prompt = "
+                              "click) but got none: call network(images, masks), or set the prompt to none or box.")
         if images.ndim == 5:
             if not self.depth_adapters:
                 raise ConfigError(f"SamAdapter got volumes of shape {tuple(images.shape)} but has no depth "
-                                  f"adapters: set {_OPTION}.depth_adapters to true, or give 2-D images.")
+                                  f"adapters: set {OPTION}.depth_adapters to true, or give 2-D images.")
             b, c, d, h, w = images.shape
-            logits = self._segment(images.transpose(1, 2).reshape(b * d, c, h, w), depth=d)
+            if masks is not None and masks.ndim == 5:
+                masks = masks.transpose(1, 2).reshape(b * d, -1, h, w)
+            logits = self._segment(images.transpose(1, 2).reshape(b * d, c, h, w), masks, depth=d)
             return logits.reshape(b, d, -1, h, w).transpose(1, 2)
         if images.ndim != 4:
             raise DataError(f"SamAdapter expects images (B, C, H, W), got shape {tuple(images.shape)}.")
         if self.depth_adapters:
             raise ConfigError(f"SamAdapter has depth adapters but got 2-D images of shape {tuple(images.shape)}: "
-                              f"the depth adapters would never train; set {_OPTION}.depth_adapters to false (or "
+                              f"the depth adapters would never train; set {OPTION}.depth_adapters to false (or "
                               "give volumes (B, C, D, H, W)).")
-        return self._segment(images, depth=None)
+        return self._segment(images, masks, depth=None)
 
-    def _segment(self, images: Tensor, depth: int | None) -> Tensor:
+    def _segment(self, images: Tensor, masks: Tensor | None, depth: int | None) -> Tensor:
         n, c, h, w = images.shape
         if c != self.in_channels or h % self.patch_size or w % self.patch_size:
-            raise DataError(f"SamAdapter expects {self.in_channels}-channel images ({_OPTION}.in_channels) whose "
+            raise DataError(f"SamAdapter expects {self.in_channels}-channel images ({OPTION}.in_channels) whose "
                             f"sides are multiples of the patch size {self.patch_size}, got {tuple(images.shape)}; "
                             "resize or crop the images, or set in_channels.")
         if c == 1:
             images = images.expand(-1, 3, -1, -1)
-        mean = images.new_tensor(PIXEL_MEAN).view(1, 3, 1, 1)
-        std = images.new_tensor(PIXEL_STD).view(1, 3, 1, 1)
-        embeddings = self._encode((images * 255 - mean) / std, depth)
+        if self.normalize_input:
+            mean = images.new_tensor(PIXEL_MEAN).view(1, 3, 1, 1)
+            std = images.new_tensor(PIXEL_STD).view(1, 3, 1, 1)
+            images = (images * 255 - mean) / std
+        embeddings = self._encode(images, depth)
         grid = embeddings.shape[-2:]
         prompts = self.prompt_encoder
         image_pe = prompts.pe_layer(tuple(grid)).unsqueeze(0).to(embeddings.dtype)
         dense = prompts.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(n, -1, *grid)
-        masks = self._decode(embeddings, image_pe, self._sparse_prompt(n, h, w), dense)
-        return F.interpolate(masks, size=(h, w), mode="bilinear", align_corners=False)
+        kind = self.prompt if self.training else self.eval_prompt
+        sparse = sparse_prompt(prompts, kind, n, (h, w), masks if kind == "click" else None)
+        masks_low = self._decode(embeddings, image_pe, sparse, dense)
+        if self.upsample == "nearest":  # MSA: F.interpolate's default mode
+            return F.interpolate(masks_low, size=(h, w), mode="nearest")
+        return F.interpolate(masks_low, size=(h, w), mode="bilinear", align_corners=False)
 
     def _encode(self, x: Tensor, depth: int | None) -> Tensor:
         encoder = self.image_encoder
@@ -384,18 +285,6 @@ class SamAdapterNet(nn.Module):
         for block in encoder.blocks:
             x = block(x, depth)
         return encoder.neck(x.permute(0, 3, 1, 2))
-
-    def _sparse_prompt(self, n: int, h: int, w: int) -> Tensor:
-        prompts = self.prompt_encoder
-        weight = prompts.not_a_point_embed.weight
-        if self.prompt == "none":
-            return weight.new_zeros(n, 0, prompts.embed_dim)
-        # SAM's box embedding (PromptEncoder._embed_boxes) of the box (0, 0, W - 1, H - 1), normalized by the
-        # actual image size rather than the built one.
-        corners = weight.new_tensor([[[0.5, 0.5], [w - 0.5, h - 0.5]]])
-        embedding = prompts.pe_layer.forward_with_coords(corners, (h, w))
-        embedding = embedding + torch.cat([prompts.point_embeddings[2].weight, prompts.point_embeddings[3].weight])
-        return embedding.expand(n, -1, -1)
 
     def _decode(self, embeddings: Tensor, image_pe: Tensor, sparse: Tensor, dense: Tensor) -> Tensor:
         """SAM's ``MaskDecoder.predict_masks`` for one prompt per image (SAM's repeats every image once per
@@ -409,72 +298,3 @@ class SamAdapterNet(nn.Module):
         hyper = torch.stack([decoder.output_hypernetworks_mlps[i](hs[:, 1 + i]) for i in range(self.out_channels)],
                             dim=1)
         return (hyper @ upscaled.flatten(2)).view(n, self.out_channels, *upscaled.shape[-2:])
-
-
-def load_sam_checkpoint(net: SamAdapterNet, path: str | Path) -> SamLoadReport:
-    """Copy an original SAM/MedSAM state dict into ``net`` by key and shape, interpolating ``pos_embed`` and the
-    global-attention relative position tables to the built size, and warn about every key not loaded.
-
-    Raises:
-        ConfigError: The file does not exist.
-        CheckpointError: It cannot be read, or a shape differs in a way interpolation cannot explain.
-    """
-    from fedlit.models.pretrained import read_state_dict
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"{_OPTION}.checkpoint={str(path)!r}: no such file ({path.resolve()}). Get SAM or MedSAM "
-                          f"weights: {_GET_WEIGHTS} as {_OPTION}.checkpoint; or set it to null (random weights).")
-    try:
-        state = read_state_dict(path)
-    except ValueError as error:
-        raise CheckpointError(f"{_OPTION}.checkpoint: {error}") from error
-    target = net.state_dict()
-    global_blocks = {f"image_encoder.blocks.{i}.attn." for i, b in enumerate(net.image_encoder.blocks)
-                     if b.window_size == 0}
-    report = SamLoadReport(path=path)
-    chosen: dict[str, Tensor] = {}
-    mismatches = []
-    for key, tensor in state.items():
-        if key not in target:
-            report.unexpected.append(key)
-            continue
-        want = target[key].shape
-        if tensor.shape != want:
-            resizable_grid = (key == "image_encoder.pos_embed" and tensor.ndim == 4 and tensor.shape[-1] == want[-1]
-                              and tensor.shape[0] == 1)
-            resizable_table = (key.endswith(("rel_pos_h", "rel_pos_w")) and key.removesuffix(key.split(".")[-1])
-                               in global_blocks and tensor.ndim == 2 and tensor.shape[1] == want[1])
-            if resizable_grid:
-                tensor = resize_pos_embed(tensor.float(), tuple(want[1:3])).to(tensor.dtype)
-            elif resizable_table:
-                tensor = resize_rel_pos(tensor.float(), want[0]).to(tensor.dtype)
-            else:
-                mismatches.append(f"{key}: {tuple(tensor.shape)} in the file, {tuple(want)} in the model")
-                continue
-            report.resized[key] = (tuple(state[key].shape), tuple(want))
-        chosen[key] = tensor
-    if mismatches:
-        variant = _variant_of(net)
-        width = state.get("image_encoder.patch_embed.proj.weight")
-        guess = next((name for name, v in VARIANTS.items() if width is not None and v.width == width.shape[0]), None)
-        fix = (f"the file looks like variant {guess!r}: set {_OPTION}.variant: {guess}" if guess not in (None, variant)
-               else f"set {_OPTION}.variant to the file's SAM variant (vit_b, vit_l or vit_h), or give a checkpoint "
-                    "saved from SAM's own layout")
-        raise CheckpointError(f"{path}: {len(mismatches)} tensors have a shape that interpolation cannot explain "
-                              f"(model variant {variant!r}): " + "; ".join(mismatches[:10])
-                              + ("; ..." if len(mismatches) > 10 else "") + f". Fix: {fix}.")
-    net.load_state_dict(chosen, strict=False)
-    report.loaded = list(chosen)
-    for key in target:
-        if key not in chosen:
-            (report.missing_adapters if "_Adapter." in key else report.missing).append(key)
-    if not report.complete:
-        warnings.warn(f"SamAdapter checkpoint: {report.summary()}", stacklevel=2)
-    return report
-
-
-def _variant_of(net: SamAdapterNet) -> str:
-    """The variant whose encoder width and depth ``net`` has (``?`` for none)."""
-    width, depth = net.image_encoder.pos_embed.shape[-1], len(net.image_encoder.blocks)
-    return next((name for name, v in VARIANTS.items() if (v.width, v.depth) == (width, depth)), "?")

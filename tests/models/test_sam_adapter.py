@@ -21,7 +21,8 @@ from fedlit.data import SyntheticSegmentation
 from fedlit.federation import Federation
 from fedlit.models import SamAdapter
 from fedlit.models.dry import skip_weight_loading
-from fedlit.models.sam_adapter import AdapterBlock, _attend
+from fedlit.models.sam_adapter import AdapterBlock
+from fedlit.models.sam_blocks import _attend
 from fedlit.strategies import FedSCA
 from fedlit.strategies.fedsca import adapter_prefixes
 from fedlit.tasks import SegmentationModule
@@ -218,13 +219,19 @@ def test_a_sam_checkpoint_reloads_exactly_and_only_the_adapters_are_reported(tmp
                                        for p in ("weight", "bias")]
 
 
-def test_a_renamed_key_is_reported_on_both_sides(tmp_path):
+def test_a_renamed_key_is_refused_by_default_and_reported_on_both_sides_below_min_loaded(tmp_path):
     state = tiny_sam().state_dict()
     state["image_encoder.blocks.1.attn.relative_position_h"] = state.pop("image_encoder.blocks.1.attn.rel_pos_h")
     path = tmp_path / "renamed.pth"
     torch.save(state, path)
+    with pytest.raises(CheckpointError) as err:  # min_loaded 1.0: all 37 encoder tensors (adapters left out)
+        SamAdapter(variant="tiny", checkpoint=str(path)).build(1)
+    message = str(err.value)
+    assert message.startswith(f"{path}: only 36 of the image encoder's 37 tensors are in the file")
+    assert "['image_encoder.blocks.1.attn.relative_position_h']" in message
+    assert "['image_encoder.blocks.1.attn.rel_pos_h']" in message
     with pytest.warns(UserWarning) as record:
-        net = SamAdapter(variant="tiny", checkpoint=str(path)).build(1)
+        net = SamAdapter(variant="tiny", checkpoint=str(path), min_loaded=36 / 37).build(1)
     message = str(record[0].message)
     assert "1 model tensors not in the file keep their initialization: image_encoder.blocks.1.attn.rel_pos_h" in message
     assert "not used: image_encoder.blocks.1.attn.relative_position_h" in message
