@@ -1,4 +1,4 @@
-"""The FedSCA recipes through the CLI: the paper's ViT-B costs (36x less upload than FedAvg on the adapters), the
+"""The FedSCA recipes through the CLI: the paper's costs (FedSCA sends one adapter, the baselines every adapter), the
 flagship recipe's message when its data is absent, and the same recipe on the real slice samples with the tiny SAM."""
 
 from __future__ import annotations
@@ -12,26 +12,78 @@ from fedlit import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSTATE = str(ROOT / "recipes" / "fedsca_prostate.yaml")
+TINY = str(ROOT / "recipes" / "fedsca_tiny.yaml")
+BASELINES = ROOT / "recipes" / "fedsca_baselines"
 NET = "--model.init_args.network.init_args."
 # One Medical-SAM-Adapter adapter on ViT-B (width 768): Linear(768, 192) and Linear(192, 768) with biases.
 ADAPTER = 768 * 192 + 192 + 192 * 768 + 768
 
 
-def test_vit_b_fedavg_on_the_36_adapters_uploads_36_times_fedsca_with_one(capsys, tmp_path, monkeypatch):
+def _cost(*args: str) -> dict:
+    return cli.run(["cost", "--format", "json", *args])
+
+
+def test_vit_b_baselines_send_only_adapters_as_in_the_paper(capsys, tmp_path, monkeypatch):
+    """FedSCA's Table 3: FedAvg sends every adapter (36 in the paper's Medical-SAM-Adapter code, which builds a depth
+    adapter in every block even for 2-D images), FedSCA one, FedSA the down projections (half of FedAvg)."""
     monkeypatch.chdir(tmp_path)
-    report = cli.run(["cost", "--config", PROSTATE, "--compare", "FedAvg", "--format", "json",
-                      f"{NET}train_mask_decoder", "false", f"{NET}depth_adapters", "true"])
+    down = 768 * 192 + 192  # an adapter's D_fc1, what FedSA sends of it
+    report = _cost("--config", PROSTATE, "--compare", "FedAvg", "FedProx", "FedHEAL", "FedRA", "FedSA",
+                   f"{NET}depth_adapters", "true")
     capsys.readouterr()
-    fedsca, fedavg = report["strategies"]
+    fedsca, *baselines, fedsa = report["strategies"]
     assert fedsca["per_client_per_round"]["upload_parameters"] == ADAPTER == 295_872
-    assert fedavg["per_client_per_round"]["upload_parameters"] == 36 * ADAPTER
-    assert fedavg["upload_ratio"] == pytest.approx(36.0)
-    # the recipe as written (2-D: 24 adapters; the mask decoder trains): FedAvg also sends the decoder
-    report = cli.run(["cost", "--config", PROSTATE, "--compare", "FedAvg", "--format", "json"])
-    fedsca, fedavg = report["strategies"]
+    for baseline in baselines:
+        assert baseline["per_client_per_round"]["upload_parameters"] == 36 * ADAPTER, baseline["name"]
+        assert baseline["upload_ratio"] == pytest.approx(36.0)
+    assert fedsa["per_client_per_round"]["upload_parameters"] == 36 * down
+    # the recipe as shipped (2-D slices: 24 adapters, no depth adapters): 24x; the decoder (4.06M) stays home
+    report = _cost("--config", PROSTATE, "--compare", "FedAvg", "FedSA")
+    fedsca, fedavg, fedsa = report["strategies"]
     assert fedsca["per_client_per_round"]["upload_parameters"] == ADAPTER
-    assert fedavg["per_client_per_round"]["upload_parameters"] > 24 * ADAPTER
+    assert fedavg["per_client_per_round"]["upload_parameters"] == 24 * ADAPTER
+    assert fedavg["upload_ratio"] == pytest.approx(24.0)
+    assert fedsa["per_client_per_round"]["upload_parameters"] == 24 * down
     assert not (tmp_path / "runs").exists()
+
+
+# The tiny SAM: 2 blocks of width 64, each with a space and an MLP adapter, Linear(64, 16) and Linear(16, 64).
+TINY_DOWN = 64 * 16 + 16
+TINY_ADAPTER = TINY_DOWN + 16 * 64 + 64
+
+
+def test_tiny_recipe_baselines_send_4_adapters_fedsca_1(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # (FedRA's default block counts are ViT-B's 12 blocks: it is counted on ViT-B above)
+    report = _cost("--config", TINY, "--compare", "FedAvg", "FedProx", "FedHEAL", "FedSA")
+    capsys.readouterr()
+    assert report["clients"]["total"] == 4
+    fedsca, *baselines, fedsa = report["strategies"]
+    assert fedsca["per_client_per_round"]["upload_parameters"] == TINY_ADAPTER == 2128
+    for baseline in baselines:
+        assert baseline["per_client_per_round"]["upload_parameters"] == 4 * TINY_ADAPTER, baseline["name"]
+        assert baseline["per_client_per_round"]["download_parameters"] == 4 * TINY_ADAPTER, baseline["name"]
+        assert baseline["upload_ratio"] == pytest.approx(4.0)
+    assert fedsa["per_client_per_round"]["upload_parameters"] == 4 * TINY_DOWN
+    assert fedsa["upload_ratio"] == pytest.approx(4 * TINY_DOWN / TINY_ADAPTER)
+
+
+def test_tiny_recipe_with_the_decoder_shared(capsys, tmp_path, monkeypatch):
+    """The alternative, --model.init_args.roles '[]' (the model's default roles): the baselines average the decoder
+    too; FedSA's recipe still keeps it personal (its head); FedSCA still sends one adapter."""
+    from fedlit.models import SamAdapter
+
+    monkeypatch.chdir(tmp_path)
+    decoder = sum(p.numel() for p in SamAdapter(variant="tiny", image_size=64, in_channels=1, prompt="none")
+                  .build(out_channels=1).mask_decoder.parameters())
+    report = _cost("--config", TINY, "--compare", "FedAvg", "--model.init_args.roles", "[]")
+    fedsca, fedavg = report["strategies"]
+    assert fedsca["per_client_per_round"]["upload_parameters"] == TINY_ADAPTER
+    assert fedavg["per_client_per_round"]["upload_parameters"] == 4 * TINY_ADAPTER + decoder
+    report = _cost("--config", TINY, "--config", str(BASELINES / "fedsa.yaml"), "--model.init_args.roles", "[]")
+    capsys.readouterr()
+    (fedsa,) = report["strategies"]
+    assert fedsa["per_client_per_round"]["upload_parameters"] == 4 * TINY_DOWN
 
 
 def test_the_flagship_recipe_without_its_data_names_the_layouts(capsys, tmp_path, monkeypatch):

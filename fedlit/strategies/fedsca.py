@@ -22,7 +22,18 @@ Three parts:
 
 Deviation (the paper's Eq. 7 as printed uses the client's own share m_i, a constant that cancels, and a minus sign
 that rewards dissimilar clients): the default is pFedGraph's form above; ``literal_eq7=True`` gives the printed
-one. Distances are unbounded, so ``normalize_distances=True`` divides them by their mean off-diagonal value.
+one.
+
+Deviation (the scale of ``d``): Eq. 7 weighs raw L2 distances, which grow with the adapter's size, the learning
+rate and the local steps, so one ``alpha`` means different things on different models. With equal distances
+``d`` between N clients of equal size, a client keeps ``1/N + (N - 1) alpha d / (2N)`` for itself and nothing for
+the others once ``alpha d >= 2``: it stops collaborating. fedlit therefore divides the distances by the round's
+mean off-diagonal distance (``normalize_distances=True``, the default): ``alpha`` is then in units of that mean,
+the equal-distance client keeps ``1/N + (N - 1) alpha / (2N)`` (0.58 for N = 6 at alpha = 1) and collaborates for
+any ``alpha < 2``, on the tiny SAM as on ViT-B; a client farther than the others still gets less of them, one at
+least twice the mean distance from every other client (at alpha = 1) none. ``normalize_distances=False`` gives
+Eq. 7's raw distances. Each round's ``W`` is logged as ``sgca/weight/<i>/<j>`` (with ``sgca/own_weight_mean`` and
+the raw ``sgca/distance_mean``) to the loggers and ``metrics.csv``.
 
 What an adapter is: the module path up to the first dotted component of a tensor's name that contains
 ``adapter`` (any case: ``blocks.3.Space_Adapter``, ``layers.0.mlp_adapter``); its depth is the layer index that
@@ -160,15 +171,30 @@ def cosine_regularizer(params: Mapping[str, Tensor], target: Mapping[str, Tensor
     return -torch.nn.functional.cosine_similarity(a, b, dim=0, eps=eps)
 
 
+def sgca_log(weights: Tensor, clients: Sequence[str], distances: Tensor) -> dict[str, float]:
+    """A round's SGCA as scalars: ``sgca/weight/<i>/<j>`` (``W_ij``, what client i takes of client j's upload),
+    ``sgca/own_weight_mean`` (the mean of ``W_ii``; ``1 / N`` for FedAvg-like mixing, 1 without collaboration) and
+    ``sgca/distance_mean`` (the mean off-diagonal raw distance ``d_ij``)."""
+    n = len(clients)
+    log = {f"sgca/weight/{ci}/{cj}": float(weights[i, j])
+           for i, ci in enumerate(clients) for j, cj in enumerate(clients)}
+    log["sgca/own_weight_mean"] = float(weights.diagonal().mean()) if n else float("nan")
+    off = distances[~torch.eye(n, dtype=torch.bool)]
+    log["sgca/distance_mean"] = float(off.mean()) if off.numel() else 0.0
+    return log
+
+
 class FedSCA(Strategy):
     """Lowest adapters shared; each client receives its own similarity-guided mix of them; a cosine pull to it.
 
     Args:
         num_shared_adapters: ``L``, how many adapters, lowest first, clients upload and receive (default 1).
-        alpha: Weight of the distance penalty in SGCA (Eq. 7; default 1.0, a choice of fedlit's).
+        alpha: Weight of the distance penalty in SGCA (Eq. 7; default 1.0, a choice of fedlit's), in units of the
+            round's mean distance when ``normalize_distances``.
         beta: Weight of the cosine regularizer (default 0.01); 0 turns it off.
-        normalize_distances: Divide the distances by their mean off-diagonal value before SGCA (default False:
-            the paper's raw distances).
+        normalize_distances: Divide the distances by their mean off-diagonal value before SGCA (default True, so
+            ``alpha`` does not depend on the adapters' size or the learning rate; False: the paper's raw distances,
+            with which a client whose distances reach ``2 / alpha`` gets no one else's adapter).
         literal_eq7: Use Eq. 7 as printed (own share m_i, distances rewarded) instead of pFedGraph's form
             (default False).
     """
@@ -179,7 +205,7 @@ class FedSCA(Strategy):
         num_shared_adapters: int = 1,
         alpha: float = 1.0,
         beta: float = 0.01,
-        normalize_distances: bool = False,
+        normalize_distances: bool = True,
         literal_eq7: bool = False,
     ) -> None:
         super().__init__()
@@ -200,6 +226,7 @@ class FedSCA(Strategy):
         self.weights: Tensor = torch.zeros(0, 0, dtype=torch.float64)
         self.weight_clients: list[str] = []
         self._target: dict[str, Tensor] | None = None
+        self._round_log: dict[str, float] = {}
 
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """The tensors of the lowest ``L`` shared adapters stay shared; every other shared tensor becomes personal."""
@@ -237,9 +264,11 @@ class FedSCA(Strategy):
         self.check_uploads(updates)
         states = [u.state for u in updates]
         sizes = client_weights(updates)
-        self.weights = sgca_weights(flat_distances(states), sizes, self.alpha,
+        distances = flat_distances(states)
+        self.weights = sgca_weights(distances, sizes, self.alpha,
                                     normalize=self.normalize_distances, literal_eq7=self.literal_eq7)
         self.weight_clients = [u.client_id for u in updates]
+        self._round_log = sgca_log(self.weights, self.weight_clients, distances)
 
         def on_server(state: dict[str, Tensor]) -> dict[str, Tensor]:
             return {n: t.to(self.global_state[n].device) for n, t in state.items()}
@@ -248,6 +277,11 @@ class FedSCA(Strategy):
             self.mixes[update.client_id] = on_server(weighted_average(states, row.tolist()))
         self.global_state.update(on_server(weighted_average(states, sizes)))
         return dict(self.global_state)
+
+    def on_after_aggregate(self, server_round: int, log: dict[str, float]) -> None:
+        """Add the round's SGCA weights (:func:`sgca_log`) to the round's log (TensorBoard, ``metrics.csv``)."""
+        log.update(self._round_log)
+        self._round_log = {}
 
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """Whether what the client receives is its own mix (no tensor: nothing counted as download), so the client

@@ -90,9 +90,12 @@ def test_sgca_rows_solve_eq7_by_a_generic_qp_solver():
         sizes, alpha = rng.integers(1, 50, size=n), float(rng.uniform(0, 2))
         m = sizes / sizes.sum()
         weights = sgca_weights(torch.from_numpy(d), sizes.tolist(), alpha).numpy()
+        normalized = sgca_weights(torch.from_numpy(d), sizes.tolist(), alpha, normalize=True).numpy()
+        mean = d[~np.eye(n, dtype=bool)].mean()
         for i in range(n):
             expected = _qp(m, alpha * d[i], n)
             assert weights[i] == pytest.approx(expected, abs=1e-5)
+            assert normalized[i] == pytest.approx(_qp(m, alpha * d[i] / mean, n), abs=1e-5)
 
 
 # --- SGCA on 3 clients, by hand -------------------------------------------------------------------------------------
@@ -109,32 +112,57 @@ W_BY_HAND = [[7 / 12, 1 / 3, 1 / 12], [1 / 4, 1 / 2, 1 / 4], [0, 1 / 8, 7 / 8]]
 THETA, SIZES = [0.0, 1.0, 3.0], [1, 1, 2]
 
 
-def _three_clients(**kwargs):
+def _three_clients(scale: float = 1.0, **kwargs):
     strategy = FedSCA(**kwargs)
     strategy.initialize({"w": torch.zeros(1)}, ["c0", "c1", "c2"])
-    updates = [ClientUpdate(f"c{k}", n, {"w": torch.tensor([t])})
+    updates = [ClientUpdate(f"c{k}", n, {"w": torch.tensor([scale * t])})
                for k, (t, n) in enumerate(zip(THETA, SIZES, strict=True))]
     strategy.aggregate(1, updates)
     return strategy
 
 
 def test_sgca_three_clients_by_hand():
-    strategy = _three_clients(alpha=0.5)
+    strategy = _three_clients(alpha=0.5, normalize_distances=False)
     assert strategy.weights.tolist() == [pytest.approx(row) for row in W_BY_HAND]
     assert strategy.weight_clients == ["c0", "c1", "c2"]
     mixes = [strategy.configure_client(2, f"c{k}")["w"].item() for k in range(3)]
     assert mixes == pytest.approx([7 / 12, 5 / 4, 11 / 4])
     assert strategy.configure_evaluate(2, "c2")["w"].item() == pytest.approx(11 / 4)
     assert strategy.global_state["w"].item() == pytest.approx((0 + 1 + 6) / 4)  # the size-weighted mean
-    normalized = _three_clients(alpha=1.0, normalize_distances=True)
+    normalized = _three_clients(alpha=1.0)  # the default: normalize_distances=True
     assert normalized.weights.tolist() == [pytest.approx(row) for row in W_BY_HAND]
-    literal = _three_clients(alpha=0.5, literal_eq7=True)
+    literal = _three_clients(alpha=0.5, literal_eq7=True, normalize_distances=False)
     assert literal.weights[0].tolist() == pytest.approx([0, 1 / 4, 3 / 4])
     assert _three_clients(alpha=0.0).weights.tolist() == [pytest.approx([1 / 4, 1 / 4, 1 / 2])] * 3
 
 
+def test_default_sgca_does_not_depend_on_the_distance_scale():
+    # Uploads 10 times farther apart (a bigger adapter, a larger learning rate, more local steps): with raw
+    # distances d = [[0,10,30],[10,0,20],[30,20,0]] and alpha = 1, every row projects m - d_i / 2, whose own entry
+    # leads the others by at least 5 > 1: W = I, no client gets anything of another. The default divides by the
+    # mean distance 20, giving d / 20 = [0,1,3] / 2 as above: the same rows W_BY_HAND whatever the scale.
+    raw = _three_clients(scale=10.0, alpha=1.0, normalize_distances=False)
+    assert raw.weights.tolist() == [pytest.approx(row) for row in np.eye(3).tolist()]
+    for scale in (10.0, 1e-3):
+        assert _three_clients(scale=scale).weights.tolist() == [pytest.approx(row) for row in W_BY_HAND]
+    assert FedSCA().normalize_distances is True
+
+
+def test_sgca_weights_go_to_the_round_log():
+    strategy = _three_clients(alpha=0.5, normalize_distances=False)
+    log = {"comm/clients": 3}
+    strategy.on_after_aggregate(server_round=1, log=log)
+    expected = {f"sgca/weight/c{i}/c{j}": W_BY_HAND[i][j] for i in range(3) for j in range(3)}
+    expected.update({"sgca/own_weight_mean": (7 / 12 + 1 / 2 + 7 / 8) / 3, "sgca/distance_mean": 2.0,
+                     "comm/clients": 3})
+    assert log == pytest.approx(expected)
+    log = {}
+    strategy.on_after_aggregate(server_round=2, log=log)  # nothing aggregated since: nothing logged twice
+    assert log == {}
+
+
 def test_a_client_outside_the_round_keeps_its_mix_and_resume_restores_everything():
-    strategy = _three_clients(alpha=0.5)
+    strategy = _three_clients(alpha=0.5, normalize_distances=False)
     # Round 2 with c0 and c1 only, uploads 0 and 2, one example each: m = [1/2, 1/2], d = [[0, 2], [2, 0]],
     # alpha / 2 = 1/4: rows project [1/2, 0] -> [3/4, 1/4] (both kept, theta = (1/2 - 1)/2) and [0, 1/2] ->
     # [1/4, 3/4]; mixes 1/4 * 2 = 1/2 and 3/4 * 2 = 3/2. c2 did not train: it keeps its round-1 mix 11/4.
@@ -265,6 +293,13 @@ def test_two_rounds_pinned_and_unlike_fedavg(tmp_path, adapter_model):
     assert set(strategy.mixes) == {"c0", "c1", "c2"} and strategy.weight_clients == ["c0", "c1", "c2"]
     assert strategy.weights.sum(dim=1).tolist() == pytest.approx([1.0] * 3)
     assert strategy.weights[0].tolist() == pytest.approx(PINNED_W0, abs=1e-3)  # FedAvg's would be [1/3] * 3
+    events = EventAccumulator(str(tmp_path / "fedsca" / "tensorboard")).Reload()
+    for j in range(3):  # W, logged every round; the last round's is the strategy's
+        logged = events.Scalars(f"sgca/weight/c0/c{j}")
+        assert [e.step for e in logged] == [1, 2]
+        assert logged[-1].value == pytest.approx(strategy.weights[0, j].item(), abs=1e-6)
+    own = events.Scalars("sgca/own_weight_mean")[-1].value
+    assert own == pytest.approx(strategy.weights.diagonal().mean().item(), abs=1e-6)
     ours = _losses(tmp_path / "fedsca")
     assert ours == pytest.approx(PINNED_LOSSES, abs=2e-5)
     make_federation(tmp_path / "fedavg", FedAvg(), roles=[*ADAPTER_ROLES, RoleRule("head.*", "personal")]).fit()
