@@ -24,12 +24,12 @@ def _cost(*args: str) -> dict:
 
 
 def test_vit_b_baselines_send_only_adapters_as_in_the_paper(capsys, tmp_path, monkeypatch):
-    """FedSCA's Table 3: FedAvg sends every adapter (36 in the paper's Medical-SAM-Adapter code, which builds a depth
-    adapter in every block even for 2-D images), FedSCA one, FedSA the down projections (half of FedAvg)."""
+    """FedSCA's Table 3 with the recipe as shipped: FedAvg sends every adapter (36: the recipe's
+    ``adapter_layout: reference`` builds, as Medical-SAM-Adapter's code does, a depth adapter in every block even for
+    2-D images), FedSCA one, FedSA the down projections (half of FedAvg); the decoder (4.06M) stays home."""
     monkeypatch.chdir(tmp_path)
     down = 768 * 192 + 192  # an adapter's D_fc1, what FedSA sends of it
-    report = _cost("--config", PROSTATE, "--compare", "FedAvg", "FedProx", "FedHEAL", "FedRA", "FedSA",
-                   f"{NET}depth_adapters", "true")
+    report = _cost("--config", PROSTATE, "--compare", "FedAvg", "FedProx", "FedHEAL", "FedRA", "FedSA")
     capsys.readouterr()
     fedsca, *baselines, fedsa = report["strategies"]
     assert fedsca["per_client_per_round"]["upload_parameters"] == ADAPTER == 295_872
@@ -37,8 +37,8 @@ def test_vit_b_baselines_send_only_adapters_as_in_the_paper(capsys, tmp_path, mo
         assert baseline["per_client_per_round"]["upload_parameters"] == 36 * ADAPTER, baseline["name"]
         assert baseline["upload_ratio"] == pytest.approx(36.0)
     assert fedsa["per_client_per_round"]["upload_parameters"] == 36 * down
-    # the recipe as shipped (2-D slices: 24 adapters, no depth adapters): 24x; the decoder (4.06M) stays home
-    report = _cost("--config", PROSTATE, "--compare", "FedAvg", "FedSA")
+    # fedlit's own 2-D layout (a space and an MLP adapter per block, no depth adapters): 24 adapters, 24x
+    report = _cost("--config", PROSTATE, "--compare", "FedAvg", "FedSA", f"{NET}adapter_layout", "fedlit")
     fedsca, fedavg, fedsa = report["strategies"]
     assert fedsca["per_client_per_round"]["upload_parameters"] == ADAPTER
     assert fedavg["per_client_per_round"]["upload_parameters"] == 24 * ADAPTER
