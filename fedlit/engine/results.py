@@ -62,8 +62,7 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
         tables += _unseen_tables(unseen, metric_names)
     if run.baseline_run is not None and split == "test":
         selection = "best" if Path(ckpt_path).name == BEST else "last"
-        gain = baseline.gain_over_local(per_client, run.server_round, selection, baseline.load(run.baseline_run, run),
-                                        run.module.higher_is_better)
+        gain = baseline.gain(run, per_client, run.server_round, selection)
         result[baseline.KEY] = gain
         tables.append(baseline.markdown(gain, metric_names))
     if run.fabric.is_global_zero:
@@ -86,9 +85,9 @@ def report(run: Run) -> dict[str, Any]:
     gain = None
     if run.baseline_run is not None and ("best" in results or "last" in results):
         selection = "best" if "best" in results else "last"
-        gain = baseline.gain_over_local(results[selection]["clients"], results[selection]["round"], selection,
-                                        baseline.load(run.baseline_run, run), run.module.higher_is_better)
+        gain = baseline.gain(run, results[selection]["clients"], results[selection]["round"], selection)
         results[baseline.KEY] = gain
+    results[baseline.PROTOCOL] = baseline.protocol(run)  # what a later --baseline_run compares
     results["comm"] = dict(run.comm)
     results["checkpoints"] = record.checkpoints(run)
     results.update(record.describe(run))
