@@ -79,6 +79,10 @@ def report(run: Run) -> dict[str, Any]:
     global_results = run.history.results(f"{GLOBAL}/test", weights)
     if "last" in global_results:
         results[GLOBAL] = global_results
+    if getattr(run.strategy, "per_client_selection", False):  # EPFL's FHBench protocol: each client's own best round
+        per_client_best = run.history.best_per_client("test", weights)
+        if per_client_best is not None:
+            results["best_per_client"] = per_client_best
     unseen = evaluate_unseen(run) if run.history.last_round is not None else None
     if unseen is not None:
         results[UNSEEN] = unseen
