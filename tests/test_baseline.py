@@ -10,17 +10,19 @@ import statistics
 import pytest
 
 from fedlit.core.errors import ConfigError
-from fedlit.engine.baseline import LOCAL, gain_over_local, load
+from fedlit.engine.baseline import LOCAL, gain_over_local, load, protocol
 from fedlit.strategies import FedAvg
 from tests.conftest import TinyTabular, make_federation
 
 HIGHER = {"accuracy": True, "loss": False}
 
 
-def _baseline(folder, clients, *, best=True, seed=0, strategy=LOCAL, manifest=None):
-    """A hand-written finished run: results.json with ``clients`` at round 3 (best) and 5 (last)."""
+def _baseline(folder, clients, *, best=True, seed=0, strategy=LOCAL, manifest=None, protocol=None):
+    """A hand-written finished run: results.json with ``clients`` at round 3 (best) and 5 (last), trained as
+    ``protocol`` records."""
     folder.mkdir(parents=True, exist_ok=True)
-    results = {"strategy_class": strategy, "seed": seed, "last": {"round": 5, "clients": clients, "summary": {}}}
+    results = {"strategy_class": strategy, "seed": seed, "last": {"round": 5, "clients": clients, "summary": {}},
+               "protocol": protocol}
     if best:
         results["best"] = {"round": 3, "clients": clients, "summary": {}}
     (folder / "results.json").write_text(json.dumps(results))
@@ -58,7 +60,7 @@ def test_a_run_reports_its_gain_over_a_local_run(tmp_path):
     local = {"c0": {"accuracy": 0.5, "loss": 1.0}, "c1": {"accuracy": 0.25, "loss": 1.5},
              "c2": {"accuracy": 0.75, "loss": 0.5}}
     fed = make_federation(tmp_path / "run", FedAvg(), rounds=2)
-    fed.baseline_run = _baseline(tmp_path / "local", local)
+    fed.baseline_run = _baseline(tmp_path / "local", local, protocol=protocol(fed))
     results = fed.fit()
     gain = results["gain_over_local"]
     assert gain["selection"] == "best" and gain["baseline_round"] == 3 and gain["round"] == results["best"]["round"]
@@ -120,3 +122,50 @@ def test_fit_and_test_take_a_baseline_run(tmp_path):
                   str(tmp_path / "local")])
     assert tested["gain_over_local"]["selection"] == "best"
     assert tested["gain_over_local"]["mean"]["accuracy"] == pytest.approx(statistics.mean(expected))
+
+
+def test_a_baseline_trained_otherwise_is_refused_naming_each_difference_unless_any(tmp_path):
+    local = {"c0": {"accuracy": 0.5}, "c1": {"accuracy": 0.25}, "c2": {"accuracy": 0.75}}
+    fed = make_federation(tmp_path / "run", FedAvg(), rounds=2, local_steps=5)
+    theirs = json.loads(json.dumps(protocol(fed)))  # as a results.json holds it
+    assert theirs["rounds"] == 2 and theirs["local_steps"] == 5 and theirs["local_epochs"] is None
+    assert theirs["optimizer"] == {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}
+    theirs.update(rounds=10, local_steps=20, selection_metric="loss")
+    theirs["optimizer"]["lr"] = 0.05
+    theirs["model"]["shapes"] = "0123456789ab"
+    fed.baseline_run = _baseline(tmp_path / "local", local, protocol=theirs)
+    with pytest.raises(ConfigError) as info:
+        fed.fit()
+    message = str(info.value)
+    for part in ("federation.rounds 10 (this run: 2)", "federation.local_steps 20 (this run: 5)",
+                 "optimizer lr 0.05 (this run: 0.1)", "model shapes '0123456789ab'",
+                 "the selection metric 'loss' (this run: 'accuracy')", "--baseline_compare any"):
+        assert part in message
+    assert "\n" not in message and not (tmp_path / "run" / "results.json").exists()
+    # a run of an older fedlit (no protocol recorded) is refused too
+    fed.baseline_run = _baseline(tmp_path / "old", local)
+    with pytest.raises(ConfigError, match="records no training protocol"):
+        load(fed.baseline_run, fed)
+    # --baseline_compare any: compared anyway, and results.json says so and lists what differed
+    fed.baseline_run, fed.baseline_compare = tmp_path / "local", "any"
+    results = fed.fit()
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["gain_over_local"]["compare"] == "any" and len(saved["gain_over_local"]["differences"]) == 5
+    assert saved["protocol"] == json.loads(json.dumps(protocol(fed)))
+    assert results["gain_over_local"]["clients"]["c1"]["accuracy"] == pytest.approx(
+        results["best"]["clients"]["c1"]["accuracy"] - 0.25)
+
+
+def test_the_cli_refuses_a_shorter_run_against_a_longer_local_one_unless_any(tmp_path):
+    from fedlit.cli import run
+    from tests.test_cli import QUICK
+
+    tiny = [*QUICK, "--federation.local_epochs", "1", "--data.init_args.samples_per_client", "12"]
+    run(["fit", *tiny, "--federation.rounds", "2", "--strategy", "Local", "--out_dir", str(tmp_path / "local")])
+    with pytest.raises(ConfigError, match=r"trained otherwise: federation.rounds 2 \(this run: 1\)\. Give"):
+        run(["fit", *tiny, "--federation.rounds", "1", "--out_dir", str(tmp_path / "short"),
+             "--baseline_run", str(tmp_path / "local")])
+    fit = run(["fit", *tiny, "--federation.rounds", "1", "--out_dir", str(tmp_path / "any"),
+               "--baseline_run", str(tmp_path / "local"), "--baseline_compare", "any"])
+    assert fit["gain_over_local"]["compare"] == "any"
+    assert fit["gain_over_local"]["differences"] == ["federation.rounds 2 (this run: 1)"]

@@ -116,7 +116,7 @@ def test_epfl_recipes_use_fhbench_settings(name):
     cfg = parse(ROOT / "recipes" / name)
     model, data = cfg.model.init_args, cfg.data.init_args
     assert cfg.strategy.class_path == "fedlit.strategies.EPFL"
-    assert vars(cfg.strategy.init_args) == {"lam": 0.5, "psi": "all", "eps": 0.0}
+    assert vars(cfg.strategy.init_args) == {"lam": 0.5, "psi": "all", "eps": 0.0, "evaluation": "after_mix"}
     lora = model.backbone.init_args.lora
     assert (lora.r, lora.alpha) == (8, 16)
     assert (model.optimizer, model.lr, model.momentum) == ("sgd", lr, 0.0)

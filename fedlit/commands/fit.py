@@ -44,6 +44,10 @@ def parser(name: str) -> ArgumentParser:
         sub.add_argument("--baseline_run", type=str | None, default=None,
                          help="A finished run of strategy Local on the same data and seed: the report adds each "
                               "client's test gain over it, with their mean and std (gain_over_local).")
+        sub.add_argument("--baseline_compare", type=Literal["strict", "any"], default="strict",
+                         help="With --baseline_run: 'strict' refuses a baseline trained with other rounds, local "
+                              "steps or epochs, model, optimizer or selection metric (naming each difference); "
+                              "'any' compares anyway and records the differences in results.json.")
     if name == "fit":
         cost.add_arguments(sub, name)
         sub.add_argument(SEEDS, type=list[int] | None, default=None,

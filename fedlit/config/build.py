@@ -86,6 +86,7 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
     for key in ("dry_run", "seeds", "seeds_vary"):  # options of fit only: validate/test --run rebuild the run from this
         config.pop(key, None)
     baseline_run = config.pop("baseline_run", None)  # what the run is compared with, not part of it
+    baseline_compare = config.pop("baseline_compare", None) or "strict"  # validate has no such option
     # Seed before the objects are built: randomly initialized weights (a frozen random backbone included) and
     # generated data must be the same in a resumed or re-evaluated run as in the original one.
     check_seed(sub_cfg.federation.seed)
@@ -118,6 +119,7 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
         remove_if_empty(created)
         raise
     federation.baseline_run = Path(baseline_run) if baseline_run else None
+    federation.baseline_compare = baseline_compare
     if federation.fabric.world_size > 1:
         ckpt_path, created = _launch(federation, ckpt_path, created)
     return BuiltRun(federation, ckpt_path, created)

@@ -98,7 +98,8 @@ def expand_run(argv: list[str]) -> list[str]:
     if not isinstance(saved, dict):
         raise ConfigError(f"--run {folder}: {path} holds a {type(saved).__name__}, not a run configuration. Restore "
                           "it from a copy, or evaluate with --config RECIPE --ckpt_path FILE.ckpt.")
-    for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "baseline_run", "__path__"):
+    for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "baseline_run",
+                "baseline_compare", "__path__"):
         saved.pop(key, None)
     return [argv[0], "--config", json.dumps(saved), *argv[1:]]
 

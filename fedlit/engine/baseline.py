@@ -13,10 +13,18 @@ and their sample standard deviation (n - 1 in the denominator; NaN for a single 
 ``gain_over_local`` in ``results.json``, as a table in ``results.md`` and as ``gain_over_local/<metric>_mean``
 and ``_std`` in TensorBoard. A client whose value is NaN in either run (an undefined AUROC) is left out of that
 metric's mean and std. For a metric where lower is better (a loss), a negative gain is an improvement.
+
+The two runs must also have been trained alike, or the gain compares, say, round 1 of a 2-round run with round 8 of
+a 10-round one: every run records its :func:`protocol` in ``results.json`` (rounds, local steps or epochs, the model
+class, backbone and tensor shapes, the optimizer and its settings, the selection metric), and the baseline is
+refused, naming each difference, when any of them differs (``--baseline_compare strict``, the default).
+``--baseline_compare any`` compares anyway; ``gain_over_local`` then records ``"compare": "any"`` and the
+``differences``. The roles (which tensors are shared) are not compared: a strategy changes them by design.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -34,6 +42,10 @@ KEY = "gain_over_local"
 #: The strategy a baseline run must have used (``strategy_class`` in its ``results.json``).
 LOCAL = "fedlit.strategies.local.Local"
 OPTION = "--baseline_run"
+#: The option that lets a baseline trained otherwise be compared (``strict`` or ``any``).
+COMPARE_OPTION = "--baseline_compare"
+#: The key of the training protocol in ``results.json``.
+PROTOCOL = "protocol"
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -67,7 +79,60 @@ def load(folder: str | Path, run: Run | None = None) -> dict[str, Any]:
     if run is not None:
         manifest = _read_json(folder / "manifest.json", "the record of the run's data")
         check_same_data(manifest, results.get("seed"), run.datamodule.manifest(), run.seed, folder)
+        problems = differences(results.get(PROTOCOL), protocol(run))
+        if problems and run.baseline_compare != "any":
+            raise ConfigError(f"{OPTION} {folder} was trained otherwise: " + "; ".join(problems) + ". Give a Local "
+                              f"run of the same recipe, or pass {COMPARE_OPTION} any to compare anyway (recorded).")
     return dict(results)
+
+
+def protocol(run: Run) -> dict[str, Any]:
+    """What makes two runs' rounds comparable: rounds, local steps (or epochs), the model (class, backbone, and a
+    digest of its tensors' names and shapes), the optimizer and its settings, and the selection metric."""
+    module = run.module
+    shapes = ";".join(f"{n}:{tuple(t.shape)}" for n, t in module.state_dict().items())
+    backbone = getattr(module, "backbone", None)
+    settings = run.settings
+    return {
+        "rounds": settings.rounds,
+        "local_steps": settings.local_steps,
+        "local_epochs": settings.local_epochs if settings.local_steps is None else None,
+        "model": {"class": f"{type(module).__module__}.{type(module).__qualname__}",
+                  "backbone": type(backbone).__name__ if backbone is not None else None,
+                  "shapes": hashlib.sha256(shapes.encode()).hexdigest()[:12]},
+        "optimizer": {key: getattr(module, attr, None) for key, attr in (
+            ("name", "optimizer_name"), ("lr", "lr"), ("momentum", "momentum"), ("weight_decay", "weight_decay"))},
+        "selection_metric": run.history.selection_metric,
+    }
+
+
+def differences(theirs: Mapping[str, Any] | None, ours: Mapping[str, Any]) -> list[str]:
+    """Each difference between the baseline's :func:`protocol` and this run's, as ``what baseline (this run:
+    ours)``; one entry when the baseline recorded none (a run of an older fedlit)."""
+    if not isinstance(theirs, Mapping):
+        return [f"its results.json records no training {PROTOCOL} (a run of an older fedlit: rerun it)"]
+    names = {"rounds": "federation.rounds", "local_steps": "federation.local_steps",
+             "local_epochs": "federation.local_epochs", "selection_metric": "the selection metric"}
+    out = []
+    for key, value in ours.items():
+        other = theirs.get(key)
+        if isinstance(value, Mapping) and isinstance(other, Mapping):
+            out += [f"{key} {sub} {other.get(sub)!r} (this run: {v!r})" for sub, v in value.items()
+                    if other.get(sub) != v]
+        elif other != value:
+            out.append(f"{names.get(key, key)} {other!r} (this run: {value!r})")
+    return out
+
+
+def gain(run: Run, clients: Mapping[str, Mapping[str, float]], server_round: int, selection: str) -> dict[str, Any]:
+    """:func:`gain_over_local` of ``run`` over its ``baseline_run`` (checked by :func:`load`), with how they were
+    compared: ``compare`` (``strict`` or ``any``) and, under ``any``, the ``differences`` that were let through."""
+    results = load(run.baseline_run, run)
+    out = gain_over_local(clients, server_round, selection, results, run.module.higher_is_better)
+    out["compare"] = run.baseline_compare
+    if run.baseline_compare == "any":
+        out["differences"] = differences(results.get(PROTOCOL), protocol(run))
+    return out
 
 
 def check_same_data(manifest: Mapping[str, Any], seed: Any, ours: Mapping[str, Any], our_seed: int,

@@ -89,6 +89,27 @@ class EvaluationHistory:
                 best, best_value = server_round, value
         return best
 
+    def best_per_client(self, split: str, weights: Mapping[str, int]) -> dict[str, Any] | None:
+        """Each client's ``split`` values at its own best validation ``selection_metric`` round (earliest on ties),
+        with those ``rounds`` and the aggregates: the selection of benchmarks that tune each client on its own (a
+        strategy's ``per_client_selection``, FHBench's EPFL). None without validation values."""
+        sign = 1.0 if self.higher_is_better.get(self.selection_metric, True) else -1.0
+        chosen: dict[str, tuple[float, int]] = {}
+        for server_round in sorted(self.rounds):
+            for client, values in self.rounds[server_round].get("val", {}).items():
+                value = values.get(self.selection_metric, math.nan)
+                if math.isnan(value) or split not in self.rounds[server_round]:
+                    continue
+                if client in self.rounds[server_round][split] and (
+                        client not in chosen or sign * value > chosen[client][0]):
+                    chosen[client] = (sign * value, server_round)
+        if not chosen:
+            return None
+        per_client = {c: self.rounds[r][split][c] for c, (_, r) in chosen.items()}
+        return {"rounds": {c: r for c, (_, r) in chosen.items()}, "clients": per_client,
+                "summary": summarize(per_client, weights, self.higher_is_better),
+                "summary_clients": counted(per_client)}
+
     def results(self, split: str, weights: Mapping[str, int]) -> dict[str, Any]:
         """``{"last": {...}, "best": {...}}`` with round, per-client values and aggregates of ``split``, and how
         many clients each metric's aggregates cover (``summary_clients``)."""

@@ -62,8 +62,7 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
         tables += _unseen_tables(unseen, metric_names)
     if run.baseline_run is not None and split == "test":
         selection = "best" if Path(ckpt_path).name == BEST else "last"
-        gain = baseline.gain_over_local(per_client, run.server_round, selection, baseline.load(run.baseline_run, run),
-                                        run.module.higher_is_better)
+        gain = baseline.gain(run, per_client, run.server_round, selection)
         result[baseline.KEY] = gain
         tables.append(baseline.markdown(gain, metric_names))
     if run.fabric.is_global_zero:
@@ -80,15 +79,19 @@ def report(run: Run) -> dict[str, Any]:
     global_results = run.history.results(f"{GLOBAL}/test", weights)
     if "last" in global_results:
         results[GLOBAL] = global_results
+    if getattr(run.strategy, "per_client_selection", False):  # EPFL's FHBench protocol: each client's own best round
+        per_client_best = run.history.best_per_client("test", weights)
+        if per_client_best is not None:
+            results["best_per_client"] = per_client_best
     unseen = evaluate_unseen(run) if run.history.last_round is not None else None
     if unseen is not None:
         results[UNSEEN] = unseen
     gain = None
     if run.baseline_run is not None and ("best" in results or "last" in results):
         selection = "best" if "best" in results else "last"
-        gain = baseline.gain_over_local(results[selection]["clients"], results[selection]["round"], selection,
-                                        baseline.load(run.baseline_run, run), run.module.higher_is_better)
+        gain = baseline.gain(run, results[selection]["clients"], results[selection]["round"], selection)
         results[baseline.KEY] = gain
+    results[baseline.PROTOCOL] = baseline.protocol(run)  # what a later --baseline_run compares
     results["comm"] = dict(run.comm)
     results["checkpoints"] = record.checkpoints(run)
     results.update(record.describe(run))

@@ -83,6 +83,9 @@ class Run:
         #: A finished run of the Local strategy on the same data and seed: the report adds each client's gain over
         #: it (:mod:`fedlit.engine.baseline`); set by ``fedlit fit --baseline_run``.
         self.baseline_run: Path | None = None
+        #: ``strict`` (``fedlit fit --baseline_compare``, the default): refuse a baseline trained otherwise (rounds,
+        #: local steps or epochs, model, optimizer, selection metric); ``any``: compare anyway, recorded.
+        self.baseline_compare: str = "strict"
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
         self.hooks = Hooks(self.callbacks)
         loggers = settings.loggers

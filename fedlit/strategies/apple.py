@@ -17,10 +17,10 @@ Per round r (counted from 0 as in the code; fedlit's ``server_round`` is r + 1):
 - local training: each batch's forward runs the module with every shared parameter replaced by the mix, the own core
   being the live parameter and the other cores constants, so exact autograd gives the own core
   ``p_ii dL/dtheta_p`` and ``p_ij`` the gradient ``<dL/dtheta_p, theta_c,j>``; no other core gets a gradient.
-  The loss is ``L = CE + coef(r) ||p_i - p0||^2``, ``p0 = (n_1 / n, ..., n_N / n)``, ``p_i`` starts at
-  ``p0`` and is unconstrained. The own core steps with the module's optimizer (SGD, lr 0.01, momentum 0.9 in
-  the paper and the code), ``p_i`` with its own SGD (``lr_p`` = 1e-3, momentum ``p_momentum`` = 0.9, restarted
-  every turn like the code's optimizer)
+  The loss is ``L = CE + coef(r) ||p_i - p0||^2`` (no 1/2: see the deviations), ``p0 = (n_1 / n, ..., n_N / n)``,
+  ``p_i`` starts at ``p0`` and is unconstrained. The own core steps with the module's optimizer (SGD, lr 0.01,
+  momentum 0.9 in the paper and the code), ``p_i`` with its own SGD (``lr_p`` = 1e-3, momentum ``p_momentum`` =
+  0.9, restarted every turn like the code's optimizer)
 - ``coef(r) = mu eps^(r / R_d)`` (``schedule="exponential"``) or ``mu (cos(pi r / R_d) + 1) / 2`` (``cosine``)
   for ``r < R_d``, 0 after; ``R_d = int(0.1 R)`` with R the federation's rounds unless ``decay_rounds`` is given
 - up: the trained core ``theta_c,i``; the server replaces its copy of client i's core
@@ -34,7 +34,8 @@ Per round r (counted from 0 as in the code; fedlit's ``server_round`` is r + 1):
   to checkpoint); it uploads only the indices. A core not downloaded enters the mix with the value the client
   last downloaded (kept on the client).
 
-Symbols -> code: ``theta_c,j`` -> ``self.cores[j]`` (server; the initial shared tensors until j first uploads);
+Symbols -> code: ``theta_c,j`` -> ``self.cores[j]`` (server; until j first uploads, its initial core
+``self.starts[j]``, or the initial shared tensors under ``core_init: shared``);
 ``p_i`` -> ``client_state["p"]`` (float32, in ``self.client_ids`` order); ``theta_p,i`` -> ``client_state["model"]``;
 ``p0`` -> ``self.p0``; ``coef(r)`` -> :meth:`APPLE.coefficient`; ``mu``, ``eps``, ``R_d``, ``M``, ``lamb``,
 ``thresh`` -> ``mu``, ``eps``, ``decay_rounds``, ``max_downloads``, ``lamb``, ``thresh``; the math ->
@@ -46,8 +47,19 @@ store holds ``p_i`` (N floats), its personalized model (one copy of the shared p
 limit the last value it downloaded of every other core (N - 1 copies of the shared parameters) and which cores
 it has downloaded.
 
-Deviation: the code builds every core with its own random initialization; fedlit builds one model, so all cores
-start equal (the mix then starts at that model, since ``p0`` sums to 1). Deviation: the code mixes the outputs of
+Initial cores (``core_init``): the code builds every core as a model of its own, with its own random
+initialization. ``own`` (the default) does the same: client j's core starts from the module's own initializers
+(each layer's ``reset_parameters()``) drawn from a seed derived from the run's seed and j
+(:func:`reinitialized_parameters`: a constant-initialized tensor such as a LoRA B at 0 keeps its constant, a
+tensor of a layer without ``reset_parameters()`` its initial value; a warning when no tensor could be re-drawn).
+``shared`` starts every core at the one built model (the mix then starts at that model, since ``p0`` sums to 1);
+then, in round 1, the other clients' cores are all that model, so the ``p_ij`` (j != i) get one and the same
+gradient and move together: the mix can only rescale the initial model, and ``sum_j p_ij`` drifts from 1.
+``own`` re-draws shared tensors that came pretrained: use ``shared`` to keep them.
+
+Deviation: the paper weights the proximal term ``mu/2 ||p_i - p0||^2``; the code (``utils/losses.py``) and fedlit
+use ``coef(r) ||p_i - p0||^2`` without the 1/2, so a given ``mu`` pulls twice as hard as the paper's formula reads
+(halve ``mu`` for the paper's). Deviation: the code mixes the outputs of
 each layer's N copies (``sum_j p_j layer_j(x)``); for convolutions and linear layers this equals mixing their
 weights and biases, which is what is done here for every shared parameter. Shared buffers (BatchNorm statistics)
 are not mixed: each client runs and uploads its own core's. Deviation: the code never marks a core as
@@ -60,102 +72,26 @@ Communication counts the own core in the download (the client holds it already).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import warnings
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregate import normalized_weights, weighted_average
+from fedlit.strategies.apple_math import (
+    apple_download_choice,
+    apple_mix,
+    apple_proximal,
+    apple_proximal_coefficient,
+    reinitialized_parameters,
+    swapped_parameters,
+)
 from fedlit.strategies.base import ClientUpdate, Strategy
 
-
-@contextlib.contextmanager
-def swapped_parameters(module: nn.Module, tensors: Mapping[str, Tensor]) -> Iterator[None]:
-    """Inside the block, ``module``'s parameters named in ``tensors`` are those tensors (which may be functions of
-    the parameters, so autograd reaches them); the parameters are put back on exit, in their order. This is the
-    swap ``torch.func.functional_call`` makes, kept open around a whole ``training_step``."""
-    replaced = []
-    try:
-        for name, tensor in tensors.items():
-            prefix, _, attr = name.rpartition(".")
-            owner = module.get_submodule(prefix) if prefix else module
-            replaced.append((owner, attr, owner._parameters[attr]))
-            owner._parameters[attr] = tensor
-        yield
-    finally:
-        for owner, attr, original in reversed(replaced):
-            owner._parameters[attr] = original
-
-
-def apple_mix(p: Tensor, cores: Sequence[Tensor]) -> Tensor:
-    """APPLE's personalized tensor ``sum_j p_j core_j`` (the same coefficient for a layer's weights and biases).
-
-    Differentiable in ``p`` and in every core that requires a gradient (APPLE trains the client's own core and
-    ``p``; the other cores enter as constants). ``p`` is cast to the cores' dtype.
-
-    Args:
-        p: ``(N,)`` directed-relationship vector (unconstrained: neither non-negative nor summing to 1).
-        cores: N tensors of one shape, ``cores[j]`` from client j's core model.
-    """
-    if p.ndim != 1 or p.shape[0] != len(cores) or not cores:
-        raise ValueError(f"apple_mix needs one coefficient per core: p has shape {tuple(p.shape)}, {len(cores)} cores.")
-    weights = p.to(cores[0].dtype)
-    out = weights[0] * cores[0]
-    for j in range(1, len(cores)):
-        out = out + weights[j] * cores[j]
-    return out
-
-
-def apple_proximal_coefficient(round_index: int, decay_rounds: int, mu: float, schedule: str = "exponential",
-                               eps: float = 1e-3) -> float:
-    """APPLE's weight ``coef(r)`` of ``||p - p0||^2`` in round ``r`` (counted from 0): ``mu eps^(r / R_d)``
-    (``exponential``) or ``mu (cos(pi r / R_d) + 1) / 2`` (``cosine``) while ``r < R_d``, 0 from ``R_d`` on (and
-    for ``mu = 0``)."""
-    if schedule not in ("exponential", "cosine"):
-        raise ValueError(f"apple_proximal_coefficient: schedule={schedule!r} is not 'exponential' or 'cosine'.")
-    if mu == 0 or round_index >= decay_rounds:
-        return 0.0
-    if schedule == "cosine":
-        phase = torch.tensor(torch.pi * round_index / decay_rounds, dtype=torch.float64)
-        return float(mu * (torch.cos(phase) + 1) / 2)
-    return float(mu * eps ** (round_index / decay_rounds))
-
-
-def apple_proximal(p: Tensor, p0: Tensor, coef: float) -> Tensor:
-    """``coef * ||p - p0||_2^2`` (APPLE's pull of the directed relationships towards the sample shares ``p0``)."""
-    return coef * (p - p0.to(p.device, p.dtype)).pow(2).sum()
-
-
-def apple_download_choice(p: Tensor, own: int, touched: Tensor, limit: int, round_index: int,
-                          generator: torch.Generator, *, lamb: float = 1.0, thresh: float = 1.5) -> list[int]:
-    """The ``limit`` other cores client ``own`` downloads under APPLE's bandwidth limit, sorted.
-
-    The module docstring's draw: cores never downloaded (``touched[j]`` False) first, uniformly; the other places
-    without replacement with probability proportional to ``base^|p_j|``, ``base = max(thresh, lamb r limit / N)``.
-
-    Args:
-        p: ``(N,)`` the client's directed relationships.
-        own: The client's index (never drawn: it holds its own core).
-        touched: ``(N,)`` bool, the cores it has downloaded before.
-        limit: ``M``, between 1 and ``N - 1``.
-        round_index: ``r``.
-        generator: The random stream of the draw.
-    """
-    n = p.shape[0]
-    if not 1 <= limit <= n - 1:
-        raise ValueError(f"apple_download_choice: limit={limit} must be in [1, N - 1] = [1, {n - 1}].")
-    others = [j for j in range(n) if j != own]
-    fresh = [j for j in others if not bool(touched[j])]
-    if len(fresh) >= limit:
-        order = torch.randperm(len(fresh), generator=generator)[:limit]
-        return sorted(fresh[i] for i in order.tolist())
-    candidates = [j for j in others if j not in fresh]
-    base = max(thresh, lamb * round_index * limit / n)
-    probs = torch.tensor([base ** abs(float(p[j])) for j in candidates], dtype=torch.float64)
-    drawn = torch.multinomial(probs / probs.sum(), limit - len(fresh), replacement=False, generator=generator)
-    return sorted(fresh + [candidates[i] for i in drawn.tolist()])
+__all__ = ["APPLE", "apple_download_choice", "apple_mix", "apple_proximal", "apple_proximal_coefficient",
+           "reinitialized_parameters", "swapped_parameters"]
 
 
 class APPLE(Strategy):
@@ -172,12 +108,15 @@ class APPLE(Strategy):
         max_downloads: ``M``, the other cores a client downloads per round; None (default): all of them.
         lamb: ``lambda`` of the bandwidth limit's ``base`` (default 1).
         thresh: The least ``base`` (default 1.5).
+        core_init: ``own`` (default, as the authors' code): each client's core starts from its own random
+            initialization, seeded by the run's seed and the client; ``shared``: every core starts at the built
+            model (keeps pretrained shared tensors; ``p`` then moves only along all-ones in round 1).
     """
 
     def __init__(self, *, mu: float = 0.1, lr_p: float = 1e-3, p_momentum: float = 0.9,
                  schedule: Literal["exponential", "cosine"] = "exponential", eps: float = 1e-3,
                  decay_rounds: int | None = None, max_downloads: int | None = None, lamb: float = 1.0,
-                 thresh: float = 1.5) -> None:
+                 thresh: float = 1.5, core_init: Literal["own", "shared"] = "own") -> None:
         super().__init__()
         problems = []
         key = "strategy.init_args."
@@ -197,13 +136,16 @@ class APPLE(Strategy):
             problems.append(f"{key}max_downloads={max_downloads!r} must be >= 1, or null to download every core")
         if not lamb >= 0 or not thresh > 0:
             problems.append(f"{key}lamb={lamb!r} must be >= 0 and {key}thresh={thresh!r} > 0")
+        if core_init not in ("own", "shared"):
+            problems.append(f"{key}core_init={core_init!r} is not one of ['own', 'shared']")
         if problems:
             raise ConfigError("Invalid APPLE settings: " + "; ".join(problems) + ".")
         self.mu, self.lr_p, self.p_momentum, self.eps = float(mu), float(lr_p), float(p_momentum), float(eps)
         self.schedule, self.decay_rounds, self.max_downloads = schedule, decay_rounds, max_downloads
-        self.lamb, self.thresh = float(lamb), float(thresh)
+        self.lamb, self.thresh, self.core_init = float(lamb), float(thresh), core_init
         self.rounds: int | None = None
         self.initial: dict[str, Tensor] = {}
+        self.starts: dict[str, dict[str, Tensor]] = {}
         self.cores: dict[str, dict[str, Tensor]] = {}
         self.requests: dict[str, list[int]] = {}
         self.p0 = torch.zeros(0, dtype=torch.float64)
@@ -214,15 +156,32 @@ class APPLE(Strategy):
         """Every core starts at the initial shared tensors; ``p0`` from the class counts (uniform without them)
         until :meth:`on_fit_start` reads the clients' training sizes."""
         self.initial = dict(self.global_state)
-        self.cores, self.requests = {}, {}
+        self.starts, self.cores, self.requests = {}, {}, {}
         counts = [float(sum(self.class_counts[c])) if self.class_counts else 1.0 for c in self.client_ids]
         self.p0 = normalized_weights(counts).to(torch.float64)
 
-    def on_fit_start(self, trainer: Any) -> None:
-        """``p0 = n_j / n`` over the clients that train; R, the federation's rounds, for ``R_d``."""
+    def on_fit_start(self, trainer: Any, pl_module: Any = None) -> None:
+        """``p0 = n_j / n`` over the clients that train; R, the federation's rounds, for ``R_d``; under
+        ``core_init: own``, in a fresh run, every client's initial core (a resumed run has them from the
+        checkpoint) and ``global_state``, their ``p0`` mix."""
         self.rounds = int(trainer.rounds)
         sizes = [float(trainer.num_examples(c, "train")) for c in self.client_ids]
         self.p0 = normalized_weights(sizes).to(torch.float64)
+        if self.core_init == "own" and pl_module is not None and not self.starts and not self.cores:
+            self._draw_starts(trainer, pl_module)
+
+    def _draw_starts(self, trainer: Any, pl_module: Any) -> None:
+        names = self.shared_parameter_names()
+        kept: list[str] = []
+        for client_id in self.client_ids:
+            drawn, kept = reinitialized_parameters(pl_module, names, trainer.derive_seed("apple-core", client_id))
+            self.starts[client_id] = {**self.initial, **{n: t.to(self.initial[n].device) for n, t in drawn.items()}}
+        left = [n for n in kept if n in names]
+        if len(left) == len(names) and names:
+            warnings.warn("APPLE core_init='own': no shared parameter could be re-initialized (constant, or their "
+                          "layers have no reset_parameters()): every core starts equal, as with core_init='shared'.",
+                          stacklevel=2)
+        self.global_state = weighted_average([self.starts[c] for c in self.client_ids], self.p0.tolist())
 
     def coefficient(self, server_round: int) -> float:
         """``coef(r)`` of round ``server_round`` (r = server_round - 1)."""
@@ -233,12 +192,16 @@ class APPLE(Strategy):
             decay = int(0.1 * self.rounds)
         return apple_proximal_coefficient(server_round - 1, decay, self.mu, self.schedule, self.eps)
 
+    def _core(self, client_id: str) -> dict[str, Tensor]:
+        """Client j's latest core: uploaded, else its initial one."""
+        return self.cores.get(client_id) or self.starts.get(client_id) or self.initial
+
     def _limited(self) -> bool:
         return self.max_downloads is not None and self.max_downloads + 1 < len(self.client_ids)
 
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The client's own core (the initial shared tensors before it first uploads one)."""
-        return dict(self.cores.get(client_id, self.initial))
+        return dict(self._core(client_id))
 
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """``p0`` and the other clients' cores (shared parameters): all, or the ones the client asked for."""
@@ -248,7 +211,7 @@ class APPLE(Strategy):
         indices = [j for j in range(len(self.client_ids)) if j != own and (wanted is None or j in wanted)]
         cores = {}
         for j in indices:
-            core = self.cores.get(self.client_ids[j], self.initial)
+            core = self._core(self.client_ids[j])
             cores[self.client_ids[j]] = {n: core[n] for n in names}
         # The clients' order (no tensor: nothing counted as download): a client knows its own index and N from
         # what it receives, not from the server's ``client_ids``.
@@ -274,23 +237,25 @@ class APPLE(Strategy):
             return dict(self.global_state)
         self.check_uploads(updates)
         for update in updates:
+            self.starts.pop(update.client_id, None)  # its initial core is no longer needed
             self.cores[update.client_id] = {n: t.detach().to(self.global_state[n].device)
                                             for n, t in update.state.items()}
             if "request" in update.extras:
                 self.requests[update.client_id] = [int(j) for j in update.extras["request"].tolist()]
-        states = [self.cores.get(c, self.initial) for c in self.client_ids]
+        states = [self._core(c) for c in self.client_ids]
         self.global_state = weighted_average(states, self.p0.tolist())
         return dict(self.global_state)
 
     def state_dict(self) -> dict[str, Any]:
         """Server state plus every core, the initial tensors, ``p0`` and the requests (exact resume)."""
-        return {**super().state_dict(), "initial": self.initial, "cores": self.cores, "p0": self.p0,
-                "requests": self.requests}
+        return {**super().state_dict(), "initial": self.initial, "starts": self.starts, "cores": self.cores,
+                "p0": self.p0, "requests": self.requests}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self.initial = dict(state_dict["initial"])
+        self.starts = {c: dict(s) for c, s in state_dict.get("starts", {}).items()}  # none before core_init
         self.cores = {c: dict(s) for c, s in state_dict["cores"].items()}
         self.p0 = state_dict["p0"]
         self.requests = {c: list(r) for c, r in state_dict["requests"].items()}
@@ -393,4 +358,4 @@ class APPLE(Strategy):
     def hparams(self) -> dict[str, Any]:
         return {"mu": self.mu, "lr_p": self.lr_p, "p_momentum": self.p_momentum, "schedule": self.schedule,
                 "eps": self.eps, "decay_rounds": self.decay_rounds, "max_downloads": self.max_downloads,
-                "lamb": self.lamb, "thresh": self.thresh}
+                "lamb": self.lamb, "thresh": self.thresh, "core_init": self.core_init}

@@ -42,6 +42,13 @@ initial A before round 1). That mean is also evaluated on every client, with the
 (``s_11 = 1``). The LoRA scale is alpha / r (FHBench's code uses the integer alpha // r; equal for r = 8,
 alpha = 16).
 
+Evaluation (``evaluation``): ``after_mix`` (the default, fedlit's protocol for every strategy) evaluates each
+client with the mix it was sent after the round's aggregation, and the report takes every client at the round of
+the best mean validation value. ``fhbench`` follows FHBench's benchmark: each client is evaluated right after its
+local training, with the A it uploaded (before the mix; kept in its store, one copy of its A), and the report adds
+``best_per_client``: each client's test values at its own best validation round (the usual ``best`` and ``last``
+stay, for comparison with other strategies). A client that has not trained yet is evaluated as under ``after_mix``.
+
 Memory: the server keeps one A mix per client that has trained (plus ``global_state``); each client's store holds
 its own B, its head and every other personal tensor.
 
@@ -136,10 +143,13 @@ class EPFL(Strategy):
             tensors in model order) or a list of B tensor names (default ``all``).
         eps: Added to every mean distance before inverting it; 0 (the default) treats a zero distance as the
             maximum similarity instead (see the module docstring).
+        evaluation: ``after_mix`` (default): each client evaluated with its mix, at the best mean validation round;
+            ``fhbench``: with its trained A before the mix, and also reported at its own best validation round
+            (``best_per_client``).
     """
 
     def __init__(self, *, lam: float = 0.5, psi: Literal["all", "first_half", "second_half"] | list[str] = "all",
-                 eps: float = 0.0) -> None:
+                 eps: float = 0.0, evaluation: Literal["after_mix", "fhbench"] = "after_mix") -> None:
         super().__init__()
         problems = []
         if not 0 <= lam <= 1:
@@ -152,9 +162,13 @@ class EPFL(Strategy):
         elif not isinstance(psi, str) and (not psi or not all(isinstance(n, str) for n in psi)):
             problems.append(f"strategy.init_args.psi={psi!r} must be one of {list(PSI)} or a non-empty list of "
                             "LoRA B tensor names")
+        if evaluation not in ("after_mix", "fhbench"):
+            problems.append(f"strategy.init_args.evaluation={evaluation!r} is not one of ['after_mix', 'fhbench']")
         if problems:
             raise ConfigError("EPFL: " + "; ".join(problems) + ".")
-        self.lam, self.eps = float(lam), float(eps)
+        self.lam, self.eps, self.evaluation = float(lam), float(eps), evaluation
+        #: Read by the engine's report: also each client at its own best validation round (FHBench's protocol).
+        self.per_client_selection = evaluation == "fhbench"
         self.psi: str | list[str] = psi if isinstance(psi, str) else list(psi)
         self.b_names: list[str] = []
         self.distance_names: list[str] = []
@@ -210,11 +224,24 @@ class EPFL(Strategy):
         own mix (with the client's own B and head)."""
         return dict(self.global_state)
 
-    def on_client_fit_end(self, pl_module: Any, update: ClientUpdate) -> None:
-        """Upload the client's B tensors beside its A (they stay personal: the server never sends them back)."""
+    def on_client_fit_end(self, pl_module: Any, update: ClientUpdate, client_state: dict[str, Any]) -> None:
+        """Upload the client's B tensors beside its A (they stay personal: the server never sends them back);
+        under ``evaluation: fhbench`` keep its trained A (before the mix) in its store, to be evaluated with."""
         device = next(iter(update.state.values())).device if update.state else torch.device("cpu")
         live = pl_module.named_tensors("personal")
         update.extras[EXTRAS_KEY] = {n: live[n].detach().to(device, copy=True) for n in self.b_names}
+        if self.evaluation == "fhbench":
+            client_state["trained"] = {n: t.detach().clone() for n, t in update.state.items()}
+
+    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+        """Under ``evaluation: fhbench``, put the client's trained A (before the mix) over the received mix."""
+        trained = client_state.get("trained") if self.evaluation == "fhbench" else None
+        if not trained:
+            return
+        live = pl_module.named_tensors("shared")
+        with torch.no_grad():
+            for name, tensor in trained.items():
+                live[name].copy_(tensor)
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """One A mix per client of the round (the weights from its B distances); ``global_state`` becomes the
@@ -251,4 +278,4 @@ class EPFL(Strategy):
         self.weight_clients = list(state_dict["weight_clients"])
 
     def hparams(self) -> dict[str, Any]:
-        return {"lam": self.lam, "psi": self.psi, "eps": self.eps}
+        return {"lam": self.lam, "psi": self.psi, "eps": self.eps, "evaluation": self.evaluation}

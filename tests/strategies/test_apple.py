@@ -20,6 +20,7 @@ from fedlit.strategies.apple import (
     apple_download_choice,
     apple_proximal,
     apple_proximal_coefficient,
+    reinitialized_parameters,
     swapped_parameters,
 )
 from tests.conftest import assert_resume_is_exact, make_federation
@@ -226,7 +227,7 @@ PINNED = [1.106671, 1.039599, 1.131313]
 
 
 def test_two_rounds_differ_from_fedavg(tmp_path):
-    federation = make_federation(tmp_path / "apple", APPLE(lr_p=0.1, decay_rounds=2), rounds=2)
+    federation = make_federation(tmp_path / "apple", APPLE(lr_p=0.1, decay_rounds=2, core_init="shared"), rounds=2)
     federation.fit()
     strategy = federation.strategy
     payload = torch.load(tmp_path / "apple" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -277,3 +278,56 @@ def test_swapped_parameters_puts_the_parameters_back_in_order_even_after_an_erro
         assert torch.equal(module[0].bias, torch.ones(2)) and not isinstance(module[0].bias, nn.Parameter)
         raise RuntimeError("boom")
     assert [(n, id(p)) for n, p in module.named_parameters()] == order
+
+
+def _p_after_one_round(tmp_path, core_init):
+    """Every client's ``p_i - p0`` after one round of 1 epoch (lr_p = 0.1, no proximal term)."""
+    federation = make_federation(tmp_path / core_init, APPLE(lr_p=0.1, decay_rounds=0, core_init=core_init),
+                                 rounds=1)
+    federation.fit()
+    return {c: federation.store.extra(c, "APPLE")["p"].double() - 1 / 3 for c in federation.client_ids}, federation
+
+
+def test_own_cores_let_p_leave_the_all_ones_direction_in_round_one(tmp_path):
+    # shared: the other clients' cores are all the initial model in round 1, so dL/dp_j = <dL/dtheta_p, theta_c,j>
+    # is one number for every j != i: those entries of p move together (only p_ii, on the live core, differs)
+    shared, _ = _p_after_one_round(tmp_path, "shared")
+    for i, delta in enumerate(shared.values()):
+        others = torch.cat([delta[:i], delta[i + 1:]])
+        assert others.abs().max() > 1e-3 and (others.max() - others.min()) < 1e-6
+    # own: each core its own draw, so the entries of p - p0 of the other cores differ by far more than rounding
+    own, federation = _p_after_one_round(tmp_path, "own")
+    for i, delta in enumerate(own.values()):
+        others = torch.cat([delta[:i], delta[i + 1:]])
+        assert (others.max() - others.min()) > 1e-3
+    # the drawn cores differ from each other
+    cores = federation.strategy.cores
+    weight = next(n for n, t in cores["c0"].items() if t.ndim == 2)
+    assert not torch.equal(cores["c0"][weight], cores["c1"][weight])
+
+
+def test_reinitialized_parameters_draw_from_the_layers_own_init_and_leave_the_module_as_it_was():
+    module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    with torch.no_grad():
+        module[2].bias.zero_()  # a constant init (as a LoRA B at 0) is the model's choice: kept
+    before = {n: t.clone() for n, t in module.state_dict().items()}
+    names = ["0.weight", "0.bias", "1.weight", "2.weight", "2.bias"]
+    torch.manual_seed(99)
+    outside = torch.rand(1)
+    drawn, kept = reinitialized_parameters(module, names, seed=5)
+    again, _ = reinitialized_parameters(module, names, seed=5)
+    other, _ = reinitialized_parameters(module, names, seed=6)
+    assert all(torch.equal(module.state_dict()[n], before[n]) for n in before)
+    torch.manual_seed(99)
+    assert torch.equal(torch.rand(1), outside)  # the global random state is not consumed ...
+    assert kept == ["1.weight", "2.bias"]  # BatchNorm's scale (ones) and the zero bias keep their constants
+    # ... and the draw is nn.Linear's own reset_parameters() under seed 5, layer by layer in model order
+    torch.manual_seed(5)
+    reference = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    torch.manual_seed(5)
+    for layer in reference:
+        layer.reset_parameters()
+    assert torch.equal(drawn["0.weight"], reference[0].weight) and torch.equal(drawn["2.weight"], reference[2].weight)
+    assert all(torch.equal(drawn[n], again[n]) for n in names)
+    assert not torch.equal(drawn["0.weight"], other["0.weight"])
+    assert torch.equal(drawn["2.bias"], torch.zeros(2))

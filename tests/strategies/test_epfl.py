@@ -200,7 +200,7 @@ def test_bad_arguments_name_the_option():
     one_b = ParameterRoles(dict.fromkeys(["l.lora_A.weight", "l.lora_B.weight"], "shared"))
     with pytest.raises(ConfigError, match="psi='first_half' needs at least 2 LoRA B tensors"):
         EPFL(psi="first_half").configure_roles(one_b)
-    assert repr(EPFL(psi="second_half")) == "EPFL(lam=0.5, psi='second_half', eps=0.0)"
+    assert repr(EPFL(psi="second_half")) == "EPFL(lam=0.5, psi='second_half', eps=0.0, evaluation='after_mix')"
 
 
 # --- end to end ------------------------------------------------------------------------------------------------------
@@ -295,3 +295,31 @@ def test_resume_is_exact(tmp_path, lora_model):
     straight, _ = assert_resume_is_exact(tmp_path, lambda: EPFL(psi="second_half"), roles=LORA_ROLES)
     assert set(straight.strategy.mixes) == {"c0", "c1", "c2"}
     assert straight.strategy.distance_names == ["backbone.fc2.lora_B.default.weight"]
+
+
+@pytest.mark.parametrize("evaluation", ["after_mix", "fhbench"])
+def test_fhbench_evaluation_takes_the_trained_a_before_the_mix_at_each_clients_best_round(tmp_path, lora_model,
+                                                                                        evaluation):
+    strategy = EPFL(evaluation=evaluation)
+    federation = make_federation(tmp_path, strategy, rounds=3, roles=LORA_ROLES)
+    results = federation.fit()
+    assert ("best_per_client" in results) == (evaluation == "fhbench")
+    for client in federation.client_ids:
+        trained = federation.store.extra(client, "EPFL").get("trained")
+        federation.evaluate_client(3, client, "val")
+        live = federation.module.named_tensors("shared")
+        mix = strategy.mixes[client]
+        if evaluation == "after_mix":
+            assert trained is None and all(torch.equal(live[n], mix[n]) for n in mix)
+        else:  # the A the client uploaded in round 3, not the mix it was sent after the aggregation
+            assert all(torch.equal(live[n], trained[n]) for n in mix)
+            assert not all(torch.allclose(trained[n], mix[n]) for n in mix)
+    if evaluation == "fhbench":
+        # each client's own best validation accuracy round (earliest on ties), worked out from the history
+        history = federation.history
+        best = results["best_per_client"]
+        for client in federation.client_ids:
+            values = [(history.rounds[r]["val"][client]["accuracy"], -r) for r in sorted(history.rounds)]
+            round_ = -max(values)[1]
+            assert best["rounds"][client] == round_
+            assert best["clients"][client] == history.rounds[round_]["test"][client]
