@@ -21,7 +21,14 @@ from torch import nn
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import Compose, SampleList, image_errors, is_image, unreadable_image
-from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems, site_rng
+from fedlit.data.site_options import (
+    PROSTATE_SAME_SITE,
+    PROSTATE_SITES,
+    find_sites,
+    report_unmatched,
+    segmentation_option_problems,
+    site_rng,
+)
 
 _OPTION = "data.init_args"
 
@@ -170,6 +177,7 @@ class _SegmentationSites(FederatedDataModule):
     mask_names: list[str]
     source: str
     default_sites: tuple[str, ...] = ()
+    same_site: dict[str, str] | None = None  # a site's other folder names (Fed-Prostate's ISBI = RUNMC)
 
     def __init__(
         self,
@@ -199,7 +207,8 @@ class _SegmentationSites(FederatedDataModule):
         self.root = Path(root).expanduser()
         layout = (f"{self.root}/<site>/{{train,test}}/{self.image_dir}/*.png with masks of the same name in "
                   f"{self.mask_dir}/ (sites {', '.join(self.default_sites)})")
-        self.sites = find_sites(type(self).__name__, self.root, sites, self.default_sites, layout, self.source)
+        self.sites = find_sites(type(self).__name__, self.root, sites, self.default_sites, layout, self.source,
+                                same_site=self.same_site, warn_others=self.same_site is not None)  # prostate
         self.image_size, self.unmatched = image_size, unmatched
         self.val_fraction, self.augment, self.crop_size = float(val_fraction), bool(augment), crop_size
         self.sites_without_train = sites_without_train
@@ -292,7 +301,8 @@ class _SegmentationSites(FederatedDataModule):
 class FedProstateSlices(_SegmentationSites):
     """Fed-Prostate as 2-D slices: 6 sites of T2-weighted prostate MRI, grey images, one prostate mask channel.
 
-    The sites (BIDMC, BMC, HK, I2CVB, RUNMC, UCL) and slices are those of Liu et al., "Shape-aware Meta-learning
+    The sites (BIDMC, BMC, HK, I2CVB, RUNMC, UCL; ``ISBI`` and ``ISBI_1.5`` are read as RUNMC and BMC, the folder's
+    name kept as the client id, as :class:`~fedlit.data.FedProstateVolumes` reads them) and slices are those of Liu et al., "Shape-aware Meta-learning
     for Generalizing Prostate MRI Segmentation to Unseen Domains" (SAML, MICCAI 2020), as distributed as PNG slices
     by FedDG-style repositories. Layout: ``root/<site>/{train,test}/{image,mask}/<name>.png``; masks are grey,
     level 0 = prostate and 255 = background (as in the fundus masks: the 0 region is the small central organ).
@@ -320,7 +330,8 @@ class FedProstateSlices(_SegmentationSites):
     """
 
     dataset = "fed_prostate"
-    default_sites = ("BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL")
+    default_sites = PROSTATE_SITES
+    same_site = PROSTATE_SAME_SITE
     image_dir, mask_dir, channels = "image", "mask", 1
     channel_levels, allowed_levels, mask_names = ((0,),), (0, 255), ["prostate"]
     source = ("Get the slices of the SAML/FedDG Fed-Prostate set (Liu et al., MICCAI 2020), e.g. the ProstateSlice "
