@@ -302,10 +302,11 @@ class FedProstateSlices(_SegmentationSites):
     """Fed-Prostate as 2-D slices: 6 sites of T2-weighted prostate MRI, grey images, one prostate mask channel.
 
     The sites (BIDMC, BMC, HK, I2CVB, RUNMC, UCL; ``ISBI`` and ``ISBI_1.5`` are read as RUNMC and BMC, the folder's
-    name kept as the client id, as :class:`~fedlit.data.FedProstateVolumes` reads them) and slices are those of Liu et al., "Shape-aware Meta-learning
-    for Generalizing Prostate MRI Segmentation to Unseen Domains" (SAML, MICCAI 2020), as distributed as PNG slices
-    by FedDG-style repositories. Layout: ``root/<site>/{train,test}/{image,mask}/<name>.png``; masks are grey,
-    level 0 = prostate and 255 = background (as in the fundus masks: the 0 region is the small central organ).
+    name kept as the client id, as :class:`~fedlit.data.FedProstateVolumes` reads them) and slices are those of
+    Liu et al., "Shape-aware Meta-learning for Generalizing Prostate MRI Segmentation to Unseen Domains" (SAML,
+    MICCAI 2020), as distributed as PNG slices by FedDG-style repositories. Layout:
+    ``root/<site>/{train,test}/{image,mask}/<name>.png``; masks are grey, level 0 = prostate and 255 = background
+    (as in the fundus masks: the 0 region is the small central organ).
 
     Each site is a client with its own train and test folders kept; ``val_fraction`` moves a seeded share of its
     train pairs to validation. Images are (1, H, W) float in [0, 1]; masks (1, H, W) float 0/1 (prostate).
