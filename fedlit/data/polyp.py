@@ -73,7 +73,10 @@ class BinaryMaskImageFile:
 
 
 class FedPolyp(FederatedDataModule):
-    """Fed-Polyp: 4 sites of colonoscopy images (Kvasir, CVC-ClinicDB, CVC-ColonDB, ETIS-LaribPolypDB), polyp masks.
+    """Fed-Polyp: 4 sites of colonoscopy images (Kvasir, ETIS-LaribPolypDB, CVC-ColonDB, CVC-ClinicDB), polyp masks.
+
+    The clients come in the order of the FedSCA paper's C1-C4 (Zhang et al., arXiv 2025): Kvasir, ETIS,
+    ColonDB, ClinicDB, so per-client tables line up with its columns.
 
     Two layouts are read (the first when ``root`` holds ``TrainDataset`` or ``TestDataset``)::
 
@@ -95,7 +98,8 @@ class FedPolyp(FederatedDataModule):
 
     Args:
         root: the folder holding ``TrainDataset``/``TestDataset``, or one folder per site.
-        sites: the sites to use, in this order (default: those of the four present under ``root``).
+        sites: the sites to use, in this order (default: those of the four present under ``root``, in the
+            order C1-C4 of FedSCA: Kvasir, ETIS-LaribPolypDB, CVC-ColonDB, CVC-ClinicDB).
         image_size: side of the square images and masks (bilinear for images, nearest for masks); null keeps each
             file's size (batches then need one size).
         split_fractions: (train, val, test) shares of each site's pairs.
@@ -110,7 +114,7 @@ class FedPolyp(FederatedDataModule):
         seed: seed of the splits.
     """
 
-    default_sites = ("Kvasir", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB")
+    default_sites = ("Kvasir", "ETIS-LaribPolypDB", "CVC-ColonDB", "CVC-ClinicDB")  # FedSCA's C1-C4
 
     def __init__(
         self,

@@ -25,7 +25,14 @@ from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule, is_int
 from fedlit.data.samples import SampleList
 from fedlit.data.segmentation_sites import pair_augmentation
-from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems, site_rng
+from fedlit.data.site_options import (
+    PROSTATE_SAME_SITE,
+    PROSTATE_SITES,
+    find_sites,
+    report_unmatched,
+    segmentation_option_problems,
+    site_rng,
+)
 from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
 
 _OPTION = "data.init_args"
@@ -148,7 +155,10 @@ class FedProstateVolumes(FederatedDataModule):
         root/<site>/CaseXX.nii.gz                  the T2 volume (x, y, slice)
         root/<site>/CaseXX_segmentation.nii.gz     its label volume (0 = background, any other label = prostate)
 
-    Sites are BIDMC, BMC, HK, I2CVB, RUNMC and UCL (those present, or ``sites``). Every site is a client; its
+    Sites are BIDMC, BMC, HK, I2CVB, RUNMC and UCL (those present, or ``sites``). The SAML download names two
+    folders by the NCI-ISBI 2013 challenge they come from, ``ISBI`` (= RUNMC) and ``ISBI_1.5`` (= BMC): both names
+    are read, and the client id is the folder's name (``ISBI``). One site under both names is refused; other
+    folders under ``root`` are named in a warning (they are not read). Every site is a client; its
     cases are split (train, val, test) by ``split_fractions`` (8:0:2 by default), seeded by ``seed``, whole
     cases only: the slices of one case never fall in two splits. Only the slices whose mask holds foreground
     are kept. Each image volume is clipped at its 99th percentile and scaled to [0, 1]
@@ -162,7 +172,8 @@ class FedProstateVolumes(FederatedDataModule):
 
     Args:
         root: the folder holding the site folders.
-        sites: the sites to use, in this order (default: those of the six present under ``root``).
+        sites: the sites to use, in this order (default: those of the six present under ``root``, under either
+            name, in the order BIDMC, BMC, HK, I2CVB, RUNMC, UCL).
         image_size: side of the square slices (bilinear for images, nearest for masks); null keeps each
             volume's in-plane size (batches then need volumes of one size).
         split_fractions: (train, val, test) shares of each site's cases.
@@ -178,7 +189,7 @@ class FedProstateVolumes(FederatedDataModule):
         seed: seed of the case split.
     """
 
-    default_sites = ("BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL")
+    default_sites = PROSTATE_SITES
 
     def __init__(
         self,
@@ -209,7 +220,8 @@ class FedProstateVolumes(FederatedDataModule):
         self.root = Path(root).expanduser()
         layout = (f"{self.root}/<site>/CaseXX.nii.gz with CaseXX_segmentation.nii.gz beside it (sites "
                   f"{', '.join(self.default_sites)})")
-        self.sites = find_sites("FedProstateVolumes", self.root, sites, self.default_sites, layout, _SOURCE)
+        self.sites = find_sites("FedProstateVolumes", self.root, sites, self.default_sites, layout, _SOURCE,
+                                same_site=PROSTATE_SAME_SITE, warn_others=True)
         self.image_size, self.unmatched, self.augment, self.crop_size = image_size, unmatched, bool(augment), crop_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.cache_size = cache_size

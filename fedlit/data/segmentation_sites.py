@@ -1,6 +1,7 @@
 """Segmentation sites read from files: ``FedProstateSlices`` (Fed-Prostate) and ``FedFundus`` (Fed-Fundus).
 
-Both keep each site as a client with its own ``train``/``test`` folders, and pair every image with the mask of the
+Both keep each site as a client with its own ``train``/``test`` folders (or, with ``split_fractions``, pool a
+site's two folders and split them again), and pair every image with the mask of the
 same file name. Images and masks are decoded in the DataLoader workers by :class:`MaskedImageFile`, which returns
 an ``(image, mask)`` pair: the sample's target is its mask, and train-time augmentation (:class:`PairRandomCrop`,
 :class:`PairFlip`) crops and flips image and mask together. The option checks, the augmentation and the handling
@@ -21,7 +22,15 @@ from torch import nn
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.samples import Compose, SampleList, image_errors, is_image, unreadable_image
-from fedlit.data.site_options import find_sites, report_unmatched, segmentation_option_problems, site_rng
+from fedlit.data.site_options import (
+    PROSTATE_SAME_SITE,
+    PROSTATE_SITES,
+    find_sites,
+    report_unmatched,
+    segmentation_option_problems,
+    site_rng,
+)
+from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
 
 _OPTION = "data.init_args"
 
@@ -170,6 +179,7 @@ class _SegmentationSites(FederatedDataModule):
     mask_names: list[str]
     source: str
     default_sites: tuple[str, ...] = ()
+    same_site: dict[str, str] | None = None  # a site's other folder names (Fed-Prostate's ISBI = RUNMC)
 
     def __init__(
         self,
@@ -179,6 +189,7 @@ class _SegmentationSites(FederatedDataModule):
         sites: list[str] | None = None,
         unmatched: Literal["error", "skip"] = "error",
         val_fraction: float = 0.0,
+        split_fractions: tuple[float, float, float] | None = None,
         augment: bool = True,
         crop_size: int | None = None,
         sites_without_train: Literal["error", "evaluate"] = "error",
@@ -194,15 +205,25 @@ class _SegmentationSites(FederatedDataModule):
                             f"{sites_without_train!r}")
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
             problems.append(f"{_OPTION}.val_fraction must be in [0, 1), got {val_fraction!r}")
+        if split_fractions is not None:
+            try:
+                check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
+            except ValueError as err:
+                problems.append(str(err))
+            if val_fraction:
+                problems.append(f"{_OPTION}.val_fraction={val_fraction!r} and {_OPTION}.split_fractions are both "
+                                "given; split_fractions sets the validation share itself, drop val_fraction")
         if problems:
             raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
         layout = (f"{self.root}/<site>/{{train,test}}/{self.image_dir}/*.png with masks of the same name in "
                   f"{self.mask_dir}/ (sites {', '.join(self.default_sites)})")
-        self.sites = find_sites(type(self).__name__, self.root, sites, self.default_sites, layout, self.source)
+        self.sites = find_sites(type(self).__name__, self.root, sites, self.default_sites, layout, self.source,
+                                same_site=self.same_site, warn_others=self.same_site is not None)  # prostate
         self.image_size, self.unmatched = image_size, unmatched
         self.val_fraction, self.augment, self.crop_size = float(val_fraction), bool(augment), crop_size
         self.sites_without_train = sites_without_train
+        self.split_fractions = None if split_fractions is None else tuple(float(f) for f in split_fractions)
 
     def expected_num_clients(self) -> int | None:
         """One client per site of ``sites`` (known without reading an image)."""
@@ -217,11 +238,7 @@ class _SegmentationSites(FederatedDataModule):
                 pairs[split], lost = self._pairs(site, split)
                 unmatched += lost
             samples[site] = pairs["train"] + pairs["test"]
-            n_train = len(pairs["train"])
-            order = site_rng(self.seed, site).permutation(n_train)  # a site's split depends on it alone
-            n_val = min(int(round(self.val_fraction * n_train)), max(n_train - 1, 0))
-            splits[site] = {"train": np.sort(order[n_val:]), "val": np.sort(order[:n_val]),
-                            "test": np.arange(n_train, len(samples[site]))}
+            splits[site] = self._split(site, len(pairs["train"]), len(samples[site]))
         report_unmatched(type(self).__name__, unmatched, self.unmatched)
         untrained = [site for site in built if len(splits[site]["train"]) == 0 and len(splits[site]["test"])]
         if self.sites_without_train == "evaluate" and untrained:
@@ -261,12 +278,30 @@ class _SegmentationSites(FederatedDataModule):
                 "image_size": self.image_size,
                 "mask_channels": list(self.mask_names),
                 "val_fraction": self.val_fraction,
+                "split": "folders" if self.split_fractions is None else "pooled and split by split_fractions",
+                "split_fractions": None if self.split_fractions is None else list(self.split_fractions),
                 "crop_size": self.crop_size,
                 "train_transform": repr(train_transform) if train_transform is not None else None,
                 "unmatched_skipped": unmatched,
             },
             evaluation_only=frozenset(evaluated),
         )
+
+    def _split(self, site: str, n_train: int, n_all: int) -> dict[str, np.ndarray]:
+        """Positions per split of a site whose first ``n_train`` of ``n_all`` pairs come from its train folder:
+        the folders' split (``val_fraction`` of train moved to val), or all pooled and split by ``split_fractions``;
+        drawn from the site's own generator, so a site's split depends on it alone."""
+        rng = site_rng(self.seed, site)
+        if self.split_fractions is None:
+            order = rng.permutation(n_train)
+            n_val = min(int(round(self.val_fraction * n_train)), max(n_train - 1, 0))
+            return {"train": np.sort(order[n_val:]), "val": np.sort(order[:n_val]), "test": np.arange(n_train, n_all)}
+        if n_all < sum(f > 0 for f in self.split_fractions):
+            raise DataError(f"{type(self).__name__}: site {site} has {n_all} (image, mask) pairs under "
+                            f"{self.root / site}, fewer than the non-empty splits of {_OPTION}.split_fractions="
+                            f"{self.split_fractions}; add pairs or leave the site out with {_OPTION}.sites")
+        order, bounds = rng.permutation(n_all), np.cumsum([0, *split_sizes(n_all, self.split_fractions)])
+        return {split: np.sort(order[bounds[i]:bounds[i + 1]]) for i, split in enumerate(SPLITS)}
 
     def _pairs(self, site: str, split: str) -> tuple[list[list[str]], list[str]]:
         """The [image, mask] paths (relative to root) matched by file name, and the unmatched files."""
@@ -292,10 +327,12 @@ class _SegmentationSites(FederatedDataModule):
 class FedProstateSlices(_SegmentationSites):
     """Fed-Prostate as 2-D slices: 6 sites of T2-weighted prostate MRI, grey images, one prostate mask channel.
 
-    The sites (BIDMC, BMC, HK, I2CVB, RUNMC, UCL) and slices are those of Liu et al., "Shape-aware Meta-learning
-    for Generalizing Prostate MRI Segmentation to Unseen Domains" (SAML, MICCAI 2020), as distributed as PNG slices
-    by FedDG-style repositories. Layout: ``root/<site>/{train,test}/{image,mask}/<name>.png``; masks are grey,
-    level 0 = prostate and 255 = background (as in the fundus masks: the 0 region is the small central organ).
+    The sites (BIDMC, BMC, HK, I2CVB, RUNMC, UCL; ``ISBI`` and ``ISBI_1.5`` are read as RUNMC and BMC, the folder's
+    name kept as the client id, as :class:`~fedlit.data.FedProstateVolumes` reads them) and slices are those of
+    Liu et al., "Shape-aware Meta-learning for Generalizing Prostate MRI Segmentation to Unseen Domains" (SAML,
+    MICCAI 2020), as distributed as PNG slices by FedDG-style repositories. Layout:
+    ``root/<site>/{train,test}/{image,mask}/<name>.png``; masks are grey, level 0 = prostate and 255 = background
+    (as in the fundus masks: the 0 region is the small central organ).
 
     Each site is a client with its own train and test folders kept; ``val_fraction`` moves a seeded share of its
     train pairs to validation. Images are (1, H, W) float in [0, 1]; masks (1, H, W) float 0/1 (prostate).
@@ -307,6 +344,9 @@ class FedProstateSlices(_SegmentationSites):
         unmatched: ``error`` refuses an image without a mask of the same name (or the reverse), naming every such
             file; ``skip`` leaves them out with a warning and lists them in the manifest.
         val_fraction: share of each site's train pairs used for validation, in [0, 1).
+        split_fractions: null (default) keeps the site's own train and test folders; (train, val, test) shares
+            pool each site's pairs of both folders and split them again (e.g. 8:2 as FedSCA does; FedDG's
+            Domain2 holds 99 train and 60 test images), seeded per site by ``seed``. Not with ``val_fraction``.
         augment: random horizontal and vertical flips of train pairs (image and mask together).
         crop_size: side of a random square window cut from every train pair (after resizing, before the flips;
             e.g. 320 of 384); null = no crop. Validation and test pairs stay whole and deterministic.
@@ -316,11 +356,12 @@ class FedProstateSlices(_SegmentationSites):
         batch_size: training batch size.
         eval_batch_size: val/test batch size (default ``batch_size``).
         num_workers: DataLoader worker processes decoding the PNGs.
-        seed: seed of the validation split.
+        seed: seed of the validation split (and of ``split_fractions``' split).
     """
 
     dataset = "fed_prostate"
-    default_sites = ("BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL")
+    default_sites = PROSTATE_SITES
+    same_site = PROSTATE_SAME_SITE
     image_dir, mask_dir, channels = "image", "mask", 1
     channel_levels, allowed_levels, mask_names = ((0,),), (0, 255), ["prostate"]
     source = ("Get the slices of the SAML/FedDG Fed-Prostate set (Liu et al., MICCAI 2020), e.g. the ProstateSlice "

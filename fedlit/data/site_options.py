@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,13 @@ from fedlit.core.names import client_id_problem
 from fedlit.data.datamodule import is_int
 
 _OPTION = "data.init_args"
+
+# The six Fed-Prostate sites of SAML (Liu, Dou, Heng, MICCAI 2020) under both names in use: the site names
+# (BIDMC, BMC, HK, I2CVB, RUNMC, UCL) and the SAML download's folders, which name the two NCI-ISBI 2013 sites by
+# the challenge: ISBI = RUNMC (Radboud, 3 T) and ISBI_1.5 = BMC (Boston Medical Center, 1.5 T). In the sites'
+# order, each site's other name beside it; the client id is the folder's own name.
+PROSTATE_SITES = ("BIDMC", "BMC", "ISBI_1.5", "HK", "I2CVB", "RUNMC", "ISBI", "UCL")
+PROSTATE_SAME_SITE = {"ISBI_1.5": "BMC", "ISBI": "RUNMC"}
 
 
 def check_site_names(sites: object) -> None:
@@ -63,13 +70,20 @@ def report_unmatched(owner: str, lost: list[str], policy: str, partner: str = "a
 
 
 def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: tuple[str, ...], layout: str,
-               source: str, present: Callable[[str], bool] | None = None) -> list[str]:
+               source: str, present: Callable[[str], bool] | None = None, same_site: Mapping[str, str] | None = None,
+               warn_others: bool = False) -> list[str]:
     """The sites a site-per-folder data set reads: ``sites`` (each must be present under ``root``) or those of
     ``default_sites`` that are.
 
+    ``same_site`` maps a site folder name to the one site it names (``{"ISBI": "RUNMC", "RUNMC": "RUNMC"}``):
+    found under two of its names, one site would be two clients holding the same data, which is refused. With
+    ``warn_others`` (and ``sites`` not given), the folders under ``root`` that are none of ``default_sites`` are
+    named in a warning: a site spelled another way is otherwise dropped without a word.
+
     Raises:
         DataError: naming ``data.init_args.root`` or ``data.init_args.sites``, the ``layout`` expected and, for a
-            missing root or no site, where to get the data (``source``).
+            missing root or no site, where to get the data (``source``); or naming the folders that hold one site
+            under two names.
         ConfigError: naming ``data.init_args.sites`` when a site is not one safe folder name (``../x``), before
             any file is read.
     """
@@ -87,6 +101,20 @@ def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: t
     if not found:
         raise DataError(f"{_OPTION}.root: {root} holds none of the sites {list(default_sites)}; expected {layout}. "
                         f"{source}")
+    named: dict[str, list[str]] = {}
+    for site in found:
+        named.setdefault((same_site or {}).get(site, site), []).append(site)
+    twice = [f"{' and '.join(names)} (both {site})" for site, names in named.items() if len(names) > 1]
+    if twice:
+        raise DataError(f"{_OPTION}.root: {root} holds one site under two names: {'; '.join(twice)}; keep one of "
+                        f"the folders, or pick the sites with {_OPTION}.sites")
+    if warn_others:
+        others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in default_sites
+                        and not p.name.startswith((".", "_")))
+        if others:
+            warnings.warn(f"{owner}: folders under {root} that are not sites, left out: {', '.join(others)} (sites "
+                          f"are {', '.join(default_sites)}); rename a site folder to one of those, or name the "
+                          f"folders to read with {_OPTION}.sites", stacklevel=3)
     return found
 
 

@@ -5,11 +5,12 @@ cup inside it), so each channel is its own binary problem: sigmoid per channel, 
 
 Losses: ``bce`` (binary cross-entropy with logits, positives weighted by ``pos_weight`` as lesions are small),
 ``dice`` (the soft Dice loss of Milletari, Navab, Ahmadi, "V-Net", 3DV 2016, as MONAI's ``DiceLoss`` computes
-it per image and channel), or ``bce+dice``, their sum. Metrics (MONAI's ``DiceMetric`` and ``MeanIoU`` on the
-masks predicted at probability 0.5): the Dice coefficient 2|A n B| / (|A| + |B|) and IoU |A n B| / |A u B| of
-every image and channel, averaged over the split's images per channel (``dice_<c>``, ``iou_<c>``, given with
-two channels or more) and then over channels (``dice``, ``iou``). An image whose true mask of a channel is
-empty is left out of that channel's mean (Dice is undefined there); a channel with no such image is NaN.
+it per image and channel), or ``bce+dice``, their sum. Metrics (on the masks predicted at probability 0.5;
+:mod:`fedlit.tasks.segmentation_metrics`): the Dice coefficient 2|A n B| / (|A| + |B|) and IoU |A n B| / |A u B|
+of every image and channel, averaged over the split's images per channel (``dice_reduction: image``; or from the
+split's summed pixel counts, ``pooled``) (``dice_<c>``, ``iou_<c>``, given with two channels or more) and then
+over channels (``dice``, ``iou``). Empty masks count as ``empty`` says: ``penalize`` (default; both empty = 1,
+a prediction on an empty truth = 0, HD95 of a miss = the image diagonal) or ``ignore`` (such images left out).
 
 With ``log_images`` > 0 the first images that validation sees (per client and split) are kept and drawn by
 :meth:`SegmentationModule.validation_images` side by side: the image in grey, the true mask's outline in green
@@ -19,7 +20,6 @@ and the predicted mask tinted red (all channels merged); the federation logs tha
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Literal
 
 import torch
@@ -31,6 +31,7 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
 from fedlit.models.unet import SegmentationNetwork
 from fedlit.module import FederatedModule
+from fedlit.tasks.segmentation_metrics import EMPTY, REDUCTIONS, SegmentationScores, mean_over_channels
 
 LOSSES = ("bce", "dice", "bce+dice")
 
@@ -59,8 +60,14 @@ class SegmentationModule(FederatedModule):
         log_images: Validation examples drawn per client and evaluation (:meth:`validation_images`); 0 keeps
             none and draws nothing.
         hd95: Also report the 95th-percentile Hausdorff distance between the predicted and true mask boundaries
-            (MONAI's ``HausdorffDistanceMetric``, in pixels; lower is better), per image and channel; images whose
-            true or predicted mask of a channel is empty are left out of that channel's mean.
+            (MONAI's ``compute_hausdorff_distance``, in pixels; lower is better), per image and channel, averaged
+            over images; empty masks count as ``empty`` says.
+        empty: ``penalize``: both masks empty = Dice and IoU 1, HD95 0; a prediction on an empty truth = Dice and
+            IoU 0; a miss or a spurious prediction = HD95 sqrt(H^2 + W^2), the image diagonal (MONAI's
+            ``ignore_empty=False``). ``ignore``: an image whose true mask is empty is left out of Dice and IoU,
+            one whose true or predicted mask is empty out of HD95 (``ignore_empty=True``).
+        dice_reduction: ``image``: Dice and IoU are the mean of the per-image values; ``pooled``: computed once
+            from the pixel counts summed over the split's images (dataset-level).
         class_names: A name per mask channel (``[disc, cup]``), used in the per-channel metric names
             (``dice_disc``); default the channel index (``dice_0``).
     """
@@ -86,6 +93,8 @@ class SegmentationModule(FederatedModule):
         log_images: int = 4,
         hd95: bool = False,
         class_names: list[str] | None = None,
+        empty: Literal["penalize", "ignore"] = "penalize",
+        dice_reduction: Literal["image", "pooled"] = "image",
     ) -> None:
         super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
@@ -102,18 +111,19 @@ class SegmentationModule(FederatedModule):
                                         or not all(isinstance(n, str) and n for n in class_names)):
             problems.append(f"model.init_args.class_names={class_names!r} must be {num_classes} distinct non-empty "
                             "names, one per mask channel (e.g. [disc, cup])")
+        if empty not in EMPTY:
+            problems.append(f"model.init_args.empty={empty!r} is not one of {list(EMPTY)}")
+        if dice_reduction not in REDUCTIONS:
+            problems.append(f"model.init_args.dice_reduction={dice_reduction!r} is not one of {list(REDUCTIONS)}")
         if problems:
             raise ConfigError("; ".join(problems) + ".")
         from monai.losses import DiceLoss
-        from monai.metrics import DiceMetric, HausdorffDistanceMetric, MeanIoU
 
         self.num_classes, self.loss_name, self.pos_weight = num_classes, loss, float(pos_weight)
         self.network = network.build(num_classes)
         self._dice_loss = DiceLoss(sigmoid=True)
-        self._dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
-        self._iou = MeanIoU(include_background=True, reduction="none", ignore_empty=True)
-        self.hd95 = bool(hd95)
-        self._hd95 = HausdorffDistanceMetric(include_background=True, percentile=95, reduction="none") if hd95 else None
+        self.hd95, self.empty, self.dice_reduction = bool(hd95), empty, dice_reduction
+        self._scores = SegmentationScores(empty=empty, dice_reduction=dice_reduction, hd95=self.hd95)
         self.channel_names = [str(c) for c in range(num_classes)] if class_names is None else list(class_names)
         self._loss_sum, self._loss_count = 0.0, 0
         self.log_images = log_images
@@ -187,40 +197,26 @@ class SegmentationModule(FederatedModule):
 
     def update_metrics(self, predicted: Tensor, masks: Tensor) -> None:
         """Add (B, C, H, W) 0/1 predicted masks and true masks to the Dice and IoU of the split."""
-        self._dice(y_pred=predicted, y=masks)
-        self._iou(y_pred=predicted, y=masks)
-        if self._hd95 is not None:
-            with warnings.catch_warnings():  # MONAI warns for every empty mask; those images are left out below
-                warnings.simplefilter("ignore")
-                self._hd95(y_pred=predicted, y=masks)
+        self._scores.update(predicted, masks)
 
     def reset_metrics(self) -> None:
         self._examples = []
-        self._dice.reset()
-        self._iou.reset()
-        if self._hd95 is not None:
-            self._hd95.reset()
+        self._scores.reset()
         self._loss_sum, self._loss_count = 0.0, 0
 
     def compute_metrics(self) -> dict[str, float]:
         """``dice``, ``iou`` (means over channels), ``dice_<c>``, ``iou_<c>`` (with two channels or more; ``<c>``
         the channel's name from ``class_names``, else its index), ``hd95`` and ``hd95_<c>`` (with ``hd95``) and
-        ``loss`` (the loss per image) since the last reset."""
-        if self._dice.get_buffer() is None:
+        ``loss`` (the loss per image) since the last reset, under the ``empty`` and ``dice_reduction``
+        conventions; a channel with no defined value (``empty: ignore``, no true mask) is NaN."""
+        if self._scores.empty_split:
             return {}
         out: dict[str, float] = {}
-        metrics = [("dice", self._dice), ("iou", self._iou)] + ([("hd95", self._hd95)] if self._hd95 else [])
-        for name, metric in metrics:
-            # per image and channel (NaN where the true mask is empty; for HD95 also where nothing is predicted:
-            # MONAI gives inf or NaN there), then the mean of the defined images
-            values = metric.aggregate(reduction="none").float()
-            values = torch.where(torch.isfinite(values), values, torch.nan)
-            per_channel = torch.nanmean(values, dim=0).tolist()
+        for name, per_channel in self._scores.per_channel().items():
             if self.num_classes > 1:
                 out.update({f"{name}_{c}": float(value) for c, value in zip(self.channel_names, per_channel,
                                                                                   strict=True)})
-            defined = [v for v in per_channel if not math.isnan(v)]
-            out[name] = sum(defined) / len(defined) if defined else float("nan")
+            out[name] = mean_over_channels(per_channel)
         out["loss"] = self._loss_sum / self._loss_count if self._loss_count else float("nan")
         return out
 

@@ -42,7 +42,7 @@ def pranet(tmp_path: Path) -> Path:
 
 def test_pranet_layout_gives_four_sites_with_the_train_files_sorted_by_name(pranet: Path) -> None:
     data = FedPolyp(root=pranet, image_size=16)
-    assert data.client_ids == ["Kvasir", "CVC-ClinicDB", "CVC-ColonDB", "ETIS-LaribPolypDB"]
+    assert data.client_ids == ["Kvasir", "ETIS-LaribPolypDB", "CVC-ColonDB", "CVC-ClinicDB"]  # FedSCA's C1-C4
     assert data.task == "segmentation" and data.num_classes == 1 and data.class_counts() is None
     manifest = json.loads(json.dumps(data.manifest()))
     held = {site: sorted(image for split in ("train", "val", "test") for image, _ in manifest["clients"][site][split])

@@ -353,3 +353,14 @@ def test_a_node_builds_only_its_site_as_among_all(prostate_root: Path) -> None:
     other.only_site("I2CVB")  # not among the recipe's sites
     with pytest.raises(DataError, match=r"client-id='I2CVB' is not a site of FedProstateSlices"):
         other.setup()
+
+
+def test_prostate_slices_read_the_saml_names_and_name_other_folders(tmp_path: Path) -> None:
+    for site in ("ISBI", "ISBI_1.5", "HK"):
+        _pair(tmp_path, site, "train", "a.png")
+        _pair(tmp_path, site, "test", "b.png")
+    (tmp_path / "RUNMC_old").mkdir()
+    with pytest.warns(UserWarning, match=r"not sites, left out: RUNMC_old "):
+        data = FedProstateSlices(root=tmp_path, image_size=8)
+    assert data.client_ids == ["ISBI_1.5", "HK", "ISBI"]  # BMC, HK, RUNMC in the sites' order
+    assert data.num_examples("ISBI_1.5", "train") == data.num_examples("ISBI_1.5", "test") == 1

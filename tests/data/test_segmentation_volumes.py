@@ -200,3 +200,29 @@ def test_a_site_built_alone_is_the_site_built_among_all(saml: Path) -> None:
     by_itself = FedProstateVolumes(root=own, image_size=None, seed=1)
     by_itself.only_site("HK")
     assert by_itself.manifest()["clients"]["HK"] == together["HK"]
+
+
+def test_saml_folder_names_give_all_six_sites_and_other_folders_are_named(tmp_path: Path) -> None:
+    # The SAML download's folders: ISBI is RUNMC and ISBI_1.5 is BMC; the clients keep the folders' names, in
+    # the sites' order (BIDMC, BMC, HK, I2CVB, RUNMC, UCL).
+    for site in ("HK", "ISBI", "ISBI_1.5", "I2CVB", "UCL", "BIDMC"):
+        for case in range(2):
+            _case(tmp_path, site, case)
+    (tmp_path / "Prostate_notes").mkdir()
+    (tmp_path / ".cache").mkdir()
+    with pytest.warns(UserWarning, match=r"not sites, left out: Prostate_notes \(sites are") as caught:
+        data = FedProstateVolumes(root=tmp_path, image_size=None)
+    assert ".cache" not in str(caught[0].message)
+    assert data.client_ids == ["BIDMC", "ISBI_1.5", "HK", "I2CVB", "ISBI", "UCL"]
+    data.setup()
+    # 2 cases split 8:0:2 -> 1 train case, 1 test case, 3 slices with prostate each
+    assert [data.num_examples("ISBI", split) for split in ("train", "val", "test")] == [3, 0, 3]
+
+
+def test_one_site_under_both_names_is_refused(tmp_path: Path) -> None:
+    for site in ("RUNMC", "ISBI", "UCL"):
+        for case in range(2):
+            _case(tmp_path, site, case)
+    with pytest.raises(DataError, match=r"one site under two names: RUNMC and ISBI \(both RUNMC\)"):
+        FedProstateVolumes(root=tmp_path)
+    assert FedProstateVolumes(root=tmp_path, sites=["ISBI", "UCL"]).client_ids == ["ISBI", "UCL"]

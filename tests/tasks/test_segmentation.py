@@ -50,25 +50,61 @@ def test_dice_and_iou_of_a_hand_made_mask_pair():
     assert seg.default_selection_metric == "dice"
 
 
-def test_metrics_average_per_image_over_the_split_and_skip_empty_true_masks():
-    # image 1: Dice 6/9; image 2: a perfect 1-pixel match (Dice 1, IoU 1); image 3: the true mask is empty
-    # (Dice undefined, left out). Mean per image: Dice (6/9 + 1) / 2 = 5/6, IoU (1/2 + 1) / 2 = 3/4; a pooled
-    # Dice over all pixels would be 2 * 4 / (5 + 6 + 1) = 2/3 instead.
+def _four_images() -> tuple[torch.Tensor, torch.Tensor]:
+    """Image 1: the 4x4 pair (|A n B| = 3, |A| = 4, |B| = 5); image 2: a perfect 1-pixel match; image 3: 2 pixels
+    predicted on an empty truth (a false positive); image 4: both masks empty."""
     predicted, true = masks_4x4()
-    single = torch.zeros(1, 1, 4, 4)
+    single, two, empty = torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 4, 4)
     single[0, 0, 3, 3] = 1
-    seg = module()
+    two[0, 0, 3, 2:4] = 1
+    return torch.cat([predicted, single, two, empty]), torch.cat([true, single, empty, empty])
+
+
+@pytest.mark.parametrize(("empty", "reduction", "dice", "iou"), [
+    # per image: Dice 6/9, 1, 0 (false positive), 1 (both empty) -> mean (2/3 + 1 + 0 + 1) / 4 = 2/3;
+    # IoU 1/2, 1, 0, 1 -> 5/8
+    ("penalize", "image", 2 / 3, 5 / 8),
+    # images 3 and 4 have an empty truth and are left out: Dice (6/9 + 1) / 2 = 5/6, IoU (1/2 + 1) / 2 = 3/4
+    ("ignore", "image", 5 / 6, 3 / 4),
+    # summed counts: |A n B| = 3 + 1 = 4, |A| = 4 + 1 + 2 = 7, |B| = 5 + 1 = 6 -> Dice 8/13, IoU 4 / (13 - 4)
+    ("penalize", "pooled", 8 / 13, 4 / 9),
+    # images 1 and 2 only: |A n B| = 4, |A| = 5, |B| = 6 -> Dice 8/11, IoU 4 / (11 - 4)
+    ("ignore", "pooled", 8 / 11, 4 / 7),
+])
+def test_empty_masks_and_the_reduction_follow_the_chosen_convention(empty, reduction, dice, iou):
+    predicted, true = _four_images()
+    seg = module(empty=empty, dice_reduction=reduction)
     seg.reset_metrics()
-    seg.update_metrics(predicted, true)  # two batches
-    seg.update_metrics(torch.cat([single, single]), torch.cat([single, torch.zeros(1, 1, 4, 4)]))
+    seg.update_metrics(predicted[:1], true[:1])  # two batches
+    seg.update_metrics(predicted[1:], true[1:])
     metrics = seg.compute_metrics()
-    assert metrics["dice"] == pytest.approx(5 / 6, abs=1e-6)
-    assert metrics["iou"] == pytest.approx(3 / 4, abs=1e-6)
-    seg.reset_metrics()
-    seg.update_metrics(single, torch.zeros(1, 1, 4, 4))
-    assert math.isnan(seg.compute_metrics()["dice"])  # no image with a true mask: undefined, not 0
+    assert metrics["dice"] == pytest.approx(dice, abs=1e-9) and metrics["iou"] == pytest.approx(iou, abs=1e-9)
+    for only, penalized in ((2, 0.0), (3, 1.0)):  # a false positive alone: 0; both empty alone: 1
+        seg.reset_metrics()
+        seg.update_metrics(predicted[only:only + 1], true[only:only + 1])
+        value = seg.compute_metrics()["dice"]
+        assert math.isnan(value) if empty == "ignore" else value == penalized
     seg.reset_metrics()
     assert seg.compute_metrics() == {}
+
+
+def test_per_image_dice_and_iou_equal_monai_with_and_without_empty_images():
+    from monai.metrics import DiceMetric, MeanIoU
+
+    generator = torch.Generator().manual_seed(0)
+    predicted = (torch.rand(12, 2, 6, 6, generator=generator) > 0.6).float()
+    true = (torch.rand(12, 2, 6, 6, generator=generator) > 0.6).float()
+    true[:3], predicted[2:5] = 0, 0  # empty truths, empty predictions, both
+    for empty, ignore_empty in (("penalize", False), ("ignore", True)):
+        reference = [m(y_pred=predicted, y=true).nanmean(dim=0) for m in (
+            DiceMetric(include_background=True, reduction="none", ignore_empty=ignore_empty),
+            MeanIoU(include_background=True, reduction="none", ignore_empty=ignore_empty))]
+        seg = module(num_classes=2, empty=empty)
+        seg.reset_metrics()
+        seg.update_metrics(predicted, true)
+        metrics = seg.compute_metrics()
+        assert [metrics["dice_0"], metrics["dice_1"]] == pytest.approx(reference[0].tolist(), abs=1e-6)
+        assert [metrics["iou_0"], metrics["iou_1"]] == pytest.approx(reference[1].tolist(), abs=1e-6)
 
 
 def test_two_overlapping_channels_have_their_own_dice_and_iou():
@@ -92,23 +128,46 @@ def test_two_overlapping_channels_have_their_own_dice_and_iou():
 
 def test_hd95_of_single_pixels_and_named_channels():
     # channel disc: one true pixel at (2, 2), one predicted at (2, 5): every boundary distance is 3, so HD95 = 3.
-    # channel cup: identical 2x2 squares: HD95 = 0. A second image predicts nothing for the disc (HD undefined:
-    # left out) and matches the cup exactly (0). Means: disc 3, cup 0, over channels 1.5.
+    # channel cup: identical 2x2 squares: HD95 = 0. A second image predicts nothing for the disc (a complete miss)
+    # and matches the cup exactly (0). empty: ignore leaves the miss out: disc 3, cup 0, over channels 1.5.
+    # empty: penalize scores the miss the diagonal of the 8x8 image, sqrt(8^2 + 8^2) = sqrt(128): disc
+    # (3 + sqrt(128)) / 2, cup 0, over channels (3 + sqrt(128)) / 4.
     predicted, true = torch.zeros(2, 2, 8, 8), torch.zeros(2, 2, 8, 8)
     true[0, 0, 2, 2] = predicted[0, 0, 2, 5] = 1
     true[:, 1, 4:6, 4:6] = predicted[:, 1, 4:6, 4:6] = 1
     true[1, 0, 1, 1] = 1
-    seg = module(num_classes=2, hd95=True, class_names=["disc", "cup"])
+    seg = module(num_classes=2, hd95=True, class_names=["disc", "cup"], empty="ignore")
     seg.reset_metrics()
     seg.update_metrics(predicted, true)
     metrics = seg.compute_metrics()
     assert metrics["hd95_disc"] == pytest.approx(3.0) and metrics["hd95_cup"] == pytest.approx(0.0)
     assert metrics["hd95"] == pytest.approx(1.5)
+    seg = module(num_classes=2, hd95=True, class_names=["disc", "cup"])
+    seg.reset_metrics()
+    seg.update_metrics(predicted, true)
+    metrics = seg.compute_metrics()
+    assert metrics["hd95_disc"] == pytest.approx((3 + math.sqrt(128)) / 2) and metrics["hd95_cup"] == 0.0
+    assert metrics["hd95"] == pytest.approx((3 + math.sqrt(128)) / 4)
     assert {"dice_disc", "dice_cup", "iou_disc", "iou_cup"} <= set(metrics) and "dice_0" not in metrics
     assert seg.higher_is_better["hd95"] is False and seg.higher_is_better["hd95_cup"] is False
     assert "hd95" not in module().higher_is_better
     with pytest.raises(ConfigError, match=r"class_names=\['disc'\] must be 2 distinct non-empty names"):
         module(num_classes=2, class_names=["disc"])
+
+
+def test_hd95_penalizes_a_spurious_prediction_and_scores_both_empty_zero():
+    # a 3 x 4 image (diagonal sqrt(9 + 16) = 5): image 1 predicts a pixel where the truth is empty (5), image 2
+    # has both masks empty (0), image 3 matches one pixel exactly (0): mean 5/3. empty: ignore keeps image 3 only.
+    predicted, true = torch.zeros(3, 1, 3, 4), torch.zeros(3, 1, 3, 4)
+    predicted[0, 0, 1, 1] = predicted[2, 0, 2, 3] = true[2, 0, 2, 3] = 1
+    for empty, expected in (("penalize", 5 / 3), ("ignore", 0.0)):
+        seg = module(hd95=True, empty=empty)
+        seg.reset_metrics()
+        seg.update_metrics(predicted, true)
+        assert seg.compute_metrics()["hd95"] == pytest.approx(expected)
+    with pytest.raises(ConfigError, match=r"empty='skip' is not one of \['penalize', 'ignore'\].*"
+                                          r"dice_reduction='global' is not one of \['image', 'pooled'\]"):
+        module(empty="skip", dice_reduction="global")
 
 
 def test_validation_thresholds_the_sigmoid_at_one_half_and_records_the_loss_per_image():
