@@ -137,8 +137,11 @@ class SegmentationModule(FederatedModule):
             return list(network_rules("network."))
         return [RoleRule("network.*", "shared")]
 
-    def forward(self, inputs: Tensor) -> Tensor:
-        """(B, num_classes, H, W) logits."""
+    def forward(self, inputs: Tensor, masks: Tensor | None = None) -> Tensor:
+        """(B, num_classes, H, W) logits. ``masks`` reach a network that draws prompts from them now (its
+        ``needs_masks``: ``SamAdapter`` with click prompts) and no other."""
+        if masks is not None and getattr(self.network, "needs_masks", False):
+            return self.network(inputs, masks)
         return self.network(inputs)
 
     def loss(self, logits: Tensor, masks: Tensor) -> Tensor:
@@ -159,13 +162,13 @@ class SegmentationModule(FederatedModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """``{"loss", "logits", "targets"}``."""
         inputs, masks = batch
-        logits = self(inputs)
+        logits = self(inputs, masks)
         return {"loss": self.loss(logits, masks), "logits": logits, "targets": masks}
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Add the batch's per-image Dice and IoU (masks predicted at probability 0.5) and its loss."""
         inputs, masks = batch
-        logits = self(inputs)
+        logits = self(inputs, masks)
         loss = self.loss(logits, masks)
         self._loss_sum += loss.item() * len(masks)
         self._loss_count += len(masks)

@@ -146,3 +146,21 @@ def test_click_prompts_on_volumes_draw_one_click_per_slice():
     masks[0, 0, 1, 20, 30] = 1
     logits = net(volume, masks)
     assert logits.shape == (1, 1, 3, 64, 64) and torch.isfinite(logits).all()
+
+
+def test_the_segmentation_task_hands_the_masks_to_a_clicking_network():
+    """``SegmentationModule`` passes the batch's masks to a network that draws clicks from them (training), and none
+    to an unprompted evaluation: a training step and a validation step run."""
+    from fedlit.tasks import SegmentationModule
+
+    torch.manual_seed(0)
+    module = SegmentationModule(network=SamAdapter(variant="tiny", prompt="click"), num_classes=1)
+    images, masks = torch.rand(2, 1, 64, 64), torch.zeros(2, 1, 64, 64)
+    masks[:, :, 20:30, 20:30] = 1
+    module.train()
+    out = module.training_step((images, masks), 0)
+    assert out["logits"].shape == (2, 1, 64, 64) and torch.isfinite(out["loss"])
+    module.eval()
+    module.reset_metrics()
+    with torch.no_grad():
+        assert torch.isfinite(module.validation_step((images, masks), 0))
