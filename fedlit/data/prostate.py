@@ -28,9 +28,9 @@ def detect_layout(root: Path, sites: tuple[str, ...] = FedProstateVolumes.defaul
 
 
 class FedProstate(FederatedDataModule):
-    """Fed-Prostate (6 sites of T2-weighted prostate MRI: BIDMC, BMC, HK, I2CVB, RUNMC, UCL; Liu, Dou, Heng,
-    "Shape-aware Meta-learning for Generalizing Prostate MRI Segmentation to Unseen Domains", MICCAI 2020) read
-    from either layout, found under ``root``:
+    """Fed-Prostate (6 sites of T2-weighted prostate MRI: BIDMC, BMC (SAML: ISBI_1.5), HK, I2CVB, RUNMC (SAML: ISBI),
+    UCL; Liu, Dou, Heng, "Shape-aware Meta-learning for Generalizing Prostate MRI Segmentation to Unseen Domains",
+    MICCAI 2020) read from either layout, found under ``root``:
 
     - ``volumes`` (the SAML download): ``root/<site>/CaseXX.nii.gz`` + ``CaseXX_segmentation.nii.gz``, read by
       :class:`FedProstateVolumes` (foreground slices, 99th-percentile clipping, [0, 1], cases split by
