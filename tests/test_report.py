@@ -69,6 +69,48 @@ def test_tables_mean_std_over_seeds_and_gain_over_local(experiment: Path) -> Non
     assert "gain" not in stats["Local"]
 
 
+def test_standard_errors_over_seeds(experiment: Path) -> None:
+    groups = report.by_method(report.load_runs([experiment])[0])
+    # three values 0.5, 0.6, 0.9: mean 2/3, squared deviations 1/36 + 1/225 + 49/900 = 0.086667, / 2 = 0.043333;
+    # standard error sqrt(0.043333 / 3) = 0.120185
+    assert report.mean_se([0.5, 0.6, 0.9]) == pytest.approx((2 / 3, 0.120185), abs=1e-6)
+    assert report.mean_se([0.5, math.nan]) == (0.5, pytest.approx(math.nan, nan_ok=True))
+    # client a, FedAvg, last: 0.8 and 0.6 -> std 0.141421, standard error 0.141421 / sqrt(2) = 0.1
+    assert report.client_table(groups, "last", "accuracy", report.mean_se)["a"]["FedAvg"] == pytest.approx((0.7, 0.1))
+    stats = report.summary(groups, "best", "accuracy", spread=report.mean_se)
+    assert stats["FedAvg"]["mean"] == pytest.approx((0.6, 0.1))
+    assert stats["FedAvg"]["worst"] == pytest.approx((0.4, 0.1))
+    # gains 0.1 and 0.2: std 0.070711, standard error 0.05
+    assert stats["FedAvg"]["gain"] == pytest.approx((0.15, 0.05))
+
+
+def test_sampling_standard_error_of_a_client() -> None:
+    # accuracy 0.8 on 30 + 10 test images: sqrt(0.8 * 0.2 / 40) = sqrt(0.004) = 0.063246
+    assert report.sampling_se("accuracy", 0.8, [30, 10, 0]) == pytest.approx(0.063246, abs=1e-6)
+    # balanced accuracy 0.8 over the 2 classes present: sqrt(0.16 / 30 + 0.16 / 10) / 2 = sqrt(0.021333) / 2
+    assert report.sampling_se("balanced_accuracy", 0.8, [30, 10, 0]) == pytest.approx(0.073030, abs=1e-6)
+    # 15 images, 13 of the majority class: majority-class accuracy 13/15 = 0.8667 +- 0.0878
+    assert report.sampling_se("accuracy", 13 / 15, [13, 2]) == pytest.approx(0.087771, abs=1e-6)
+    assert math.isnan(report.sampling_se("auroc", 0.8, [30, 10]))
+    assert math.isnan(report.sampling_se("accuracy", 0.8, [0, 0]))
+
+
+def test_report_shows_each_clients_sampling_error(experiment: Path, tmp_path: Path) -> None:
+    for run in experiment.glob("*/seed_*"):
+        (run / "class_counts.json").write_text(json.dumps({"a": {"train": [1, 1], "test": [20, 5]},
+                                                           "b": {"train": [1, 1], "test": [100, 0]}}))
+    report.write([experiment], tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    best = text.split("## Per-client test accuracy at the best")[1].split("## Per-client test accuracy at the last")[0]
+    # client a (25 test images), best round: FedAvg 0.9 and 0.7 -> sqrt(0.09 / 25) = 0.06, sqrt(0.21 / 25) = 0.091652,
+    # mean 0.075826; Local 0.6 and 0.5 -> 0.097980 and 0.1, mean 0.098990
+    assert "| a | 25 | 0.0758 | 0.0990 |" in best
+    # client b (100): FedAvg 0.5 and 0.3 -> 0.05 and 0.045826, mean 0.047913; Local 0.6, 0.1 -> 0.048990, 0.03
+    assert "| b | 100 | 0.0479 | 0.0395 |" in best
+    # average, FedAvg: seed 0 sqrt(0.06^2 + 0.05^2) / 2 = 0.039051, seed 1 sqrt(0.0084 + 0.0021) / 2 = 0.051235
+    assert "| **average** | — | 0.0451 |" in best
+
+
 def test_gain_pairs_only_matching_seeds(tmp_path: Path) -> None:
     make_run(tmp_path / "f0", FEDAVG, 0, last={"a": 0.8})
     make_run(tmp_path / "f5", FEDAVG, 5, last={"a": 0.1})  # no Local run of seed 5: not paired
@@ -86,12 +128,13 @@ def test_write_report_bold_best_and_config_differences(experiment: Path, tmp_pat
     report.main([str(experiment), "--out", str(out)])
     text = (out / "report.md").read_text()
     # last round, client a: FedAvg 0.7 beats Local 0.6 (0.7, 0.5)
-    assert "| a | **0.7000 ± 0.1414** | 0.6000 ± 0.1414 |" in text
-    assert "+0.1500 ± 0.0707" in text
+    # the tables show mean ± standard error over the 2 seeds: std / sqrt(2) = 0.141421 / 1.414214 = 0.1
+    assert "| a | **0.7000 ± 0.1000** | 0.6000 ± 0.1000 |" in text
+    assert "+0.1500 ± 0.0500" in text  # gain std 0.070711 / sqrt(2)
     assert "model.init_args.lr" in text and "federation.seed" in text and "out_dir" not in text.split("differ")[1]
     assert {p.name for p in out.iterdir()} >= {"report.md", "report.html", "convergence.png", "cost.png"}
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and "<b>0.7000 ± 0.1414</b>" in page
+    assert page.count("data:image/png;base64,") == 2 and "<b>0.7000 ± 0.1000</b>" in page
 
 
 def test_corrupt_files_are_named_and_the_others_reported(experiment: Path, tmp_path: Path,
@@ -168,7 +211,7 @@ def test_ties_as_shown_are_both_bold(tmp_path: Path) -> None:
     make_run(tmp_path / "f" / "seed_1", FEDAVG, 1, last={"a": 0.2})
     make_run(tmp_path / "l" / "seed_0", LOCAL, 0, last={"a": 0.15})
     report.write([tmp_path], tmp_path / "out")
-    assert "| a | **0.1500 ± 0.0707** | **0.1500** |" in (tmp_path / "out" / "report.md").read_text()
+    assert "| a | **0.1500 ± 0.0500** | **0.1500** |" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_a_local_run_of_other_clients_is_not_paired(tmp_path: Path) -> None:

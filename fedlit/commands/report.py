@@ -6,9 +6,12 @@ their strategy class (``strategy_class`` in ``results.json``), and further by th
 ran under several recipes; the runs of one method are its seeds. The report (``report.md``, a self-contained
 ``report.html`` and the figures as PNG files, each also as a PDF or SVG unless ``--vector none``) holds:
 
-- the per-client test metric at the best-validation round and at the last round, mean +- sample std over seeds;
-- per method, the mean and the worst client (mean +- std over seeds) and, with a run of the baseline strategy
-  among the inputs, the mean individual gain over it (runs paired by seed);
+- the per-client test metric at the best-validation round and at the last round, mean +- standard error of the
+  mean over the k seeds (sample std / sqrt(k)), and for accuracy and balanced accuracy the sampling standard error
+  of every cell (its test set's size from the run's ``class_counts.json``): whether a client can resolve a
+  difference of a few points at all;
+- per method, the mean and the worst client and, with a run of the baseline strategy among the inputs, the mean
+  individual gain over it (runs paired by seed), each mean +- standard error over seeds;
 - convergence (mean validation metric per round, a min-max band over seeds) and cost (bytes, trainable
   parameters, the metric against cumulative upload bytes);
 - the partition of each seed (train samples per class and client);
@@ -30,6 +33,7 @@ from fedlit.commands.partition_summary import VECTOR_FORMATS
 from fedlit.commands.report_figures import build, markdown, to_html
 from fedlit.commands.report_runs import (
     NOT_METHOD,
+    PROPORTIONS,
     SEED_OR_VERSION,
     Run,
     by_method,
@@ -38,12 +42,15 @@ from fedlit.commands.report_runs import (
     config_differences,
     find_runs,
     flatten,
+    held_out_counts,
     higher_is_better,
     load_run,
     load_runs,
+    mean_se,
     mean_std,
     name_methods,
     read_metrics,
+    sampling_se,
     summary,
 )
 from fedlit.core.errors import ConfigError
@@ -51,6 +58,7 @@ from fedlit.core.files import write_text_atomic
 
 __all__ = [
     "NOT_METHOD",
+    "PROPORTIONS",
     "SEED_OR_VERSION",
     "Run",
     "by_method",
@@ -59,13 +67,16 @@ __all__ = [
     "config_differences",
     "find_runs",
     "flatten",
+    "held_out_counts",
     "higher_is_better",
     "load_run",
     "load_runs",
     "main",
+    "mean_se",
     "mean_std",
     "name_methods",
     "read_metrics",
+    "sampling_se",
     "summary",
     "write",
 ]

@@ -193,23 +193,25 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
                            ("p", f"{len(runs)} runs, {len(methods)} methods: "
                             + ", ".join(f"{m} ({len(r)} seed{'s' * (len(r) > 1)}: "
                                         + ", ".join(str(x.seed) for x in r) + ")" for m, r in groups.items())
-                            + ". Values are test metrics, mean ± sample std over seeds (no ± with one seed).")]
+                            + ". Values are test metrics, mean ± standard error of the mean over the k seeds (sample "
+                            "std / √k; no ± with one seed).")]
     for warning in warnings:
         blocks.append(("p", "Warning: " + warning))
     for when, title in (("best", "at the best-validation round"), ("last", "at the last round")):
-        table = report_runs.client_table(groups, when, metric)
+        table = report_runs.client_table(groups, when, metric, report_runs.mean_se)
         if not any(table.values()):
             blocks += [("h", 2, f"Per-client test {metric} {title}"), ("p", f"No run has '{when}' results.")]
             continue
         rows = [[f"**{c}**" if c == "average" else c, *_bold_best(cells, methods, metric)]
                 for c, cells in table.items()]
         blocks += [("h", 2, f"Per-client test {metric} {title}"), ("table", ["client", *methods], rows),
-                   ("p", "average: each run's mean over its clients, then mean ± std over seeds; bold: the best "
-                    "method of the row.")]
+                   ("p", "average: each run's mean over its clients, then mean ± standard error over seeds; bold: "
+                    "the best method of the row.")]
+        blocks += sampling_blocks(groups, when, metric)
     when = "best" if all("best" in r.results for r in runs) else "last"
     rows = []
     found_local = baseline_class is not None
-    stats = report_runs.summary(groups, when, metric, baseline_class or baseline.LOCAL)
+    stats = report_runs.summary(groups, when, metric, baseline_class or baseline.LOCAL, report_runs.mean_se)
     for method, row in stats.items():
         gain = fmt(row["gain"], sign=True) if "gain" in row else "—"
         paired = ", ".join(map(str, row.get("paired", []))) or "—"
@@ -219,8 +221,8 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     blocks += [("h", 2, f"Mean and worst client ({when} round)"),
                ("table", header + ([f"gain over {baseline_name}", "seeds paired"] if found_local else []), rows)]
     blocks.append(("p", f"Gain over {baseline_name}: per seed, each client's {metric} minus that of the "
-                   f"{baseline_name} run of the same seed (its {when} round), averaged over clients; then mean ± std "
-                   "over the paired seeds." if found_local else
+                   f"{baseline_name} run of the same seed (its {when} round), averaged over clients; then mean ± "
+                   "standard error over the paired seeds (sample std / √k)." if found_local else
                    f"No run of {baseline_name} among the inputs: no gain over it."))
     for method, row in stats.items():
         for why in row.get("unpaired", []):
@@ -253,6 +255,46 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
     blocks.append(("table", ["key", *names], [[k, *map(str, v)] for k, v in diff.items()]) if diff
                   else ("p", "The runs' configurations are the same (out_dir aside)."))
     return blocks
+
+
+def sampling_blocks(groups: Mapping[str, list[Run]], when: str, metric: str) -> list[Block]:
+    """The sampling standard error of every cell of a per-client table (see :func:`report_runs.sampling_se`): per
+    run, at the run's value on its own test split (``class_counts.json``), then the mean over the method's runs.
+    The average row: per run sqrt(sum of the clients' squared errors) / clients, then the mean over runs. Nothing
+    for other metrics or runs without that file."""
+    if metric not in report_runs.PROPORTIONS:
+        return []
+    sizes: dict[str, set[int]] = {}
+    errors: dict[str, dict[str, list[float]]] = {}
+    for method, runs in groups.items():
+        for run in runs:
+            counts = report_runs.held_out_counts(run)
+            values = {c: report_runs.sampling_se(metric, v, counts[c])
+                      for c, v in report_runs.client_values(run, when, metric).items() if c in counts}
+            for c, se in values.items():
+                sizes.setdefault(c, set()).add(sum(counts[c]))
+                errors.setdefault(c, {}).setdefault(method, []).append(se)
+            if values:
+                errors.setdefault("average", {}).setdefault(method, []).append(
+                    math.sqrt(sum(e ** 2 for e in values.values())) / len(values))
+    if not sizes:
+        return []
+    methods = list(groups)
+    rows = [[f"**{c}**" if c == "average" else c,
+             "—" if c == "average" else "–".join(map(str, sorted({min(sizes[c]), max(sizes[c])}))),
+             *(_se(report_runs.mean_std(cells[m])[0] if m in cells else None) for m in methods)]
+            for c, cells in errors.items()]
+    how = ("sqrt(p(1-p)/n), n the client's test samples" if metric == "accuracy" else
+           "sqrt(Σ_k p(1-p)/n_k) / K over the K classes in the client's test split, each class's recall taken as p")
+    return [("table", ["client", "test samples", *methods], rows),
+            ("p", f"Sampling standard error of each {metric} above: {how}, per run (its value p, its test split), "
+             "then the mean over seeds. It is how far a client's value moves from one draw of its test set to "
+             "another; methods closer than about twice it cannot be told apart on that client (the seeds' standard "
+             "error above does not include it).")]
+
+
+def _se(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:.4f}"
 
 
 def _twin(path: Path, vector: str | None) -> Path | None:

@@ -10,7 +10,7 @@ import csv
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.engine import baseline
 
+Spread = Callable[[Sequence[float]], tuple[float, float]]
 SEED_OR_VERSION = re.compile(r"^(seed|version)_\w+$")
 
 
@@ -199,6 +200,40 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, std
 
 
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (sample std / sqrt(k) over the k finite values; NaN for one value)."""
+    mean, std = mean_std(values)
+    return mean, std / math.sqrt(sum(not math.isnan(v) for v in values)) if not math.isnan(std) else math.nan
+
+
+#: Metrics whose per-client sampling standard error :func:`sampling_se` knows (a proportion of test samples).
+PROPORTIONS = ("accuracy", "balanced_accuracy")
+
+
+def held_out_counts(run: Run) -> dict[str, list[int]]:
+    """Test samples per class of every client, from the run's ``class_counts.json`` (empty when it has none)."""
+    try:
+        counts = json.loads((run.folder / "class_counts.json").read_text())
+        return {c: [int(n) for n in v["test"]] for c, v in counts.items() if isinstance(v, dict) and "test" in v}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError, AttributeError):
+        return {}
+
+
+def sampling_se(metric: str, value: float, counts: Sequence[int]) -> float:
+    """The sampling standard error of a client's test ``metric`` at ``value`` on its ``counts`` (test samples per
+    class): how much the metric moves from one draw of that many test samples to another. ``accuracy``: the
+    binomial sqrt(p(1-p)/n), n the client's test samples. ``balanced_accuracy`` (the mean recall over the K
+    classes present): sqrt(sum_k p(1-p)/n_k) / K, each class's recall taken as p, so it grows with rare classes.
+    NaN for other metrics or no test samples."""
+    present = [n for n in counts if n > 0]
+    if metric not in PROPORTIONS or not present or math.isnan(value):
+        return math.nan
+    var = value * (1 - value)
+    if metric == "accuracy":
+        return math.sqrt(var / sum(present))
+    return math.sqrt(sum(var / n for n in present)) / len(present)
+
+
 def higher_is_better(metric: str) -> bool:
     return "loss" not in metric
 
@@ -209,9 +244,10 @@ def client_values(run: Run, when: str, metric: str) -> dict[str, float]:
     return {c: float(v[metric]) for c, v in (table.get("clients") or {}).items() if metric in v}
 
 
-def client_table(groups: Mapping[str, list[Run]], when: str, metric: str
+def client_table(groups: Mapping[str, list[Run]], when: str, metric: str, spread: Spread = mean_std
                  ) -> dict[str, dict[str, tuple[float, float]]]:
-    """Per client (rows, plus ``average``: the per-run mean over clients), per method: mean and std over seeds."""
+    """Per client (rows, plus ``average``: the per-run mean over clients), per method: ``spread`` of the values
+    over seeds (:func:`mean_std`: mean and std; :func:`mean_se`: mean and standard error)."""
     clients: list[str] = []
     per_method: dict[str, list[dict[str, float]]] = {}
     for method, runs in groups.items():
@@ -224,16 +260,17 @@ def client_table(groups: Mapping[str, list[Run]], when: str, metric: str
         for c in clients:
             values = [s[c] for s in seeds if c in s]
             if values:
-                table[c][method] = mean_std(values)
+                table[c][method] = spread(values)
         means = [mean_std(list(s.values()))[0] for s in seeds if s]
         if means:
-            table["average"][method] = mean_std(means)
+            table["average"][method] = spread(means)
     return table
 
 
 def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
-            baseline_class: str = baseline.LOCAL) -> dict[str, dict[str, Any]]:
-    """Per method: ``mean`` and ``worst`` client (mean, std over seeds), and the mean individual gain over the
+            baseline_class: str = baseline.LOCAL, spread: Spread = mean_std) -> dict[str, dict[str, Any]]:
+    """Per method: ``mean`` and ``worst`` client (``spread`` over seeds: mean and std, or mean and standard error
+    with :func:`mean_se`), and the mean individual gain over the
     baseline strategy's runs (``gain``, with ``paired``: the seeds paired; ``unpaired``: why the other runs are
     not) when there are some. Runs are paired by seed; a pair whose ``manifest.json`` files differ (other data)
     or whose baseline lacks some of the run's clients is not a pair."""
@@ -244,8 +281,8 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
         values = [client_values(r, when, metric) for r in runs]
         row: dict[str, Any] = {
             "seeds": len(runs),
-            "mean": mean_std([mean_std(list(v.values()))[0] for v in values if v]),
-            "worst": mean_std([worst(finite) for v in values
+            "mean": spread([mean_std(list(v.values()))[0] for v in values if v]),
+            "worst": spread([worst(finite) for v in values
                                if (finite := [x for x in v.values() if not math.isnan(x)])]),  # NaN: undefined
         }
         if local and runs[0].strategy_class != baseline_class:
@@ -268,7 +305,7 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
                 if metric in gain["mean"]:
                     gains.append(gain["mean"][metric])
                     paired.append(run.seed)
-            row.update(gain=mean_std(gains), paired=paired, unpaired=unpaired)
+            row.update(gain=spread(gains), paired=paired, unpaired=unpaired)
         out[method] = row
     return out
 
