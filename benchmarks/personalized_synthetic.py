@@ -9,7 +9,7 @@ Printed: the wall-clock seconds of every method and of the whole, and the report
 cannot run in this setting are listed in ``SKIPPED`` with the reason, and printed.
 
 Run: python benchmarks/personalized_synthetic.py [--out bench_out/personalized_synthetic] [--seeds 0 1 2]
-     [--methods local fedavg ...] [--jobs 1]   (about 15 minutes on a 2-core CPU with --jobs 2)
+     [--methods local fedavg ...] [--setting scarce] [--jobs 1]   (about 15 minutes on a 2-core CPU with --jobs 2)
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ SKIPPED = {
 }
 
 
-def run_method(method: str, out: Path, seeds: list[str]) -> float:
+def run_method(method: str, out: Path, seeds: list[str], setting: str | None = None) -> float:
     """``fedlit fit`` of one method over the seeds (skipped when every seed finished); returns its seconds."""
     if len(list((out / method).rglob("results.json"))) >= len(seeds):
         print(f"{method}: done already, not run again", flush=True)
         return 0.0
     start = time.perf_counter()
     command = [sys.executable, "-m", "fedlit", "fit", "--config", str(RECIPES / "base.yaml"),
-               "--config", str(RECIPES / f"{method}.yaml"), "--out_dir", str(out / method),
+               "--config", str(RECIPES / f"{method}.yaml"),
+               *(["--config", str(RECIPES / f"{setting}.yaml")] if setting else []), "--out_dir", str(out / method),
                "--seeds", *seeds]
     with (out / f"{method}.log").open("w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
@@ -54,6 +55,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench_out/personalized_synthetic", help="Folder of the runs and report.")
     parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--setting", choices=["scarce"], help="A data overlay given last (scarce.yaml: 40 train "
+                        "images per site instead of 160).")
     parser.add_argument("--jobs", type=int, default=1, help="Methods run at a time (default 1).")
     args = parser.parse_args()
     out = Path(args.out).resolve()
@@ -62,7 +65,7 @@ def main() -> None:
         print(f"{name}: not run ({why})")
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(lambda m: run_method(m, out, args.seeds), args.methods))
+        list(pool.map(lambda m: run_method(m, out, args.seeds, args.setting), args.methods))
     print(f"all methods: {time.perf_counter() - start:.0f} s wall-clock", flush=True)
     subprocess.run([sys.executable, "-m", "fedlit", "report", *(str(out / m) for m in args.methods
                                                                  if (out / m).is_dir()),
