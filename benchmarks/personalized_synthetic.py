@@ -1,6 +1,6 @@
-"""Run the personalized comparison on the synthetic sites and report it: every method of
-``recipes/personalized_partitions/synthetic/`` (one overlay each, after ``base.yaml``) for the seeds given, then
-``fedlit report`` over all runs with balanced accuracy, the gain over Local and the standard errors.
+"""Run the personalized comparison on the synthetic sites and report it: every method's overlay
+``recipes/personalized_partitions/synthetic_<method>.yaml`` (after ``synthetic_base.yaml``) for the seeds given,
+then ``fedlit report`` over all runs with balanced accuracy, the gain over Local and the standard errors.
 
 Each method is one ``fedlit fit --seeds ...`` process, ``--jobs`` of them at a time; its output goes to
 ``OUT/<method>.log`` and its runs to ``OUT/<method>/`` (one folder per seed). A method whose runs already finished
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ROOT / "recipes" / "personalized_partitions" / "synthetic"
+RECIPES = ROOT / "recipes" / "personalized_partitions"
 METHODS = ("local", "fedavg", "fedbn", "apple", "pgfed", "pgfedmo", "fedmetamed")
 SKIPPED = {
     "FedAvg + fine-tuning": "fedlit fine-tunes only unseen clients (federation.unseen_finetune_steps), not the "
@@ -38,10 +38,10 @@ def run_method(method: str, out: Path, seeds: list[str], setting: str | None = N
         print(f"{method}: done already, not run again", flush=True)
         return 0.0
     start = time.perf_counter()
-    command = [sys.executable, "-m", "fedlit", "fit", "--config", str(RECIPES / "base.yaml"),
-               "--config", str(RECIPES / f"{method}.yaml"),
-               *(["--config", str(RECIPES / f"{setting}.yaml")] if setting else []), "--out_dir", str(out / method),
-               "--seeds", *seeds]
+    command = [sys.executable, "-m", "fedlit", "fit", "--config", str(RECIPES / "synthetic_base.yaml"),
+               "--config", str(RECIPES / f"synthetic_{method}.yaml"),
+               *(["--config", str(RECIPES / f"synthetic_{setting}.yaml")] if setting else []),
+               "--out_dir", str(out / method), "--seeds", *seeds]
     with (out / f"{method}.log").open("w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
     seconds = time.perf_counter() - start
@@ -55,8 +55,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench_out/personalized_synthetic", help="Folder of the runs and report.")
     parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--setting", choices=["scarce"], help="A data overlay given last (scarce.yaml: 40 train "
-                        "images per site instead of 160).")
+    parser.add_argument("--setting", choices=["scarce"], help="A data overlay given last (synthetic_scarce.yaml: 40 "
+                        "train images per site instead of 160).")
     parser.add_argument("--jobs", type=int, default=1, help="Methods run at a time (default 1).")
     args = parser.parse_args()
     out = Path(args.out).resolve()
