@@ -26,7 +26,7 @@ from fedlit.data.samples import (
     make_transform,
     split_samples,
 )
-from fedlit.data.site_options import check_site_names, class_index, site_rng
+from fedlit.data.site_options import check_site_names, class_index, class_names_problem, site_rng
 from fedlit.data.splits import SPLITS, check_split_fractions
 from fedlit.data.text import decode_utf8
 
@@ -127,9 +127,8 @@ class SiteFolders(FederatedDataModule):
             check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
         except ValueError as err:
             problems.append(str(err))
-        if class_names is not None and task == "binary" and len(class_names) != 2:
-            problems.append(f"{_OPTION}.class_names: a binary task has 2 classes (negative, positive), got "
-                            f"{list(class_names)}")
+        if (problem := class_names_problem(class_names, task)) is not None:
+            problems.append(problem)
         if problems:
             raise ConfigError("; ".join(problems))
         self.class_index = class_index(class_names)

@@ -125,6 +125,13 @@ def site_rng(seed: int, site: str) -> np.random.Generator:
     return np.random.default_rng([int(seed), zlib.crc32(str(site).encode("utf-8"))])
 
 
+def class_names_problem(names: Sequence[str] | None, task: str, option: str = f"{_OPTION}.class_names") -> str | None:
+    """What is wrong with a declared label map for ``task`` (a binary task names exactly 2 classes), or None."""
+    if names is not None and task == "binary" and len(names) != 2:
+        return f"{option}: a binary task has 2 classes (negative, positive), got {list(names)}"
+    return None
+
+
 def class_index(names: Sequence[str] | None, option: str = f"{_OPTION}.class_names") -> dict[str, int] | None:
     """Class name -> number of a declared label map (``class_names``), or None when none is declared.
 

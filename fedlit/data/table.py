@@ -14,7 +14,7 @@ from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.pool import PartitionedData
 from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
-from fedlit.data.site_options import class_index, site_rng
+from fedlit.data.site_options import class_index, class_names_problem, site_rng
 from fedlit.data.splits import SPLITS, check_split_fractions
 from fedlit.data.table_read import OPTION as _OPTION
 from fedlit.data.table_read import (
@@ -124,9 +124,8 @@ class SiteTable(FederatedDataModule):
                             "column holding train/val/test")
         if class_names is not None and task not in CLASSIFICATION:
             problems.append(f"{_OPTION}.class_names is for a multiclass or binary task, not {task!r}; leave it out")
-        elif class_names is not None and task == "binary" and len(class_names) != 2:
-            problems.append(f"{_OPTION}.class_names: a binary task has 2 classes (negative, positive), got "
-                            f"{list(class_names)}")
+        elif (problem := class_names_problem(class_names, task)) is not None:
+            problems.append(problem)
         if problems:
             raise ConfigError("; ".join(problems))
         self.class_index = class_index(class_names)
