@@ -23,10 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "personalized_partitions"
-METHODS = ("local", "fedavg", "fedbn", "apple", "pgfed", "pgfedmo", "fedmetamed")
+METHODS = ("local", "fedavg", "fedavg_ft", "fedbn", "apple", "pgfed", "pgfedmo", "fedmetamed")
 SKIPPED = {
-    "FedAvg + fine-tuning": "fedlit fine-tunes only unseen clients (federation.unseen_finetune_steps), not the "
-                            "federation's own clients, so there is no such method to run",
     "EPFL": "mixes LoRA adapters, and SmallCNN has no LoRA option; a timm backbone with LoRA would be another "
             "model than every other method's",
 }

@@ -12,7 +12,9 @@ Both build the recipe's model (on the meta device: no memory is allocated and, i
   :func:`~fedlit.core.tensors.nbytes`): a selected client downloads ``configure_client`` and
   ``configure_client_extras`` and uploads its ``shared`` tensors plus the extras the strategy adds after training
   (:meth:`~fedlit.strategies.base.Strategy.expected_upload_extras`); every client downloads ``configure_evaluate``
-  once per evaluated round, and ``global_model_state`` too where the strategy has one (PGFed, EPFL).
+  once per evaluated round, and ``global_model_state`` too where the strategy has one (PGFed, EPFL);
+- the local steps a strategy that fine-tunes before evaluating (FedAvg-FT:
+  :attr:`~fedlit.strategies.base.Strategy.eval_finetune_steps`) adds, per client and evaluation and over the run.
 
 What a client uploads is what its roles make ``shared``: a strategy that shares a subset (FedSCA's lowest
 adapters) is counted by the roles it sets. The figures are those of a run that goes to its last round (an early
@@ -152,6 +154,10 @@ def _strategy_costs(module: FederatedModule, base_roles: ParameterRoles, strateg
             "per_client_per_evaluation": eval_bytes,
             "run": None if num_clients is None else eval_bytes * num_clients * evaluated,
         },
+        "eval_finetune_steps": {  # local steps before each evaluation (FedAvg-FT), beside the rounds' training
+            "per_client_per_evaluation": strategy.eval_finetune_steps,
+            "run": None if num_clients is None else strategy.eval_finetune_steps * num_clients * evaluated,
+        },
     }
 
 
@@ -214,6 +220,9 @@ def format_table(report: Mapping[str, Any]) -> str:
             f"{_size(rnd['upload_bytes'])} | {_size(rnd['download_bytes'])} | {_size(run['upload_bytes'])} | "
             f"{_size(run['download_bytes'])} | {_size(row['eval_download_bytes']['run'])} | "
             f"{_ratio(row['upload_ratio'])} |")
+    lines += [f"{row['name']} fine-tunes before every evaluation: {_count(ft['per_client_per_evaluation'])} local "
+              f"steps per client and evaluation, {_count(ft['run'])} over the run (beside the rounds' training)."
+              for row in report["strategies"] if (ft := row["eval_finetune_steps"])["per_client_per_evaluation"]]
     ratios = [f"{row['name']} / {first['name']} = {_ratio(row['upload_ratio'])}" for row in report["strategies"][1:]]
     if ratios:
         lines += ["", "Upload per client per round: " + "; ".join(ratios) + "."]

@@ -56,13 +56,15 @@ UNSEEN, UNSEEN_FINETUNED = "unseen", "unseen_finetuned"
 
 
 def evaluate_client(ctx: ClientContext, server_round: int, splits: tuple[str, ...], received: Mapping[str, Tensor],
-                    personalized: bool = False,
-                    images: dict[str, Tensor] | None = None) -> tuple[dict[str, dict[str, float]], int]:
+                    personalized: bool = False, images: dict[str, Tensor] | None = None,
+                    finetune_steps: int = 0) -> tuple[dict[str, dict[str, float]], int]:
     """The client's metrics on each of ``splits`` that it has, with its personal tensors and ``received``, and the
     bytes it downloaded for that (0 when it has none of the splits). ``personalized`` lets the strategy put a model
     the client keeps into the live module (``on_client_evaluate_start``); the global model is evaluated as received.
-    With ``images`` given, the module's ``validation_images()`` after the validation split, if any, is put there
-    under the client's id."""
+    ``finetune_steps > 0`` (:attr:`~fedlit.strategies.base.Strategy.eval_finetune_steps`) first takes that many
+    plain local steps from that model on the client's train split (:func:`local_steps`, seeded by the run's seed,
+    the round and the client); nothing of them is kept. With ``images`` given, the module's ``validation_images()``
+    after the validation split, if any, is put there under the client's id."""
     loaders = _loaders(ctx, splits)
     if not loaders:
         return {}, 0
@@ -70,6 +72,10 @@ def evaluate_client(ctx: ClientContext, server_round: int, splits: tuple[str, ..
     if personalized:  # the global model is evaluated as received, never with a model the client keeps
         ctx.hooks.call("on_client_evaluate_start", client_states=ctx.store, **ctx.hook_args(),
                        server_round=server_round, client_id=ctx.client_id)
+    if finetune_steps > 0:
+        stream = ("eval-finetune", server_round, ctx.client_id)
+        local_steps(ctx, finetune_steps, stream, (*stream, "data"),
+                    f"{type(ctx.strategy).__name__}(finetune_steps={finetune_steps})")
     return _run_loaders(ctx, loaders, images), state_nbytes(received)
 
 
@@ -105,12 +111,13 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     the round in the history; the validation scalars to log."""
     per_split: dict[str, dict[str, dict[str, float]]] = {s: {} for s in SPLITS}
     per_split.update({f"{GLOBAL}/{s}": {} for s in SPLITS})
-    download = 0
+    download = steps = 0
     images: dict[str, torch.Tensor] = {}
     clients = run.evaluated_client_ids
     tasks = evaluate_tasks(run.strategy, server_round, clients, SPLITS, images=bool(record.image_writers(run)))
     for client_id, result in zip(clients, run.executor.evaluate(run, server_round, tasks), strict=True):
         download += result.download_bytes
+        steps += result.finetune_steps
         if result.image is not None:
             images[client_id] = result.image
         for split, values in result.metrics.items():
@@ -121,6 +128,10 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     run.comm["eval_download_bytes"] = run.comm.get("eval_download_bytes", 0) + download
     log: dict[str, float] = {"comm/eval_download_bytes": download,
                              "comm/eval_download_bytes_cumulative": run.comm["eval_download_bytes"]}
+    if run.strategy.eval_finetune_steps:  # the compute that fine-tuning before evaluation adds (FedAvg-FT)
+        run.compute["eval_finetune_steps"] = run.compute.get("eval_finetune_steps", 0) + steps
+        log.update({"system/eval_finetune_steps": steps,
+                    "system/eval_finetune_steps_cumulative": run.compute["eval_finetune_steps"]})
     for split, per_client in per_split.items():
         if not per_client:
             continue
@@ -145,15 +156,17 @@ def _scalars(run: Run, split: str, per_client: Mapping[str, Mapping[str, float]]
     return log
 
 
-# -------------------------------------------------------------------------------------------- unseen clients
-def finetune(ctx: ClientContext, received: Mapping[str, Tensor], steps: int) -> None:
-    """Load ``received`` (and the client's personal tensors) into the live module, then take ``steps`` plain
-    optimizer steps on the module's loss over the client's train split (cycling through it; seeded by the run's
-    seed and the client). Nothing is saved: the next :func:`~fedlit.engine.client.load_client` undoes it."""
+# ------------------------------------------------------------------------------------------------ fine-tuning
+def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tuple[Any, ...], option: str) -> None:
+    """Take ``steps`` plain optimizer steps on the module's loss over the client's train split, from the live
+    module as it is (cycling through the split): a fresh optimizer from ``configure_optimizers`` at the learning
+    rate the run's schedule holds now, no strategy term or hook. ``seed`` and ``data`` name the random streams of
+    the steps (dropout) and of the batch order, so the same call gives the same steps. Nothing is saved: the next
+    :func:`~fedlit.engine.client.load_client` undoes it. ``option`` names the setting in the error raised when the
+    client has no training batch."""
     module, fabric = ctx.module, ctx.fabric
-    load_client(ctx, received)
-    torch.manual_seed(ctx.derive_seed("finetune", ctx.client_id))
-    loader = ctx.train_dataloader("finetune-data", ctx.client_id)
+    torch.manual_seed(ctx.derive_seed(*seed))
+    loader = ctx.train_dataloader(*data)
     local = optim.unpack(module, module.configure_optimizers())
     if ctx.lr_schedule is not None:
         ctx.lr_schedule.apply(local.optimizer)
@@ -178,9 +191,17 @@ def finetune(ctx: ClientContext, received: Mapping[str, Tensor], steps: int) -> 
             if done >= steps:
                 break
         if batches == 0:
-            raise DataError(f"Unseen client {ctx.client_id!r} has no training batch to fine-tune on "
-                            f"(federation.unseen_finetune_steps={steps}): give it a train split, or set "
-                            "federation.unseen_finetune_steps: 0.")
+            raise DataError(f"Client {ctx.client_id!r} has no training batch to fine-tune on ({option}): give it "
+                            "a train split, or set that option to 0.")
+
+
+# -------------------------------------------------------------------------------------------- unseen clients
+def finetune(ctx: ClientContext, received: Mapping[str, Tensor], steps: int) -> None:
+    """Load ``received`` (and the client's personal tensors) into the live module, then take ``steps`` plain local
+    steps from it (:func:`local_steps`, seeded by the run's seed and the client)."""
+    load_client(ctx, received)
+    local_steps(ctx, steps, ("finetune", ctx.client_id), ("finetune-data", ctx.client_id),
+                f"federation.unseen_finetune_steps={steps}")
 
 
 def evaluate_unseen(run: Run, split: str = "test") -> dict[str, Any] | None:

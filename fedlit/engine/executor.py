@@ -69,12 +69,14 @@ def run_fit_task(ctx: ClientContext, server_round: int, task: FitTask,
 
 
 def run_evaluate_task(ctx: ClientContext, server_round: int, task: EvaluateTask) -> EvaluateResult:
-    """``task``'s evaluation in this process (the personalized model, then the global one if given)."""
+    """``task``'s evaluation in this process (the personalized model, fine-tuned first when the task says so, then
+    the global one if given)."""
     images: dict[str, torch.Tensor] | None = {} if task.images else None
     metrics, download = evaluate_client(ctx, server_round, task.splits, task.received, personalized=True,
-                                        images=images)
+                                        images=images, finetune_steps=task.finetune_steps)
+    steps = task.finetune_steps if metrics else 0
     if task.global_state is not None:
         global_metrics, received = evaluate_client(ctx, server_round, task.splits, task.global_state)
         download += received
         metrics.update({f"{GLOBAL}/{s}": v for s, v in global_metrics.items()})
-    return EvaluateResult(metrics, download, (images or {}).get(task.client_id))
+    return EvaluateResult(metrics, download, (images or {}).get(task.client_id), steps)

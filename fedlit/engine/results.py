@@ -93,6 +93,7 @@ def report(run: Run) -> dict[str, Any]:
         results[baseline.KEY] = gain
     results[baseline.PROTOCOL] = baseline.protocol(run)  # what a later --baseline_run compares
     results["comm"] = dict(run.comm)
+    results["compute"] = dict(run.compute)
     results["checkpoints"] = record.checkpoints(run)
     results.update(record.describe(run))
     for callback in run.callbacks:  # sections a callback adds (fedlit.privacy's ``privacy``), merged by key
@@ -132,6 +133,9 @@ def report(run: Run) -> dict[str, Any]:
         sections.append(baseline.markdown(gain, metrics))
     sections.append(f"Communication: {run.comm['upload_bytes']:,} bytes up, {run.comm['download_bytes']:,} bytes "
                     f"down in training; {run.comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n")
+    if run.compute.get("eval_finetune_steps"):
+        sections.append(f"Fine-tuning before evaluation: {run.compute['eval_finetune_steps']:,} local steps over "
+                        "the run (beside the rounds' training).\n")
     if run.stopped_early is not None:
         sections.append(f"Stopped after round {run.stopped_early['round']} of {run.rounds}: "
                         f"{run.stopped_early['reason']}.\n")

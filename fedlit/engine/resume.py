@@ -74,6 +74,7 @@ def save(run: Run, path: str | Path) -> Path:
         "store": store,
         "history": run.history.state_dict(),
         "comm": dict(run.comm),
+        "compute": dict(run.compute),
         "faults": [dict(f) for f in run.faults],
         "rng": rng_state(),
         "lr_schedule": None if run.lr_schedule is None else run.lr_schedule.state_dict(),
@@ -117,6 +118,7 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
     run.store.load_state_dict(payload["store"])
     run.history.load_state_dict(payload["history"])
     run.comm = dict(payload["comm"])
+    run.compute = dict(payload.get("compute", {"eval_finetune_steps": 0}))
     run.faults = [dict(f) for f in payload.get("faults", [])]
     set_rng_state(payload["rng"])
     optim.restore_round_schedule(run.lr_schedule, payload)

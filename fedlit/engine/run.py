@@ -99,6 +99,8 @@ class Run:
         self.history = EvaluationHistory(selection_metric, module.higher_is_better)
         self.server_round = 0
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
+        #: Work beside the clients' turns: ``eval_finetune_steps``, the local steps taken before evaluations.
+        self.compute: dict[str, int] = {"eval_finetune_steps": 0}
         self.faults: list[dict[str, Any]] = []
         self.identity: dict[str, Any] = {}
         #: Callbacks that reported on the run and were dropped on a resume (``federation.allow_dropped_callbacks``):

@@ -40,6 +40,8 @@ class EvaluateTask:
         global_state: The strategy's global model for it (``global_model_state``), evaluated beside, or None.
         splits: The splits to evaluate (those it lacks are skipped).
         images: Return the module's ``validation_images()`` after the validation split.
+        finetune_steps: Local steps it takes from ``received`` before evaluating it (the strategy's
+            ``eval_finetune_steps``: FedAvg-FT); the global model is evaluated without.
     """
 
     client_id: str
@@ -47,6 +49,7 @@ class EvaluateTask:
     global_state: dict[str, Tensor] | None = None
     splits: tuple[str, ...] = ("val", "test")
     images: bool = False
+    finetune_steps: int = 0
 
 
 @dataclass
@@ -58,11 +61,14 @@ class EvaluateResult:
             metrics by name; a split the client lacks is absent.
         download_bytes: Bytes of what it received for the evaluation (0 when it has none of the splits).
         image: The validation picture, when asked for and the module draws one.
+        finetune_steps: Local steps taken before the evaluation (``EvaluateTask.finetune_steps``; 0 when the
+            client had none of the splits).
     """
 
     metrics: dict[str, dict[str, float]]
     download_bytes: int = 0
     image: Tensor | None = None
+    finetune_steps: int = 0
 
 
 def fit_tasks(strategy: Strategy, server_round: int, client_ids: list[str]) -> list[FitTask]:
@@ -75,5 +81,6 @@ def evaluate_tasks(strategy: Strategy, server_round: int, client_ids: list[str],
                    images: bool = False, with_global: bool = True) -> list[EvaluateTask]:
     """What the strategy sends each of ``client_ids`` to evaluate (and its global model, when it has one)."""
     return [EvaluateTask(c, strategy.configure_evaluate(server_round, c),
-                         strategy.global_model_state(c) if with_global else None, splits, images)
+                         strategy.global_model_state(c) if with_global else None, splits, images,
+                         strategy.eval_finetune_steps)
             for c in client_ids]

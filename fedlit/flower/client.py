@@ -160,14 +160,17 @@ class ClientRuntime:
         task = content.config_records["task"]
         server_round = int(task["round"])
         self.checkpointed = int(task["checkpointed"])
-        schedule = codec.get_tree(content, "schedule")
-        if schedule is not None and self.run.lr_schedule is not None:
-            # The server's schedule of interval "round" is where the server is: take this round's hyperparameters.
-            for group, values in zip(self.run.lr_schedule.optimizer.param_groups, schedule, strict=True):
-                group.update(values)
+        self._take_schedule(content)
         turn = self.train(str(task["client-id"]), server_round, codec.get_tree(content, "received"),
                           codec.get_tree(content, "extras"))
         return encode_turn(turn)
+
+    def _take_schedule(self, content: RecordDict) -> None:
+        """The server's schedule of interval "round" is where the server is: take this round's hyperparameters."""
+        schedule = codec.get_tree(content, "schedule")
+        if schedule is not None and self.run.lr_schedule is not None:
+            for group, values in zip(self.run.lr_schedule.optimizer.param_groups, schedule, strict=True):
+                group.update(values)
 
     def handle_evaluate(self, content: RecordDict) -> RecordDict:
         """An ``evaluate`` message: the metrics of the personalized model (and of the global one if sent)."""
@@ -177,8 +180,10 @@ class ClientRuntime:
         self.run.server_round = server_round
         if self.snapshots is not None:
             self.load_state(self.snapshots.before(server_round, inclusive=True))
+        self._take_schedule(content)
         evaluate = EvaluateTask(client_id, codec.get_tree(content, "received"), codec.get_tree(content, "global"),
-                                tuple(json.loads(str(task["splits"]))), bool(task["images"]))
+                                tuple(json.loads(str(task["splits"]))), bool(task["images"]),
+                                int(task.get("finetune-steps", 0)))
         result = run_evaluate_task(self.context, server_round, evaluate)
         if self.snapshots is not None:  # a strategy may keep what an evaluation computes in client_state
             self.snapshots.save(server_round, self.dump_state(), int(task["checkpointed"]))

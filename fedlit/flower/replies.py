@@ -156,7 +156,9 @@ def evaluate_reply(reply: RecordDict, task: EvaluateTask, *, sent_bytes: int) ->
            or _download(download, sent_bytes) or _image(image))
     if why is not None:
         return f"client {task.client_id!r} replied {why}"
-    return EvaluateResult(metrics, download, image)
+    # The fine-tuning steps are what the server asked for, counted for a client that evaluated its own model.
+    steps = task.finetune_steps if any(s in metrics for s in task.splits) else 0
+    return EvaluateResult(metrics, download, image, steps)
 
 
 def evaluation_problem(metrics: Any, splits: Sequence[str]) -> str | None:

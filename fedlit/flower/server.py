@@ -144,8 +144,7 @@ class FlowerExecutor:
                 raise ConfigError("secure-aggregation = true needs Flower's grid: it runs on a SuperLink only.")
             turns = secure_fit(grid, fed, server_round, tasks, self.data.nodes, self.secure_aggregation)
             return self._secure_turns(fed, server_round, tasks, turns)
-        schedule = None if fed.lr_schedule is None else [
-            {k: v for k, v in g.items() if k != "params"} for g in fed.lr_schedule.optimizer.param_groups]
+        schedule = _schedule(fed)
         messages = []
         for task in tasks:
             content = RecordDict({"task": ConfigRecord({"client-id": task.client_id, "round": server_round,
@@ -220,9 +219,12 @@ class FlowerExecutor:
             content = RecordDict({"task": ConfigRecord({"client-id": task.client_id, "round": server_round,
                                                         "checkpointed": self._checkpointed(fed, server_round),
                                                         "splits": json.dumps(list(task.splits)),
-                                                        "images": task.images})})
+                                                        "images": task.images,
+                                                        "finetune-steps": task.finetune_steps})})
             codec.put_tree(content, "received", task.received)
             codec.put_tree(content, "global", task.global_state)
+            if task.finetune_steps:  # the steps before evaluating take this round's learning rate
+                codec.put_tree(content, "schedule", _schedule(fed))
             messages.append((self.data.nodes[task.client_id], "evaluate", content))
         answers = self.transport.exchange(messages, f"{server_round}-evaluate", self._timeout(fed))
         results = []
@@ -238,6 +240,13 @@ class FlowerExecutor:
 
     def teardown(self, fed: Run) -> None:
         """Nothing to release: the nodes keep running for the next run."""
+
+
+def _schedule(fed: Run) -> list[dict[str, Any]] | None:
+    """The hyperparameters of the run's schedule of interval ``round`` as they are now (None without one)."""
+    if fed.lr_schedule is None:
+        return None
+    return [{k: v for k, v in g.items() if k != "params"} for g in fed.lr_schedule.optimizer.param_groups]
 
 
 def _error(reply: RecordDict | str) -> str:

@@ -13,6 +13,7 @@ from fedlit.strategies.epfl import EPFL
 from fedlit.strategies.fedadagrad import FedAdagrad
 from fedlit.strategies.fedadam import FedAdam
 from fedlit.strategies.fedavg import FedAvg
+from fedlit.strategies.fedavg_ft import FedAvgFT
 from fedlit.strategies.fedbn import FedBN
 from fedlit.strategies.feddyn import FedDyn
 from fedlit.strategies.fedheal import FedHEAL
@@ -20,6 +21,7 @@ from fedlit.strategies.fedmedian import FedMedian
 from fedlit.strategies.fedmetamed import FedMetaMed
 from fedlit.strategies.fedopt import FedOpt
 from fedlit.strategies.fedprox import FedProx
+from fedlit.strategies.fedprox_ft import FedProxFT
 from fedlit.strategies.fedpxn import FedPxN
 from fedlit.strategies.fedra import FedRA
 from fedlit.strategies.fedsa import FedSA
@@ -45,3 +47,4 @@ __all__ += ["PGFed", "PGFedMo"]
 __all__ += ["EPFL"]
 __all__ += ["APPLE"]
 __all__ += ["FedMetaMed"]
+__all__ += ["FedAvgFT", "FedProxFT"]

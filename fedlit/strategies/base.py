@@ -85,12 +85,21 @@ class Strategy(Callback, abc.ABC):
             default) for rules that need each upload (median, Krum, SCAFFOLD's extras, similarity weights). A
             subclass that overrides ``aggregate`` or another method reading the uploads must declare it again
             (:func:`fedlit.flower.secagg.check_secure_aggregation` refuses it otherwise).
+        eval_finetune_steps: Local optimizer steps each evaluated client takes on its own train split, from what
+            :meth:`configure_evaluate` sends it (and its personal tensors), before its validation and test splits
+            are evaluated, at every evaluated round (0, the default: none). Plain steps of the module's loss with a
+            fresh optimizer at the round's learning rate, no :meth:`training_loss` or training hook; nothing of them
+            is kept, so the federation is unchanged and only what is evaluated differs. It is how methods that
+            "fine-tune after federation" are evaluated (FedAvg-FT, FedProx-FT); the steps are counted in
+            ``results.json``'s ``compute`` and by ``fedlit cost``. The global model
+            (:meth:`global_model_state`) is evaluated without them.
         global_state, client_ids, class_counts, roles: What :meth:`initialize` received.
     """
 
     communicates: bool = True
     accepted_tasks: frozenset[str] | None = None
     secure_aggregation: bool = False
+    eval_finetune_steps: int = 0
 
     def __init__(self) -> None:
         super().__init__()

@@ -39,6 +39,7 @@ CASES = {
     "FedAvg": (S.FedAvg, TinyMLP, None, {}),
     "FedAvg-persist": (S.FedAvg, TinyMLP, None, {"optimizer_state": "persist", "clients_per_round": 2}),
     "FedProx": (lambda: S.FedProx(mu=0.5), TinyMLP, None, {}),
+    "FedAvgFT": (lambda: S.FedAvgFT(finetune_steps=2), TinyMLP, None, {}),
     "FedBN": (S.FedBN, TinyMLP, None, {}),
     "SiloBN": (S.SiloBN, TinyMLP, None, {}),
     "FedPxN": (lambda: S.FedPxN(mu=0.5), TinyMLP, None, {}),
@@ -94,7 +95,7 @@ def test_deployed_in_process_equals_simulation(tmp_path, monkeypatch, case):
         simulated = _builder(tmp_path / "sim", case)().fit()
         transport = InProcessTransport({c: _builder(tmp_path / "node", case) for c in CLIENTS})
         deployed = deploy(_builder(tmp_path / "dep", case)(), transport)
-    for key in ("last", "best", "global", "comm"):
+    for key in ("last", "best", "global", "comm", "compute"):
         assert (key in simulated) == (key in deployed), key
         if key in simulated:
             _close(simulated[key], deployed[key], key)

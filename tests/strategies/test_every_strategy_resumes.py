@@ -125,8 +125,9 @@ def difference(a: Any, b: Any, path: str = "") -> str | None:
 
 
 def results(fit: dict[str, Any]) -> dict[str, Any]:
-    """What must not depend on the resume: metrics of the last and best rounds, the global model's, communication."""
-    return {k: fit[k] for k in ("last", "best", "global", "comm", "checkpoints") if k in fit}
+    """What must not depend on the resume: metrics of the last and best rounds, the global model's, communication
+    and the steps of fine-tuning before evaluation."""
+    return {k: fit[k] for k in ("last", "best", "global", "comm", "compute", "checkpoints") if k in fit}
 
 
 def test_every_shipped_strategy_is_discovered_and_exported():
