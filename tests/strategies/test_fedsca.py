@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -72,6 +73,24 @@ def _qp(target, linear, n):
     return result.x
 
 
+def _kkt_qp(target, linear):
+    """The exact minimizer of ``||w - target||^2 + linear . w`` over the simplex, by trying every support set S:
+    on S the KKT conditions give ``w_S = target_S - linear_S / 2 + lam`` with lam from ``sum w = 1``; the solution is
+    the S whose w_S >= 0 and whose multipliers off S are >= 0 (``2 (0 - target_j) + linear_j - 2 lam >= 0``)."""
+    n = len(target)
+    c = target - linear / 2
+    for size in range(1, n + 1):
+        for support in itertools.combinations(range(n), size):
+            s = list(support)
+            lam = (1 - c[s].sum()) / size
+            w = np.zeros(n)
+            w[s] = c[s] + lam
+            off = [j for j in range(n) if j not in support]
+            if (w[s] >= 0).all() and all(-c[j] - lam >= -1e-15 for j in off):
+                return w
+    raise AssertionError("no support set satisfies the KKT conditions")
+
+
 def test_simplex_projection_matches_a_generic_qp_solver():
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -96,6 +115,9 @@ def test_sgca_rows_solve_eq7_by_a_generic_qp_solver():
             expected = _qp(m, alpha * d[i], n)
             assert weights[i] == pytest.approx(expected, abs=1e-5)
             assert normalized[i] == pytest.approx(_qp(m, alpha * d[i] / mean, n), abs=1e-5)
+            # and to rounding against the exact KKT solution (SLSQP itself stops near 1e-6)
+            assert weights[i] == pytest.approx(_kkt_qp(m, alpha * d[i]), abs=1e-12)
+            assert normalized[i] == pytest.approx(_kkt_qp(m, alpha * d[i] / mean), abs=1e-12)
 
 
 # --- SGCA on 3 clients, by hand -------------------------------------------------------------------------------------
