@@ -26,6 +26,7 @@ from fedlit.data.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, 
 from fedlit.data.prostate import FedProstate
 from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.ptbxl import PTBXL
+from fedlit.data.pubmed_rct import PubMedRCT
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
 from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
 from fedlit.data.site_dataset import SiteDataset
@@ -55,6 +56,7 @@ __all__ = [
     "MedMNISTTransform",
     "Natural",
     "PTBXL",
+    "PubMedRCT",
     "PartitionedData",
     "Partitioner",
     "PairFlip",
