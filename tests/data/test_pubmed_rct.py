@@ -49,6 +49,7 @@ def test_read_rct_by_hand(tmp_path):
     ("###1\nINTRO\tx .\n", r"line 2: label 'INTRO' is not one of \['BACKGROUND'"),
     ("###1\nMETHODS\t \n", r"line 2: the sentence is empty"),
     ("###1\n\n", r"holds no labelled sentence"),
+    ("###1\nMETHODS\tx .\n\nRESULTS\ty .\n", r"line 4: a sentence outside an abstract"),
 ])
 def test_bad_lines_are_named(tmp_path, text, message):
     (tmp_path / "t.txt").write_text(text)
