@@ -1,6 +1,7 @@
 """Federated data: the ``FederatedDataModule`` API (tensor pool or file-backed samples), partitioners, one module
 per data set (the segmentation sites ``FedProstateSlices``, ``FedProstateVolumes``, ``FedFundus`` and
-``FedPolyp`` among them), and the generic loaders ``SiteFolders``, ``SiteTable`` and ``SiteDataset``."""
+``FedPolyp`` among them; ``PTBXL``'s ECGs read as WFDB records), and the generic loaders ``SiteFolders``,
+``SiteTable`` and ``SiteDataset``."""
 
 from fedlit.data.datamodule import FederatedDataModule, SplitName
 from fedlit.data.folders import SiteFolders
@@ -24,6 +25,8 @@ from fedlit.data.polyp import FedPolyp
 from fedlit.data.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType
 from fedlit.data.prostate import FedProstate
 from fedlit.data.prostate_volumes import FedProstateVolumes
+from fedlit.data.ptbxl import PTBXL
+from fedlit.data.pubmed_rct import PubMedRCT
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
 from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
 from fedlit.data.site_dataset import SiteDataset
@@ -32,6 +35,7 @@ from fedlit.data.survival import SyntheticSurvival
 from fedlit.data.synthetic import SyntheticImages
 from fedlit.data.synthetic_segmentation import SyntheticSegmentation
 from fedlit.data.table import SiteTable
+from fedlit.data.wfdb_files import WFDBRecord, read_wfdb
 
 __all__ = [
     "CLASSIFICATION_TASKS",
@@ -51,6 +55,8 @@ __all__ = [
     "MedicalAbstracts",
     "MedMNISTTransform",
     "Natural",
+    "PTBXL",
+    "PubMedRCT",
     "PartitionedData",
     "Partitioner",
     "PairFlip",
@@ -68,11 +74,13 @@ __all__ = [
     "SyntheticSegmentation",
     "SyntheticSurvival",
     "TaskType",
+    "WFDBRecord",
     "check_split_fractions",
     "dirichlet_partition",
     "iid_partition",
     "natural_partition",
     "pathological_partition",
+    "read_wfdb",
     "shards_partition",
     "split_clients",
     "split_samples",

@@ -111,7 +111,7 @@ class MedicalAbstracts(FederatedDataModule):
                 f"(columns {','.join(COLUMNS)}; {_URL})"
             )
         self.tokenizer = str(tokenizer)
-        _tokenizer_folder(self.tokenizer, check_package=False)  # a typo fails now, before a model is built
+        tokenizer_folder(self.tokenizer, check_package=False)  # a typo fails now, before a model is built
         self.max_length = max_length
         self.num_clients = num_clients
         self.partitioner: Partitioner = partitioner if partitioner is not None else Dirichlet(alpha=0.5)
@@ -216,7 +216,7 @@ def load_tokenizer(tokenizer: str) -> object:
         ConfigError: naming ``data.init_args.tokenizer`` when the name is unknown, its package is not
             installed, or the folder holds no tokenizer.
     """
-    folder = _tokenizer_folder(tokenizer)
+    folder = tokenizer_folder(tokenizer)
     # Imported here: transformers takes seconds to import, and image or tabular runs never need it.
     from transformers import AutoTokenizer
 
@@ -229,7 +229,7 @@ def load_tokenizer(tokenizer: str) -> object:
         ) from None
 
 
-def _tokenizer_folder(tokenizer: str, *, check_package: bool = True) -> Path | None:
+def tokenizer_folder(tokenizer: str, *, check_package: bool = True) -> Path | None:
     """The folder of a known pretrained name (None if not checking its package) or of a local tokenizer."""
     from fedlit.models.weights import PRETRAINED, check_weights_name, resolve_weights
 

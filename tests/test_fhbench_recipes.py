@@ -1,0 +1,48 @@
+"""The FHBench recipes of PTB-XL and PubMed 200k RCT: the paper's settings, and one line when the data is absent."""
+
+from pathlib import Path
+
+import pytest
+
+from fedlit.cli import main
+from fedlit.commands.fit import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+# recipe -> (data class, the message's layout, the download page)
+RECIPES = {
+    "fhbench_ptbxl.yaml": ("fedlit.data.PTBXL", "ptbxl_database.csv, scp_statements.csv and the WFDB records "
+                           "records100/", "https://physionet.org/content/ptb-xl/"),
+    "fhbench_pubmed_rct.yaml": ("fedlit.data.PubMedRCT", "train.txt, dev.txt, test.txt of PubMed 200k RCT",
+                                "https://github.com/Franck-Dernoncourt/pubmed-rct"),
+}
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_fhbench_settings(name):
+    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / name)]).fit
+    model, data = cfg.model.init_args, cfg.data.init_args
+    assert cfg.data.class_path == RECIPES[name][0]
+    assert (data.num_clients, data.partitioner.class_path, data.partitioner.init_args.alpha) == (
+        20, "fedlit.data.Dirichlet", 0.1)
+    assert tuple(data.split_fractions) == (0.4, 0.3, 0.3) and data.split == "clients"
+    assert (model.optimizer, model.lr, model.momentum, model.num_classes) == ("sgd", 0.001, 0.0, 5)
+    assert model.backbone.init_args.lora.r == 8
+    assert cfg.strategy.class_path == "fedlit.strategies.EPFL" and cfg.federation.rounds == 200
+    assert model.lr_scheduler.init_args.T_max == 200
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_without_the_data_stops_with_one_line_naming_layout_and_page(name, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)  # the recipe's paths are relative to the repository root
+    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / name)]).fit
+    if Path(cfg.data.init_args.root).is_dir():
+        pytest.skip(f"{cfg.data.init_args.root} is present: the missing-data message cannot be shown")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", f"recipes/{name}", "--out_dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"fedlit: error: data.init_args.root: no folder {cfg.data.init_args.root}. It must hold ")
+    _, layout, page = RECIPES[name]
+    assert layout in err and page in err
+    assert not (tmp_path / "run").exists()
