@@ -42,11 +42,14 @@ that has not trained yet with ``theta_glob``. ``theta_glob`` itself is evaluated
 Deviation: the code's ``a`` starts at ``1 / (clients per round)``; here ``1 / M`` with M the uploads the last
 round aggregated (the same unless clients were left out). Deviation: clients not trained yet are evaluated with
 ``theta_glob``, the code's with the initial model. Deviation: the extra pass runs in training mode like the
-code's, but BatchNorm running statistics are restored after it (the code lets them move and uploads them); its
-``f_i`` is the mean of the batch losses, the code's the sample-weighted mean (equal with the code's
-``drop_last=True`` loader). Deviation: only shared parameters are corrected and enter the dot products (the
-code's models have no personal or frozen part). Evaluation downloads are counted as for FedAvg (one set of
-shared tensors per client), although a deployed client would evaluate the model it already holds.
+code's, but BatchNorm running statistics are restored after it (the code lets them move); its ``f_i`` is the mean
+of the batch losses, the code's the sample-weighted mean (equal with the code's ``drop_last=True`` loader).
+Deviation: BatchNorm running statistics are shared tensors here, averaged and sent down as FedAvg's; the code
+copies and averages ``model.parameters()`` only, so with a BatchNorm model (its CNN has none) they would stay on
+each client (the roles of SiloBN; docs/personalized.md gives one measurement). Deviation: only shared parameters
+are corrected and enter the dot products (the code's models have no personal or frozen part). Evaluation downloads
+are counted as for FedAvg (one set of shared tensors per client), although a deployed client would evaluate the
+model it already holds.
 The official command line cannot select PGFedMo (the server switches momentum on for ``algorithm == "PGFedMo"``,
 a name the launcher's ``--algorithm`` choices leave out): here it is its own class, :class:`PGFedMo`.
 """
