@@ -180,7 +180,8 @@ class ClientRuntime:
         self.run.server_round = server_round
         if self.snapshots is not None:
             self.load_state(self.snapshots.before(server_round, inclusive=True))
-        self._take_schedule(content)
+        if "schedule.tree" in content.config_records:  # sent with fine-tuning before evaluating (FedAvg-FT)
+            self._take_schedule(content)
         evaluate = EvaluateTask(client_id, codec.get_tree(content, "received"), codec.get_tree(content, "global"),
                                 tuple(json.loads(str(task["splits"]))), bool(task["images"]),
                                 int(task.get("finetune-steps", 0)))

@@ -223,8 +223,8 @@ class FlowerExecutor:
                                                         "finetune-steps": task.finetune_steps})})
             codec.put_tree(content, "received", task.received)
             codec.put_tree(content, "global", task.global_state)
-            if task.finetune_steps:  # the steps before evaluating take this round's learning rate
-                codec.put_tree(content, "schedule", _schedule(fed))
+            # the steps of fine-tuning before evaluating take this round's learning rate
+            codec.put_tree(content, "schedule", _schedule(fed) if task.finetune_steps else None)
             messages.append((self.data.nodes[task.client_id], "evaluate", content))
         answers = self.transport.exchange(messages, f"{server_round}-evaluate", self._timeout(fed))
         results = []
