@@ -17,7 +17,7 @@ from fedlit.core.roles import RoleRule
 from fedlit.module import FederatedModule
 from fedlit.strategies import FedALA, FedAvg
 from fedlit.strategies.fedala import ala_converged, ala_merge, ala_weight_step, subset_batches
-from tests.conftest import make_federation
+from tests.conftest import assert_resume_is_exact, make_federation
 
 ROOT = Path(__file__).resolve().parents[2]
 W = "shared.weight"
@@ -173,3 +173,11 @@ def test_bad_options_are_named():
                    "max_init_passes=0"):
         assert option in str(err.value)
     assert repr(FedALA()).startswith("FedALA(eta=1.0, rand_percent=80.0, layer_idx=2, threshold=0.1, num_pre_loss=10")
+
+
+def test_resume_is_exact_across_a_reuse_of_the_stored_w(tmp_path):
+    # 2 rounds, a checkpoint, 2 more: W is learned in round 2 (each client's first ALA) and reused in round 3, after
+    # the resume (the generated resume test stops at round 2, before any reuse)
+    straight, _ = assert_resume_is_exact(tmp_path, FedALA)
+    key = straight.strategy.state_key
+    assert all(straight.store.extra(c, key)["ala_passes"] == 1 for c in straight.client_ids)
