@@ -113,6 +113,10 @@ class APFL(FedAvg):
         aggregator: FedAvg's rule for ``w`` (None: the weighted mean).
     """
 
+    #: The server is FedAvg's weighted mean of the shared tensors (``v`` and ``a`` never leave the client), so
+    #: SecAgg+ can replace the uploads (with the default aggregator and ``weighting="num_examples"``).
+    secure_aggregation = True
+
     def __init__(self, *, alpha: float = 0.5, lr_alpha: float | None = None, alpha_penalty: float = 0.02,
                  weighting: Literal["num_examples", "uniform"] = "num_examples",
                  aggregator: Aggregator | None = None) -> None:

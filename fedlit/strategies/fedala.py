@@ -117,6 +117,10 @@ class FedALA(FedAvg):
         aggregator: FedAvg's rule (None: the weighted mean).
     """
 
+    #: The server is FedAvg's weighted mean of the shared tensors (``W`` and the local model never leave the client), so
+    #: SecAgg+ can replace the uploads (with the default aggregator and ``weighting="num_examples"``).
+    secure_aggregation = True
+
     def __init__(self, *, eta: float = 1.0, rand_percent: float = 80, layer_idx: int = 2, threshold: float = 0.1,
                  num_pre_loss: int = 10, max_init_passes: int | None = None,
                  weighting: Literal["num_examples", "uniform"] = "num_examples",
