@@ -6,7 +6,7 @@ authors' framework)
 
 Client i holds the global model ``w`` (the module's shared tensors: received, trained, uploaded, FedAvg'd by the
 server) and a personal model ``v`` (a second copy of every shared and personal tensor over the one frozen
-backbone, kept in ``client_state``, never sent). Its personalized model is the mix (the paper's Eq. 2)
+backbone, kept in ``client_state``, never sent). Its personalized model is the paper's mixed model
 
     vbar = (1 - a) w + a v
 
@@ -16,8 +16,11 @@ Per local step, on the same batch:
 - ``v <- v - lr grad f(v)``: ``v``'s own loss and gradient, stepped with a mirror of the loop's optimizer (same
   class and hyperparameters per parameter group, this step's learning rate)
 - ``a <- clip(a - lr_a (sum <v - w, a grad f(v) + (1 - a) grad f(w)> + 0.02 a), 0, 1)`` with ``v`` and ``w``
-  after their steps, the gradients those of the step (the paper's alpha update, Eq. 10 of Section 3.3, with
-  ``grad f(vbar)`` linearized as the code does, plus the code's 0.02 a)
+  after their steps, the gradients those of the step (the paper's gradient step on ``a``, ``<v - w, grad
+  f(vbar)>``, with ``grad f(vbar)`` linearized as the code does, plus the code's 0.02 a)
+
+(Algorithm 1 of the paper, local descent APFL, for ``w`` and ``v``; equation numbers differ between the arXiv
+versions, so the updates are written out here.)
 
 After the turn ``v`` is replaced by ``vbar`` (its trainable tensors; its buffers stay its own), which is the
 model the client is evaluated with; ``a`` is kept per client (``alpha`` the first time, 0.5 by default).
@@ -75,7 +78,7 @@ def apfl_alpha_step(alpha: float, v: Mapping[str, Tensor], w: Mapping[str, Tenso
 
 
 def apfl_mix(w: Mapping[str, Tensor], v: Mapping[str, Tensor], alpha: float) -> dict[str, Tensor]:
-    """``vbar = (1 - a) w + a v`` per tensor of ``v`` (APFL's Eq. 2), in ``v``'s dtype and device."""
+    """``vbar = (1 - a) w + a v`` per tensor of ``v`` (APFL's mixed model), in ``v``'s dtype and device."""
     return {n: ((1 - alpha) * w[n].detach().to(t.device, torch.float64) + alpha * t.detach().to(torch.float64))
             .to(t.dtype) for n, t in v.items()}
 

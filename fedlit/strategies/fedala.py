@@ -5,13 +5,14 @@ AAAI 2023. https://arxiv.org/abs/2212.01197 (code read: PFLlib's ``utils/ALA.py`
 
 The server is FedAvg. Client i keeps its model ``theta_i`` from the end of its last turn. At the start of a turn it
 receives the global ``theta`` and, over the ordered list of its shared trainable tensors (model order; the
-lower ones first), builds its starting model by Adaptive Local Aggregation (the paper's Eq. 4-6):
+lower ones first), builds its starting model by Adaptive Local Aggregation (the paper's ALA module,
+written out here):
 
 - the lower tensors (all but the last ``p = layer_idx``) take the global value
 - the higher ones: ``theta_hat = theta_i + (theta - theta_i) * W_i``, element-wise, ``W_i`` starting at all ones
 - ``W_i`` is learned on a random ``s = rand_percent``% of the client's training data, batch by batch, with the
   lower tensors at the global value: ``W_i <- clip(W_i - eta grad_theta_hat L(theta_hat) * (theta - theta_i),
-  0, 1)`` (Eq. 6), ``theta_hat`` recomputed after each batch
+  0, 1)``, ``theta_hat`` recomputed after each batch
 - the first time, passes over that data repeat until the standard deviation of the last ``num_pre_loss`` (10)
   pass losses (each the loss of its last batch, as the code) is below ``threshold``; later, one pass
 - ``W_i`` persists per client; then the client trains as FedAvg's from ``theta_hat`` and uploads its model
@@ -57,13 +58,13 @@ from fedlit.strategies.fedavg import FedAvg
 
 
 def ala_merge(local: Tensor, global_: Tensor, weight: Tensor) -> Tensor:
-    """``theta_i + (theta - theta_i) * W`` element-wise (FedALA's Eq. 5)."""
+    """``theta_i + (theta - theta_i) * W`` element-wise (FedALA's merge)."""
     return local + (global_ - local) * weight
 
 
 def ala_weight_step(weight: Tensor, grad: Tensor, local: Tensor, global_: Tensor, eta: float) -> Tensor:
-    """``clip(W - eta grad * (theta - theta_i), 0, 1)`` element-wise (FedALA's Eq. 6), ``grad`` the loss gradient
-    at the merged tensor."""
+    """``clip(W - eta grad * (theta - theta_i), 0, 1)`` element-wise (FedALA's weight learning), ``grad`` the loss
+    gradient at the merged tensor."""
     return torch.clamp(weight - eta * (grad * (global_ - local)), 0, 1)
 
 
