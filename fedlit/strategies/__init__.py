@@ -7,11 +7,13 @@ from fedlit.strategies.aggregators import (
     TrimmedMeanAggregator,
     WeightedMeanAggregator,
 )
+from fedlit.strategies.apfl import APFL
 from fedlit.strategies.apple import APPLE
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.epfl import EPFL
 from fedlit.strategies.fedadagrad import FedAdagrad
 from fedlit.strategies.fedadam import FedAdam
+from fedlit.strategies.fedala import FedALA
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedavg_ft import FedAvgFT
 from fedlit.strategies.fedbn import FedBN
@@ -48,3 +50,4 @@ __all__ += ["EPFL"]
 __all__ += ["APPLE"]
 __all__ += ["FedMetaMed"]
 __all__ += ["FedAvgFT", "FedProxFT"]
+__all__ += ["APFL", "FedALA"]

@@ -59,6 +59,8 @@ CASES = {
     "PGFed": (S.PGFed, TinyMLP, None, {}),
     "PGFedMo": (lambda: S.PGFedMo(beta=0.5), TinyMLP, None, {}),
     "FedMetaMed": (lambda: S.FedMetaMed(schedule_rounds=2), TinyMLP, None, {}),
+    "APFL": (S.APFL, TinyMLP, None, {}),
+    "FedALA": (S.FedALA, TinyMLP, None, {}),
     "EPFL": (S.EPFL, LoRAMLP, LORA_ROLES, {}),
     "FedSA": (S.FedSA, LoRANet, LORA_SHARED, {}),
     "FedSCA": (lambda: S.FedSCA(num_shared_adapters=3, alpha=1.0, beta=0.5), AdapterNet, ADAPTER_ROLES, {}),

@@ -30,8 +30,10 @@ from fedlit.flower.secagg import SecAggOptions, check_secure_aggregation  # noqa
 from fedlit.flower.secagg_client import client_mods, handle_secure_train, is_secure_train  # noqa: E402
 from fedlit.flower.secagg_server import secure_fit  # noqa: E402
 from fedlit.strategies import (  # noqa: E402
+    APFL,
     SCAFFOLD,
     FedAdam,
+    FedALA,
     FedAvg,
     FedBN,
     FedMedian,
@@ -169,7 +171,8 @@ def _bound(options: SecAggOptions, k: int, total: int, peak: float) -> float:
 # ---- which strategies --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("strategy", [FedAvg(), FedProx(), FedBN(), SiloBN(), FedAdam()], ids=repr)
+@pytest.mark.parametrize("strategy", [FedAvg(), FedProx(), FedBN(), SiloBN(), FedAdam(), APFL(), FedALA()],
+                         ids=repr)
 def test_weighted_mean_strategies_may_aggregate_securely(strategy: Any) -> None:
     check_secure_aggregation(strategy)
 

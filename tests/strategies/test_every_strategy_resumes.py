@@ -10,10 +10,11 @@ it is never skipped.
 After the straight run and the resumed one (fresh objects, another global RNG state), these must be equal, exactly
 (``==`` and ``torch.equal``): the results (per-client metrics of the last and best rounds, the global model's when
 the strategy has one, the communication totals), the whole client store (each client's tensors, its optimizer
-state, its strategy state such as SCAFFOLD's ``c_i``, APPLE's ``p_i``, FedMetaMed's personal model) and the
-strategy's ``state_dict()``. Every strategy runs with ``optimizer_state="reset"`` and all clients; those in
-:data:`PERSIST` also with ``optimizer_state="persist"`` (each client's optimizer state kept in the store) and 2 of
-the 3 clients per round (the sampling stream and clients that sit a round out must resume too).
+state, its strategy state such as SCAFFOLD's ``c_i``, APPLE's ``p_i``, FedMetaMed's personal model, APFL's ``v``
+and ``a``, FedALA's ``W``) and the strategy's ``state_dict()``. Every strategy runs with
+``optimizer_state="reset"`` and all clients; those in :data:`PERSIST` also with ``optimizer_state="persist"`` (each
+client's optimizer state kept in the store) and 2 of the 3 clients per round (the sampling stream and clients that
+sit a round out must resume too).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ NEEDS = {
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
-PERSIST = ["APPLE", "EPFL", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "PGFedMo", "SCAFFOLD"]
+PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "PGFedMo",
+           "SCAFFOLD"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},
