@@ -48,3 +48,9 @@ __all__ += ["EPFL"]
 __all__ += ["APPLE"]
 __all__ += ["FedMetaMed"]
 __all__ += ["FedAvgFT", "FedProxFT"]
+from fedlit.strategies.fedbabu import FedBABU  # noqa: E402
+from fedlit.strategies.fedper import FedPer  # noqa: E402
+from fedlit.strategies.fedrep import FedRep  # noqa: E402
+from fedlit.strategies.lg_fedavg import LGFedAvg  # noqa: E402
+
+__all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
