@@ -3,12 +3,12 @@
 Oh, Kim, Yun. "FedBABU: Toward Enhanced Representation for Federated Image Classification." ICLR 2022.
 https://arxiv.org/abs/2106.06042
 
-The model is a body ``theta_ext`` (the feature extractor) and a head ``theta_cls`` (the classifier). Algorithm 1:
-the head is initialized once, identically for every client, and never updated during federated training; each
-client updates only the body, ``theta_ext <- theta_ext - eta grad_{theta_ext} L_i(theta_ext, theta_cls^0)``, and
+The model is a body ``theta_ext`` (the feature extractor) and a head ``theta_cls`` (the classifier). The head is
+initialized once, identically for every client, and never updated during federated training; each client updates
+only the body, ``theta_ext <- theta_ext - eta grad_{theta_ext} L_i(theta_ext, theta_cls^0)``, and
 the server averages the bodies as FedAvg, ``theta_ext^{t+1} = sum_i (n_i / n) theta_ext,i``. For evaluation each
-client fine-tunes the whole model (body and head; Sec. 4, the paper's default, which its experiments found better
-than fine-tuning the head or the body alone) on its own training data, from the global body and the initial head,
+client fine-tunes the whole model (body and head: the paper's default, which its experiments found better than
+fine-tuning the head or the body alone) on its own training data, from the global body and the initial head,
 for ``tau_f`` steps, and that personalized model is evaluated.
 
 Symbols -> code: ``theta_ext`` -> the shared tensors (``self.global_state``); ``theta_cls^0`` -> the tensors matched

@@ -4,8 +4,8 @@ Arivazhagan, Aggarwal, Singh, Choudhary. "Federated Learning with Personalizatio
 https://arxiv.org/abs/1912.00818
 
 The model is split into base layers ``W_B`` (shared) and personalization layers ``W_{P_j}`` of client j (kept on
-the client, never uploaded). Algorithm 1 (server): ``W_B <- sum_j (n_j / n) W_{B,j}``, FedAvg on the base layers
-alone; Algorithm 2 (client): SGD on both ``W_B`` and ``W_{P_j}`` for ``e`` local epochs, upload ``W_{B,j}``.
+the client, never uploaded). Server: ``W_B <- sum_j (n_j / n) W_{B,j}``, FedAvg on the base layers alone; client j:
+SGD on both ``W_B`` and ``W_{P_j}`` for ``e`` local epochs, then upload ``W_{B,j}``.
 
 Symbols -> code: ``W_B`` -> the shared tensors (``self.global_state``); ``W_{P_j}`` -> the tensors matched by
 ``head`` (the classifier, ``head.*`` in :class:`~fedlit.tasks.ClassificationModule`), made ``personal`` and kept
