@@ -16,22 +16,26 @@ from fedlit.strategies.fedadam import FedAdam
 from fedlit.strategies.fedala import FedALA
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedavg_ft import FedAvgFT
+from fedlit.strategies.fedbabu import FedBABU
 from fedlit.strategies.fedbn import FedBN
 from fedlit.strategies.feddyn import FedDyn
 from fedlit.strategies.fedheal import FedHEAL
 from fedlit.strategies.fedmedian import FedMedian
 from fedlit.strategies.fedmetamed import FedMetaMed
 from fedlit.strategies.fedopt import FedOpt
+from fedlit.strategies.fedper import FedPer
 from fedlit.strategies.fedprox import FedProx
 from fedlit.strategies.fedprox_ft import FedProxFT
 from fedlit.strategies.fedpxn import FedPxN
 from fedlit.strategies.fedra import FedRA
+from fedlit.strategies.fedrep import FedRep
 from fedlit.strategies.fedsa import FedSA
 from fedlit.strategies.fedsca import FedSCA
 from fedlit.strategies.fedsld import FedSLD
 from fedlit.strategies.fedtrimmedavg import FedTrimmedAvg
 from fedlit.strategies.fedyogi import FedYogi
 from fedlit.strategies.krum import Krum
+from fedlit.strategies.lg_fedavg import LGFedAvg
 from fedlit.strategies.local import Local
 from fedlit.strategies.pgfed import PGFed, PGFedMo
 from fedlit.strategies.scaffold import SCAFFOLD
@@ -51,3 +55,4 @@ __all__ += ["APPLE"]
 __all__ += ["FedMetaMed"]
 __all__ += ["FedAvgFT", "FedProxFT"]
 __all__ += ["APFL", "FedALA"]
+__all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]

@@ -75,6 +75,7 @@ NEEDS = {
     "FedMetaMed": Needs({"schedule_rounds": 2}),  # the L schedule of the 2-round run, also in its 1-round leg
     "FedProx": Needs({"mu": 0.5}),
     "FedPxN": Needs({"mu": 0.5}),
+    "FedRep": Needs({"head_steps": 1}),  # 1 head step, then 1 body step of the 2-step turn
     "FedRA": Needs({"block_counts": [1, 2], "seed": 3}, backbone=AdapterNet, roles=ADAPTER_ROLES),  # 1 or 2 of 3
     "FedSA": Needs(backbone=LoRANet, roles=LORA_SHARED),
     "FedSCA": Needs({"num_shared_adapters": 3, "alpha": 1.0, "beta": 0.5}, backbone=AdapterNet, roles=ADAPTER_ROLES),
@@ -85,8 +86,8 @@ NEEDS = {
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
-PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "PGFedMo",
-           "SCAFFOLD"]
+PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "FedRep",
+           "PGFedMo", "SCAFFOLD"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},

@@ -10,7 +10,8 @@ The settings are chosen so that the pins tell the strategies apart (checked by
   round 1, so their round-2 training is identical and they part only in round 2's server step; with
   ``beta_2 = 0.99`` that step differs by ~1e-5 in the validation loss, with 0.5 by ~1e-3.
 - Every client starts round 1 from the same initial model, so the round-1 train loss is the same for every
-  strategy but FedSLD (whose loss is re-weighted). SiloBN's train losses equal FedAvg's by construction: in
+  strategy but FedSLD (whose loss is re-weighted), FedRep and FedBABU (whose second step follows a step that
+  moved only the head, or only the body). SiloBN's train losses equal FedAvg's by construction: in
   training mode BatchNorm normalizes with the batch's statistics, so keeping the running statistics personal
   changes only evaluation; its validation loss is what tells it apart.
 """
@@ -46,6 +47,10 @@ PINNED = {
     "FedMedian": (S.FedMedian, [1.130441, 1.004408], 1.054688),
     "FedTrimmedAvg": (lambda: S.FedTrimmedAvg(beta=0.2), [1.130441, 1.009600], 1.053045),
     "Krum": (lambda: S.Krum(num_selected=2), [1.130441, 1.008271], 1.055870),
+    "FedPer": (S.FedPer, [1.130441, 0.984388], 1.044717),
+    "LGFedAvg": (S.LGFedAvg, [1.130441, 0.997608], 1.060469),
+    "FedRep": (lambda: S.FedRep(head_steps=1), [1.135816, 1.041134], 1.092413),
+    "FedBABU": (lambda: S.FedBABU(finetune_steps=2), [1.127960, 1.061147], 1.070378),
 }
 
 

@@ -1,0 +1,78 @@
+"""FedBABU: federated training of the body alone, the head fixed at its initialization, fine-tuned before evaluation.
+
+Oh, Kim, Yun. "FedBABU: Toward Enhanced Representation for Federated Image Classification." ICLR 2022.
+https://arxiv.org/abs/2106.06042
+
+The model is a body ``theta_ext`` (the feature extractor) and a head ``theta_cls`` (the classifier). The head is
+initialized once, identically for every client, and never updated during federated training; each client updates
+only the body, ``theta_ext <- theta_ext - eta grad_{theta_ext} L_i(theta_ext, theta_cls^0)``, and
+the server averages the bodies as FedAvg, ``theta_ext^{t+1} = sum_i (n_i / n) theta_ext,i``. For evaluation each
+client fine-tunes the whole model (body and head: the paper's default, which its experiments found better than
+fine-tuning the head or the body alone) on its own training data, from the global body and the initial head,
+for ``tau_f`` steps, and that personalized model is evaluated.
+
+Symbols -> code: ``theta_ext`` -> the shared tensors (``self.global_state``); ``theta_cls^0`` -> the tensors matched
+by ``head`` (``head.*``), whose role is ``personal``: each client keeps its copy in the client store, which starts
+from the model's one initialization and never changes during federation (``on_before_optimizer_step`` drops the
+head's gradients, and torch's optimizers skip a parameter without a gradient: no momentum, no weight decay), so
+the head is never sent nor uploaded; ``tau_f`` -> ``finetune_steps``, run by the federation before every
+evaluation (:attr:`~fedlit.strategies.base.Strategy.eval_finetune_steps`: a fresh optimizer over every trainable
+parameter, head included, at the round's learning rate; nothing of it is kept). The global model (the averaged
+body with the initial head, not fine-tuned) is evaluated beside, under ``global`` in ``results.json``.
+
+Defaults and deviations:
+
+- ``finetune_steps`` defaults to 10 (fedlit counts steps; PFLlib's ``fine_tuning_epochs`` default is 10 epochs).
+- PFLlib (``FedBABU``) fine-tunes once, after the last round; fedlit fine-tunes at every evaluated round, so that
+  the best round is chosen on the fine-tuned models' validation, as for every personalized method here.
+- Head-only fine-tuning (the paper's ablation; PFLlib's ``fine_tune(which_module=["head"])``) is not offered: the
+  federation's fine-tuning steps train every trainable parameter and no hook runs between their optimizer's
+  construction and its steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.fedavg_ft import check_finetune_steps
+from fedlit.strategies.fedper import FedPer, drop_gradients, parameter_names
+
+
+class FedBABU(FedPer):
+    """FedAvg on the body with the head fixed at its initialization; each client fine-tunes the whole model before
+    it is evaluated.
+
+    Args:
+        finetune_steps: Local optimizer steps of fine-tuning (body and head) before each evaluation (default 10).
+        head: Glob (or ``re:<regex>``) of the head's names (default ``head.*``: the classifier).
+        weighting: As in :class:`~fedlit.strategies.fedavg.FedAvg`.
+        aggregator: As in :class:`~fedlit.strategies.fedavg.FedAvg` (default: the weighted mean).
+    """
+
+    def __init__(
+        self,
+        *,
+        finetune_steps: int = 10,
+        head: str = "head.*",
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
+        super().__init__(head=head, weighting=weighting, aggregator=aggregator)
+        self.eval_finetune_steps = check_finetune_steps(finetune_steps)
+        self._head: set[str] = set()
+
+    def on_client_fit_start(self, pl_module: Any) -> None:
+        """Find the head's parameters, whose gradients every step of the turn drops."""
+        self._head = parameter_names(pl_module, self.head_rule)
+
+    def on_before_optimizer_step(self, pl_module: Any) -> None:
+        """Drop the head's gradients: the head stays at its initialization during federation."""
+        drop_gradients(pl_module, self._head.__contains__)
+
+    def global_model_state(self, client_id: str) -> dict:
+        """The averaged body (with the client's initial head), evaluated beside the fine-tuned model."""
+        return dict(self.global_state)
+
+    def hparams(self) -> dict[str, Any]:
+        return {"finetune_steps": self.eval_finetune_steps, **super().hparams()}
