@@ -84,6 +84,7 @@ def test_the_report_table_holds_the_mean_and_se_over_seeds_best_in_bold(finished
         assert f"| {dataset} | {shown[0]} | {shown[1]} |" in text
         assert any(line.split()[:1] == [dataset] and shown[0] in line for line in printed.splitlines())
     assert "a/FedAvg" in text  # the per-method detail stays below, methods named data set/method
+    assert "Not paired" not in text  # each data set's FedAvg is paired with the Local run of its own data
 
 
 def test_a_second_invocation_runs_nothing_and_a_deleted_seed_alone_is_rerun(finished, tmp_path, capsys, monkeypatch):
