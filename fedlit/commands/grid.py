@@ -185,8 +185,8 @@ def load_grid(path: str | Path, out_dir: str | Path | None = None) -> Grid:
     """
     path = Path(path)
     if not path.is_file():
-        raise InputFileError(f"fedlit grid --config {path}: no such file. `fedlit recipes grids` copies the grids "
-                             "that ship with fedlit into recipes/grids/.")
+        raise InputFileError(f"fedlit grid --config {path}: no such file. `fedlit recipes grids "
+                             "personalized_partitions` copies the shipped grid and the recipes it names into recipes/.")
     try:
         data = yaml.load(path.read_text(), Loader=RecipeLoader)  # noqa: S506 (a safe loader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
