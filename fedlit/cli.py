@@ -7,6 +7,7 @@
     fedlit cost --config RECIPE.yaml [--compare FedAvg ...]                       fedlit.commands.cost
     fedlit partition --config RECIPE.yaml                               fedlit.commands.partition_summary
     fedlit export --run RUN                                                       fedlit.commands.export
+    fedlit grid --config GRID.yaml [--only DATASET/METHOD ...] [--dry_run]         fedlit.commands.grid
     fedlit report RUN [RUN ...]                                                   fedlit.commands.report
     fedlit recipes [NAME ...] [--out DIR]                                         fedlit.commands.recipes
     fedlit flower-app --config RECIPE.yaml --out APP                              fedlit.flower.app
@@ -39,6 +40,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "fedlit.commands.cost", "command"),
     "partition": ("Build a recipe's data only: print each client's samples per split and class, plot them.",
                   "fedlit.commands.partition_summary", "command"),
+    "grid": ("Run every method of a grid file on every data set over its seeds (a benchmark table's runs).",
+             "fedlit.commands.grid", "main"),
     "report": ("Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
                "fedlit.commands.report", "main"),
     "flower-app": ("Write a Flower app folder that deploys a recipe on a SuperLink and SuperNodes (`flwr run`).",
@@ -51,7 +54,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "fedlit.commands.recipes", "main"),
 }
 #: Commands that parse their own arguments (those after the subcommand) when run.
-_OWN_PARSER = ("report", "flower-app", "certs", "node-state", "recipes")
+_OWN_PARSER = ("grid", "report", "flower-app", "certs", "node-state", "recipes")
 
 
 def _summary(argv: list[str]) -> NoReturn:

@@ -11,7 +11,8 @@ from fedlit.commands.fit import build_parser
 from fedlit.models import minilm_l6_v2_folder
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+# recipes/grids/ holds grid files of `fedlit grid`, not fit recipes: tests/test_grid.py checks them
+RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name != "grids")
 
 # FLamby's Fed-Heart-Disease benchmark settings (its config_heart_disease.json, fed_heart_disease/common.py and
 # benchmarks/fed_benchmark.py): client SGD learning rate, then the strategy's own arguments.

@@ -48,7 +48,7 @@ def test_split_seeds():
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--seeds", "0", "1", "0"], "seed 0 is given twice"),
-    (["--seeds", "0", "--ckpt_path", "last"], "--seeds with --ckpt_path"),
+    (["--seeds", "0", "--ckpt_path", "best"], "--seeds with --ckpt_path best"),
     (["--seeds", "0", "--dry_run"], "--seeds with --dry_run"),
     (["--seeds", "a"], "seeds are integers"),
     (["--seeds"], "at least one seed"),

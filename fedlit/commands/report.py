@@ -17,6 +17,12 @@ ran under several recipes; the runs of one method are its seeds. The report (``r
 - the partition of each seed (train samples per class and client);
 - the resolved configurations, only the keys that differ.
 
+The output folder of ``fedlit grid`` (it holds ``grid.json``; or any folder with ``--table grid``) adds, first,
+the benchmark's table in FHBench's Table 2 layout: data sets as rows, methods as columns, each cell mean ± standard
+error over seeds at the best-validation round, the best of each row in bold (:mod:`fedlit.commands.report_grid`);
+its methods are then named ``<data set>/<method>``. The metric is ``--metric``, by default the selection metric the
+runs share (``accuracy`` when they differ).
+
 A run whose ``results.json`` or ``metrics.csv`` is missing or unreadable is named in a warning and left out (or,
 for ``metrics.csv``, left out of the curves); the report fails only when no run can be read.
 
@@ -29,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedlit.commands import report_grid
 from fedlit.commands.partition_summary import VECTOR_FORMATS
 from fedlit.commands.report_figures import build, markdown, to_html
 from fedlit.commands.report_runs import (
@@ -82,17 +89,29 @@ __all__ = [
 ]
 
 
-def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str = "accuracy",
-          baseline_name: str = "Local", vector: str | None = "pdf") -> Path:
+def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str | None = None,
+          baseline_name: str = "Local", vector: str | None = "pdf", table: str | None = None) -> Path:
     """Read the runs under ``paths`` and write ``report.md``, ``report.html`` and the figures into ``out``: PNG
     files and, unless ``vector`` is None, the same figures as ``pdf`` or ``svg`` files beside them.
-    Warnings (unreadable files) are printed and written into the report. Returns ``out/report.md``.
+    Warnings (unreadable files) are printed and written into the report. ``metric`` None: the runs' selection
+    metric. One path holding a grid's ``grid.json`` (required with ``table="grid"``) adds the grid's table, printed
+    too. Returns ``out/report.md``.
 
     Raises:
         DataError: When no run can be read.
-        ConfigError: When no run has ``metric``.
+        ConfigError: When no run has ``metric``, or ``table="grid"`` is not given one grid's folder.
     """
-    runs, warnings = load_runs(paths)
+    record = report_grid.read_grid(Path(paths[0])) if len(paths) == 1 else None
+    if table == "grid" and record is None:
+        raise ConfigError("fedlit report --table grid: give one output folder of `fedlit grid` (it holds "
+                          f"{report_grid.GRID_FILE}); got {' '.join(map(str, paths))}.")
+    if record is not None:
+        warnings: list[str] = []
+        cells = report_grid.grid_runs(Path(paths[0]), record, warnings)
+        runs = [r for v in cells.values() for r in v]
+    else:
+        runs, warnings = load_runs(paths)
+    metric = metric or report_grid.selection_metric(runs)
     known = sorted({m for r in runs for w in ("last", "best") for v in ((r.results.get(w) or {}).get("clients")
                                                                          or {}).values() for m in v})
     if metric not in known:
@@ -102,6 +121,10 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str =
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     blocks = build(runs, warnings, out, metric, baseline_name, vector)
+    if record is not None:
+        grid_blocks = report_grid.blocks(record, cells, metric)
+        report_grid.print_table(*grid_blocks[-1][1:])
+        blocks[2:2] = grid_blocks  # after the title and the list of runs
     write_text_atomic(out / "report.md", markdown(blocks))
     write_text_atomic(out / "report.html", to_html(blocks, f"fedlit report: {metric}"))
     print(f"fedlit report: {len(runs)} runs -> {out / 'report.md'}, {out / 'report.html'}")
@@ -117,10 +140,15 @@ def main(argv: Sequence[str]) -> Path:
         "per-client tables, gain over Local, curves, costs and config differences in report.md and report.html.")
     parser.add_argument("runs", nargs="+", help="Run folders, or folders that contain run folders.")
     parser.add_argument("--out", default="report", help="Folder to write the report into (default: report).")
-    parser.add_argument("--metric", default="accuracy", help="The test/validation metric (default: accuracy).")
+    parser.add_argument("--metric", default=None,
+                        help="The test/validation metric (default: the runs' selection metric, else accuracy).")
     parser.add_argument("--baseline", default="Local", help="Strategy class of the gain's baseline (default: Local).")
     parser.add_argument("--vector", default="pdf", choices=[*VECTOR_FORMATS, "none"],
                         help="Also write each figure in this vector format, for papers (default: pdf; the PNGs are "
                         "always written: report.md shows them and report.html embeds them).")
+    parser.add_argument("--table", default=None, choices=["grid"],
+                        help="'grid': the table of a `fedlit grid` folder (data sets x methods); added by itself "
+                        "when the one folder given holds grid.json.")
     args = parser.parse_args(list(argv))
-    return write(args.runs, args.out, args.metric, args.baseline, None if args.vector == "none" else args.vector)
+    return write(args.runs, args.out, args.metric, args.baseline, None if args.vector == "none" else args.vector,
+                 args.table)

@@ -174,7 +174,7 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def _bold_best(cells: dict[str, tuple[float, float]], methods: list[str], metric: str) -> list[str]:
+def bold_best(cells: dict[str, tuple[float, float]], methods: list[str], metric: str) -> list[str]:
     # compared as shown (4 decimals): 0.525 and 0.52499999 are a tie
     means = {m: round(cells[m][0], 4) for m in methods if m in cells and not math.isnan(cells[m][0])}
     best = (max if report_runs.higher_is_better(metric) else min)(means.values()) if means else None
@@ -202,7 +202,7 @@ def build(runs: list[Run], warnings: list[str], out: Path, metric: str, baseline
         if not any(table.values()):
             blocks += [("h", 2, f"Per-client test {metric} {title}"), ("p", f"No run has '{when}' results.")]
             continue
-        rows = [[f"**{c}**" if c == "average" else c, *_bold_best(cells, methods, metric)]
+        rows = [[f"**{c}**" if c == "average" else c, *bold_best(cells, methods, metric)]
                 for c, cells in table.items()]
         blocks += [("h", 2, f"Per-client test {metric} {title}"), ("table", ["client", *methods], rows),
                    ("p", "average: each run's mean over its clients, then mean ± standard error over seeds; bold: "

@@ -275,7 +275,9 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
     not) when there are some. Runs are paired by seed; a pair whose ``manifest.json`` files differ (other data)
     or whose baseline lacks some of the run's clients is not a pair."""
     worst = min if higher_is_better(metric) else max
-    local = {r.seed: r for runs in groups.values() for r in runs if r.strategy_class == baseline_class}
+    local: dict[Any, list[Run]] = {}  # per seed: several where the runs cover several data sets (a grid)
+    for r in (r for runs in groups.values() for r in runs if r.strategy_class == baseline_class):
+        local.setdefault(r.seed, []).append(r)
     out = {}
     for method, runs in groups.items():
         values = [client_values(r, when, metric) for r in runs]
@@ -292,7 +294,7 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
                     unpaired.append(f"{run.folder}: " + (f"no {metric} at its {when} round" if not clients else
                                     f"no {baseline_class.rsplit('.', 1)[-1]} run of seed {run.seed}"))
                     continue
-                theirs = local[run.seed]
+                theirs = next((t for t in local[run.seed] if _same_data(t, run)), local[run.seed][0])
                 try:
                     if run.manifest and theirs.manifest:
                         baseline.check_same_data(theirs.manifest, theirs.seed, run.manifest, run.seed, theirs.folder)
@@ -308,6 +310,17 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
             row.update(gain=spread(gains), paired=paired, unpaired=unpaired)
         out[method] = row
     return out
+
+
+def _same_data(theirs: Run, run: Run) -> bool:
+    """Whether the baseline run ``theirs`` trained on the data of ``run`` (True when a manifest is missing)."""
+    if not (run.manifest and theirs.manifest):
+        return True
+    try:
+        baseline.check_same_data(theirs.manifest, theirs.seed, run.manifest, run.seed, theirs.folder)
+    except ConfigError:
+        return False
+    return True
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -11,6 +11,11 @@ run one after another in this process; each run is seeded and built afresh, so `
 results as ``fedlit fit --config R.yaml --federation.seed 1 --data.init_args.seed 1 --out_dir DIR``. The
 experiment folder's ``experiment.json`` records the seeds, what they vary (``seeds_vary``), the command and the
 run folders, and which of them have finished.
+
+``--ckpt_path last`` with ``--seeds`` resumes the experiment of ``--out_dir`` (or ``--name``/``--version``) seed by
+seed: a seed whose run finished (``results.json``) is kept and not run again, a seed whose run stopped after a
+checkpoint resumes from its last one, and a seed with no checkpoint starts afresh. ``fedlit grid``
+(:mod:`fedlit.commands.grid`) resumes its cells this way.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class SeedsJob:
     created: bool
     seeds_vary: str = "all"
     results: dict[int, Any] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)  # seeds whose run had finished before: not run again
 
     def run_dir(self, seed: int) -> Path:
         return self.folder / f"seed_{seed}"
@@ -104,6 +110,11 @@ class SeedsJob:
               flush=True)
         self._write()
         for seed in self.seeds:
+            if seed in self.finished:
+                path = self.run_dir(seed) / "results.json"
+                print(f"fedlit fit: seed {seed} finished before ({path}): kept", flush=True)
+                self.results[seed] = json.loads(path.read_text())
+                continue
             try:
                 job = fit.prepare(self.argvs[seed])
             except FedlitError:
@@ -129,19 +140,23 @@ class SeedsJob:
 def prepare(argv: list[str]) -> SeedsJob:
     """Check ``fit ... --seeds ...`` and plan one run per seed (configuration errors are raised here)."""
     from fedlit.config import resolve as runnames
-    from fedlit.engine.run_folder import check_run_dir, new_version_dir
+    from fedlit.engine.run_folder import check_run_dir, checkpoint_files, new_version_dir
 
     seeds, rest = split_seeds(argv)
-    for option in ("--ckpt_path", "--dry_run"):
-        if any(a == option or a.startswith(option + "=") for a in rest):
-            raise ConfigError(f"--seeds with {option}: --seeds starts one fresh run per seed. Resume one seed's "
-                              "run on its own: fedlit fit --config RECIPE --out_dir EXPERIMENT/seed_<s> "
-                              "--federation.seed <s> --ckpt_path last.")
+    if any(a == "--dry_run" or a.startswith("--dry_run=") for a in rest):
+        raise ConfigError("--seeds with --dry_run: --seeds starts one run per seed; --dry_run prints the cost of one "
+                          "run: leave --seeds out.")
     if any(a == "--federation.seed" or a.startswith("--federation.seed=") for a in rest):
         raise ConfigError("--seeds with --federation.seed: --seeds sets federation.seed of each run; leave out "
                           "--federation.seed.")
     cfg = parse(root_parser({"fit": (fit.HELP["fit"], fit.parser("fit"))}), rest)
     sub = cfg.fit
+    resume = sub.ckpt_path is not None
+    if resume and sub.ckpt_path != "last":
+        raise ConfigError(f"--seeds with --ckpt_path {sub.ckpt_path}: an experiment resumes seed by seed from each "
+                          "run's own last checkpoint; give --ckpt_path last (or resume one seed's run on its own: "
+                          "fedlit fit --config RECIPE --out_dir EXPERIMENT/seed_<s> --federation.seed <s> "
+                          "--ckpt_path FILE.ckpt).")
     if sub.federation.devices not in (1, "1") or sub.federation.num_nodes != 1:
         raise ConfigError(f"--seeds with federation.devices={sub.federation.devices}, num_nodes="
                           f"{sub.federation.num_nodes}: the runs of several processes are launched once per "
@@ -154,10 +169,13 @@ def prepare(argv: list[str]) -> SeedsJob:
     init_args = sub.data.get("init_args")
     data_seed = init_args is not None and "seed" in init_args and sub.seeds_vary == "all"
     folder = Path(sub.out_dir) if sub.out_dir else runnames.version_dir(sub)
-    if folder is not None and (folder / EXPERIMENT_FILE).exists():
+    if resume and folder is None:
+        raise ConfigError("--seeds with --ckpt_path last resumes an experiment: name its folder with --out_dir "
+                          "(or --name and --version).")
+    if folder is not None and (folder / EXPERIMENT_FILE).exists() and not resume:
         raise ConfigError(f"{folder} already holds an experiment ({EXPERIMENT_FILE}). Choose another --out_dir or "
                           "--version, or leave --version out for the next version_<n>.")
-    base = _without(rest, (*_PLACING, SEEDS_VARY))
+    base = _without(rest, (*_PLACING, SEEDS_VARY, "--ckpt_path"))
     argvs = {}
     for seed in seeds:
         overrides = ["--federation.seed", str(seed)]
@@ -167,9 +185,15 @@ def prepare(argv: list[str]) -> SeedsJob:
     created = folder is None
     if folder is None:
         folder = new_version_dir(runnames.run_root(sub))
-    for seed in seeds:
-        check_run_dir(folder / f"seed_{seed}", resume=False)
     job = SeedsJob(seeds, folder, {}, " ".join(["fedlit", *argv]), created, sub.seeds_vary)
     for seed in seeds:
-        job.argvs[seed] = [*argvs[seed], "--out_dir", str(job.run_dir(seed))]
+        run_dir = job.run_dir(seed)
+        job.argvs[seed] = [*argvs[seed], "--out_dir", str(run_dir)]
+        if resume and (run_dir / "results.json").is_file():
+            job.finished.append(seed)
+            continue
+        stopped = resume and bool(checkpoint_files(run_dir))
+        check_run_dir(run_dir, resume=stopped)
+        if stopped:
+            job.argvs[seed] += ["--ckpt_path", "last"]
     return job
