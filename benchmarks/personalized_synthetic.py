@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "personalized_partitions"
-METHODS = ("local", "fedavg", "fedavg_ft", "fedbn", "apple", "pgfed", "pgfedmo", "fedmetamed")
+METHODS = ("local", "fedavg", "fedavg_ft", "fedbn", "fedper", "lg_fedavg", "fedrep", "fedbabu", "apfl", "fedala",
+           "apple", "pgfed", "pgfedmo", "fedmetamed")
 SKIPPED = {
     "EPFL": "mixes LoRA adapters, and SmallCNN has no LoRA option; a timm backbone with LoRA would be another "
             "model than every other method's",
