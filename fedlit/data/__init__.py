@@ -24,6 +24,7 @@ from fedlit.data.polyp import FedPolyp
 from fedlit.data.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType
 from fedlit.data.prostate import FedProstate
 from fedlit.data.prostate_volumes import FedProstateVolumes
+from fedlit.data.respiratory import ICBHI, SPRSound
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
 from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
 from fedlit.data.site_dataset import SiteDataset
@@ -78,4 +79,6 @@ __all__ = [
     "split_samples",
     "split_sizes",
     "stratified_split",
+    "ICBHI",
+    "SPRSound",
 ]
