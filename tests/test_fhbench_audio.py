@@ -32,8 +32,9 @@ def test_audio_recipes_use_fhbench_settings(name):
     assert (model.num_classes, model.optimizer, model.lr, model.momentum) == (num_classes, "sgd", lr, 0.0)
     assert model.lr_scheduler.init_args.T_max == cfg.federation.rounds == 200
     assert cfg.data.class_path == data_class
-    assert (data.num_clients, data.partitioner.class_path, data.partitioner.init_args.alpha) == (
-        20, "fedlit.data.Dirichlet", 0.1)
+    partitioner = data.partitioner
+    assert (data.num_clients, partitioner.class_path, partitioner.init_args.alpha, partitioner.init_args.min_size) == (
+        20, "fedlit.data.Dirichlet", 0.1, 5)
     assert tuple(data.split_fractions) == (0.4, 0.3, 0.3)
     assert (data.fraction, data.clip_seconds, data.sample_rate, data.batch_size) == (0.3, 8.0, 16000, 16)
     assert cfg.strategy.class_path == "fedlit.strategies.EPFL" and cfg.federation.local_epochs == 1
