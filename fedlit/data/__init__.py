@@ -27,6 +27,7 @@ from fedlit.data.prostate import FedProstate
 from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.ptbxl import PTBXL
 from fedlit.data.pubmed_rct import PubMedRCT
+from fedlit.data.respiratory import ICBHI, SPRSound
 from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
 from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
 from fedlit.data.site_dataset import SiteDataset
@@ -86,4 +87,6 @@ __all__ = [
     "split_samples",
     "split_sizes",
     "stratified_split",
+    "ICBHI",
+    "SPRSound",
 ]

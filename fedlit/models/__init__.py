@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fedlit.models.audio import Wav2Vec2Encoder, Wav2Vec2Features, tiny_wav2vec2_config
     from fedlit.models.backbones import MLP, Backbone, Identity, SmallCNN, TimmBackbone
     from fedlit.models.hf import HFEncoder, TransformersEncoder, tiny_bert_config
     from fedlit.models.lora import LoRA
@@ -56,6 +57,9 @@ _EXPORTS = {
     "read_state_dict": "pretrained",
     "register_model": "registry",
     "tiny_bert_config": "hf",
+    "Wav2Vec2Encoder": "audio",
+    "Wav2Vec2Features": "audio",
+    "tiny_wav2vec2_config": "audio",
 }
 __all__ = [
     "PRETRAINED",
@@ -81,6 +85,9 @@ __all__ = [
     "register_model",
     "resolve_weights",
     "tiny_bert_config",
+    "Wav2Vec2Encoder",
+    "Wav2Vec2Features",
+    "tiny_wav2vec2_config",
 ]
 
 
