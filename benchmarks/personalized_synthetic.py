@@ -15,7 +15,7 @@ through the backbone's ``checkpoint_path``.
 
 Run: python benchmarks/personalized_synthetic.py [--out bench_out/personalized_synthetic] [--seeds 0 1 2]
      [--methods local fedavg ...] [--setting scarce|frozen] [--jobs 1]   (about 15 minutes on a 2-core CPU with
-     --jobs 2; --setting frozen about 13 minutes with --jobs 1)
+     --jobs 2; --setting frozen 35 minutes with --jobs 1 at load average 7-14)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ SKIPPED = {
 FROZEN_SKIPPED = {
     "FedAvg + fine-tuning": _NO_FINETUNING,
     "FedBN": "the frozen ViT's normalization layers (LayerNorm) do not train, so FedBN would be FedAvg",
-    "PGFedMo": "PGFed's momentum variant, left out to keep this setting near 13 minutes on a 2-core CPU",
+    "PGFedMo": "PGFed's momentum variant, left out to keep this setting short on a 2-core CPU",
 }
 
 
