@@ -56,3 +56,8 @@ __all__ += ["FedMetaMed"]
 __all__ += ["FedAvgFT", "FedProxFT"]
 __all__ += ["APFL", "FedALA"]
 __all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
+from fedlit.strategies.ditto import Ditto  # noqa: E402
+from fedlit.strategies.perfedavg import PerFedAvg  # noqa: E402
+from fedlit.strategies.pfedme import pFedMe  # noqa: E402
+
+__all__ += ["Ditto", "PerFedAvg", "pFedMe"]

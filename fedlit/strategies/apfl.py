@@ -50,12 +50,21 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
-from torch.func import functional_call
+from torch import Tensor
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
+from fedlit.strategies.personal_copy import (
+    MethodCall,
+    functional_loss,
+    load_into,
+    mirror_optimizer,
+    personal_copy,
+    sync_hyperparameters,
+    to_device,
+    unscale_gradients,
+)
 
 
 def apfl_alpha_step(alpha: float, v: Mapping[str, Tensor], w: Mapping[str, Tensor], grad_v: Mapping[str, Tensor],
@@ -81,28 +90,6 @@ def apfl_mix(w: Mapping[str, Tensor], v: Mapping[str, Tensor], alpha: float) -> 
     """``vbar = (1 - a) w + a v`` per tensor of ``v`` (APFL's mixed model), in ``v``'s dtype and device."""
     return {n: ((1 - alpha) * w[n].detach().to(t.device, torch.float64) + alpha * t.detach().to(torch.float64))
             .to(t.dtype) for n, t in v.items()}
-
-
-class _Method(nn.Module):
-    """Calls ``module.<method>`` as its ``forward``, so ``functional_call`` can run a training step with ``v`` in
-    place of the module's tensors (names prefixed ``module.``)."""
-
-    def __init__(self, module: nn.Module, method: str) -> None:
-        super().__init__()
-        self.module, self.method = module, method
-
-    def forward(self, *args: Any) -> Any:
-        return getattr(self.module, self.method)(*args)
-
-
-def _to(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.detach().to(device, copy=True)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_to(v, device) for v in obj)
-    return obj
 
 
 class APFL(FedAvg):
@@ -146,17 +133,11 @@ class APFL(FedAvg):
     # ------------------------------------------------------------------------------------------ client
     def on_client_fit_start(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
         """Take ``v`` (a copy of the received ``w`` at the client's first turn) and ``a``."""
-        live = pl_module.named_tensors("shared", "personal")
-        trainable = {n for n, p in pl_module.named_parameters() if p.requires_grad and n in live}
-        stored = client_state.get("v", live)
-        v = {}
-        for name, tensor in live.items():
-            copy = stored[name].detach().to(tensor.device, tensor.dtype, copy=True)
-            v[name] = copy.requires_grad_(True) if name in trainable else copy
+        v, trainable = personal_copy(pl_module, client_state.get("v"))
         self._turn = {
-            "client": client, "v": v, "trainable": [n for n in live if n in trainable], "optimizer": None,
+            "client": client, "v": v, "trainable": trainable, "optimizer": None,
             "alpha": float(client_state.get("alpha", self.alpha)),
-            "training_step": _Method(pl_module, "training_step"),
+            "training_step": MethodCall(pl_module, "training_step"),
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
@@ -165,23 +146,13 @@ class APFL(FedAvg):
         turn = self._turn
         if not turn:
             return loss
-        client = turn["client"]
-        with client.autocast():
-            out = functional_call(turn["training_step"], {f"module.{n}": t for n, t in turn["v"].items()},
-                                  (batch, 0))
-        out = client.convert_output(out)
-        loss_v = out["loss"] if isinstance(out, Mapping) else out
+        loss_v = functional_loss(turn["training_step"], turn["v"], batch, turn["client"])
         return loss + loss_v.to(loss.dtype)
 
     def on_before_optimizer_step(self, client: Any) -> None:
         """Unscale ``v``'s gradients under 16-bit mixed precision (the loop unscales the module's only)."""
-        turn, scaler = self._turn, client.scaler
-        if not turn or scaler is None:
-            return
-        for name in turn["trainable"]:
-            grad = turn["v"][name].grad
-            if grad is not None:
-                grad.div_(scaler.get_scale())
+        if self._turn:
+            unscale_gradients(self._turn["v"], self._turn["trainable"], client.scaler)
 
     def on_before_zero_grad(self, pl_module: Any, optimizer: Any, stepped: bool) -> None:
         """After ``w``'s step: step ``v`` (same hyperparameters), then ``a`` from both models after their steps and
@@ -193,9 +164,8 @@ class APFL(FedAvg):
         if stepped:
             inner = getattr(optimizer, "optimizer", optimizer)
             if turn["optimizer"] is None:
-                turn["optimizer"] = self._mirror(pl_module, inner)
-            for group, ref in zip(turn["optimizer"].param_groups, inner.param_groups, strict=True):
-                group.update({k: val for k, val in ref.items() if k != "params"})
+                turn["optimizer"] = mirror_optimizer(pl_module, inner, v, turn["optimizer_state"], "APFL")
+            sync_hyperparameters(turn["optimizer"], inner)
             turn["optimizer"].step()
             live = dict(pl_module.named_parameters())
             names = turn["trainable"]
@@ -205,22 +175,6 @@ class APFL(FedAvg):
                 {n: v[n].grad for n in names}, {n: live[n].grad for n in names}, lr, self.alpha_penalty)
         for name in turn["trainable"]:
             v[name].grad = None
-
-    def _mirror(self, pl_module: Any, inner: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        v = self._turn["v"]
-        names = {id(p): n for n, p in pl_module.named_parameters()}
-        groups = [{**{k: val for k, val in g.items() if k != "params"},
-                   "params": [v[names[id(p)]] for p in g["params"] if names.get(id(p)) in v]}
-                  for g in inner.param_groups]
-        try:
-            mirror = type(inner)(groups, **inner.defaults)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"APFL builds the personal model's optimizer as the local one, but "
-                              f"{type(inner).__name__}(params, **defaults) failed ({err}): use a torch.optim "
-                              "optimizer in model.init_args.optimizer.") from err
-        if self._turn["optimizer_state"] is not None:
-            mirror.load_state_dict(self._turn["optimizer_state"])
-        return mirror
 
     def on_client_fit_end(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
         """Keep ``v <- vbar`` (its trainable tensors mixed with the trained ``w``), ``a`` and, under ``persist``,
@@ -235,17 +189,13 @@ class APFL(FedAvg):
         client_state["v"] = {n: t.to(device, copy=True) for n, t in v.items()}
         client_state["alpha"] = turn["alpha"]
         if client.local.optimizer_state == "persist" and turn["optimizer"] is not None:
-            client_state["optimizer"] = _to(turn["optimizer"].state_dict(), device)
+            client_state["optimizer"] = to_device(turn["optimizer"].state_dict(), device)
         self._turn = {}
 
     def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
         """Put the client's ``vbar`` into the live module (before its first turn: ``w`` as sent)."""
-        if "v" not in client_state:
-            return
-        live = pl_module.named_tensors("shared", "personal")
-        with torch.no_grad():
-            for name, tensor in client_state["v"].items():
-                live[name].copy_(tensor)
+        if "v" in client_state:
+            load_into(pl_module, client_state["v"])
 
     def hparams(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "lr_alpha": self.lr_alpha, "alpha_penalty": self.alpha_penalty,

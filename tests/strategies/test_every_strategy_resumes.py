@@ -82,12 +82,13 @@ NEEDS = {
     "FedTrimmedAvg": Needs({"beta": 0.34}),  # trims one of 3 clients at each end
     "FedYogi": Needs({"eta": 0.05, "beta_2": 0.5}),
     "Krum": Needs({"num_selected": 2}),
+    "PerFedAvg": Needs({"alpha": 0.1}),  # an adaptation step that moves the tiny model
 }
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
-PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "FedRep",
-           "PGFedMo", "SCAFFOLD"]
+PERSIST = ["APFL", "APPLE", "Ditto", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "FedRep",
+           "PGFedMo", "SCAFFOLD", "pFedMe"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},
