@@ -93,5 +93,5 @@ class Federation(Run):
         """Metrics of ``client_id`` on ``split`` with its personal tensors and what the strategy gives it."""
         received = self.strategy.configure_evaluate(server_round, client_id)
         metrics, _ = evaluate_client(self.client_context(client_id), server_round, (split,), received,
-                                     personalized=True)
+                                     personalized=True, finetune_steps=self.strategy.eval_finetune_steps)
         return metrics.get(split, {})

@@ -75,7 +75,8 @@ def evaluate_client(ctx: ClientContext, server_round: int, splits: tuple[str, ..
     if finetune_steps > 0:
         stream = ("eval-finetune", server_round, ctx.client_id)
         local_steps(ctx, finetune_steps, stream, (*stream, "data"),
-                    f"{type(ctx.strategy).__name__}(finetune_steps={finetune_steps})")
+                    f"{type(ctx.strategy).__name__}(finetune_steps={finetune_steps})",
+                    ctx.strategy.configure_eval_finetune(ctx.module))
     return _run_loaders(ctx, loaders, images), state_nbytes(received)
 
 
@@ -157,20 +158,24 @@ def _scalars(run: Run, split: str, per_client: Mapping[str, Mapping[str, float]]
 
 
 # ------------------------------------------------------------------------------------------------ fine-tuning
-def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tuple[Any, ...], option: str) -> None:
+def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tuple[Any, ...], option: str,
+                optimizer: torch.optim.Optimizer | None = None) -> None:
     """Take ``steps`` plain optimizer steps on the module's loss over the client's train split, from the live
-    module as it is (cycling through the split): a fresh optimizer from ``configure_optimizers`` at the learning
-    rate the run's schedule holds now, no strategy term or hook. ``seed`` and ``data`` name the random streams of
-    the steps (dropout) and of the batch order, so the same call gives the same steps. Nothing is saved: the next
-    :func:`~fedlit.engine.client.load_client` undoes it. ``option`` names the setting in the error raised when the
-    client has no training batch."""
+    module as it is (cycling through the split): ``optimizer`` if given (a strategy's
+    :meth:`~fedlit.strategies.base.Strategy.configure_eval_finetune`), else a fresh one from
+    ``configure_optimizers`` at the learning rate the run's schedule holds now; no strategy term or hook. ``seed``
+    and ``data`` name the random streams of the steps (dropout) and of the batch order, so the same call gives the
+    same steps. Nothing is saved: the next :func:`~fedlit.engine.client.load_client` undoes it. ``option`` names the
+    setting in the error raised when the client has no training batch."""
     module, fabric = ctx.module, ctx.fabric
     torch.manual_seed(ctx.derive_seed(*seed))
     loader = ctx.train_dataloader(*data)
-    local = optim.unpack(module, module.configure_optimizers())
-    if ctx.lr_schedule is not None:
-        ctx.lr_schedule.apply(local.optimizer)
-    optimizer = fabric.setup_optimizers(local.optimizer)
+    if optimizer is None:
+        local = optim.unpack(module, module.configure_optimizers())
+        if ctx.lr_schedule is not None:
+            ctx.lr_schedule.apply(local.optimizer)
+        optimizer = local.optimizer
+    optimizer = fabric.setup_optimizers(optimizer)
     precision = fabric.strategy.precision
     module.set_train_mode()
     norms = batch_statistics_layers(module)

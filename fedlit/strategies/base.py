@@ -244,6 +244,13 @@ class Strategy(Callback, abc.ABC):
         """Restore :meth:`state_dict`."""
         self.global_state = dict(state_dict["global_state"])
 
+    def configure_eval_finetune(self, pl_module: Any) -> torch.optim.Optimizer | None:
+        """The optimizer of the :attr:`eval_finetune_steps` taken before each evaluation, over ``pl_module``'s
+        parameters as loaded for the client; None (the default): the module's ``configure_optimizers`` at the
+        round's learning rate. Per-FedAvg's one plain step of size alpha returns ``SGD(params, lr=alpha)``; a
+        method that fine-tunes only the head returns an optimizer over the head's parameters."""
+        return None
+
     def hparams(self) -> dict[str, Any]:
         """Hyperparameters shown by ``repr`` and logged to TensorBoard."""
         return {}

@@ -19,8 +19,10 @@ the client's train split, shuffled by the run's seed, the round and the client. 
 
 Evaluation (the paper's personalized model, Eq. 3): each client adapts ``w`` by one plain gradient step on one
 batch of its train split, ``w - alpha grad f_i(w; batch)`` (the batch drawn from the run's seed, the round and the
-client), then evaluates it; nothing of the step is kept. ``w`` itself is evaluated beside it
-(:meth:`PerFedAvg.global_model_state`).
+client), then evaluates it; nothing of the step is kept. It is the federation's fine-tuning before evaluation
+(:attr:`~fedlit.strategies.base.Strategy.eval_finetune_steps` = 1) with the optimizer of
+:meth:`PerFedAvg.configure_eval_finetune` (SGD at ``alpha``), so ``results.json``'s ``compute`` and ``fedlit
+cost`` count it. ``w`` itself is evaluated beside it (:meth:`PerFedAvg.global_model_state`).
 
 Symbols -> code: ``w`` -> the module's shared (and personal) trainable tensors, ``global_state`` after aggregation;
 ``alpha`` -> ``alpha``; ``beta`` -> the local learning rate (the module's ``lr``, its optimizer); the math ->
@@ -34,12 +36,10 @@ Deviation (the codes, not fedlit): both codes adapt before evaluation with a bat
 authors' ``train_one_step``; PFLlib's until 2023, now a training batch) and the pFedMe authors' with two steps
 (``alpha``, then ``beta``); fedlit takes the paper's one step on a training batch. PFLlib splits one batch of twice
 the size into ``D`` and ``D'`` and runs each client's local training twice per round; fedlit draws ``D'`` from a
-second pass and trains once. Deviation: the adaptation step is a plain gradient step whatever the local optimizer
-(so it is not :attr:`~fedlit.strategies.base.Strategy.eval_finetune_steps`, which steps the module's optimizer at
-its own learning rate, and ``results.json``'s ``compute`` does not count it); the outer step is the local
-optimizer's (momentum, weight decay or Adam if the recipe has them; the paper's is plain SGD). Deviation: the
-inner gradient is computed without the 16-bit gradient scaler. A local step costs two forward and two backward
-passes; memory: nothing per client, FedAvg's state on the server.
+second pass and trains once. The adaptation step is a plain gradient step whatever the local optimizer; the outer
+step is the local optimizer's (momentum, weight decay or Adam if the recipe has them; the paper's is plain SGD).
+Deviation: the inner gradient is computed without the 16-bit gradient scaler. A local step costs two forward and two
+backward passes; memory: nothing per client, FedAvg's state on the server.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class PerFedAvg(FedAvg):
                               "the pFedMe authors' Per-FedAvg runs).")
         super().__init__(weighting=weighting, aggregator=aggregator)
         self.alpha = float(alpha)
+        self.eval_finetune_steps = 1  # the one-step adaptation, with configure_eval_finetune's optimizer
         self._turn: dict[str, Any] = {}
 
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
@@ -142,28 +143,12 @@ class PerFedAvg(FedAvg):
     def on_client_fit_end(self) -> None:
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, server_round: int, client_id: str, client: Any) -> None:
-        """Adapt the received ``w``: one plain gradient step ``w - alpha grad f_i(w; batch)`` on one training batch
-        (the module in train mode, as in training)."""
+    def configure_eval_finetune(self, pl_module: Any) -> torch.optim.Optimizer:
+        """The adaptation before evaluation: one plain gradient step ``w - alpha grad f_i(w; batch)`` (SGD at
+        ``alpha``, no momentum or weight decay) over the trainable shared and personal tensors."""
         live = pl_module.named_tensors("shared", "personal")
-        params = {n: p for n, p in pl_module.named_parameters() if p.requires_grad and n in live}
-        if not params:
-            return
-        torch.manual_seed(client.derive_seed("perfedavg-adapt", server_round, client_id))
-        batches = self._cycle(client, ("perfedavg-adapt-data", server_round, client_id))
-        pl_module.set_train_mode()
-        try:
-            batch = self._next_batch(pl_module, batches, client)
-        except StopIteration:
-            return  # no training batch: evaluated as received
-        with client.autocast():
-            out = client.convert_output(pl_module.training_step(batch, 0))
-        loss = out["loss"] if isinstance(out, Mapping) else out
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        with torch.no_grad():
-            adapted = perfedavg_adapt(params, dict(zip(params, grads, strict=True)), self.alpha)
-            for name, param in params.items():
-                param.copy_(adapted[name])
+        params = [p for n, p in pl_module.named_parameters() if p.requires_grad and n in live]
+        return torch.optim.SGD(params, lr=self.alpha)
 
     def hparams(self) -> dict[str, Any]:
         return {"alpha": self.alpha, **super().hparams()}
