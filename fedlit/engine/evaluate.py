@@ -198,6 +198,8 @@ def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tup
         if batches == 0:
             raise DataError(f"Client {ctx.client_id!r} has no training batch to fine-tune on ({option}): give it "
                             "a train split, or set that option to 0.")
+    # An optimizer over some parameters (a head) leaves the others' gradients behind: none may reach the next turn.
+    module.zero_grad(set_to_none=True)
 
 
 # -------------------------------------------------------------------------------------------- unseen clients

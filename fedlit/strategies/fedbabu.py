@@ -25,15 +25,18 @@ Defaults and deviations:
 - ``finetune_steps`` defaults to 10 (fedlit counts steps; PFLlib's ``fine_tuning_epochs`` default is 10 epochs).
 - PFLlib (``FedBABU``) fine-tunes once, after the last round; fedlit fine-tunes at every evaluated round, so that
   the best round is chosen on the fine-tuned models' validation, as for every personalized method here.
-- Head-only fine-tuning (the paper's ablation; PFLlib's ``fine_tune(which_module=["head"])``) is not offered: the
-  federation's fine-tuning steps train every trainable parameter and no hook runs between their optimizer's
-  construction and its steps.
+- ``finetune: head`` fine-tunes the head alone (the paper's ablation; PFLlib's
+  ``fine_tune(which_module=["head"])``): :meth:`FedBABU.configure_eval_finetune` keeps only the head's parameters
+  in the module's optimizer.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
+
+from fedlit.core.errors import ConfigError
 from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.fedavg_ft import check_finetune_steps
 from fedlit.strategies.fedper import FedPer, drop_gradients, parameter_names
@@ -44,7 +47,8 @@ class FedBABU(FedPer):
     it is evaluated.
 
     Args:
-        finetune_steps: Local optimizer steps of fine-tuning (body and head) before each evaluation (default 10).
+        finetune_steps: Local optimizer steps of fine-tuning before each evaluation (default 10).
+        finetune: What they train: ``whole`` (body and head, the paper's default) or ``head``.
         head: Glob (or ``re:<regex>``) of the head's names (default ``head.*``: the classifier).
         weighting: As in :class:`~fedlit.strategies.fedavg.FedAvg`.
         aggregator: As in :class:`~fedlit.strategies.fedavg.FedAvg` (default: the weighted mean).
@@ -54,12 +58,17 @@ class FedBABU(FedPer):
         self,
         *,
         finetune_steps: int = 10,
+        finetune: Literal["whole", "head"] = "whole",
         head: str = "head.*",
         weighting: Literal["num_examples", "uniform"] = "num_examples",
         aggregator: Aggregator | None = None,
     ) -> None:
         super().__init__(head=head, weighting=weighting, aggregator=aggregator)
         self.eval_finetune_steps = check_finetune_steps(finetune_steps)
+        if finetune not in ("whole", "head"):
+            raise ConfigError(f"strategy.init_args.finetune={finetune!r} is not one of 'whole' (body and head, the "
+                              "paper's default), 'head'.")
+        self.finetune = finetune
         self._head: set[str] = set()
 
     def on_client_fit_start(self, pl_module: Any) -> None:
@@ -70,9 +79,21 @@ class FedBABU(FedPer):
         """Drop the head's gradients: the head stays at its initialization during federation."""
         drop_gradients(pl_module, self._head.__contains__)
 
+    def configure_eval_finetune(self, pl_module: Any) -> torch.optim.Optimizer | None:
+        """``finetune: head``: the module's optimizer over the head's parameters alone; ``whole``: None (the
+        module's optimizer over every trainable parameter)."""
+        if self.finetune == "whole":
+            return None
+        head = {id(p) for n, p in pl_module.named_parameters() if n in parameter_names(pl_module, self.head_rule)}
+        built = pl_module.configure_optimizers()
+        optimizer = built["optimizer"] if isinstance(built, dict) else built
+        for group in optimizer.param_groups:  # a fresh optimizer: no state to drop with the body's parameters
+            group["params"] = [p for p in group["params"] if id(p) in head]
+        return optimizer
+
     def global_model_state(self, client_id: str) -> dict:
         """The averaged body (with the client's initial head), evaluated beside the fine-tuned model."""
         return dict(self.global_state)
 
     def hparams(self) -> dict[str, Any]:
-        return {"finetune_steps": self.eval_finetune_steps, **super().hparams()}
+        return {"finetune_steps": self.eval_finetune_steps, "finetune": self.finetune, **super().hparams()}

@@ -64,6 +64,20 @@ def test_the_head_never_moves_the_body_is_averaged_and_evaluation_fine_tunes_bot
     assert results["compute"] == {"eval_finetune_steps": 3 * 3 * 2}
 
 
+def test_finetune_head_trains_the_head_alone_before_evaluation(tmp_path):
+    fed = tiny_federation(tmp_path / "babu", FedBABU(finetune_steps=3, finetune="head"))
+    results = fed.fit()
+    initial_head = {n: p.detach() for n, p in tiny_module().named_parameters() if n in HEAD}
+    server, _ = replay(fed, BODY, lambda step: BODY)
+    state = {**server, **initial_head}
+    for client in CLIENTS:
+        got = results["last"]["clients"][client]["loss"]
+        assert got == pytest.approx(finetuned_loss(fed, state, client, 3, HEAD), abs=1e-5)
+        assert abs(got - finetuned_loss(fed, state, client, 3, BODY | HEAD)) > 1e-4
+    with pytest.raises(ConfigError, match=r"finetune='body' is not one of"):
+        FedBABU(finetune="body")
+
+
 def test_the_head_keeps_its_value_under_momentum_and_weight_decay(tmp_path):
     fed = tiny_federation(tmp_path / "babu", FedBABU(finetune_steps=1))
     fed.module.momentum, fed.module.weight_decay = 0.9, 0.1
