@@ -86,7 +86,7 @@ NEEDS = {
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
-PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "FedRep",
+PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "FedRep", "FedRoD",
            "PGFedMo", "SCAFFOLD"]
 
 STRATEGIES = shipped_strategies()
