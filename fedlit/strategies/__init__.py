@@ -59,3 +59,6 @@ __all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
 from fedlit.strategies.fedrod import FedRoD  # noqa: E402
 
 __all__ += ["FedRoD"]
+from fedlit.strategies.feddbe import FedDBE  # noqa: E402
+
+__all__ += ["FedDBE"]
