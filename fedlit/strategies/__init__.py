@@ -62,3 +62,6 @@ __all__ += ["FedRoD"]
 from fedlit.strategies.feddbe import FedDBE  # noqa: E402
 
 __all__ += ["FedDBE"]
+from fedlit.strategies.fedfomo import FedFomo  # noqa: E402
+
+__all__ += ["FedFomo"]

@@ -87,8 +87,8 @@ NEEDS = {
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
-PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDBE", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA",
-           "FedRep", "FedRoD", "PGFedMo", "SCAFFOLD"]
+PERSIST = ["APFL", "APPLE", "EPFL", "FedALA", "FedAvg", "FedDBE", "FedDyn", "FedFomo", "FedHEAL", "FedMetaMed",
+           "FedRA", "FedRep", "FedRoD", "PGFedMo", "SCAFFOLD"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},
