@@ -18,7 +18,8 @@ without any ``c_i``) is evaluated beside it.
 
 Defaults: ``momentum = 0.1`` and ``kappa = 0`` (PFLlib's ``--momentum`` and ``--kl_weight`` defaults; the paper
 tunes kappa per data set); ``c_i`` starts at 0 and steps by plain SGD (no momentum, as PFLlib's
-``opt_client_mean``) at the local optimizer's current learning rate.
+``opt_client_mean``) at the local optimizer's current learning rate (PFLlib's stays at the initial one; the two
+agree without a learning-rate schedule).
 
 How fedlit runs it on one model: :meth:`FedDBE.client_forward` hooks the head so that it receives ``rep + c_i`` and
 records ``rep``; :meth:`FedDBE.training_loss` adds the MR term. ``c_i`` is a vector in the client's strategy state
