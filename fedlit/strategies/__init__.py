@@ -10,6 +10,7 @@ from fedlit.strategies.aggregators import (
 from fedlit.strategies.apfl import APFL
 from fedlit.strategies.apple import APPLE
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.ditto import Ditto
 from fedlit.strategies.epfl import EPFL
 from fedlit.strategies.fedadagrad import FedAdagrad
 from fedlit.strategies.fedadam import FedAdam
@@ -18,7 +19,9 @@ from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedavg_ft import FedAvgFT
 from fedlit.strategies.fedbabu import FedBABU
 from fedlit.strategies.fedbn import FedBN
+from fedlit.strategies.feddbe import FedDBE
 from fedlit.strategies.feddyn import FedDyn
+from fedlit.strategies.fedfomo import FedFomo
 from fedlit.strategies.fedheal import FedHEAL
 from fedlit.strategies.fedmedian import FedMedian
 from fedlit.strategies.fedmetamed import FedMetaMed
@@ -29,6 +32,7 @@ from fedlit.strategies.fedprox_ft import FedProxFT
 from fedlit.strategies.fedpxn import FedPxN
 from fedlit.strategies.fedra import FedRA
 from fedlit.strategies.fedrep import FedRep
+from fedlit.strategies.fedrod import FedRoD
 from fedlit.strategies.fedsa import FedSA
 from fedlit.strategies.fedsca import FedSCA
 from fedlit.strategies.fedsld import FedSLD
@@ -37,6 +41,8 @@ from fedlit.strategies.fedyogi import FedYogi
 from fedlit.strategies.krum import Krum
 from fedlit.strategies.lg_fedavg import LGFedAvg
 from fedlit.strategies.local import Local
+from fedlit.strategies.perfedavg import PerFedAvg
+from fedlit.strategies.pfedme import pFedMe
 from fedlit.strategies.pgfed import PGFed, PGFedMo
 from fedlit.strategies.scaffold import SCAFFOLD
 from fedlit.strategies.silobn import SiloBN
@@ -56,8 +62,5 @@ __all__ += ["FedMetaMed"]
 __all__ += ["FedAvgFT", "FedProxFT"]
 __all__ += ["APFL", "FedALA"]
 __all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
-from fedlit.strategies.ditto import Ditto  # noqa: E402
-from fedlit.strategies.perfedavg import PerFedAvg  # noqa: E402
-from fedlit.strategies.pfedme import pFedMe  # noqa: E402
-
 __all__ += ["Ditto", "PerFedAvg", "pFedMe"]
+__all__ += ["FedDBE", "FedFomo", "FedRoD"]

@@ -71,6 +71,7 @@ NEEDS = {
     "EPFL": Needs(backbone=LoRAMLP, roles=LORA_ROLES),
     "FedAdam": Needs({"eta": 0.05, "beta_2": 0.5}),
     "FedAdagrad": Needs({"eta": 0.05}),
+    "FedDBE": Needs({"kappa": 0.5}),  # the mean regularizer in round 2, after the warm-up
     "FedDyn": Needs({"alpha": 0.1}),
     "FedMetaMed": Needs({"schedule_rounds": 2}),  # the L schedule of the 2-round run, also in its 1-round leg
     "FedProx": Needs({"mu": 0.5}),
@@ -87,8 +88,8 @@ NEEDS = {
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
-PERSIST = ["APFL", "APPLE", "Ditto", "EPFL", "FedALA", "FedAvg", "FedDyn", "FedHEAL", "FedMetaMed", "FedRA", "FedRep",
-           "PGFedMo", "SCAFFOLD", "pFedMe"]
+PERSIST = ["APFL", "APPLE", "Ditto", "EPFL", "FedALA", "FedAvg", "FedDBE", "FedDyn", "FedFomo", "FedHEAL",
+           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "PGFedMo", "SCAFFOLD", "pFedMe"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},
