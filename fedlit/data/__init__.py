@@ -87,3 +87,6 @@ __all__ = [
     "split_sizes",
     "stratified_split",
 ]
+from fedlit.data.adftd import ADFTD  # noqa: E402
+
+__all__ += ["ADFTD"]
