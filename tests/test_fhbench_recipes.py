@@ -1,4 +1,5 @@
-"""The FHBench recipes of PTB-XL and PubMed 200k RCT: the paper's settings, and one line when the data is absent."""
+"""The FHBench recipes of PTB-XL, ADFTD and PubMed 200k RCT: the paper's settings, and one line when the data is
+absent."""
 
 from pathlib import Path
 
@@ -8,12 +9,15 @@ from fedlit.cli import main
 from fedlit.commands.fit import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-# recipe -> (data class, the message's layout, the download page)
+# recipe -> (data class, the message's layout, the download page, classes, backbone)
 RECIPES = {
     "fhbench_ptbxl.yaml": ("fedlit.data.PTBXL", "ptbxl_database.csv, scp_statements.csv and the WFDB records "
-                           "records100/", "https://physionet.org/content/ptb-xl/"),
+                           "records100/", "https://physionet.org/content/ptb-xl/", 5, "fedlit.models.MomentEncoder"),
+    "fhbench_adftd.yaml": ("fedlit.data.ADFTD", "participants.tsv (participant_id, Group A/F/C) and derivatives/"
+                           "sub-XXX/eeg/sub-XXX_task-eyesclosed_eeg.set", "https://openneuro.org/datasets/ds004504", 3,
+                           "fedlit.models.MomentEncoder"),
     "fhbench_pubmed_rct.yaml": ("fedlit.data.PubMedRCT", "train.txt, dev.txt, test.txt of PubMed 200k RCT",
-                                "https://github.com/Franck-Dernoncourt/pubmed-rct"),
+                                "https://github.com/Franck-Dernoncourt/pubmed-rct", 5, "fedlit.models.HFEncoder"),
 }
 
 
@@ -24,9 +28,9 @@ def test_fhbench_settings(name):
     assert cfg.data.class_path == RECIPES[name][0]
     assert (data.num_clients, data.partitioner.class_path, data.partitioner.init_args.alpha) == (
         20, "fedlit.data.Dirichlet", 0.1)
-    assert tuple(data.split_fractions) == (0.4, 0.3, 0.3) and data.split == "clients"
-    assert (model.optimizer, model.lr, model.momentum, model.num_classes) == ("sgd", 0.001, 0.0, 5)
-    assert model.backbone.init_args.lora.r == 8
+    assert tuple(data.split_fractions) == (0.4, 0.3, 0.3) and data.get("split", "clients") == "clients"
+    assert (model.optimizer, model.lr, model.momentum, model.num_classes) == ("sgd", 0.001, 0.0, RECIPES[name][3])
+    assert model.backbone.class_path == RECIPES[name][4] and model.backbone.init_args.lora.r == 8
     assert cfg.strategy.class_path == "fedlit.strategies.EPFL" and cfg.federation.rounds == 200
     assert model.lr_scheduler.init_args.T_max == 200
 
@@ -43,6 +47,6 @@ def test_without_the_data_stops_with_one_line_naming_layout_and_page(name, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"fedlit: error: data.init_args.root: no folder {cfg.data.init_args.root}. It must hold ")
-    _, layout, page = RECIPES[name]
+    _, layout, page, *_ = RECIPES[name]
     assert layout in err and page in err
     assert not (tmp_path / "run").exists()

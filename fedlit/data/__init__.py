@@ -90,3 +90,6 @@ __all__ = [
     "ICBHI",
     "SPRSound",
 ]
+from fedlit.data.adftd import ADFTD  # noqa: E402
+
+__all__ += ["ADFTD"]

@@ -17,7 +17,7 @@ from fedlit.models.backbones import Backbone, _raise_if
 from fedlit.models.lora import LoRA
 from fedlit.models.weights import check_weights_name, resolve_weights
 
-__all__ = ["HFEncoder", "tiny_bert_config"]
+__all__ = ["HFEncoder", "tiny_bert_config", "tiny_roberta_config"]
 
 
 def tiny_bert_config(**overrides: Any) -> dict[str, Any]:
@@ -41,6 +41,34 @@ def tiny_bert_config(**overrides: Any) -> dict[str, Any]:
         "intermediate_size": 64,
         "max_position_embeddings": 128,
         "type_vocab_size": 2,
+    }
+    config.update(overrides)
+    return config
+
+
+def tiny_roberta_config(**overrides: Any) -> dict[str, Any]:
+    """A 2-layer RoBERTa (Liu et al., arXiv 2019) with hidden size 32, for tests and quick runs (FHBench fine-tunes
+    RoBERTa on its text sets): `HFEncoder(config=tiny_roberta_config())`.
+
+    The vocabulary is roberta-base's (50,265 byte-level BPE tokens, padding id 1), so its tokenizer's ids are
+    valid; RoBERTa numbers positions from padding id + 1, hence 130 positions for 128 tokens.
+
+    Args:
+        **overrides: Config entries to change, e.g. `num_hidden_layers=4`.
+
+    Returns:
+        The config as a dict, usable as `HFEncoder`'s `config` option (and in YAML).
+    """
+    config: dict[str, Any] = {
+        "model_type": "roberta",
+        "vocab_size": 50265,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 130,
+        "type_vocab_size": 1,
+        "pad_token_id": 1,
     }
     config.update(overrides)
     return config

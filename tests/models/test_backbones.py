@@ -18,11 +18,13 @@ from fedlit.models import (
     HFEncoder,
     Identity,
     LoRA,
+    MomentEncoder,
     SmallCNN,
     TimmBackbone,
     Wav2Vec2Encoder,
     list_models,
     tiny_bert_config,
+    tiny_moment_config,
     tiny_wav2vec2_config,
 )
 
@@ -40,6 +42,7 @@ EXAMPLES = {
     Identity: (lambda: Identity(num_features=13), lambda: torch.randn(2, 13)),
     MLP: (lambda: MLP(num_features=13, hidden=[8, 4], norm="batch"), lambda: torch.randn(2, 13)),
     Wav2Vec2Encoder: (lambda: Wav2Vec2Encoder(config=tiny_wav2vec2_config()), lambda: torch.randn(2, 1600)),
+    MomentEncoder: (lambda: MomentEncoder(config=tiny_moment_config()), lambda: torch.randn(2, 3, 40)),
 }
 
 
