@@ -99,3 +99,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
+
+_EXPORTS.update({"CLIP": "clip", "CLIPEncoders": "clip", "tiny_clip_config": "clip"})
+__all__ += ["CLIP", "CLIPEncoders", "tiny_clip_config"]

@@ -56,3 +56,6 @@ __all__ += ["FedMetaMed"]
 __all__ += ["FedAvgFT", "FedProxFT"]
 __all__ += ["APFL", "FedALA"]
 __all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
+from fedlit.strategies.pfedmoap import pFedMoAP  # noqa: E402
+
+__all__ += ["pFedMoAP"]
