@@ -13,6 +13,7 @@ from torch import nn
 
 import fedlit.models.tiny  # noqa: F401  (registers the fedlit_test_* models in timm)
 from fedlit.models import (
+    CLIP,
     MLP,
     Backbone,
     HFEncoder,
@@ -22,6 +23,7 @@ from fedlit.models import (
     TimmBackbone,
     list_models,
     tiny_bert_config,
+    tiny_clip_config,
 )
 
 # One example per spec class, with an input batch: a new spec without one fails test_every_spec_has_example.
@@ -37,6 +39,7 @@ EXAMPLES = {
     SmallCNN: (lambda: SmallCNN(in_channels=1), lambda: torch.randn(2, 1, 16, 16)),
     Identity: (lambda: Identity(num_features=13), lambda: torch.randn(2, 13)),
     MLP: (lambda: MLP(num_features=13, hidden=[8, 4], norm="batch"), lambda: torch.randn(2, 13)),
+    CLIP: (lambda: CLIP(config=tiny_clip_config()), lambda: torch.randn(2, 3, 16, 16)),
 }
 
 
