@@ -110,3 +110,6 @@ _EXPORTS.update(MomentEncoder="timeseries", TimeSeriesEncoder="timeseries", tiny
 __all__ += ["MomentEncoder", "TimeSeriesEncoder", "tiny_moment_config"]
 _EXPORTS["tiny_roberta_config"] = "hf"
 __all__ += ["tiny_roberta_config"]
+
+_EXPORTS.update({"CLIP": "clip", "CLIPEncoders": "clip", "tiny_clip_config": "clip"})
+__all__ += ["CLIP", "CLIPEncoders", "tiny_clip_config"]

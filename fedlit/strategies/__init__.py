@@ -43,6 +43,7 @@ from fedlit.strategies.lg_fedavg import LGFedAvg
 from fedlit.strategies.local import Local
 from fedlit.strategies.perfedavg import PerFedAvg
 from fedlit.strategies.pfedme import pFedMe
+from fedlit.strategies.pfedmoap import pFedMoAP
 from fedlit.strategies.pgfed import PGFed, PGFedMo
 from fedlit.strategies.scaffold import SCAFFOLD
 from fedlit.strategies.silobn import SiloBN
@@ -64,3 +65,4 @@ __all__ += ["APFL", "FedALA"]
 __all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
 __all__ += ["Ditto", "PerFedAvg", "pFedMe"]
 __all__ += ["FedDBE", "FedFomo", "FedRoD"]
+__all__ += ["pFedMoAP"]

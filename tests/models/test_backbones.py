@@ -13,6 +13,7 @@ from torch import nn
 
 import fedlit.models.tiny  # noqa: F401  (registers the fedlit_test_* models in timm)
 from fedlit.models import (
+    CLIP,
     MLP,
     Backbone,
     HFEncoder,
@@ -24,6 +25,7 @@ from fedlit.models import (
     Wav2Vec2Encoder,
     list_models,
     tiny_bert_config,
+    tiny_clip_config,
     tiny_moment_config,
     tiny_wav2vec2_config,
 )
@@ -43,6 +45,7 @@ EXAMPLES = {
     MLP: (lambda: MLP(num_features=13, hidden=[8, 4], norm="batch"), lambda: torch.randn(2, 13)),
     Wav2Vec2Encoder: (lambda: Wav2Vec2Encoder(config=tiny_wav2vec2_config()), lambda: torch.randn(2, 1600)),
     MomentEncoder: (lambda: MomentEncoder(config=tiny_moment_config()), lambda: torch.randn(2, 3, 40)),
+    CLIP: (lambda: CLIP(config=tiny_clip_config()), lambda: torch.randn(2, 3, 16, 16)),
 }
 
 

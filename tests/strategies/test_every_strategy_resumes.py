@@ -33,13 +33,16 @@ import torch
 import fedlit.strategies
 from fedlit import Federation, RoleRule
 from fedlit.core.errors import ConfigError
+from fedlit.data import FederatedDataModule
 from fedlit.models import Backbone
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import Strategy
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyMLP, TinyTabular
 from tests.strategies.test_epfl import LORA_ROLES, LoRAMLP
 from tests.strategies.test_fedsa import LoRANet
 from tests.strategies.test_fedsca import ADAPTER_ROLES, AdapterNet
+from tests.strategies.test_pfedmoap import tiny_image_sites, tiny_moap_module
 
 
 def shipped_strategies() -> dict[str, type[Strategy]]:
@@ -61,6 +64,8 @@ class Needs:
     kwargs: dict[str, Any] = field(default_factory=dict)
     backbone: Callable[[], Backbone] = TinyMLP
     roles: list[RoleRule] | None = None  # None: every backbone tensor shared
+    module: Callable[[], FederatedModule] | None = None  # a whole module instead of a ClassificationModule
+    data: Callable[[], FederatedDataModule] | None = None  # other data than the tiny tabular clients
 
 
 LORA_SHARED = [RoleRule("backbone.*", "frozen"), RoleRule("*lora_*", "shared")]
@@ -84,12 +89,14 @@ NEEDS = {
     "FedYogi": Needs({"eta": 0.05, "beta_2": 0.5}),
     "Krum": Needs({"num_selected": 2}),
     "PerFedAvg": Needs({"alpha": 0.1}),  # an adaptation step that moves the tiny model
+    # a tiny random CLIP with the gate on 3 synthetic image sites; K = 2: one peer's prompt from round 2 on
+    "pFedMoAP": Needs({"num_experts": 2}, module=tiny_moap_module, data=tiny_image_sites),
 }
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
 PERSIST = ["APFL", "APPLE", "Ditto", "EPFL", "FedALA", "FedAvg", "FedDBE", "FedDyn", "FedFomo", "FedHEAL",
-           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "PGFedMo", "SCAFFOLD", "pFedMe"]
+           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "PGFedMo", "SCAFFOLD", "pFedMe", "pFedMoAP"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},
@@ -101,9 +108,13 @@ def federation(out_dir, name: str, setting: str, rounds: int) -> Federation:
     """A fresh federation of strategy ``name`` on 3 tiny clients, 2 local steps per turn."""
     needs = NEEDS.get(name, Needs())
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=needs.backbone(), num_classes=3, lr=0.1, momentum=0.9,
-                                  roles=needs.roles if needs.roles is not None else [RoleRule("backbone.*", "shared")])
-    return Federation(module, TinyTabular(num_clients=3), STRATEGIES[name](**needs.kwargs), rounds=rounds,
+    if needs.module is not None:
+        module = needs.module()
+    else:
+        module = ClassificationModule(backbone=needs.backbone(), num_classes=3, lr=0.1, momentum=0.9, roles=(
+            needs.roles if needs.roles is not None else [RoleRule("backbone.*", "shared")]))
+    data = needs.data() if needs.data is not None else TinyTabular(num_clients=3)
+    return Federation(module, data, STRATEGIES[name](**needs.kwargs), rounds=rounds,
                       local_steps=2, out_dir=out_dir, progress_bar=False, seed=0, accelerator="cpu",
                       **SETTINGS[setting])
 
