@@ -66,3 +66,7 @@ __all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
 __all__ += ["Ditto", "PerFedAvg", "pFedMe"]
 __all__ += ["FedDBE", "FedFomo", "FedRoD"]
 __all__ += ["pFedMoAP"]
+from fedlit.strategies.fml import FML  # noqa: E402
+from fedlit.strategies.ida import IDA  # noqa: E402
+
+__all__ += ["FML", "IDA"]
