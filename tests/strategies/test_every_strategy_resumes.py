@@ -96,7 +96,7 @@ NEEDS = {
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
 PERSIST = ["APFL", "APPLE", "Ditto", "EPFL", "FedALA", "FedAvg", "FedDBE", "FedDyn", "FedFomo", "FedHEAL",
-           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "PGFedMo", "SCAFFOLD", "pFedMe", "pFedMoAP"]
+           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "FML", "PGFedMo", "SCAFFOLD", "pFedMe", "pFedMoAP"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},
