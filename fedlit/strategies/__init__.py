@@ -38,6 +38,8 @@ from fedlit.strategies.fedsca import FedSCA
 from fedlit.strategies.fedsld import FedSLD
 from fedlit.strategies.fedtrimmedavg import FedTrimmedAvg
 from fedlit.strategies.fedyogi import FedYogi
+from fedlit.strategies.fml import FML
+from fedlit.strategies.ida import IDA
 from fedlit.strategies.krum import Krum
 from fedlit.strategies.lg_fedavg import LGFedAvg
 from fedlit.strategies.local import Local
@@ -66,7 +68,5 @@ __all__ += ["FedBABU", "FedPer", "FedRep", "LGFedAvg"]
 __all__ += ["Ditto", "PerFedAvg", "pFedMe"]
 __all__ += ["FedDBE", "FedFomo", "FedRoD"]
 __all__ += ["pFedMoAP"]
-from fedlit.strategies.fml import FML  # noqa: E402
-from fedlit.strategies.ida import IDA  # noqa: E402
 
 __all__ += ["FML", "IDA"]
