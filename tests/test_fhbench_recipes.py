@@ -50,3 +50,45 @@ def test_without_the_data_stops_with_one_line_naming_layout_and_page(name, capsy
     _, layout, page, *_ = RECIPES[name]
     assert layout in err and page in err
     assert not (tmp_path / "run").exists()
+
+
+# FHBench's three abdominal CT sets of MedMNIST v2: one recipe each, equal but for the file
+ORGANS = ("organamnist", "organcmnist", "organsmnist")
+
+
+@pytest.mark.parametrize("flag", ORGANS)
+def test_fhbench_organ_settings(flag):
+    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / f"fhbench_{flag}.yaml")]).fit
+    model, data = cfg.model.init_args, cfg.data.init_args
+    backbone = model.backbone.init_args
+    assert (cfg.data.class_path, data.path) == ("fedlit.data.MedMNIST", f"../shared/data/{flag}/{flag}.npz")
+    assert (data.num_clients, data.partitioner.class_path, data.partitioner.init_args.alpha) == (
+        20, "fedlit.data.Dirichlet", 0.1)
+    assert tuple(data.split_fractions) == (0.4, 0.3, 0.3) and (data.channels, data.image_size) == (3, 224)
+    assert (model.optimizer, model.lr, model.momentum, model.num_classes) == ("sgd", 0.001, 0.0, 11)
+    assert model.backbone.class_path == "fedlit.models.TimmBackbone" and backbone.name == "vit_base_patch16_224"
+    assert (backbone.lora.r, backbone.lora.alpha, backbone.lora.fused_qkv) == (8, 16, "qv")
+    assert cfg.strategy.class_path == "fedlit.strategies.EPFL" and cfg.federation.rounds == 200
+    assert model.lr_scheduler.init_args.T_max == 200
+
+
+def test_the_organ_recipes_differ_only_in_the_data_set():
+    texts = {flag: (ROOT / "recipes" / f"fhbench_{flag}.yaml").read_text() for flag in ORGANS}
+    settings = {flag: text[text.index("\nmodel:"):].replace(flag, "FLAG") for flag, text in texts.items()}
+    assert len(set(settings.values())) == 1
+
+
+@pytest.mark.parametrize("flag", ORGANS)
+def test_without_the_organ_file_stops_with_one_line_naming_file_and_page(flag, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)  # the recipe's paths are relative to the repository root
+    path = f"../shared/data/{flag}/{flag}.npz"
+    if Path(path).exists():
+        pytest.skip(f"{path} is present: the missing-data message cannot be shown")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", f"recipes/fhbench_{flag}.yaml", "--out_dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err == (f"fedlit: error: data.init_args.path: no MedMNIST .npz file at {path}: download {flag}.npz from "
+                   "https://zenodo.org/records/10519652\n")
+    assert not (tmp_path / "run").exists()

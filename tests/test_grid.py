@@ -190,3 +190,20 @@ def test_shipped_grids_name_existing_recipes_and_each_cell_parses(path, monkeypa
         seeds, argv = split_seeds(grid.argv(dataset, method))
         cfg = build_parser().parse_args(argv).fit
         assert seeds == grid.seeds and cfg.strategy.class_path.split(".")[-1] == method
+
+
+def test_the_modalities_grid_has_fhbench_columns_on_lora_backbones_over_offline_data(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    grid = load_grid(ROOT / "recipes" / "grids" / "fhbench_cpu_modalities.yaml")
+    assert grid.seeds == [0, 1, 2]
+    cells = list(grid.cells())
+    assert sorted({d for d, _ in cells}) == ["medical_abstracts", "pneumoniamnist"]
+    assert [m for d, m in cells if d == "pneumoniamnist"] == [
+        "FedAvg", "FedProx", "SCAFFOLD", "APFL", "FedALA", "APPLE", "EPFL"]
+    for dataset, method in cells:
+        cfg = build_parser().parse_args(split_seeds(grid.argv(dataset, method))[1]).fit
+        assert cfg.model.init_args.backbone.init_args.lora.r == 8  # EPFL's column needs LoRA in every row
+        assert (cfg.federation.rounds, cfg.federation.local_steps) == (3, 5)
+        # data that ships offline: the shared folder (read from the repository root) and packaged weights
+        data = cfg.data.init_args
+        assert str(data.get("path") or data.get("root")).startswith("../shared/data/")
