@@ -48,11 +48,10 @@ from fedlit.strategies.fedprox import squared_distance
 from fedlit.strategies.personal_copy import (
     MethodCall,
     functional_loss,
+    keep_copy,
     load_into,
-    mirror_optimizer,
     personal_copy,
-    sync_hyperparameters,
-    to_device,
+    step_copy,
     unscale_gradients,
 )
 
@@ -116,28 +115,13 @@ class Ditto(FedAvg):
 
     def on_before_zero_grad(self, pl_module: Any, optimizer: Any, stepped: bool) -> None:
         """After ``w``'s step, step ``v`` with the mirror optimizer (not on a step the gradient scaler skipped)."""
-        turn = self._turn
-        if not turn:
-            return
-        v = turn["v"]
-        if stepped:
-            inner = getattr(optimizer, "optimizer", optimizer)
-            if turn["optimizer"] is None:
-                turn["optimizer"] = mirror_optimizer(pl_module, inner, v, turn["optimizer_state"], "Ditto")
-            sync_hyperparameters(turn["optimizer"], inner)
-            turn["optimizer"].step()
-        for name in turn["trainable"]:
-            v[name].grad = None
+        if self._turn:
+            step_copy(self._turn, "v", pl_module, optimizer, stepped, "Ditto")
 
     def on_client_fit_end(self, client_state: dict[str, Any], client: Any) -> None:
         """Keep ``v`` and, under ``persist``, its optimizer state."""
-        turn = self._turn
-        if not turn:
-            return
-        device = client.store.device
-        client_state["v"] = {n: t.detach().to(device, copy=True) for n, t in turn["v"].items()}
-        if client.local.optimizer_state == "persist" and turn["optimizer"] is not None:
-            client_state["optimizer"] = to_device(turn["optimizer"].state_dict(), device)
+        if self._turn:
+            keep_copy(self._turn, "v", client_state, client)
         self._turn = {}
 
     def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:

@@ -51,11 +51,10 @@ from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedmetamed_math import distillation_kl
 from fedlit.strategies.personal_copy import (
     MethodCall,
+    keep_copy,
     load_into,
-    mirror_optimizer,
     personal_copy,
-    sync_hyperparameters,
-    to_device,
+    step_copy,
     unscale_gradients,
 )
 
@@ -139,28 +138,13 @@ class FML(FedAvg):
 
     def on_before_zero_grad(self, pl_module: Any, optimizer: Any, stepped: bool) -> None:
         """After the meme's step, step the local model with the mirror optimizer (not on a skipped step)."""
-        turn = self._turn
-        if not turn:
-            return
-        local = turn["local"]
-        if stepped:
-            inner = getattr(optimizer, "optimizer", optimizer)
-            if turn["optimizer"] is None:
-                turn["optimizer"] = mirror_optimizer(pl_module, inner, local, turn["optimizer_state"], "FML")
-            sync_hyperparameters(turn["optimizer"], inner)
-            turn["optimizer"].step()
-        for name in turn["trainable"]:
-            local[name].grad = None
+        if self._turn:
+            step_copy(self._turn, "local", pl_module, optimizer, stepped, "FML")
 
     def on_client_fit_end(self, client_state: dict[str, Any], client: Any) -> None:
         """Keep the local model and, under ``persist``, its optimizer state."""
-        turn = self._turn
-        if not turn:
-            return
-        device = client.store.device
-        client_state["local"] = {n: t.detach().to(device, copy=True) for n, t in turn["local"].items()}
-        if client.local.optimizer_state == "persist" and turn["optimizer"] is not None:
-            client_state["optimizer"] = to_device(turn["optimizer"].state_dict(), device)
+        if self._turn:
+            keep_copy(self._turn, "local", client_state, client)
         self._turn = {}
 
     def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:

@@ -113,3 +113,27 @@ def load_into(pl_module: Any, tensors: Mapping[str, Tensor]) -> None:
     with torch.no_grad():
         for name, tensor in tensors.items():
             live[name].copy_(tensor)
+
+
+def step_copy(turn: dict[str, Any], key: str, pl_module: Any, optimizer: Any, stepped: bool, owner: str) -> None:
+    """After the loop's step, step the copy ``turn[key]`` with its mirror optimizer (built on first use from
+    ``turn["optimizer_state"]``, kept in ``turn["optimizer"]``; not on a step the gradient scaler skipped), then drop
+    its gradients. ``owner`` names the strategy in errors."""
+    tensors = turn[key]
+    if stepped:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if turn["optimizer"] is None:
+            turn["optimizer"] = mirror_optimizer(pl_module, inner, tensors, turn["optimizer_state"], owner)
+        sync_hyperparameters(turn["optimizer"], inner)
+        turn["optimizer"].step()
+    for name in turn["trainable"]:
+        tensors[name].grad = None
+
+
+def keep_copy(turn: dict[str, Any], key: str, client_state: dict[str, Any], client: Any) -> None:
+    """Store the copy ``turn[key]`` in ``client_state[key]`` (on the store's device) and, under
+    ``optimizer_state: persist``, its mirror optimizer's state."""
+    device = client.store.device
+    client_state[key] = {n: t.detach().to(device, copy=True) for n, t in turn[key].items()}
+    if client.local.optimizer_state == "persist" and turn["optimizer"] is not None:
+        client_state["optimizer"] = to_device(turn["optimizer"].state_dict(), device)
