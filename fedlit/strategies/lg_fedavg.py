@@ -28,15 +28,11 @@ Deviations and choices:
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from fedlit.core.roles import ParameterRoles
-from fedlit.strategies.aggregators import Aggregator
-from fedlit.strategies.fedavg import FedAvg
-from fedlit.strategies.fedper import head_names, head_rule
+from fedlit.strategies.fedper import FedPer, head_names
 
 
-class LGFedAvg(FedAvg):
+class LGFedAvg(FedPer):
     """FedAvg on the head (global layers); the representation (everything else that trains) stays personal.
 
     Args:
@@ -45,21 +41,7 @@ class LGFedAvg(FedAvg):
         aggregator: As in :class:`~fedlit.strategies.fedavg.FedAvg` (default: the weighted mean).
     """
 
-    def __init__(
-        self,
-        *,
-        head: str = "head.*",
-        weighting: Literal["num_examples", "uniform"] = "num_examples",
-        aggregator: Aggregator | None = None,
-    ) -> None:
-        super().__init__(weighting=weighting, aggregator=aggregator)
-        self.head = head
-        self.head_rule = head_rule(head)
-
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """The head's trainable tensors become ``shared``, every other trainable tensor ``personal``."""
         head = set(head_names(roles, self.head_rule, type(self).__name__))
         return roles.with_roles({n: "shared" if n in head else "personal" for n, r in roles.items() if r != "frozen"})
-
-    def hparams(self) -> dict[str, Any]:
-        return {"head": self.head, **super().hparams()}
