@@ -35,6 +35,7 @@ from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, spl
 from fedlit.data.survival import SyntheticSurvival
 from fedlit.data.synthetic import SyntheticImages
 from fedlit.data.synthetic_segmentation import SyntheticSegmentation
+from fedlit.data.synthetic_signals import SyntheticSignals
 from fedlit.data.table import SiteTable
 from fedlit.data.wfdb_files import WFDBRecord, read_wfdb
 
@@ -73,6 +74,7 @@ __all__ = [
     "SplitName",
     "SyntheticImages",
     "SyntheticSegmentation",
+    "SyntheticSignals",
     "SyntheticSurvival",
     "TaskType",
     "WFDBRecord",

@@ -20,10 +20,11 @@ BUILD = """
 import hashlib, json, sys
 import torch, yaml
 torch.set_num_threads(int(sys.argv[1]))
-from fedlit.data import SyntheticImages, SyntheticSegmentation, SyntheticSurvival
+from fedlit.data import SyntheticImages, SyntheticSegmentation, SyntheticSignals, SyntheticSurvival
 recipe = yaml.safe_load(open(sys.argv[2]))
 out = {}
-for data in (SyntheticImages(**recipe["data"]["init_args"]), SyntheticSegmentation(seed=0), SyntheticSurvival(seed=0)):
+for data in (SyntheticImages(**recipe["data"]["init_args"]), SyntheticSegmentation(seed=0), SyntheticSurvival(seed=0),
+             SyntheticSignals(channels=2, length=300, seed=0)):
     built = data.build()
     digest = hashlib.sha256(built.inputs.numpy().tobytes() + built.targets.numpy().tobytes())
     digest.update(json.dumps({c: {s: list(map(int, r)) for s, r in p.items()} for c, p in built.splits.items()},
@@ -45,5 +46,5 @@ def _digests(threads: int) -> dict[str, str]:
 @pytest.mark.parametrize("threads", [2, 4])
 def test_generated_data_is_the_same_bytes_with_one_thread_or_several(threads):
     one = _digests(1)
-    assert set(one) == {"SyntheticImages", "SyntheticSegmentation", "SyntheticSurvival"}
+    assert set(one) == {"SyntheticImages", "SyntheticSegmentation", "SyntheticSurvival", "SyntheticSignals"}
     assert _digests(threads) == one
