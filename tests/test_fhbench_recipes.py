@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlit.cli import main
+from fedlit.cli import main, run
 from fedlit.commands.fit import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,3 +92,24 @@ def test_without_the_organ_file_stops_with_one_line_naming_file_and_page(flag, c
     assert err == (f"fedlit: error: data.init_args.path: no MedMNIST .npz file at {path}: download {flag}.npz from "
                    "https://zenodo.org/records/10519652\n")
     assert not (tmp_path / "run").exists()
+
+
+# The CPU grid's generated rows: FHBench's signal and sound pipelines without the data or the weights
+GENERATED = {"fhbench_signals_generated.yaml": ("fedlit.models.MomentEncoder", 12, 512, 5),
+             "fhbench_sounds_generated.yaml": ("fedlit.models.Wav2Vec2Encoder", 1, 4000, 4)}
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_generated_signal_recipes_train_under_epfl_through_the_cli(name, tmp_path):
+    backbone, channels, length, classes = GENERATED[name]
+    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / name)]).fit
+    data = cfg.data.init_args
+    assert cfg.data.class_path == "fedlit.data.SyntheticSignals"
+    assert (data.channels, data.length, data.num_classes, cfg.model.init_args.num_classes) == (
+        channels, length, classes, classes)
+    assert cfg.model.init_args.backbone.class_path == backbone and cfg.model.init_args.backbone.init_args.lora.r == 8
+    assert cfg.strategy.class_path == "fedlit.strategies.EPFL"
+    results = run(["fit", "--config", str(ROOT / "recipes" / name), "--data.init_args.num_clients", "2",
+                   "--data.init_args.samples_per_client", "12", "--federation.rounds", "1",
+                   "--federation.progress_bar", "false", "--out_dir", str(tmp_path / "run")])
+    assert results["last"]["round"] == 1 and sorted(results["last"]["clients"]) == ["site_0", "site_1"]
