@@ -16,9 +16,10 @@ clients not yet chosen, else the one of highest affinity; ``eps`` decays linearl
 (no change when no ``w_n`` is positive), trains locally from there and uploads ``theta_i``; the server replaces its
 copy of ``theta_i`` and adds the client's ``w_n`` to ``P_in``. Client i is evaluated with its latest ``theta_i``.
 
-Defaults: ``M = 5`` (PFLlib's ``-M``), ``eps = 0.3`` decayed by ``0.05`` per round (the paper's epsilon-greedy
-scheme); the validation loss is the module's training loss (cross-entropy for classification), the mean over the
-split's samples, in eval mode.
+Defaults: ``M = 5`` (PFLlib's ``-M``), ``eps = 0.3`` decayed by ``0.05`` per round (the epsilon-greedy settings
+of the authors' CIFAR-10 command, ``--client_weight_epsilon 0.3 --client_weight_epsilon_decay 0.05``, the decay
+subtracted once per federated round); the validation loss is the module's training loss (cross-entropy for
+classification), the mean over the split's samples, in eval mode.
 
 Symbols -> code: ``theta_n`` -> ``self.models[n]`` (the shared parameters it uploaded; until it does, the initial
 ``global_state``); ``P`` -> ``self.affinity`` (rows and columns in ``self.client_ids`` order, float64); ``M``,
