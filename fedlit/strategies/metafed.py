@@ -69,7 +69,7 @@ the previous common model on (the server keeps the last upload).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -206,31 +206,25 @@ class MetaFed(Strategy):
         return self.global_state
 
     # ------------------------------------------------------------------------------------------ client
-    def accuracy(self, pl_module: Any, client: Any, client_id: str, tensors: Mapping[str, Tensor] | None = None
-                 ) -> float:
-        """The accuracy on the client's validation split of the live module, or of ``tensors`` in its place."""
+    def accuracy(self, pl_module: Any, client: Any, client_id: str) -> float:
+        """The live module's accuracy on the client's validation split (in eval mode)."""
         loader = client.eval_dataloader("val")
         if loader is None or client.num_examples("val") == 0:
             raise DataError(f"MetaFed: client {client_id!r} has no validation split to measure its model's accuracy "
                             "on; give every client one (or set strategy.init_args.threshold above 1: always copy).")
-        step = MethodCall(pl_module, "validation_step")
-        prefixed = None if tensors is None else {f"module.{n}": t for n, t in tensors.items()}
         pl_module.eval()
         pl_module.reset_metrics()
         with torch.no_grad():
             for batch_idx, batch in enumerate(loader):
                 batch = client.prepare_batch(batch)
                 with client.autocast():
-                    if prefixed is None:
-                        pl_module.validation_step(batch, batch_idx)
-                    else:
-                        functional_call(step, prefixed, (batch, batch_idx))
+                    pl_module.validation_step(batch, batch_idx)
         value = float(pl_module.compute_metrics()["accuracy"])
         pl_module.set_train_mode()
         return value
 
-    def on_client_fit_start(self, pl_module: Any, client_id: str, received: Mapping[str, Tensor],
-                            received_extras: dict[str, Any], client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_start(self, pl_module: Any, client_id: str, received_extras: dict[str, Any],
+                            client_state: dict[str, Any], client: Any) -> None:
         """Copy the teacher (already loaded) or, once the flag is set, take the client's own model to distil into."""
         own, flag = client_state.get("own"), bool(client_state.get("flag", False))
         turn: dict[str, Any] = {"client": client, "client_id": client_id, "flag": flag, "lam": 0.0,
