@@ -21,8 +21,9 @@ Each client (the paper's federation) keeps a model of its own; no model is avera
    set copies the teacher and trains it on CE alone. After its turn the flag becomes ``flag_i or acc_i > zeta``
    (:func:`distills`; the code updates every flag after each pass, which gives the same flags, since a client's
    model does not change between its turn and the end of the pass).
-3. Personalization: the last common model ``t`` (the model of the last client of the ring) is every client's
-   teacher; with ``a_i``, ``a_t`` the accuracies of the client's model and of ``t`` on its validation split,
+3. Personalization: the last common model ``t`` (the last hop's upload: the ring's last client's model when the
+   hops end a pass, as in the code) is every client's teacher; with ``a_i``, ``a_t`` the accuracies of the client's
+   model and of ``t`` on its validation split,
 
        lam_p = 0                                     if a_t <= a_i and a_t < zeta_p,
        lam_p = 10 ** min(1, 5 (a_t - a_i)) / 10 * lam   otherwise                          (:func:`personal_lambda`)
