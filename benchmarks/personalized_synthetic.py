@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "personalized_partitions"
 METHODS = ("local", "fedavg", "fedavg_ft", "fedbn", "fedper", "lg_fedavg", "fedrep", "fedbabu", "apfl", "fedala",
            "ditto", "pfedme", "perfedavg", "fedrod", "fedfomo", "feddbe", "fml", "ida", "apple", "pgfed", "pgfedmo",
-           "fedmetamed")
+           "fedmetamed", "metafed")
 #: The methods of ``--setting frozen`` (recipes ``frozen_<method>.yaml``).
 FROZEN_METHODS = ("local", "fedavg", "fedavg_ft", "apple", "pgfed", "epfl", "fedmetamed")
 SKIPPED = {

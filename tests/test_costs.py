@@ -11,8 +11,9 @@ from torch import nn
 from fedlit import RoleRule, cli
 from fedlit.commands.cost import estimate_costs
 from fedlit.models import Backbone
-from fedlit.strategies import FedAvg, FedSCA
+from fedlit.strategies import FedAvg, FedDBE, FedSCA
 from fedlit.tasks import ClassificationModule
+from tests.conftest import make_federation
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "recipes" / "quickstart.yaml")
@@ -174,3 +175,32 @@ def test_data_modules_count_their_clients_from_their_arguments():
         assert sites.expected_num_clients() == 2
     samples = SiteDataset(dataset=[(float(i), i % 2) for i in range(8)], sites=[i % 4 for i in range(8)])
     assert samples.expected_num_clients() is None  # its sites are known only by reading them
+
+
+def test_pfedmoap_tiny_recipe_counts_the_experts_it_downloads(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = cli.run(["cost", "--config", str(ROOT / "recipes" / "pfedmoap_tiny.yaml"), "--format", "json"])
+    row = report["strategies"][0]
+    prompt = 16 * 32 * 4  # one prompt: 16 context tokens x width 32, float32
+    # round 1: the global prompt, no expert (no prompt stored yet); round 2: the prompt and K - 1 = 2 peers' prompts
+    assert row["per_client_first_round"]["download_bytes"] == prompt
+    assert row["per_client_per_round"]["download_bytes"] == prompt + 2 * prompt
+    assert row["per_client_per_round"]["download_parameters"] == 3 * 16 * 32
+    assert row["run"]["download_bytes"] == 4 * prompt + 4 * 3 * prompt  # 4 clients, 2 rounds
+    assert row["run"]["upload_bytes"] == 2 * 4 * prompt  # the prompt only: the gate stays
+    capsys.readouterr()
+    cli.run(["cost", "--config", str(ROOT / "recipes" / "pfedmoap_tiny.yaml")])
+    assert "pFedMoAP in round 1: download 2.00 KB / client" in capsys.readouterr().out
+
+
+def test_feddbe_estimate_equals_a_real_run_but_the_noted_warm_up_upload(tmp_path):
+    federation = make_federation(tmp_path / "dbe", FedDBE(kappa=0.5), rounds=3)
+    estimate = estimate_costs(federation.module, [FedDBE(kappa=0.5)], num_clients=3, rounds=3)["strategies"][0]
+    measured = federation.fit()["comm"]
+    mean = 8 * 4  # the global mean: one float32 per input of the head (TinyMLP's 8 hidden features)
+    assert estimate["per_client_first_round"]["download_bytes"] + mean == estimate["per_client_per_round"][
+        "download_bytes"]
+    assert measured["download_bytes"] == estimate["run"]["download_bytes"]
+    # the warm-up's running means (3 clients, round 1) are the note's, not the table's
+    assert measured["upload_bytes"] == estimate["run"]["upload_bytes"] + 3 * mean
+    assert "warm-up" in FedDBE.cost_notes[0]

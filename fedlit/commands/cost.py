@@ -9,8 +9,10 @@ Both build the recipe's model (on the meta device: no memory is allocated and, i
   and the clients per round (``federation.clients_per_round``);
 - per round and over the whole run, the parameters and bytes each client and all clients upload and download,
   counted as the loop counts them (``comm/upload_bytes``, ``comm/download_bytes``, ``comm/eval_download_bytes``;
-  :func:`~fedlit.core.tensors.nbytes`): a selected client downloads ``configure_client`` and
-  ``configure_client_extras`` and uploads its ``shared`` tensors plus the extras the strategy adds after training
+  :func:`~fedlit.core.tensors.nbytes`): a selected client downloads ``configure_client`` and the extras
+  :meth:`~fedlit.strategies.base.Strategy.expected_download_extras` declares (round 1's, then round 2's for
+  every later round: pFedMoAP's experts and FedDBE's global mean start in round 2; "per round" figures are a
+  later round's) and uploads its ``shared`` tensors plus the extras the strategy adds after training
   (:meth:`~fedlit.strategies.base.Strategy.expected_upload_extras`); every client downloads ``configure_evaluate``
   once per evaluated round, and ``global_model_state`` too where the strategy has one (PGFed, EPFL);
 - the local steps a strategy that fine-tunes before evaluating (FedAvg-FT:
@@ -125,14 +127,21 @@ def _strategy_costs(module: FederatedModule, base_roles: ParameterRoles, strateg
         raise ConfigError(f"{strategy!r}: its server state cannot be set up before training ({type(err).__name__}: "
                           f"{err}), so its costs cannot be estimated.") from err
     client = client_ids[0]
-    download = {"tensors": strategy.configure_client(1, client), "extras": strategy.configure_client_extras(1, client)}
     upload = {"tensors": module.named_tensors("shared"), "extras": strategy.expected_upload_extras(client)}
     evaluation = strategy.configure_evaluate(1, client)
-    per_client = {"upload_parameters": state_numel(upload), "upload_bytes": state_nbytes(upload),
-                  "download_parameters": state_numel(download), "download_bytes": state_nbytes(download)}
 
-    def times(factor: float | None) -> dict[str, Any]:
-        return {k: None if factor is None else round(v * factor) for k, v in per_client.items()}
+    def in_round(server_round: int) -> dict[str, int]:  # round 2 stands for every later round
+        download = {"tensors": strategy.configure_client(server_round, client),
+                    "extras": strategy.expected_download_extras(server_round, client)}
+        return {"upload_parameters": state_numel(upload), "upload_bytes": state_nbytes(upload),
+                "download_parameters": state_numel(download), "download_bytes": state_nbytes(download)}
+
+    first = in_round(1)
+    per_client = in_round(2) if rounds > 1 else first  # a round after the first: what most rounds cost
+    over_run = {k: first[k] + (rounds - 1) * per_client[k] for k in per_client}  # one client in every round
+
+    def times(factor: float | None, base: Mapping[str, int]) -> dict[str, Any]:
+        return {k: None if factor is None else round(v * factor) for k, v in base.items()}
 
     share = None if per_round is None or not num_clients else per_round / num_clients
     global_model = strategy.global_model_state(client)  # evaluated beside the personalized model when not None
@@ -147,9 +156,10 @@ def _strategy_costs(module: FederatedModule, base_roles: ParameterRoles, strateg
         "roles": summary,
         "trainable_parameters": summary["shared"]["parameters"] + summary["personal"]["parameters"],
         "per_client_per_round": per_client,
-        "per_round": times(per_round),
-        "per_client_run": times(None if share is None else rounds * share),
-        "run": times(None if per_round is None else rounds * per_round),
+        "per_client_first_round": first,
+        "per_round": times(per_round, per_client),
+        "per_client_run": times(share, over_run),
+        "run": times(per_round, over_run),
         "eval_download_bytes": {
             "per_client_per_evaluation": eval_bytes,
             "run": None if num_clients is None else eval_bytes * num_clients * evaluated,
@@ -223,6 +233,9 @@ def format_table(report: Mapping[str, Any]) -> str:
     lines += [f"{row['name']} fine-tunes before every evaluation: {_count(ft['per_client_per_evaluation'])} local "
               f"steps per client and evaluation, {_count(ft['run'])} over the run (beside the rounds' training)."
               for row in report["strategies"] if (ft := row["eval_finetune_steps"])["per_client_per_evaluation"]]
+    lines += [f"{row['name']} in round 1: download {_size(one['download_bytes'])} / client (the table's per-round "
+              "figures are a later round's)." for row in report["strategies"]
+              if (one := row["per_client_first_round"]) != row["per_client_per_round"]]
     ratios = [f"{row['name']} / {first['name']} = {_ratio(row['upload_ratio'])}" for row in report["strategies"][1:]]
     if ratios:
         lines += ["", "Upload per client per round: " + "; ".join(ratios) + "."]
@@ -280,6 +293,7 @@ def prepare(parser: ArgumentParser, cfg: Namespace, subcommand: str) -> CostJob:
     report = estimate_costs(objects.model, [objects.strategy, *compare], num_clients=num_clients,
                             clients_per_round=federation.clients_per_round, rounds=federation.rounds,
                             eval_every=federation.eval_every)
+    notes += [note for s in [objects.strategy, *compare] for note in s.cost_notes]
     if any(type(s).expected_upload_extras is Strategy.expected_upload_extras and s.communicates
            for s in [objects.strategy, *compare]):
         notes.append("uploads are each selected client's shared tensors (plus the extras a strategy declares); a "

@@ -43,6 +43,7 @@ from fedlit.strategies.ida import IDA
 from fedlit.strategies.krum import Krum
 from fedlit.strategies.lg_fedavg import LGFedAvg
 from fedlit.strategies.local import Local
+from fedlit.strategies.metafed import MetaFed
 from fedlit.strategies.perfedavg import PerFedAvg
 from fedlit.strategies.pfedme import pFedMe
 from fedlit.strategies.pfedmoap import pFedMoAP
@@ -70,3 +71,4 @@ __all__ += ["FedDBE", "FedFomo", "FedRoD"]
 __all__ += ["pFedMoAP"]
 
 __all__ += ["FML", "IDA"]
+__all__ += ["MetaFed"]

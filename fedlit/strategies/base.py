@@ -93,10 +93,14 @@ class Strategy(Callback, abc.ABC):
             "fine-tune after federation" are evaluated (FedAvg-FT, FedProx-FT); the steps are counted in
             ``results.json``'s ``compute`` and by ``fedlit cost``. The global model
             (:meth:`global_model_state`) is evaluated without them.
+        cost_notes: What ``fedlit cost`` cannot count from the shapes the strategy declares
+            (:meth:`expected_download_extras`, :meth:`expected_upload_extras`), printed as notes under its table
+            (FedDBE's warm-up upload). Default: none.
         global_state, client_ids, class_counts, roles: What :meth:`initialize` received.
     """
 
     communicates: bool = True
+    cost_notes: tuple[str, ...] = ()
     accepted_tasks: frozenset[str] | None = None
     secure_aggregation: bool = False
     eval_finetune_steps: int = 0
@@ -176,6 +180,15 @@ class Strategy(Callback, abc.ABC):
         training (``fedlit cost``) count its bytes as upload. Default: {} (a strategy that uploads extras
         overrides it; what a client uploads in ``update.state`` is its ``shared`` tensors, known from the roles)."""
         return {}
+
+    def expected_download_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
+        """What :meth:`configure_client_extras` will send ``client_id`` in ``server_round`` of a run under way, as
+        tensors of the right shapes and dtypes (their values do not matter), called after :meth:`initialize`:
+        ``fedlit cost`` counts its bytes as download, asking for round 1 and for round 2, which stands for every
+        later round. Default: what :meth:`configure_client_extras` returns before any training, right for extras
+        whose shapes training does not change (SCAFFOLD's c, FedSLD's prior); a strategy whose extras grow from
+        the uploads (pFedMoAP's experts, FedDBE's global mean) overrides it."""
+        return self.configure_client_extras(server_round, client_id)
 
     def expected_upload_names(self, server_round: int, client_id: str, received: Mapping[str, Tensor]) -> list[str]:
         """The names of the tensors ``client_id`` uploads in ``update.state`` after its turn of ``server_round`` in

@@ -95,6 +95,8 @@ class FedDBE(FedAvg):
     """
 
     secure_aggregation = False  # the warm-up uploads running means as extras; later rounds send the global mean
+    cost_notes = ("FedDBE's warm-up (round 1) clients also upload their running mean of the features, one float32 "
+                  "per input of the head, once: not counted above.",)
 
     def __init__(self, *, kappa: float = 0.0, momentum: float = 0.1, head: str = "head.*",
                  weighting: Literal["num_examples", "uniform"] = "num_examples",
@@ -120,6 +122,14 @@ class FedDBE(FedAvg):
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """The global mean once the warm-up gave it (its presence tells the client to use ``c_i`` and MR)."""
         return {} if self.global_mean is None else {"global_mean": self.global_mean.clone()}
+
+    def expected_download_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
+        """Nothing in round 1 (the warm-up); from round 2, the global mean: one float32 per input feature of the
+        head (its shared weight's second dimension)."""
+        weights = [t for n, t in self.global_state.items() if self.head_rule.matches(n) and t.ndim == 2]
+        if server_round <= 1 or not weights:
+            return {}
+        return {"global_mean": torch.zeros(weights[0].shape[1], dtype=torch.float32, device=weights[0].device)}
 
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The FedAvg'd body and head, evaluated without ``c_i`` beside the personalized model."""

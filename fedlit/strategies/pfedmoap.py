@@ -104,6 +104,14 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
         experts = torch.stack([self.prompts[c] for c in ids]) if ids else template.new_zeros((0, *template.shape))
         return {"experts": experts}
 
+    def expected_download_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
+        """No expert in round 1 (no prompt stored yet); from round 2, ``min(K - 1, N - 1)`` prompts: every other
+        client's once all have trained (with partial participation a client gets fewer until then, and none
+        before its first turn: an upper bound)."""
+        template = self.global_state[CONTEXT]
+        count = 0 if server_round <= 1 else min(self.num_experts - 1, len(self.client_ids) - 1)
+        return {"experts": template.new_zeros((count, *template.shape))}
+
     def expert_ids(self, client_id: str) -> list[str]:
         """The clients whose stored prompts are ``client_id``'s non-local experts, nearest first."""
         own = self.prompts.get(client_id)

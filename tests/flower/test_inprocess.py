@@ -71,6 +71,7 @@ CASES = {
     "FedSA": (S.FedSA, LoRANet, LORA_SHARED, {}),
     "FedSCA": (lambda: S.FedSCA(num_shared_adapters=3, alpha=1.0, beta=0.5), AdapterNet, ADAPTER_ROLES, {}),
     "FedRA": (lambda: S.FedRA(block_counts=[1], seed=3), AdapterNet, ADAPTER_ROLES, {}),
+    "MetaFed": (lambda: S.MetaFed(warmup_rounds=0, threshold=0.0), TinyMLP, None, {}),
 }
 
 

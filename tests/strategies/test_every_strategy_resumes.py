@@ -91,12 +91,15 @@ NEEDS = {
     "PerFedAvg": Needs({"alpha": 0.1}),  # an adaptation step that moves the tiny model
     # a tiny random CLIP with the gate on 3 synthetic image sites; K = 2: one peer's prompt from round 2 on
     "pFedMoAP": Needs({"num_experts": 2}, module=tiny_moap_module, data=tiny_image_sites),
+    # no warm-up, R = 2 also in the 1-round leg: c0's ring hop, then every client personalizes (flags set: distils)
+    "MetaFed": Needs({"warmup_rounds": 0, "rounds": 2, "threshold": 0.0}),
 }
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
 PERSIST = ["APFL", "APPLE", "Ditto", "EPFL", "FedALA", "FedAvg", "FedDBE", "FedDyn", "FedFomo", "FedHEAL",
-           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "FML", "PGFedMo", "SCAFFOLD", "pFedMe", "pFedMoAP"]
+           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "FML", "PGFedMo", "SCAFFOLD", "pFedMe", "pFedMoAP",
+           "MetaFed"]
 
 STRATEGIES = shipped_strategies()
 SETTINGS = {"reset": {"optimizer_state": "reset"},

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlit.cli import main
+from fedlit.cli import main, run
 from fedlit.core.errors import ConfigError
 from fedlit.data import SyntheticImages
 from fedlit.models import CLIP, tiny_clip_config
@@ -164,6 +164,11 @@ def test_two_rounds_through_the_cli_send_the_experts(tmp_path):
     # round 1: 4 clients receive the global prompt, no experts; round 2: the prompt and K - 1 = 2 peers' prompts
     assert results["comm"]["download_bytes"] == 4 * prompt + 4 * 3 * prompt
     assert results["comm"]["upload_bytes"] == 2 * 4 * prompt  # the prompt only: the gate stays
+    # `fedlit cost` on the same recipe estimates what the run measured, experts included
+    estimate = run(["cost", "--config", str(ROOT / "recipes/pfedmoap_tiny.yaml"), "--format", "json"])
+    totals = estimate["strategies"][0]["run"]
+    assert (totals["download_bytes"], totals["upload_bytes"]) == (results["comm"]["download_bytes"],
+                                                                results["comm"]["upload_bytes"])
     accuracy = results["last"]["test"]["accuracy_mean"] if "test" in results["last"] else None
     assert accuracy is None or 0.0 <= accuracy <= 1.0
 
