@@ -172,3 +172,20 @@ def test_file_backed_data_cached_gives_the_uncached_results(tmp_path: Path) -> N
 def test_an_unknown_cache_mode_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"federation.cache_features='yes' is not one of \['off', 'memory', 'disk'\]"):
         make_federation(tmp_path, FedAvg(), roles=FROZEN, cache_features="yes")
+
+
+def test_a_cox_module_cached_gives_the_uncached_results(tmp_path: Path) -> None:
+    from fedlit.data import SyntheticSurvival
+    from fedlit.models import MLP
+    from fedlit.tasks.survival import CoxModule
+
+    runs, results = {}, {}
+    for mode in ("off", "memory"):
+        torch.manual_seed(0)
+        module = CoxModule(backbone=MLP(num_features=8, hidden=[16]), lr=0.05)
+        data = SyntheticSurvival(num_clients=2, samples_per_client=60, batch_size=16)
+        runs[mode] = Federation(module, data, FedAvg(), rounds=2, out_dir=tmp_path / mode, progress_bar=False,
+                                accelerator="cpu", cache_features=mode)
+        results[mode] = runs[mode].fit()
+    assert runs["memory"].client_data.computed == 6
+    _same_run(runs["off"], runs["memory"], results["off"], results["memory"])
