@@ -95,8 +95,8 @@ def cache_problem(module: FederatedModule, data: Any) -> str | None:
     built = data.data
     if isinstance(built, SampleList) and repr(built.train_transform) != repr(built.eval_transform):
         return (f"the train split's transform {built.train_transform!r} differs from the evaluation one "
-                f"{built.eval_transform!r} (random augmentation gives other inputs at every pass): give "
-                "data.init_args.train_transform the evaluation transform, or none, to cache")
+                f"{built.eval_transform!r} (random augmentation gives other inputs at every pass): to cache, train "
+                "on the evaluation transform (e.g. data.init_args.train_transform: null)")
     return None
 
 
