@@ -87,8 +87,9 @@ class Settings:
             ``memory`` computes a frozen extractor's features once per sample, at their first use, and trains and
             evaluates the head from them (head-only methods: linear probing, a frozen backbone under FedAvg, FedPer,
             FedRep...); ``disk`` also keeps them in ``out_dir/feature_cache``, where a resumed run reads them back.
-            The results are those of ``off`` (see :mod:`fedlit.engine.features`); where the extractor trains or is
-            random (LoRA, dropout) or the train inputs are augmented, the run warns and goes on without the cache.
+            The results equal those of ``off`` to float rounding (see :mod:`fedlit.engine.features`); where the
+            extractor trains or is random (LoRA, dropout) or the train inputs are augmented, the run warns and goes
+            on without the cache.
     """
 
     rounds: int = 10
