@@ -14,6 +14,12 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
 
 
+class CachedFeatures(Tensor):
+    """The output of a module's frozen :attr:`~FederatedModule.feature_extractor`, computed once and given back in
+    place of the inputs (``federation.cache_features``): :meth:`FederatedModule.extract_features` passes it through
+    as a plain tensor instead of running the extractor again."""
+
+
 class FederatedModule(LightningModule):
     """A client model: frozen backbone + trainable adapters + head, each tensor with a role.
 
@@ -46,6 +52,10 @@ class FederatedModule(LightningModule):
     #: The metric whose mean validation value picks the best round when ``federation.selection_metric`` is
     #: not set; one of :attr:`higher_is_better`'s keys.
     default_selection_metric: ClassVar[str] = "loss"
+    #: The submodule (an attribute name) whose output alone the rest of the forward pass reads, which
+    #: ``federation.cache_features`` may compute once per sample when all its tensors are frozen; the module's
+    #: forward must call it through :meth:`extract_features`. None (the default): no such prefix.
+    feature_extractor: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -133,6 +143,15 @@ class FederatedModule(LightningModule):
             own += [prefix + n for n, _ in module.named_buffers(recurse=False)]
             if own and all(roles[n] == "frozen" for n in own):
                 module.eval()
+
+    def extract_features(self, inputs: Any) -> Any:
+        """The :attr:`feature_extractor`'s output for ``inputs``; cached features (:class:`CachedFeatures`) pass
+        through as they are."""
+        if isinstance(inputs, CachedFeatures):
+            return inputs.as_subclass(Tensor)
+        if self.feature_extractor is None:
+            raise TypeError(f"{type(self).__name__} has no feature_extractor to call.")
+        return getattr(self, self.feature_extractor)(inputs)
 
     # ----------------------------------------------------------------------------------------- Lightning API
     def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:

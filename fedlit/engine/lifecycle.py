@@ -31,7 +31,7 @@ import torch
 from fedlit.core.checkpoint_io import load_checkpoint
 from fedlit.core.errors import ConfigError
 from fedlit.core.names import check_client_ids
-from fedlit.engine import baseline, energy, ranks, record, results, resume, rounds
+from fedlit.engine import baseline, energy, features, ranks, record, results, resume, rounds
 from fedlit.engine.channels import channel_problem
 from fedlit.engine.executor import LocalExecutor
 from fedlit.engine.optim import round_schedule
@@ -81,6 +81,7 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
         run.wrapped = run.fabric.setup_module(run.module)
     else:  # ranks train different clients: no DDP wrapper, whose backward would average their gradients
         run.wrapped = run.fabric.strategy.precision.convert_module(run.module).to(run.fabric.device)
+    run.client_data = features.feature_data(run)
     if run.executor is None:
         run.executor = ranks.RankExecutor() if run.fabric.world_size > 1 else LocalExecutor()
         run.executor.setup(run)  # before a resume fills the store: each rank keeps its own clients only

@@ -96,6 +96,9 @@ class Run:
         self.store = ClientStore(settings.store_device)
         #: Where the clients' turns and evaluations run; None until set up (then this process, or its ranks).
         self.executor: Executor | None = None
+        #: What the clients' turns read their data from: ``datamodule``, or its features computed once
+        #: (``federation.cache_features``: :mod:`fedlit.engine.features`); None until set up.
+        self.client_data: DataSource | None = None
         self.history = EvaluationHistory(selection_metric, module.higher_is_better)
         self.server_round = 0
         self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
@@ -169,7 +172,8 @@ class Run:
 
     def client_context(self, client_id: str) -> ClientContext:
         """What ``client_id``'s turn or evaluation in this process needs."""
-        return ClientContext(client_id=client_id, module=self.module, fabric=self.fabric, data=self.datamodule,
+        return ClientContext(client_id=client_id, module=self.module, fabric=self.fabric,
+                             data=self.datamodule if self.client_data is None else self.client_data,
                              store=self.store, strategy=self.strategy, hooks=self.hooks, seed=self.settings.seed,
                              local=self.settings.local(), rounds=self.settings.rounds, lr_schedule=self.lr_schedule,
                              trainer=self, progress=self.progress.step, warned=self.warned)

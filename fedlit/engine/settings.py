@@ -83,6 +83,13 @@ class Settings:
             count: set it (1 is the surest, and the fastest for tiny models) to pin them. None, the default,
             leaves PyTorch's own choice (``OMP_NUM_THREADS`` or the core count; Lightning divides the cores among
             the processes it launches). The generated data sets and splits never depend on it.
+        cache_features: ``off`` (the default) runs the module's feature extractor (``backbone``) at every pass;
+            ``memory`` computes a frozen extractor's features once per sample, at their first use, and trains and
+            evaluates the head from them (head-only methods: linear probing, a frozen backbone under FedAvg, FedPer,
+            FedRep...); ``disk`` also keeps them in ``out_dir/feature_cache``, where a resumed run reads them back.
+            The results equal those of ``off`` to float rounding (see :mod:`fedlit.engine.features`); where the
+            extractor trains or is random (LoRA, dropout) or the train inputs are augmented, the run warns and goes
+            on without the cache.
     """
 
     rounds: int = 10
@@ -110,6 +117,7 @@ class Settings:
     max_update_ratio: float | None = 1000.0
     allow_dropped_callbacks: bool = False
     threads: int | None = None
+    cache_features: Literal["off", "memory", "disk"] = "off"
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
@@ -154,6 +162,9 @@ class Settings:
         if values["optimizer_state"] not in ("reset", "persist"):
             problems.append(f"federation.optimizer_state={values['optimizer_state']!r} is not one of "
                             "['reset', 'persist']")
+        if values["cache_features"] not in ("off", "memory", "disk"):
+            problems.append(f"federation.cache_features={values['cache_features']!r} is not one of "
+                            "['off', 'memory', 'disk']")
         if values["on_client_error"] not in ("raise", "skip"):
             problems.append(f"federation.on_client_error={values['on_client_error']!r} is not one of "
                             "['raise', 'skip']")

@@ -113,6 +113,7 @@ class ClassificationModule(FederatedModule):
 
     accepted_tasks = frozenset({"multiclass", "binary", "multilabel"})
     default_selection_metric = "accuracy"
+    feature_extractor = "backbone"
 
     def __init__(
         self,
@@ -149,7 +150,7 @@ class ClassificationModule(FederatedModule):
         return [RoleRule("backbone.*", "frozen"), RoleRule("head.*", "shared")]
 
     def forward(self, inputs: Any) -> Tensor:
-        return self.head(self.backbone(inputs))
+        return self.head(self.extract_features(inputs))
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Cross-entropy (multiclass) or BCE with logits (binary, multilabel)."""

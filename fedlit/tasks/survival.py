@@ -108,6 +108,7 @@ class CoxModule(FederatedModule):
 
     accepted_tasks = frozenset({"survival"})
     default_selection_metric = "c_index"
+    feature_extractor = "backbone"
     task = "survival"
 
     def __init__(
@@ -139,7 +140,7 @@ class CoxModule(FederatedModule):
 
     def forward(self, inputs: Any) -> Tensor:
         """(B,) risk scores."""
-        return self.head(self.backbone(inputs)).reshape(-1)
+        return self.head(self.extract_features(inputs)).reshape(-1)
 
     def training_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """``{"loss", "risk", "targets"}``: the Cox loss over the batch's risk sets."""
