@@ -5,10 +5,11 @@ trains ``--rounds`` rounds of one local step each, ``--fraction`` of the clients
 ``Federation.fit`` (selection, the turns, aggregation, logging to TensorBoard and ``metrics.csv``, checkpoints every
 ``--checkpoint-every`` rounds; evaluation every ``--eval-every`` rounds, never by default). In the same process,
 the same sampled clients' steps then run as a plain PyTorch loop (the floor): per client, its personal tensors and
-the server's shared ones copied into the one model, a fresh SGD optimizer, one batch from a DataLoader over its train
-split (the data module's own), forward, backward, step, its personal tensors copied back, and a running sum of the shared tensors for the
-mean. Printed: seconds per round (median of the rounds after the first), per sampled client, the floor's, their
-ratio, and the peak RSS of the process.
+the server's shared ones copied into the one model, a fresh SGD optimizer, one batch from the data module's
+DataLoader over its train split, forward, backward, step, its personal tensors copied back, and a running sum of the
+shared tensors for the mean. Printed: seconds per round (median of the rounds but the first, which warms up, and the
+last, which evaluates every client), per sampled client, the floor's, their ratio, and the peak RSS of the process.
+PyTorch runs on ``--threads`` threads (1 by default: timings on a shared machine vary far less).
 
 Run: python benchmarks/many_clients.py --clients 1000 --fraction 0.1 --rounds 6   (--profile: cProfile's top 30 by
 cumulative time over the federated rounds but the first and the last)
