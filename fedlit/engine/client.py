@@ -264,8 +264,11 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
 def batch_statistics_layers(module: nn.Module) -> list[str]:
     """The BatchNorm layers of ``module`` that normalize with the statistics of the batch: in train mode, or
     without running statistics. A batch of one sample has none."""
-    return [name for name, m in module.named_modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)]
+    def norms() -> list[tuple[str, nn.Module]]:
+        return [(n, m) for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    layers = module.derived("batchnorm_layers", norms) if isinstance(module, FederatedModule) else norms()
+    return [name for name, m in layers if m.training or m.running_mean is None]
 
 
 def skip_single_sample(ctx: ClientContext, batch: Any, norms: list[str]) -> bool:
