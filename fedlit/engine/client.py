@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from fedlit.core.errors import DataError
-from fedlit.core.seeding import derive_seed
+from fedlit.core.seeding import derive_seed, manual_seed
 from fedlit.core.store import ClientStore
 from fedlit.core.tensors import first_non_finite
 from fedlit.core.tensors import nbytes as state_nbytes
@@ -172,7 +172,7 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     client_id = ctx.client_id
     started, timeout = _clock(), local.client_timeout
     load_client(ctx, received)
-    torch.manual_seed(ctx.derive_seed("train", server_round, client_id))
+    manual_seed(ctx.derive_seed("train", server_round, client_id))
     loader = ctx.train_dataloader("data", server_round, client_id)
     optimizer, scheduler = _client_optimizer(ctx)
     precision = fabric.strategy.precision
