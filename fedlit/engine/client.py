@@ -311,11 +311,24 @@ def _client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:
     """The optimizer of the client's turn (set up by Fabric) and the scheduler to step after each local step
     (None unless the interval is ``step``): stored states loaded under ``optimizer_state: persist``, this round's
     hyperparameters applied under ``interval: round``."""
+    persist = ctx.local.optimizer_state == "persist"
+    stored = ctx.store.optimizer_state(ctx.client_id) if persist else None
+    reused = optim.reused_optimizer(ctx.module)
+    if reused is not None:  # a built-in optimizer, as configure_optimizers would build it (see optim.reused_optimizer)
+        optimizer, wrapped = reused
+        if stored is None:
+            if ctx.lr_schedule is not None:
+                ctx.lr_schedule.apply(optimizer)
+            return wrapped if wrapped is not None else optim.keep_wrapped(ctx.module,
+                                                                          ctx.fabric.setup_optimizers(optimizer)), None
+        optimizer.load_state_dict(stored)  # replaces its state and groups: Fabric's wrapper must be built anew
+        optim.keep_wrapped(ctx.module, None)
+        if ctx.lr_schedule is not None:
+            ctx.lr_schedule.apply(optimizer)
+        return ctx.fabric.setup_optimizers(optimizer), None
     local = optim.unpack(ctx.module, ctx.module.configure_optimizers())
     optimizer = local.optimizer
-    persist = ctx.local.optimizer_state == "persist"
-    stored = ctx.store.optimizer_state(ctx.client_id)
-    if persist and stored is not None:
+    if stored is not None:
         optimizer.load_state_dict(stored)
     scheduler = local.scheduler if local.interval == "step" else None
     if scheduler is not None and persist:
