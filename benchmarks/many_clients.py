@@ -38,30 +38,28 @@ from fedlit.tasks import ClassificationModule
 
 
 class _RoundClock(Callback):
-    """Seconds of each round (``on_round_start`` to ``on_round_end``) and the clients each selected; with a
-    profiler, profiles the rounds but the first and the last (which evaluates every client)."""
+    """Seconds of each round but the last (from its ``on_round_start`` to the next one's: its checkpoint, written
+    after ``on_round_end``, included) and the clients each selected; with a profiler, profiles the rounds but the
+    first and the last (which evaluates every client)."""
 
     def __init__(self, rounds: int, profiler: cProfile.Profile | None) -> None:
         self.seconds: list[float] = []
         self.selected: list[list[str]] = []
         self.rounds, self.profiler = rounds, profiler
-        self._start = 0.0
-
-    def _profiled(self, server_round: int) -> bool:
-        return self.profiler is not None and 1 < server_round < self.rounds
+        self._start: float | None = None
 
     def on_round_start(self, trainer, pl_module, server_round) -> None:  # noqa: ANN001
-        if self._profiled(server_round):
+        now = time.perf_counter()
+        if self._start is not None:
+            self.seconds.append(now - self._start)
+        self._start = now
+        if self.profiler is not None and server_round == 2:
             self.profiler.enable()
-        self._start = time.perf_counter()
+        if self.profiler is not None and server_round == self.rounds:
+            self.profiler.disable()
 
     def on_before_aggregate(self, trainer, pl_module, server_round, updates) -> None:  # noqa: ANN001
         self.selected.append([u.client_id for u in updates])
-
-    def on_round_end(self, trainer, pl_module, server_round, metrics) -> None:  # noqa: ANN001
-        self.seconds.append(time.perf_counter() - self._start)
-        if self._profiled(server_round):
-            self.profiler.disable()
 
 
 def _module() -> ClassificationModule:
@@ -144,7 +142,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as out:
         clock, data, total = federated(args, out)
-    rounds = clock.seconds[1:-1] or clock.seconds  # the first warms up, the last evaluates every client
+    rounds = clock.seconds[1:] or clock.seconds  # the first warms up; the last (not timed) evaluates every client
     floors = floor(data, clock.selected[1:-1] or clock.selected)
     fed, base = statistics.median(rounds), statistics.median(floors)
     sampled = len(clock.selected[-1])
