@@ -151,6 +151,11 @@ class FederatedModule(LightningModule):
             self._derived_key = (_generation[0], id(self), id(self._roles))
         return self._derived[key]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or a pickle (another process) rebuilds what is derived: it holds this module's tensors and an
+        # optimizer wrapped by this process's Fabric.
+        return {**super().__getstate__(), "_derived": {}, "_derived_key": ()}
+
     def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> FederatedModule:
         self._derived_key = ()  # to(), half()...: buffers (and maybe parameters) become new tensors
         return super()._apply(fn, *args, **kwargs)

@@ -70,3 +70,17 @@ def test_a_client_turn_walks_no_module_once_the_views_are_built(tmp_path, monkey
     monkeypatch.setattr(nn.Module, "named_modules", counted)
     federation.fit_client(1, "c1")
     assert walks == []
+
+
+def test_a_copy_or_pickle_of_a_trained_module_carries_none_of_its_views(tmp_path):
+    import copy
+    import pickle
+
+    federation = make_federation(tmp_path, FedAvg(), rounds=1, local_steps=1)
+    federation.setup()
+    federation.fit_client(1, "c0")  # builds the views and keeps an optimizer wrapped by this Fabric
+    module = federation.module
+    assert module._derived
+    for twin in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert twin._derived == {}
+        assert twin.named_tensors("shared")["backbone.0.weight"] is twin.backbone[0].weight

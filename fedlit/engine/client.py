@@ -10,7 +10,8 @@ never reach into Fabric or the data module.
 
     received = strategy.configure_client(...)       # every shared tensor, from the server
     load the client's personal tensors from the store, then ``received``, into the live module (in place)
-    build the optimizer (fedlit.engine.optim: stored state, this round's learning rate)
+    the optimizer (fedlit.engine.optim: the module's own one reused with a fresh state, or configure_optimizers; stored
+        state, this round's learning rate)
     on_client_fit_start(..., client_state=<each callback's own slot>)
     for each step: convert the batch to the run's precision; training_step under strategy.client_forward(module)
         and fabric.autocast();
