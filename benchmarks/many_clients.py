@@ -1,14 +1,15 @@
 """What a round costs with many clients: a sampled round must cost in proportion to the sampled clients, not to N.
 
-A federation of ``--clients`` clients (SyntheticImages, a SmallCNN with a shared backbone and a personal head, FedAvg)
-trains ``--rounds`` rounds of one local step each, ``--fraction`` of the clients a round, through
+A federation of ``--clients`` clients (SyntheticImages, a SmallCNN with a shared backbone and a personal head,
+FedAvg) trains ``--rounds`` rounds of one local step each, ``--fraction`` of the clients a round, through
 ``Federation.fit`` (selection, the turns, aggregation, logging to TensorBoard and ``metrics.csv``, checkpoints every
 ``--checkpoint-every`` rounds; evaluation every ``--eval-every`` rounds, never by default). In the same process,
-the same sampled clients' steps then run as a plain PyTorch loop (the floor): per client, its personal tensors and
-the server's shared ones copied into the one model, a fresh SGD optimizer, one batch from the data module's
-DataLoader over its train split, forward, backward, step, its personal tensors copied back, and a running sum of the
-shared tensors for the mean. Printed: seconds per round (median of the rounds but the first, which warms up, and the
-last, which evaluates every client), per sampled client, the floor's, their ratio, and the peak RSS of the process.
+after each round (interleaved: load from other processes hits both alike), the same sampled clients' steps run as a
+plain PyTorch loop (the floor): per client, its personal tensors and the server's shared ones copied into the one
+model, a fresh SGD optimizer, one batch from the data module's DataLoader over its train split, forward, backward,
+step, its personal tensors copied back, and a running sum of the shared tensors for the mean. Printed: seconds per
+round (median of the rounds but the first, which warms up, and the last, which evaluates every client), per sampled
+client, the floor's, their ratio, and the peak RSS of the process.
 PyTorch runs on ``--threads`` threads (1 by default: timings on a shared machine vary far less).
 
 Run: python benchmarks/many_clients.py --clients 1000 --fraction 0.1 --rounds 6   (--profile: cProfile's top 30 by
@@ -39,24 +40,28 @@ from fedlit.tasks import ClassificationModule
 
 class _RoundClock(Callback):
     """Seconds of each round but the last (from its ``on_round_start`` to the next one's: its checkpoint, written
-    after ``on_round_end``, included) and the clients each selected; with a profiler, profiles the rounds but the
-    first and the last (which evaluates every client)."""
+    after ``on_round_end``, included) and the clients each selected; right after each timed round, the floor's
+    round of the same clients, outside the federation's time (interleaved, so that load from other processes hits
+    both alike). With a profiler, profiles the rounds but the first and the last (which evaluates every client)."""
 
-    def __init__(self, rounds: int, profiler: cProfile.Profile | None) -> None:
+    def __init__(self, data: SyntheticImages, rounds: int, profiler: cProfile.Profile | None) -> None:
         self.seconds: list[float] = []
+        self.floor_seconds: list[float] = []
         self.selected: list[list[str]] = []
-        self.rounds, self.profiler = rounds, profiler
+        self.data, self.rounds, self.profiler = data, rounds, profiler
+        self._floor: _Floor | None = None
         self._start: float | None = None
 
     def on_round_start(self, trainer, pl_module, server_round) -> None:  # noqa: ANN001
-        now = time.perf_counter()
         if self._start is not None:
-            self.seconds.append(now - self._start)
-        self._start = now
-        if self.profiler is not None and server_round == 2:
+            self.seconds.append(time.perf_counter() - self._start)
+            if self.profiler is not None:
+                self.profiler.disable()
+            self._floor = self._floor or _Floor(self.data)
+            self.floor_seconds.append(self._floor.round(self.selected[-1]))
+        if self.profiler is not None and 1 < server_round < self.rounds:
             self.profiler.enable()
-        if self.profiler is not None and server_round == self.rounds:
-            self.profiler.disable()
+        self._start = time.perf_counter()
 
     def on_before_aggregate(self, trainer, pl_module, server_round, updates) -> None:  # noqa: ANN001
         self.selected.append([u.client_id for u in updates])
@@ -72,7 +77,7 @@ def federated(args: argparse.Namespace, out: str) -> tuple[_RoundClock, Syntheti
     data = SyntheticImages(num_clients=args.clients, samples_per_client=args.samples, image_size=16, seed=0,
                            batch_size=args.batch_size)
     profiler = cProfile.Profile() if args.profile else None
-    clock = _RoundClock(args.rounds, profiler)
+    clock = _RoundClock(data, args.rounds, profiler)
     federation = Federation(_module(), data, FedAvg(), rounds=args.rounds, local_steps=1,
                             clients_per_round=args.fraction, eval_every=args.eval_every or args.rounds + 1,
                             checkpoint_every=args.checkpoint_every, accelerator="cpu", threads=args.threads,
@@ -89,41 +94,44 @@ def federated(args: argparse.Namespace, out: str) -> tuple[_RoundClock, Syntheti
     return clock, data, time.perf_counter() - start
 
 
-def floor(data: SyntheticImages, selected: list[list[str]]) -> list[float]:
-    """Seconds per round of the same clients' one step each, as a plain PyTorch loop on one model."""
-    torch.manual_seed(0)
-    model = _module()
-    params = dict(model.named_parameters())
-    shared = {n: p for n, p in params.items() if n.startswith("backbone.")}
-    personal = {n: p for n, p in params.items() if n.startswith("head.")}
-    server = {n: p.detach().clone() for n, p in shared.items()}
-    store: dict[str, dict[str, torch.Tensor]] = {}
-    seconds = []
-    for clients in selected:
+class _Floor:
+    """The same clients' one step each as a plain PyTorch loop on one model (see the module docstring)."""
+
+    def __init__(self, data: SyntheticImages) -> None:
+        torch.manual_seed(0)
+        self.data, self.model = data, _module()
+        params = dict(self.model.named_parameters())
+        self.shared = {n: p for n, p in params.items() if n.startswith("backbone.")}
+        self.personal = {n: p for n, p in params.items() if n.startswith("head.")}
+        self.server = {n: p.detach().clone() for n, p in self.shared.items()}
+        self.store: dict[str, dict[str, torch.Tensor]] = {}
+
+    def round(self, clients: list[str]) -> float:
+        """Seconds of one round of ``clients``."""
         start = time.perf_counter()
+        model, shared, personal, server = self.model, self.shared, self.personal, self.server
         total = {n: torch.zeros_like(t) for n, t in server.items()}
         for client_id in clients:
             with torch.no_grad():
                 for n, p in shared.items():
                     p.copy_(server[n])
                 for n, p in personal.items():
-                    p.copy_(store.get(client_id, {}).get(n, p))
+                    p.copy_(self.store.get(client_id, {}).get(n, p))
             optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
             model.train()
-            x, y = next(iter(data.train_dataloader(client_id, torch.Generator().manual_seed(0))))
+            x, y = next(iter(self.data.train_dataloader(client_id, torch.Generator().manual_seed(0))))
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             with torch.no_grad():
-                store[client_id] = {n: p.detach().clone() for n, p in personal.items()}
+                self.store[client_id] = {n: p.detach().clone() for n, p in personal.items()}
                 for n, p in shared.items():
                     total[n] += p
         with torch.no_grad():
             for n in server:
                 server[n] = total[n] / len(clients)
-        seconds.append(time.perf_counter() - start)
-    return seconds
+        return time.perf_counter() - start
 
 
 def main() -> None:
@@ -143,7 +151,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         clock, data, total = federated(args, out)
     rounds = clock.seconds[1:] or clock.seconds  # the first warms up; the last (not timed) evaluates every client
-    floors = floor(data, clock.selected[1:-1] or clock.selected)
+    floors = clock.floor_seconds[1:] or clock.floor_seconds
     fed, base = statistics.median(rounds), statistics.median(floors)
     sampled = len(clock.selected[-1])
     print(f"N={args.clients} fraction={args.fraction} ({sampled} clients/round), {args.rounds} rounds, "
