@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from lightning.pytorch import LightningModule
@@ -12,6 +12,21 @@ from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
+
+_T = TypeVar("_T")
+#: Bumped whenever any module of the process registers a parameter, buffer or submodule (PyTorch's global
+#: registration hooks: ``module.x = ...``, ``register_buffer``, ``load_state_dict(assign=True)``); what a
+#: :class:`FederatedModule` derives from its structure (:meth:`FederatedModule.derived`) is rebuilt after it.
+_generation = [0]
+
+
+def _structure_changed(*_: Any) -> None:
+    _generation[0] += 1
+
+
+nn.modules.module.register_module_parameter_registration_hook(_structure_changed)
+nn.modules.module.register_module_buffer_registration_hook(_structure_changed)
+nn.modules.module.register_module_module_registration_hook(_structure_changed)
 
 
 class CachedFeatures(Tensor):
@@ -86,6 +101,8 @@ class FederatedModule(LightningModule):
         self.momentum = momentum
         self.weight_decay = weight_decay
         self._roles: ParameterRoles | None = None
+        self._derived: dict[str, Any] = {}
+        self._derived_key: tuple[int, ...] = ()
 
     # ----------------------------------------------------------------------------------------------- roles
     def default_role_rules(self) -> list[RoleRule]:
@@ -106,6 +123,7 @@ class FederatedModule(LightningModule):
         if missing:
             raise ConfigError(f"Roles given for a different model: no role for {missing[:5]}.")
         self._roles = roles
+        self._derived_key = ()
         for name, param in self.named_parameters():
             param.requires_grad_(roles[name] != "frozen")
 
@@ -114,11 +132,43 @@ class FederatedModule(LightningModule):
         return [n for n, _ in self.named_parameters()] + [n for n, _ in self.named_buffers()]
 
     def named_tensors(self, *roles: str) -> dict[str, Tensor]:
-        """Live parameters and buffers with one of ``roles`` (no copy)."""
+        """Live parameters and buffers with one of ``roles`` (no copy; a new dict at every call)."""
+        return dict(self.derived(f"named_tensors{roles}", lambda: self._named_tensors(roles)))
+
+    def _named_tensors(self, roles: tuple[str, ...]) -> dict[str, Tensor]:
         wanted = set(self.parameter_roles().names(*roles))
         tensors = dict(self.named_parameters())
         tensors.update(self.named_buffers())
         return {n: t for n, t in tensors.items() if n in wanted}
+
+    def derived(self, key: str, build: Callable[[], _T]) -> _T:
+        """``build()``, kept under ``key`` until the module's structure or roles change: a value derived from its
+        parameters, buffers, submodules and roles (walking them at every client turn costs more than a small
+        model's step).
+
+        A change is: a parameter, buffer or submodule registered anywhere in the process (``module.x = ...``,
+        ``register_buffer``, ``load_state_dict(assign=True)``), :meth:`set_parameter_roles`, or a conversion of the
+        module or a module above it (``to``, ``half``..., which replace buffers). A conversion of a submodule alone
+        (``module.head.to(...)``) is not seen: convert the whole module.
+        """
+        roles = self._roles
+        current = (_generation[0], id(self), id(roles))
+        if getattr(self, "_derived_key", None) != current or roles is None:
+            self._derived, self._derived_key = {}, current
+        if key not in self._derived:
+            self._derived[key] = build()
+            # Building may resolve the roles (parameter_roles()): keep what was built under the resolved ones.
+            self._derived_key = (_generation[0], id(self), id(self._roles))
+        return self._derived[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or a pickle (another process) rebuilds what is derived: it holds this module's tensors and an
+        # optimizer wrapped by this process's Fabric.
+        return {**super().__getstate__(), "_derived": {}, "_derived_key": ()}
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> FederatedModule:
+        self._derived_key = ()  # to(), half()...: buffers (and maybe parameters) become new tensors
+        return super()._apply(fn, *args, **kwargs)
 
     def shared_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """(name, parameter) of the trainable parameters whose role is ``shared``."""
@@ -136,13 +186,19 @@ class FederatedModule(LightningModule):
         drift per client, so such modules are evaluated with their pretrained statistics.
         """
         self.train()
+        for module in self.derived("frozen_modules", self._frozen_modules):
+            module.eval()
+
+    def _frozen_modules(self) -> list[nn.Module]:
         roles = self.parameter_roles()
+        frozen = []
         for module_name, module in self.named_modules():
             prefix = f"{module_name}." if module_name else ""
             own = [prefix + n for n, _ in module.named_parameters(recurse=False)]
             own += [prefix + n for n, _ in module.named_buffers(recurse=False)]
             if own and all(roles[n] == "frozen" for n in own):
-                module.eval()
+                frozen.append(module)
+        return frozen
 
     def extract_features(self, inputs: Any) -> Any:
         """The :attr:`feature_extractor`'s output for ``inputs``; cached features (:class:`CachedFeatures`) pass
@@ -161,7 +217,8 @@ class FederatedModule(LightningModule):
         A subclass may override this and return an optimizer, or ``{"optimizer": opt, "lr_scheduler":
         {"scheduler": sched, "interval": "round" | "step"}}`` (see :mod:`fedlit.engine.optim`).
         """
-        params = [p for p in self.parameters() if p.requires_grad]
+        # requires_grad is read at every call: a strategy may freeze some tensors for a phase (FedRep).
+        params = [p for p in self.derived("parameters", lambda: list(self.parameters())) if p.requires_grad]
         if not params:
             raise ConfigError(
                 "Nothing to train: every parameter is frozen. Give a role rule that makes some tensors "

@@ -1,3 +1,5 @@
+import copy
+
 import torch
 
 from fedlit.core.store import ClientStore
@@ -75,3 +77,39 @@ def test_a_federation_stores_only_personal_tensors_per_client(tmp_path):
         assert set(federation.store.tensors(client)) == {"head.weight", "head.bias"}
         assert federation.store.nbytes(client) == head_bytes
     assert federation.store.nbytes() == 4 * head_bytes  # 3 clients + the template of untrained clients
+
+
+def test_nbytes_follows_reallocation_retain_and_loading():
+    store = ClientStore()
+    store.set_initial({"w": torch.zeros(10)})
+    store.save_from("a", {"w": torch.zeros(10)})
+    store.save_from("b", {"w": torch.zeros(10)})
+    store.save_from("a", {"w": torch.zeros(10), "v": torch.zeros(5, dtype=torch.float64)})  # other names: new entry
+    store.set_optimizer_state("b", {"state": {0: {"exp_avg": torch.zeros(3)}}, "param_groups": []})
+    assert (store.nbytes("a"), store.nbytes("b"), store.nbytes()) == (80, 52, 40 + 80 + 52)
+    saved = copy.deepcopy(store.state_dict())  # state_dict() holds the live entries
+    store.load_client_state("b", {"tensors": None, "optimizer": None, "extra": None})
+    assert (store.nbytes("b"), store.nbytes()) == (0, 40 + 80)
+    store.load_client_state("b", {"tensors": {"w": torch.zeros(2)}, "optimizer": None, "extra": None})
+    assert store.nbytes("b") == 8
+    restored = ClientStore()
+    restored.load_state_dict(saved)
+    assert (restored.nbytes("a"), restored.nbytes("b"), restored.nbytes()) == (80, 52, 172)
+    restored.retain({"b"})
+    assert (restored.nbytes("a"), restored.nbytes()) == (0, 40 + 52)
+
+
+def test_nbytes_of_the_store_walks_no_client_s_tensors(monkeypatch):
+    """The store's size is logged every round: with 1,000 clients, walking every entry costs in proportion to the
+    clients, not to the round's work."""
+    import fedlit.core.store as store_module
+
+    store = ClientStore()
+    store.set_initial({"w": torch.zeros(4)})
+    for i in range(3):
+        store.save_from(str(i), {"w": torch.zeros(4)})
+    walked = []
+    real = store_module.nbytes
+    monkeypatch.setattr(store_module, "nbytes", lambda tree: walked.append(tree) or real(tree))
+    assert store.nbytes() == 4 * 16
+    assert not any(tree is store.tensors(str(i)) for tree in walked for i in range(3))

@@ -33,6 +33,9 @@ class ClientStore:
         self._optimizer: dict[str, dict[str, Any]] = {}
         self._extra: dict[str, dict[str, dict[str, Any]]] = {}
         self._kept: set[str] | None = None  # the clients this process holds (None: all of them)
+        #: Bytes of each client's tensors and optimizer state, kept as they are stored (:meth:`nbytes` is logged
+        #: every round: walking every client's entry would cost in proportion to the clients, not to the round).
+        self._sizes: dict[str, int] = {}
 
     def set_initial(self, tensors: Mapping[str, Tensor]) -> None:
         """The state of a client that has not trained yet (one copy, shared by all such clients)."""
@@ -63,6 +66,7 @@ class ClientStore:
         with torch.no_grad():
             if own is None or set(own) != set(live):
                 self._tensors[client_id] = {n: t.detach().to(self.device, copy=True) for n, t in live.items()}
+                self._resize(client_id)
             else:
                 for name, tensor in live.items():
                     own[name].copy_(tensor)
@@ -74,6 +78,7 @@ class ClientStore:
     def set_optimizer_state(self, client_id: str, state: dict[str, Any]) -> None:
         """Keep ``client_id``'s optimizer state (moved to the store's device)."""
         self._optimizer[client_id] = _to_device(state, self.device)
+        self._resize(client_id)
 
     def extra(self, client_id: str, key: str) -> dict[str, Any]:
         """A mutable dict of per-client state owned by the strategy or callback ``key``."""
@@ -83,16 +88,22 @@ class ClientStore:
         """Bytes of what the store keeps for one client (its tensors, optimizer state and strategy/callback state),
         or for the whole store (the template of untrained clients included)."""
         if client_id is not None:
-            return (nbytes(self._tensors.get(client_id, {})) + nbytes(self._optimizer.get(client_id))
-                    + nbytes(self._extra.get(client_id)))
-        clients = {*self._tensors, *self._optimizer, *self._extra}
-        return nbytes(self._initial) + sum(self.nbytes(c) for c in clients)
+            return self._sizes.get(client_id, 0) + nbytes(self._extra.get(client_id))
+        # The strategies' and callbacks' states are changed in place by their owners: walked at every call.
+        return nbytes(self._initial) + sum(self._sizes.values()) + nbytes(self._extra)
+
+    def _resize(self, client_id: str) -> None:
+        size = nbytes(self._tensors.get(client_id)) + nbytes(self._optimizer.get(client_id))
+        if size or client_id in self._tensors or client_id in self._optimizer:
+            self._sizes[client_id] = size
+        else:
+            self._sizes.pop(client_id, None)
 
     def retain(self, client_ids: set[str]) -> None:
         """Keep only ``client_ids``' entries, now and whenever a state is loaded later (a rank of a multi-device run
         holds its own clients only; see :mod:`fedlit.engine.ranks`)."""
         self._kept = set(client_ids)
-        for entries in (self._tensors, self._optimizer, self._extra):
+        for entries in (self._tensors, self._optimizer, self._extra, self._sizes):
             for client_id in [c for c in entries if c not in self._kept]:
                 del entries[client_id]
 
@@ -109,6 +120,7 @@ class ClientStore:
                 table.pop(client_id, None)
             else:
                 table[client_id] = _to_device(state[key], self.device)
+        self._resize(client_id)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything in the store, for a checkpoint (tensors and plain containers only)."""
@@ -125,6 +137,9 @@ class ClientStore:
         self._tensors = _to_device(self._own(state["tensors"]), self.device)
         self._optimizer = _to_device(self._own(state["optimizer"]), self.device)
         self._extra = _to_device(self._own(state["extra"]), self.device)
+        self._sizes = {}
+        for client_id in {*self._tensors, *self._optimizer}:
+            self._resize(client_id)
 
     def _own(self, entries: Mapping[str, Any]) -> dict[str, Any]:
         return {c: v for c, v in entries.items() if self._kept is None or c in self._kept}

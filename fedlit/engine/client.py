@@ -10,7 +10,8 @@ never reach into Fabric or the data module.
 
     received = strategy.configure_client(...)       # every shared tensor, from the server
     load the client's personal tensors from the store, then ``received``, into the live module (in place)
-    build the optimizer (fedlit.engine.optim: stored state, this round's learning rate)
+    the optimizer (fedlit.engine.optim: the module's own one reused with a fresh state, or configure_optimizers; stored
+        state, this round's learning rate)
     on_client_fit_start(..., client_state=<each callback's own slot>)
     for each step: convert the batch to the run's precision; training_step under strategy.client_forward(module)
         and fabric.autocast();
@@ -47,7 +48,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from fedlit.core.errors import DataError
-from fedlit.core.seeding import derive_seed
+from fedlit.core.seeding import derive_seed, manual_seed
 from fedlit.core.store import ClientStore
 from fedlit.core.tensors import first_non_finite
 from fedlit.core.tensors import nbytes as state_nbytes
@@ -172,7 +173,7 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     client_id = ctx.client_id
     started, timeout = _clock(), local.client_timeout
     load_client(ctx, received)
-    torch.manual_seed(ctx.derive_seed("train", server_round, client_id))
+    manual_seed(ctx.derive_seed("train", server_round, client_id))
     loader = ctx.train_dataloader("data", server_round, client_id)
     optimizer, scheduler = _client_optimizer(ctx)
     precision = fabric.strategy.precision
@@ -264,8 +265,11 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
 def batch_statistics_layers(module: nn.Module) -> list[str]:
     """The BatchNorm layers of ``module`` that normalize with the statistics of the batch: in train mode, or
     without running statistics. A batch of one sample has none."""
-    return [name for name, m in module.named_modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)]
+    def norms() -> list[tuple[str, nn.Module]]:
+        return [(n, m) for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    layers = module.derived("batchnorm_layers", norms) if isinstance(module, FederatedModule) else norms()
+    return [name for name, m in layers if m.training or m.running_mean is None]
 
 
 def skip_single_sample(ctx: ClientContext, batch: Any, norms: list[str]) -> bool:
@@ -308,11 +312,24 @@ def _client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:
     """The optimizer of the client's turn (set up by Fabric) and the scheduler to step after each local step
     (None unless the interval is ``step``): stored states loaded under ``optimizer_state: persist``, this round's
     hyperparameters applied under ``interval: round``."""
+    persist = ctx.local.optimizer_state == "persist"
+    stored = ctx.store.optimizer_state(ctx.client_id) if persist else None
+    reused = optim.reused_optimizer(ctx.module)
+    if reused is not None:  # a built-in optimizer, as configure_optimizers would build it (see optim.reused_optimizer)
+        optimizer, wrapped = reused
+        if stored is None:
+            if ctx.lr_schedule is not None:
+                ctx.lr_schedule.apply(optimizer)
+            return wrapped if wrapped is not None else optim.keep_wrapped(ctx.module,
+                                                                          ctx.fabric.setup_optimizers(optimizer)), None
+        optimizer.load_state_dict(stored)  # replaces its state and groups: Fabric's wrapper must be built anew
+        optim.keep_wrapped(ctx.module, None)
+        if ctx.lr_schedule is not None:
+            ctx.lr_schedule.apply(optimizer)
+        return ctx.fabric.setup_optimizers(optimizer), None
     local = optim.unpack(ctx.module, ctx.module.configure_optimizers())
     optimizer = local.optimizer
-    persist = ctx.local.optimizer_state == "persist"
-    stored = ctx.store.optimizer_state(ctx.client_id)
-    if persist and stored is not None:
+    if stored is not None:
         optimizer.load_state_dict(stored)
     scheduler = local.scheduler if local.interval == "step" else None
     if scheduler is not None and persist:

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import DataError
+from fedlit.core.seeding import manual_seed
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import optim, record
 from fedlit.engine.client import ClientContext, batch_statistics_layers, load_client, skip_single_sample
@@ -168,7 +169,7 @@ def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tup
     same steps. Nothing is saved: the next :func:`~fedlit.engine.client.load_client` undoes it. ``option`` names the
     setting in the error raised when the client has no training batch."""
     module, fabric = ctx.module, ctx.fabric
-    torch.manual_seed(ctx.derive_seed(*seed))
+    manual_seed(ctx.derive_seed(*seed))
     loader = ctx.train_dataloader(*data)
     if optimizer is None:
         local = optim.unpack(module, module.configure_optimizers())

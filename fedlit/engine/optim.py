@@ -21,6 +21,12 @@ A schedule has one of two intervals:
 
 Several optimizers, a list of schedulers and schedules that need a monitored metric (``ReduceLROnPlateau``) are
 refused.
+
+A client turn with one of :class:`~fedlit.module.FederatedModule`'s own optimizers (``sgd``, ``adam``, ``adamw``,
+``configure_optimizers`` not overridden, no learning-rate scheduler) does not build one per turn
+(:func:`reused_optimizer`): one optimizer per set of trainable parameters is kept on the module and handed back with
+an empty state and the hyperparameters it was built with, which is what a fresh one holds. Building it (and Fabric's
+wrapper) cost more than a small model's step, once per client turn.
 """
 
 from __future__ import annotations
@@ -167,3 +173,45 @@ def restore_round_schedule(schedule: RoundSchedule | None, payload: Mapping[str,
                               "model.init_args.lr_scheduler and lr_scheduler_interval.")
     if saved is not None and schedule is not None:
         schedule.load_state_dict(saved)
+
+
+def reused_optimizer(module: FederatedModule) -> tuple[Optimizer, Any] | None:
+    """The module's own optimizer over its parameters that train now, reset to what ``configure_optimizers`` would
+    build (an empty state, the hyperparameters it was built with), and its Fabric wrapper kept by
+    :func:`keep_wrapped` (None until then); None when ``configure_optimizers`` may build something else (overridden,
+    a callable optimizer or a scheduler)."""
+    from fedlit.module import FederatedModule  # a layer above: imported when first used, as in the type hints
+
+    own = getattr(module.configure_optimizers, "__func__", None) is FederatedModule.configure_optimizers
+    if (not own  # overridden by a subclass or on the instance
+            or getattr(module, "optimizer_factory", None) is not None
+            or getattr(module, "lr_scheduler_factory", None) is not None):
+        return None
+    kept: dict[tuple[int, ...], _Kept] = module.derived("fedlit.optimizers", dict)
+    key = tuple(id(p) for p in module.derived("parameters", lambda: list(module.parameters())) if p.requires_grad)
+    entry = kept.get(key)
+    if entry is None:
+        optimizer = unpack(module, module.configure_optimizers()).optimizer
+        entry = kept[key] = _Kept(optimizer, [dict(g) for g in optimizer.param_groups])
+    else:
+        entry.optimizer.state.clear()
+        for group, built in zip(entry.optimizer.param_groups, entry.groups, strict=True):
+            group.clear()
+            group.update(built)  # in place: Fabric's wrapper shares the groups
+    module.derived("fedlit.optimizer_in_use", list)[:] = [key]
+    return entry.optimizer, entry.wrapped
+
+
+def keep_wrapped(module: FederatedModule, wrapped: Any) -> Any:
+    """Keep Fabric's wrapper of the optimizer :func:`reused_optimizer` last gave (None: drop it, after a
+    ``load_state_dict`` that replaced the state it shares); returns ``wrapped``."""
+    key = module.derived("fedlit.optimizer_in_use", list)[0]
+    module.derived("fedlit.optimizers", dict)[key].wrapped = wrapped
+    return wrapped
+
+
+@dataclass
+class _Kept:
+    optimizer: Optimizer
+    groups: list[dict[str, Any]]
+    wrapped: Any = None

@@ -27,7 +27,7 @@ class Settings:
             (float in (0, 1]), or None for every client.
         local_epochs: Passes over the client's training data per round (ignored when ``local_steps`` is set).
         local_steps: Exactly this many optimizer steps per round (cycling through the data), instead of epochs.
-        optimizer_state: ``reset`` builds a fresh optimizer for every client turn; ``persist`` keeps each
+        optimizer_state: ``reset`` starts every client turn from a fresh optimizer state; ``persist`` keeps each
             client's optimizer state (momenta), and its learning-rate schedule of interval ``step``, in the store
             between its turns.
         eval_every: Evaluate every this many rounds (the last round is always evaluated).

@@ -292,3 +292,39 @@ def test_a_misspelled_optimizer_shorthand_is_one_clear_line(tmp_path, capsys):
         "fedlit: error: model.init_args.optimizer='sgdd' is not one of the shorthands ['sgd', 'adam', 'adamw'] nor "
         "a known class. Did you mean 'sgd'? Give a shorthand, or a class of torch.optim as class_path (its name or "
         "full import path).")
+
+
+def _trained(tmp_path, name, optimizer_state, reuse, monkeypatch):
+    """Every client's stored tensors (and optimizer states) and the server state after 3 rounds of 2 steps."""
+    import fedlit.engine.optim as optim_module
+
+    with monkeypatch.context() as patch:
+        if not reuse:
+            patch.setattr(optim_module, "reused_optimizer", lambda module: None)
+        federation = make_federation(tmp_path / f"{name}-{optimizer_state}-{reuse}", FedAvg(), rounds=3,
+                                     roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")],
+                                     local_steps=2, optimizer_state=optimizer_state, eval_every=10)
+        federation.module.optimizer_name = name
+        federation.fit()
+    return federation.store.state_dict(), federation.strategy.state_dict()
+
+
+@pytest.mark.parametrize(("name", "optimizer_state"), [("sgd", "reset"), ("adam", "reset"), ("adamw", "persist")])
+def test_a_reused_optimizer_trains_as_a_fresh_one_per_turn(tmp_path, monkeypatch, name, optimizer_state):
+    from tests.conftest import _equal
+
+    reused = _trained(tmp_path, name, optimizer_state, True, monkeypatch)
+    fresh = _trained(tmp_path, name, optimizer_state, False, monkeypatch)
+    assert _equal(reused, fresh)
+    assert reused[0]["tensors"]  # the clients trained
+
+
+def test_a_turn_does_not_build_the_module_s_own_optimizer_again(tmp_path, monkeypatch):
+    federation = make_federation(tmp_path, FedAvg(), rounds=1, local_steps=1)
+    federation.setup()
+    federation.fit_client(1, "c0")
+    built = []
+    real = ClassificationModule.configure_optimizers
+    monkeypatch.setattr(FederatedModule, "configure_optimizers", lambda self: built.append(1) or real(self))
+    federation.fit_client(1, "c1")
+    assert built == []
