@@ -37,9 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 import measure
+import psutil
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -196,7 +195,8 @@ def table(rows: list[Row], rounds: int) -> list[str]:
 
         lines.append(f"| {row.task} | {row.clients} | {row.system} | {row.per_round:.2f} | "
                      f"{ratio(row.per_round, floor and floor.per_round)} | {row.peak:.0f} | "
-                     f"{ratio(row.peak, floor and floor.peak)} | {row.wall:.1f} | {ratio(row.wall, floor and floor.wall)} |")
+                     f"{ratio(row.peak, floor and floor.peak)} | {row.wall:.1f} | "
+                     f"{ratio(row.wall, floor and floor.wall)} |")
     return lines
 
 
