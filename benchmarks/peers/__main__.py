@@ -3,9 +3,9 @@
 Task ``vit``: N clients, a frozen ViT-S/16 at 64 px (random init, nothing downloaded) + LoRA r = 8 on its fused
 qkv projections + a linear head, 64 train samples each, batch 16, 1 local epoch, FedAvg over LoRA and the head, 2
 CPU threads (``vit_lora.yaml`` beside this file). From N = 1,000 on (the ``sampled`` protocol): 16 train samples
-each, 1 local step, 10 % of the clients a round. Task ``heart``: FLamby's Fed-Heart-Disease logistic regression
-(``recipes/heart_disease_fedavg.yaml``: 4 hospitals, 100 local steps of batch 4), a model so small that the
-loop's own cost per step shows; it needs the data at ``--heart-root``.
+each (and 1 test sample), 1 local step, 10 % of the clients a round. Task ``heart``: FLamby's Fed-Heart-Disease
+logistic regression (``recipes/heart_disease_fedavg.yaml``: 4 hospitals, 100 local steps of batch 4), a model so
+small that the loop's own cost per step shows; it needs the data at ``--heart-root``.
 
 Systems, each run in a fresh process, interleaved (for each N and repeat: floor, fedlit, fedlit fused, Flower):
 
@@ -86,8 +86,9 @@ def overrides(task: str, clients: int, args: argparse.Namespace) -> list[str]:
                 "--federation.progress_bar", "false"]
     sized = ["--data.init_args.num_clients", str(clients), *rounds]
     if clients >= SAMPLED_FROM:
-        sized += ["--data.init_args.samples_per_client", "20", "--federation.clients_per_round", "0.1",
-                  "--federation.local_steps", "1"]
+        # 16 train samples and 1 test sample each: fedlit's final test of every client stays short
+        sized += ["--data.init_args.samples_per_client", "17", "--data.init_args.split_fractions", "[0.94, 0, 0.06]",
+                  "--federation.clients_per_round", "0.1", "--federation.local_steps", "1"]
     if args.quick:
         sized += ["--data.init_args.samples_per_client", "20",
                   "--model.init_args.backbone.init_args.model_args", TINY_VIT]
