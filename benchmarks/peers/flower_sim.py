@@ -27,6 +27,7 @@ import workload
 ENV = "FEDLIT_PEERS_RECIPE"
 _objects: dict[str, Any] = {}  # this process's objects, built on first use
 _stamps: list[tuple[str, float]] = []  # (configure | aggregate, perf_counter) of the server's rounds
+_replies: list[int] = []  # the clients that trained in each round (replies without an error)
 
 
 def _built() -> workload.Objects:
@@ -66,6 +67,8 @@ def _apps() -> tuple[Any, Any]:
             return super().configure_train(server_round, arrays, config, grid)
 
         def aggregate_train(self, server_round: int, replies: Any) -> Any:
+            replies = list(replies)
+            _replies.append(sum(not r.has_error() for r in replies))
             result = super().aggregate_train(server_round, replies)
             _stamps.append(("aggregate", time.perf_counter()))
             return result
@@ -78,8 +81,10 @@ def _apps() -> tuple[Any, Any]:
         settings, clients = objects.settings, len(objects.data.train_client_ids)
         per_round = settings.clients_per_round
         fraction = 1.0 if per_round is None else per_round if isinstance(per_round, float) else per_round / clients
-        strategy = TimedFedAvg(fraction_train=fraction, min_train_nodes=1, fraction_evaluate=0.0,
-                               min_evaluate_nodes=0, min_available_nodes=clients)
+        # min_train_nodes: Flower's FedAvg takes its fraction of the nodes connected when the round starts, before
+        # it waits for min_available_nodes; in a simulation some have not registered yet (it sampled 1 of 20 here)
+        strategy = TimedFedAvg(fraction_train=fraction, min_train_nodes=workload.num_clients(objects),
+                               fraction_evaluate=0.0, min_evaluate_nodes=0, min_available_nodes=clients)
         initial = {n: t.detach().clone() for n, t in objects.trainable.items()}
         strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=settings.rounds)
 
@@ -98,7 +103,12 @@ def main(argv: list[str]) -> None:
                                    "init_args": {"num_cpus": threads, "num_gpus": 0, "log_to_driver": False}})
     starts = [t for kind, t in _stamps if kind == "configure"]
     ends = [t for kind, t in _stamps if kind == "aggregate"]
-    print(json.dumps({"round_seconds": [end - start for start, end in zip(starts, ends, strict=True)]}))
+    expected = workload.num_clients(objects)
+    if any(n != expected for n in _replies):
+        raise SystemExit(f"Flower aggregated {_replies} clients' replies in its rounds, expected {expected} each: "
+                         "a ClientApp failed (see Ray's log)")
+    print(json.dumps({"round_seconds": [end - start for start, end in zip(starts, ends, strict=True)],
+                      "clients": _replies}))
 
 
 if __name__ == "__main__":

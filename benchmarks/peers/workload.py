@@ -70,11 +70,15 @@ def local_train(objects: Objects, client_id: str, server_round: int) -> int:
     return objects.data.num_examples(client_id, "train")
 
 
-def selected(objects: Objects, server_round: int) -> list[str]:
-    """The clients of ``server_round``: all, or ``federation.clients_per_round`` of them drawn at random."""
+def num_clients(objects: Objects) -> int:
+    """How many clients train a round: all, or ``federation.clients_per_round`` of them."""
     from fedlit.core.seeding import num_selected
 
+    return num_selected(objects.settings.clients_per_round, len(objects.data.train_client_ids))
+
+
+def selected(objects: Objects, server_round: int) -> list[str]:
+    """The clients of ``server_round``: all, or ``federation.clients_per_round`` of them drawn at random."""
     clients = objects.data.train_client_ids
-    count = num_selected(objects.settings.clients_per_round, len(clients))
     order = torch.randperm(len(clients), generator=torch.Generator().manual_seed(server_round))
-    return [clients[i] for i in sorted(order[:count].tolist())]
+    return [clients[i] for i in sorted(order[:num_clients(objects)].tolist())]
