@@ -75,7 +75,7 @@ def test_goals_say_what_was_not_measured(peers) -> None:
     rows = [peers.Row("vit", 20, "fedlit fused 4", [], note="not available: this fedlit has no "
                       "federation.fused_clients")]
     lines = peers.goals(rows, _args())
-    assert lines[0].endswith("not measured not available: this fedlit has no federation.fused_clients")
+    assert lines[0].endswith("not measured (not available: this fedlit has no federation.fused_clients)")
     assert all("not measured" in line for line in lines)
 
 
