@@ -167,7 +167,8 @@ class FederatedDataModule:
     @property
     def train_client_ids(self) -> list[str]:
         """The clients that train (rounds select among them), in :attr:`client_ids` order."""
-        return [c for c in self.client_ids if c not in self.evaluation_only]
+        evaluation_only = self.evaluation_only  # once: a property, read per client it made this O(N^2)
+        return [c for c in self.client_ids if c not in evaluation_only]
 
     def expected_num_clients(self) -> int | None:
         """The number of clients, known from the constructor's arguments without building the data (for cost

@@ -145,10 +145,15 @@ def describe(run: Run) -> dict[str, Any]:
         "ended": utc_now(),
         "wall_seconds": round(_wall_seconds(run), 3),
         "energy": energy.summary(run, run.timing.get("energy_kwh", 0.0)),
-        "evaluation_only": [c for c in run.client_ids
-                            if c not in set(run.train_client_ids) | set(run.unseen_client_ids)],
+        "evaluation_only": _evaluation_only(run),
         "unseen_clients": run.unseen_client_ids,
     }
+
+
+def _evaluation_only(run: Run) -> list[str]:
+    """The clients that neither train nor are held out as unseen (one set built, not one per client)."""
+    others = set(run.train_client_ids) | set(run.unseen_client_ids)
+    return [c for c in run.client_ids if c not in others]
 
 
 # -------------------------------------------------------------------------------------------- images
