@@ -41,7 +41,8 @@ SECTIONS = ("model", "data", "strategy", "federation")
 #: Settings of the ``federation`` section that a resumed run may change (the others would make it another experiment).
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
                        "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
-                       "client_timeout", "max_update_norm", "max_update_ratio", "allow_dropped_callbacks", "threads"})
+                       "client_timeout", "max_update_norm", "max_update_ratio", "allow_dropped_callbacks", "threads",
+                       "fused_clients"})
 
 
 def identity(run: Run) -> dict[str, Any]:

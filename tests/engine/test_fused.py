@@ -51,6 +51,28 @@ class Uploads(Callback):
         self.rounds.append({u.client_id: (dict(u.state), dict(u.metrics)) for u in updates})
 
 
+class ScaledPerClient(FedAvg):
+    """FedAvg whose client loss is scaled by a per-client factor set in ``on_client_fit_start``: fused training must
+    put each client's attribute back before its ``training_loss`` (FedProx's anchor is the same for every client)."""
+
+    fusable = True
+
+    def on_client_fit_start(self, client_id) -> None:
+        self.scale = 1.0 + 2 * int(client_id[1])
+
+    def training_loss(self, pl_module, loss, batch, outputs=None):
+        return loss * self.scale
+
+
+class NonFiniteForC2(ScaledPerClient):
+    """Client c2's loss is NaN: it is quarantined, the others of its group go on."""
+
+    fusable = True
+
+    def on_client_fit_start(self, client_id) -> None:
+        self.scale = math.nan if client_id == "c2" else 1.0
+
+
 def _vit_federation(out_dir, strategy, fused=1, roles=None, rounds=2, optimizer="sgd", **kwargs):
     torch.manual_seed(0)
     module = ClassificationModule(
@@ -98,15 +120,19 @@ def _assert_same_run(tmp_path, strategy_factory, fused, **kwargs):
 
 
 @pytest.mark.parametrize(("strategy_factory", "fused"), [
-    (FedAvg, 4),
-    (lambda: FedProx(mu=0.5), 3),  # a group of 3 and one client alone
-    (FedSA, 4),
-    (FedPer, 2),
+    pytest.param(FedAvg, 4, id="FedAvg"),
+    pytest.param(lambda: FedProx(mu=0.5), 3, id="FedProx"),  # a group of 3 and one client alone
+    pytest.param(FedSA, 4, id="FedSA"),
+    pytest.param(FedPer, 2, id="FedPer"),
+    pytest.param(ScaledPerClient, 4, id="per-client-attribute"),
+    pytest.param(NonFiniteForC2, 4, id="quarantine"),
 ])
 def test_fused_training_equals_the_sequential_turns(tmp_path, strategy_factory, fused):
-    seq, _ = _assert_same_run(tmp_path, strategy_factory, fused)
+    seq, fus = _assert_same_run(tmp_path, strategy_factory, fused)
     if type(seq.strategy) in (FedSA, FedPer):  # personal tensors compared (FedSA's B, FedPer's head)
         assert seq.store.tensors("c0")
+    if type(seq.strategy) is NonFiniteForC2:
+        assert seq.faults == fus.faults and [f["client"] for f in fus.faults] == ["c2", "c2"]
 
 
 def test_fused_training_with_adam_and_persisted_optimizer_state(tmp_path):
