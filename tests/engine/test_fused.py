@@ -12,6 +12,7 @@ from lightning.pytorch import Callback
 from fedlit import FedAvg, Federation, RoleRule
 from fedlit.core.errors import ConfigError
 from fedlit.data import FederatedDataModule, PartitionedData
+from fedlit.engine.fused_model import ClientParameters
 from fedlit.models import LoRA, TimmBackbone
 from fedlit.strategies import SCAFFOLD, FedPer, FedProx, FedSA
 from fedlit.tasks import ClassificationModule
@@ -194,3 +195,28 @@ def test_resume_with_fused_training_continues_the_run(tmp_path):
     second.fit(ckpt_path=tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     for name, value in straight.strategy.global_state.items():
         assert torch.equal(second.strategy.global_state[name], value), name
+
+
+@pytest.mark.parametrize("sizes", [(3, 3, 3), (1, 4, 2)])  # one batched product per layer; one per segment
+def test_the_fused_forward_computes_each_segment_with_its_clients_tensors(sizes):
+    torch.manual_seed(0)
+    module = ClassificationModule(
+        backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4), model_args={"in_chans": 1}),
+        num_classes=3, roles=[RoleRule("backbone.*lora_*", "shared")])
+    module.set_parameter_roles(module.parameter_roles())
+    module.eval()
+    params = ClientParameters(module, 3)
+    with torch.no_grad():  # distinct tensors per client (LoRA B starts at zero)
+        for k, tensors in enumerate(params.clients):
+            for tensor in tensors.values():
+                tensor.normal_(0.0, 0.2 * (k + 1))
+    x = torch.randn(sum(sizes), 1, 16, 16)
+    expected = []
+    for k, part in enumerate(x.split(list(sizes))):
+        params.bind(k)
+        expected.append(module(part))
+    params.bind(None)
+    with params.fused([0, 1, 2], sizes):
+        fused = module(x)
+    assert torch.allclose(fused, torch.cat(expected), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(expected[0], module(x.split(list(sizes))[0]), atol=1e-3)  # the live tensors differ
