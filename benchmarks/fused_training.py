@@ -5,7 +5,8 @@ the time) at 64-pixel inputs, LoRA r=8 on the attention's fused qkv projections 
 FedPer's split; FedAvg otherwise), batch 16, one local epoch of 2 steps per client. Each ``fused_clients`` value runs
 in a fresh process, so its peak resident memory is its own. Printed per value: seconds of the clients' training in
 each round (from ``on_round_start`` to ``on_before_aggregate``: loading, local steps, uploads; evaluation left out),
-the rounds after the first (a warm-up) averaged, the speed-up over ``fused_clients: 1`` and the peak RSS.
+the rounds after the first (a warm-up) averaged, the speed-up over the first value given (1 by default) and the
+peak RSS, each row as soon as it is measured.
 
 Run: python benchmarks/fused_training.py   (about 4 minutes on an idle 2-core CPU; --fused 1 4 20 --clients 20)
 """
@@ -74,19 +75,18 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(one(args.child, args.clients, args.rounds)))
         return
-    rows = []
-    for fused in args.fused:
-        out = subprocess.run([sys.executable, __file__, "--child", str(fused), "--clients", str(args.clients),
-                              "--rounds", str(args.rounds)], check=True, capture_output=True, text=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    base = next((r for r in rows if r["fused_clients"] == 1), rows[0])
     print(f"{args.clients} clients, ViT-S/16 at 64 px, LoRA r=8 (qkv) + head, batch 16, 2 local steps each")
     print("| fused_clients | s per round (training) | speed-up | peak RSS MB | ratio | rounds s |")
-    print("|---:|---:|---:|---:|---:|---|")
-    for r in rows:
+    print("|---:|---:|---:|---:|---:|---|", flush=True)
+    base = None
+    for fused in args.fused:  # each row as soon as it is measured
+        out = subprocess.run([sys.executable, __file__, "--child", str(fused), "--clients", str(args.clients),
+                              "--rounds", str(args.rounds)], check=True, capture_output=True, text=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        base = base or r
         print(f"| {r['fused_clients']} | {r['round_s']:.2f} | {base['round_s'] / r['round_s']:.2f}x | "
               f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x | "
-              f"{', '.join(f'{s:.2f}' for s in r['rounds_s'])} |")
+              f"{', '.join(f'{s:.2f}' for s in r['rounds_s'])} |", flush=True)
 
 
 if __name__ == "__main__":
