@@ -17,6 +17,8 @@
   description in ``results.json``); :mod:`fedlit.engine.hparams`: TensorBoard's HParams view;
   :mod:`fedlit.engine.energy`: energy readings; :mod:`fedlit.engine.baseline`: the gain over a Local run;
   :mod:`fedlit.engine.run_folder`: run folders and their locks; :mod:`fedlit.engine.progress`: the progress bar.
+- :mod:`fedlit.engine.fused`, :mod:`fedlit.engine.fused_model`: fused multi-client training
+  (``federation.fused_clients``), several clients in one forward and backward pass.
 
 The engine knows nothing above it: the facade users build (``fedlit.federation``), the configuration and the
 commands import it, never the reverse.

@@ -34,6 +34,7 @@ from fedlit.core.names import check_client_ids
 from fedlit.engine import baseline, energy, features, ranks, record, results, resume, rounds
 from fedlit.engine.channels import channel_problem
 from fedlit.engine.executor import LocalExecutor
+from fedlit.engine.fused import FusedExecutor
 from fedlit.engine.optim import round_schedule
 from fedlit.engine.progress import Progress
 from fedlit.engine.results import evaluate_checkpoint
@@ -83,7 +84,8 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
         run.wrapped = run.fabric.strategy.precision.convert_module(run.module).to(run.fabric.device)
     run.client_data = features.feature_data(run)
     if run.executor is None:
-        run.executor = ranks.RankExecutor() if run.fabric.world_size > 1 else LocalExecutor()
+        run.executor = (FusedExecutor(run.settings.fused_clients) if run.settings.fused_clients > 1
+                        else ranks.RankExecutor() if run.fabric.world_size > 1 else LocalExecutor())
         run.executor.setup(run)  # before a resume fills the store: each rank keeps its own clients only
     run.lr_schedule = round_schedule(run.module)
     run.identity = resume.identity(run)

@@ -90,6 +90,12 @@ class Settings:
             The results equal those of ``off`` to float rounding (see :mod:`fedlit.engine.features`); where the
             extractor trains or is random (LoRA, dropout) or the train inputs are augmented, the run warns and goes
             on without the cache.
+        fused_clients: Clients trained together, K at a time, in one forward and backward pass through the shared
+            frozen backbone (each sample through its own client's LoRA and head, each client's optimizer stepping
+            its own tensors); 1, the default, trains them one after the other. The result is that of sequential
+            turns to floating-point rounding; a run where it could not be (a strategy not marked ``fusable``,
+            BatchNorm in train mode, dropout, per-step callback hooks...) is refused when it is set up, naming the
+            cause. See :mod:`fedlit.engine.fused`.
     """
 
     rounds: int = 10
@@ -118,6 +124,7 @@ class Settings:
     allow_dropped_callbacks: bool = False
     threads: int | None = None
     cache_features: Literal["off", "memory", "disk"] = "off"
+    fused_clients: int = 1
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
@@ -149,6 +156,10 @@ class Settings:
                 problems.append(f"federation.{key}={values[key]} must be > 0 (or null: no bound)")
         if values["threads"] is not None and values["threads"] < 1:
             problems.append(f"federation.threads={values['threads']} must be >= 1 (or null: PyTorch's default)")
+        if isinstance(values["fused_clients"], bool) or not isinstance(values["fused_clients"], int) \
+                or values["fused_clients"] < 1:
+            problems.append(f"federation.fused_clients={values['fused_clients']!r} must be an integer >= 1 (1: one "
+                            "client at a time)")
         if values["unseen_finetune_steps"] < 0:
             problems.append(f"federation.unseen_finetune_steps={values['unseen_finetune_steps']} must be >= 0")
         unseen = values["unseen_clients"]

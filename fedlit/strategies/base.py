@@ -96,6 +96,13 @@ class Strategy(Callback, abc.ABC):
         cost_notes: What ``fedlit cost`` cannot count from the shapes the strategy declares
             (:meth:`expected_download_extras`, :meth:`expected_upload_extras`), printed as notes under its table
             (FedDBE's warm-up upload). Default: none.
+        fusable: True when several clients' turns can train in one fused pass (``federation.fused_clients``,
+            :mod:`fedlit.engine.fused`) with the result of sequential turns: the client side is
+            ``on_client_fit_start`` (called for each client of the group before the first step, the module holding
+            that client's tensors), :meth:`training_loss` (a function of the module's tensors, the loss, the batch
+            and the attributes ``on_client_fit_start`` set, which are put back for each client) and
+            ``on_client_fit_end``, with no per-step hook and the default :meth:`client_forward`. False (the
+            default): fused training refuses the strategy. Read from the class itself: a subclass declares it again.
         global_state, client_ids, class_counts, roles: What :meth:`initialize` received.
     """
 
@@ -104,6 +111,7 @@ class Strategy(Callback, abc.ABC):
     accepted_tasks: frozenset[str] | None = None
     secure_aggregation: bool = False
     eval_finetune_steps: int = 0
+    fusable: bool = False
 
     def __init__(self) -> None:
         super().__init__()

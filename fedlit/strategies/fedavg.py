@@ -40,6 +40,7 @@ class FedAvg(Strategy):
     #: The weighted mean is all :meth:`aggregate` reads, so SecAgg+ can replace the uploads; only with the default
     #: aggregator and ``weighting="num_examples"`` (checked by :func:`fedlit.flower.secagg.check_secure_aggregation`).
     secure_aggregation = True
+    fusable = True
 
     def __init__(
         self,

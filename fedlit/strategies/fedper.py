@@ -77,6 +77,8 @@ class FedPer(FedAvg):
         aggregator: As in :class:`~fedlit.strategies.fedavg.FedAvg` (default: the weighted mean).
     """
 
+    fusable = True
+
     def __init__(
         self,
         *,

@@ -40,6 +40,8 @@ class FedProx(FedAvg):
         aggregator: As in :class:`FedAvg` (default: the weighted mean).
     """
 
+    fusable = True
+
     def __init__(
         self,
         *,

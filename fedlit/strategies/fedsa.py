@@ -89,6 +89,8 @@ class FedSA(FedAvg):
         aggregator: As in :class:`FedAvg` (default: the weighted mean).
     """
 
+    fusable = True
+
     def __init__(
         self,
         *,

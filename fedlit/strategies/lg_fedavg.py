@@ -41,6 +41,8 @@ class LGFedAvg(FedPer):
         aggregator: As in :class:`~fedlit.strategies.fedavg.FedAvg` (default: the weighted mean).
     """
 
+    fusable = True
+
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """The head's trainable tensors become ``shared``, every other trainable tensor ``personal``."""
         head = set(head_names(roles, self.head_rule, type(self).__name__))
