@@ -161,6 +161,11 @@ class FederatedModule(LightningModule):
             self._derived_key = (_generation[0], id(self), id(self._roles))
         return self._derived[key]
 
+    def tensors_replaced(self) -> None:
+        """Forget what :meth:`derived` kept: call it after putting other tensor objects in the module's place without
+        registering them (``submodule._parameters[name] = p``, as fused training does per client)."""
+        self._derived_key = ()
+
     def __getstate__(self) -> dict[str, Any]:
         # A copy or a pickle (another process) rebuilds what is derived: it holds this module's tensors and an
         # optimizer wrapped by this process's Fabric.

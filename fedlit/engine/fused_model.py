@@ -98,6 +98,7 @@ class ClientParameters:
         chosen = self.live if k is None else self.clients[k]
         for name, (owner, leaf) in self.owners.items():
             owner._parameters[leaf] = chosen[name]
+        self.module.tensors_replaced()  # the module's kept parameter lists and optimizers name the tensors it held
 
     def restore(self, k: int) -> None:
         """Point the live module at its own parameters, holding client ``k``'s values (as after a sequential turn
