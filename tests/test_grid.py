@@ -197,13 +197,18 @@ def test_the_modalities_grid_has_fhbench_columns_on_lora_backbones_over_offline_
     grid = load_grid(ROOT / "recipes" / "grids" / "fhbench_cpu_modalities.yaml")
     assert grid.seeds == [0, 1, 2]
     cells = list(grid.cells())
-    assert sorted({d for d, _ in cells}) == ["medical_abstracts", "pneumoniamnist"]
+    assert sorted({d for d, _ in cells}) == ["medical_abstracts", "pneumoniamnist", "signals_generated",
+                                             "sounds_generated"]
     assert [m for d, m in cells if d == "pneumoniamnist"] == [
         "FedAvg", "FedProx", "SCAFFOLD", "APFL", "FedALA", "APPLE", "EPFL"]
     for dataset, method in cells:
         cfg = build_parser().parse_args(split_seeds(grid.argv(dataset, method))[1]).fit
         assert cfg.model.init_args.backbone.init_args.lora.r == 8  # EPFL's column needs LoRA in every row
         assert (cfg.federation.rounds, cfg.federation.local_steps) == (3, 5)
-        # data that ships offline: the shared folder (read from the repository root) and packaged weights
+        # data that ships offline: the shared folder (read from the repository root) and packaged weights, or
+        # signals generated in code
         data = cfg.data.init_args
+        if dataset.endswith("_generated"):
+            assert cfg.data.class_path == "fedlit.data.SyntheticSignals"
+            continue
         assert str(data.get("path") or data.get("root")).startswith("../shared/data/")
