@@ -107,17 +107,11 @@ class SyntheticImages(FederatedDataModule):
         )
         sites = np.repeat(np.arange(n_sites), n)
 
-        def spread(low: float, high: float) -> np.ndarray:
-            # Evenly spaced values in a seeded order: sites always differ, whatever the seed.
-            return data_rng.permutation(
-                np.linspace(low, high, n_sites) if n_sites > 1 else np.array([(low + high) / 2])
-            )
-
         offset, contrast, blur, noise = (
-            spread(0.0, 0.6),
-            spread(0.6, 1.4),
-            spread(0.0, 0.7),
-            spread(0.02, 0.1),
+            spread_over_sites(data_rng, 0.0, 0.6, n_sites),
+            spread_over_sites(data_rng, 0.6, 1.4, n_sites),
+            spread_over_sites(data_rng, 0.0, 0.7, n_sites),
+            spread_over_sites(data_rng, 0.02, 0.1, n_sites),
         )
 
         # NumPy only, element-wise and single-threaded: the images are the same bytes whatever the thread count.
@@ -157,6 +151,11 @@ class SyntheticImages(FederatedDataModule):
                 },
             },
         )
+
+
+def spread_over_sites(rng: np.random.Generator, low: float, high: float, n_sites: int) -> np.ndarray:
+    """``n_sites`` evenly spaced values over [low, high] in a seeded order: sites always differ, whatever the seed."""
+    return rng.permutation(np.linspace(low, high, n_sites) if n_sites > 1 else np.array([(low + high) / 2]))
 
 
 def _lesions(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -11,6 +11,7 @@ from fedlit.core.errors import ConfigError
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.pool import PartitionedData
 from fedlit.data.splits import check_split_fractions, split_clients
+from fedlit.data.synthetic import spread_over_sites
 
 # One event per class; the class count is capped by this list.
 EVENTS = ("tone", "clicks", "beats", "chirp", "burst")
@@ -115,13 +116,8 @@ class SyntheticSignals(FederatedDataModule):
         labels = np.concatenate([data_rng.choice(self._num_classes, size=n, p=p) for p in mixes])
         sites = np.repeat(np.arange(n_sites), n)
 
-        def spread(low: float, high: float) -> np.ndarray:
-            # Evenly spaced values in a seeded order: sites always differ, whatever the seed.
-            return data_rng.permutation(
-                np.linspace(low, high, n_sites) if n_sites > 1 else np.array([(low + high) / 2])
-            )
-
-        gain, noise, wander = spread(0.6, 1.4), spread(0.05, 0.3), spread(0.0, 0.5)
+        gain, noise, wander = (spread_over_sites(data_rng, low, high, n_sites)
+                               for low, high in ((0.6, 1.4), (0.05, 0.3), (0.0, 0.5)))
         channel_gain = data_rng.uniform(0.5, 1.5, (n_sites, c))
 
         # NumPy only, element-wise and single-threaded: the signals are the same bytes whatever the thread count.
