@@ -175,7 +175,7 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     load_client(ctx, received)
     manual_seed(ctx.derive_seed("train", server_round, client_id))
     loader = ctx.train_dataloader("data", server_round, client_id)
-    optimizer, scheduler = _client_optimizer(ctx)
+    optimizer, scheduler = client_optimizer(ctx)
     precision = fabric.strategy.precision
     scaler = ctx.scaler
     hook_args = ctx.hook_args()
@@ -258,7 +258,7 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     if bad is not None:
         return ClientTurn(update, download, bad, kind)
     ctx.store.save_from(client_id, module.named_tensors("personal"))
-    _save_optimizer(ctx, optimizer, scheduler)
+    save_optimizer(ctx, optimizer, scheduler)
     return ClientTurn(update, download)
 
 
@@ -308,7 +308,7 @@ def _empty_or_single(ctx: ClientContext, norms: list[str]) -> str:
     return "empty"
 
 
-def _client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:
+def client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:
     """The optimizer of the client's turn (set up by Fabric) and the scheduler to step after each local step
     (None unless the interval is ``step``): stored states loaded under ``optimizer_state: persist``, this round's
     hyperparameters applied under ``interval: round``."""
@@ -341,7 +341,7 @@ def _client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:
     return ctx.fabric.setup_optimizers(optimizer), scheduler
 
 
-def _save_optimizer(ctx: ClientContext, optimizer: Any, scheduler: LRScheduler | None) -> None:
+def save_optimizer(ctx: ClientContext, optimizer: Any, scheduler: LRScheduler | None) -> None:
     """Keep the client's optimizer state and that of its ``step`` scheduler under ``optimizer_state: persist``."""
     if ctx.local.optimizer_state != "persist":
         return

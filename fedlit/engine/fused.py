@@ -186,7 +186,7 @@ def _start(turn: _Turn, server_round: int) -> None:
     load_client(ctx, turn.task.received)
     torch.manual_seed(ctx.derive_seed("train", server_round, client_id))
     loader = ctx.train_dataloader("data", server_round, client_id)
-    turn.optimizer, turn.scheduler = client_turn._client_optimizer(ctx)
+    turn.optimizer, turn.scheduler = client_turn.client_optimizer(ctx)
     ctx.hooks.call("on_client_fit_start", client_states=ctx.store, **ctx.hook_args(), server_round=server_round,
                    client_id=client_id, received=turn.task.received, received_extras=turn.task.received_extras)
     turn.callback_state = dict(vars(ctx.strategy))  # its per-turn attributes (FedProx's anchor), restored per step
@@ -291,5 +291,5 @@ def _finish(turn: _Turn, server_round: int) -> ClientTurn:
     if bad is not None:
         return ClientTurn(update, download, bad)
     ctx.store.save_from(client_id, module.named_tensors("personal"))
-    client_turn._save_optimizer(ctx, turn.optimizer, turn.scheduler)
+    client_turn.save_optimizer(ctx, turn.optimizer, turn.scheduler)
     return ClientTurn(update, download)
