@@ -66,7 +66,7 @@ def evaluate_client(ctx: ClientContext, server_round: int, splits: tuple[str, ..
     plain local steps from that model on the client's train split (:func:`local_steps`, seeded by the run's seed,
     the round and the client); nothing of them is kept. With ``images`` given, the module's ``validation_images()``
     after the validation split, if any, is put there under the client's id."""
-    loaders = _loaders(ctx, splits)
+    loaders = eval_loaders(ctx, splits)
     if not loaders:
         return {}, 0
     load_client(ctx, received)
@@ -81,7 +81,8 @@ def evaluate_client(ctx: ClientContext, server_round: int, splits: tuple[str, ..
     return _run_loaders(ctx, loaders, images), state_nbytes(received)
 
 
-def _loaders(ctx: ClientContext, splits: tuple[str, ...]) -> dict[str, Any]:
+def eval_loaders(ctx: ClientContext, splits: tuple[str, ...]) -> dict[str, Any]:
+    """The client's loader of each of ``splits`` that it has (none for an empty split)."""
     loaders = {s: ctx.eval_dataloader(s) for s in splits}
     return {s: loader for s, loader in loaders.items() if loader is not None}
 
@@ -232,7 +233,7 @@ def evaluate_unseen(run: Run, split: str = "test") -> dict[str, Any] | None:
             received_model[client_id] = metrics[split]
         if steps > 0 and metrics.get(split):
             finetune(ctx, received, steps)
-            finetuned[client_id] = _run_loaders(ctx, _loaders(ctx, (split,)))[split]
+            finetuned[client_id] = _run_loaders(ctx, eval_loaders(ctx, (split,)))[split]
     run.comm["eval_download_bytes"] = run.comm.get("eval_download_bytes", 0) + download
     weights = {c: run.datamodule.num_examples(c, split) for c in clients}
     out: dict[str, Any] = {"round": run.server_round, "split": split, "finetune_steps": steps}

@@ -1,5 +1,6 @@
 """Fused multi-client training (``federation.fused_clients: K``): K clients of a round train in one forward and one
-backward pass through the shared frozen backbone.
+backward pass through the shared frozen backbone; their evaluations run K at a time in one forward pass too
+(:mod:`fedlit.engine.fused_eval`).
 
 The round's clients are taken K at a time, in task order. For a group, each client gets its own trainable tensors
 (:class:`~fedlit.engine.fused_model.ClientParameters`), loaded as in a sequential turn (its personal tensors from
@@ -37,9 +38,10 @@ from fedlit.core.tensors import first_non_finite
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine import client as client_turn
 from fedlit.engine.client import ClientContext, ClientTurn, load_client
-from fedlit.engine.executor import LocalExecutor, run_fit_task
+from fedlit.engine.executor import LocalExecutor, run_evaluate_task, run_fit_task
+from fedlit.engine.fused_eval import evaluate_group, fuses_evaluation, fuses_task
 from fedlit.engine.fused_model import ClientParameters, module_problems
-from fedlit.engine.tasks import FitTask
+from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.tasks.classification import ClassificationModule
 
@@ -111,6 +113,33 @@ class FusedExecutor(LocalExecutor):
             else:
                 results += train_group([run.client_context(t.client_id) for t in group], server_round, group,
                                        run.settings.on_client_error)
+        return results
+
+    def evaluate(self, run: Run, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
+        """Each task's metrics, in the order given, ``group`` clients' forward passes at a time
+        (:mod:`fedlit.engine.fused_eval`); a task that cannot be fused is evaluated alone, in its place."""
+        if not fuses_evaluation(run.module):
+            return super().evaluate(run, server_round, tasks)
+        results: list[EvaluateResult] = []
+        pending: list[EvaluateTask] = []
+
+        def flush() -> None:
+            if len(pending) == 1:
+                results.append(run_evaluate_task(run.client_context(pending[0].client_id), server_round, pending[0]))
+            elif pending:
+                results.extend(evaluate_group([run.client_context(t.client_id) for t in pending], server_round,
+                                              pending))
+            pending.clear()
+
+        for task in tasks:
+            if fuses_task(run.module, task):
+                pending.append(task)
+                if len(pending) == self.group:
+                    flush()
+            else:
+                flush()
+                results.append(run_evaluate_task(run.client_context(task.client_id), server_round, task))
+        flush()
         return results
 
 

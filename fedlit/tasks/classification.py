@@ -166,7 +166,12 @@ class ClassificationModule(FederatedModule):
 
     def validation_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> Tensor:
         inputs, targets = batch
-        logits = self(inputs)
+        return self.update_metrics(self(inputs), targets)
+
+    def update_metrics(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Add one batch's ``logits`` and ``targets`` to the metrics since :meth:`reset_metrics`; its mean loss.
+        :meth:`validation_step` is the forward pass and this (fused evaluation computes the logits of several
+        clients in one pass, then calls this per client)."""
         loss = self.loss(logits, targets)
         self._loss_sum += loss.item() * len(targets)
         self._loss_count += len(targets)

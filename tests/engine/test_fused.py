@@ -74,14 +74,15 @@ class NonFiniteForC2(ScaledPerClient):
         self.scale = math.nan if client_id == "c2" else 1.0
 
 
-def _vit_federation(out_dir, strategy, fused=1, roles=None, rounds=2, optimizer="sgd", **kwargs):
+def _vit_federation(out_dir, strategy, fused=1, roles=None, rounds=2, optimizer="sgd", data=None, **kwargs):
     torch.manual_seed(0)
     module = ClassificationModule(
         backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4), model_args={"in_chans": 1}),
         num_classes=3, lr=0.05, momentum=0.9 if optimizer == "sgd" else 0.0, optimizer=optimizer,
         roles=roles if roles is not None else [RoleRule("backbone.*lora_*", "shared")])
     uploads = Uploads()
-    federation = Federation(module, Images(batch_size=8, seed=0), strategy, rounds=rounds, out_dir=out_dir,
+    data = data if data is not None else Images(batch_size=8, seed=0)
+    federation = Federation(module, data, strategy, rounds=rounds, out_dir=out_dir,
                             progress_bar=False, seed=0, accelerator="cpu", fused_clients=fused,
                             callbacks=[uploads], **kwargs)
     return federation, uploads
