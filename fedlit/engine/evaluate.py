@@ -118,7 +118,11 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     images: dict[str, torch.Tensor] = {}
     clients = run.evaluated_client_ids
     tasks = evaluate_tasks(run.strategy, server_round, clients, SPLITS, images=bool(record.image_writers(run)))
-    for client_id, result in zip(clients, run.executor.evaluate(run, server_round, tasks), strict=True):
+    if run.evaluation_reuse is not None:  # clients whose inputs are unchanged keep their last metrics
+        results, reused = run.evaluation_reuse.evaluate(run, server_round, tasks)
+    else:
+        results, reused = run.executor.evaluate(run, server_round, tasks), None
+    for client_id, result in zip(clients, results, strict=True):
         download += result.download_bytes
         steps += result.finetune_steps
         if result.image is not None:
@@ -131,6 +135,8 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     run.comm["eval_download_bytes"] = run.comm.get("eval_download_bytes", 0) + download
     log: dict[str, float] = {"comm/eval_download_bytes": download,
                              "comm/eval_download_bytes_cumulative": run.comm["eval_download_bytes"]}
+    if reused is not None:
+        log["system/eval_reused"] = reused
     if run.strategy.eval_finetune_steps:  # the compute that fine-tuning before evaluation adds (FedAvg-FT)
         run.compute["eval_finetune_steps"] = run.compute.get("eval_finetune_steps", 0) + steps
         log.update({"system/eval_finetune_steps": steps,

@@ -31,7 +31,7 @@ import torch
 from fedlit.core.checkpoint_io import load_checkpoint
 from fedlit.core.errors import ConfigError
 from fedlit.core.names import check_client_ids
-from fedlit.engine import baseline, energy, features, ranks, record, results, resume, rounds
+from fedlit.engine import baseline, energy, features, ranks, record, results, resume, reuse, rounds
 from fedlit.engine.channels import channel_problem
 from fedlit.engine.executor import LocalExecutor
 from fedlit.engine.fused import FusedExecutor
@@ -87,6 +87,8 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
         run.executor = (FusedExecutor(run.settings.fused_clients) if run.settings.fused_clients > 1
                         else ranks.RankExecutor() if run.fabric.world_size > 1 else LocalExecutor())
         run.executor.setup(run)  # before a resume fills the store: each rank keeps its own clients only
+    if run.settings.reuse_evaluations and not reuse.reuse_problems(run):
+        run.evaluation_reuse = reuse.EvaluationReuse()
     run.lr_schedule = round_schedule(run.module)
     run.identity = resume.identity(run)
     run.store.set_initial(run.module.named_tensors("personal"))

@@ -42,7 +42,7 @@ SECTIONS = ("model", "data", "strategy", "federation")
 RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
                        "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
                        "client_timeout", "max_update_norm", "max_update_ratio", "allow_dropped_callbacks", "threads",
-                       "cache_features", "fused_clients"})
+                       "cache_features", "fused_clients", "reuse_evaluations"})
 
 
 def identity(run: Run) -> dict[str, Any]:

@@ -96,6 +96,9 @@ class Run:
         self.store = ClientStore(settings.store_device)
         #: Where the clients' turns and evaluations run; None until set up (then this process, or its ranks).
         self.executor: Executor | None = None
+        #: Each client's last evaluation, given again while its inputs are unchanged (``federation.reuse_evaluations``:
+        #: :mod:`fedlit.engine.reuse`); None when every evaluation evaluates every client.
+        self.evaluation_reuse: Any = None
         #: What the clients' turns read their data from: ``datamodule``, or its features computed once
         #: (``federation.cache_features``: :mod:`fedlit.engine.features`); None until set up.
         self.client_data: DataSource | None = None

@@ -96,6 +96,12 @@ class Settings:
             turns to floating-point rounding; a run where it could not be (a strategy not marked ``fusable``,
             BatchNorm in train mode, dropout, per-step callback hooks...) is refused when it is set up, naming the
             cause. See :mod:`fedlit.engine.fused`.
+        reuse_evaluations: Give a client the metrics of its last evaluation again when nothing that evaluation
+            read has changed since (what the server sends it, its stored tensors and state, the frozen buffers):
+            the clients a sampled round did not train, under a strategy that left what it sends them unchanged.
+            True by default; the metrics are those a new evaluation would compute. Runs where an input could be
+            missed (``on_client_evaluate_start`` hooks, fine-tuning before evaluation, several processes) evaluate
+            every client anyway. See :mod:`fedlit.engine.reuse`.
     """
 
     rounds: int = 10
@@ -125,6 +131,7 @@ class Settings:
     threads: int | None = None
     cache_features: Literal["off", "memory", "disk"] = "off"
     fused_clients: int = 1
+    reuse_evaluations: bool = True
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
