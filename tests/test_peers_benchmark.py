@@ -36,7 +36,7 @@ def _run(peers, wall: float, peak: float, rounds: list[float]):
 
 
 def _args(**kw) -> argparse.Namespace:
-    return argparse.Namespace(**{"fused": 4, "rounds": 4, **kw})
+    return argparse.Namespace(**{"fused": [4], "rounds": 4, **kw})
 
 
 def test_table_gives_ratios_to_the_floor_of_the_same_n(peers) -> None:
@@ -54,9 +54,9 @@ def test_table_gives_ratios_to_the_floor_of_the_same_n(peers) -> None:
 
 
 def test_goals_pass_and_miss_at_their_bounds(peers) -> None:
-    def rows(fused: float, sampled: float, sampled_mib: float, flower_wall: float) -> list:
+    def rows(fused: float, sampled: float, sampled_mib: float, flower_wall: float, fused_mib: float = 1.1) -> list:
         return [peers.Row("vit", 20, "floor", [_run(peers, 1.0, 1.0, [3.0])]),
-                peers.Row("vit", 20, "fedlit fused 4", [_run(peers, 1.0, 1.0, [fused])]),
+                peers.Row("vit", 20, "fedlit fused 4", [_run(peers, 1.0, fused_mib, [fused])]),
                 peers.Row("vit", 1000, "floor", [_run(peers, 1.0, 1.0, [10.0])]),
                 peers.Row("vit", 1000, "fedlit", [_run(peers, 1.0, sampled_mib, [sampled])]),
                 peers.Row("vit", 2, "fedlit", [_run(peers, 10.0, 1.0, [1.0])]),
@@ -67,8 +67,14 @@ def test_goals_pass_and_miss_at_their_bounds(peers) -> None:
         ["pass"] * 3
     missed = peers.goals(rows(2.1, 12.1, 2048.0, 29.0), _args())
     assert [line.split(": ")[1].split()[0] for line in missed] == ["miss"] * 3
-    assert "(1.43x)" in missed[0] and "(1.21x, 2.00 GiB)" in missed[1] and "(2.90x)" in missed[2]
+    assert "(fastest: fused 4, 1.43x faster, 1.10x the memory)" in missed[0]
+    assert "(1.21x, 2.00 GiB)" in missed[1] and "(2.90x)" in missed[2]
     assert peers.goals(rows(2.0, 12.0, 2049.0, 30.0), _args())[1].split(": ")[1].startswith("miss")
+    # fast enough, but over 1.1x the floor's memory
+    assert peers.goals(rows(2.0, 12.0, 2047.0, 30.0, fused_mib=1.12), _args())[0].split(": ")[1].startswith("miss")
+    # several K: the fastest row decides
+    several = [*rows(2.1, 12.0, 2047.0, 30.0), peers.Row("vit", 20, "fedlit fused 8", [_run(peers, 1.0, 1.0, [1.5])])]
+    assert "pass (fastest: fused 8, 2.00x faster" in peers.goals(several, _args(fused=[4, 8]))[0]
 
 
 def test_goals_say_what_was_not_measured(peers) -> None:
@@ -79,12 +85,13 @@ def test_goals_say_what_was_not_measured(peers) -> None:
     assert all("not measured" in line for line in lines)
 
 
-def test_fedlit_seconds_per_round_are_training_plus_aggregation(peers, tmp_path: Path) -> None:
+def test_fedlit_round_seconds_are_training_plus_aggregation_and_evaluations_are_summed(peers, tmp_path: Path) -> None:
     (tmp_path / "metrics.csv").write_text(
         "round,client,split,metric,value\n"
         "1,,system,train_seconds,2.5\n1,,system,aggregate_seconds,0.25\n1,,system,round_seconds,9\n"
-        "1,site_0,train,loss,0.7\n2,,system,train_seconds,1.5\n2,,system,aggregate_seconds,0.5\n")
-    assert peers.fedlit_rounds(tmp_path) == [2.75, 2.0]
+        "1,site_0,train,loss,0.7\n2,,system,train_seconds,1.5\n2,,system,aggregate_seconds,0.5\n"
+        "2,,system,eval_seconds,1.25\n1,,system,eval_seconds,0.5\n")
+    assert peers.fedlit_rounds(tmp_path) == ([2.75, 2.0], 1.75)
 
 
 def test_the_sampled_protocol_starts_at_1000_clients(peers) -> None:

@@ -28,6 +28,7 @@ class Measured:
     peak_mib: float = 0.0
     memory_kind: str = "PSS"
     round_seconds: list[float] = field(default_factory=list)
+    eval_seconds: float | None = None  # fedlit's evaluations in all (its metrics.csv's system/eval_seconds)
     error: str = ""
     output: str = ""
 
