@@ -118,3 +118,21 @@ def test_fused_evaluation_runs_one_forward_pass_per_batch_index(tmp_path):
     fused_eval = [3 + 8 + 1 + 8, 1 + 4,  # validation: first batches of c0..c3, then c1's and c3's second ones
                   5 + 4 + 2 + 6]  # test
     assert fus.sizes == [*fused_train, *fused_eval] * 2
+
+
+def test_fused_training_and_evaluation_read_cached_features(tmp_path):
+    # head-only FedAvg on cached features: the fused passes concatenate the cached features, not the images
+    def run(name, fused):
+        federation, _ = _vit_federation(tmp_path / name, FedAvg(), fused=fused, roles=[], rounds=2, local_epochs=1,
+                                        data=UnevenImages(batch_size=8, seed=0), cache_features="memory")
+        sizes = BatchSizes(federation.module)
+        federation.fit()
+        return federation, sizes
+
+    seq, seq_sizes = run("seq", 1)
+    fus, fus_sizes = run("fused", 4)
+    for server_round, splits in seq.history.rounds.items():
+        for split, per_client in splits.items():
+            _assert_same_metrics(per_client, fus.history.rounds[server_round][split])
+    # the backbone ran once per split and client to fill the cache (the same passes in both runs), never again
+    assert fus_sizes.sizes == seq_sizes.sizes and sum(fus_sizes.sizes) == sum(TRAIN) + sum(map(sum, HELD_OUT))
