@@ -14,6 +14,8 @@ from fedlit.data.splits import check_split_fractions, split_clients
 
 # One lesion shape per class; the class count is capped by this list.
 PATTERNS = ("blob", "ring", "bar", "cross", "square", "stripes")
+#: Pixels computed at once while building: bounds the float64 work arrays (about 8 MiB each).
+CHUNK_PIXELS = 1 << 20
 
 
 class SyntheticImages(FederatedDataModule):
@@ -114,17 +116,29 @@ class SyntheticImages(FederatedDataModule):
             spread_over_sites(data_rng, 0.02, 0.1, n_sites),
         )
 
-        # NumPy only, element-wise and single-threaded: the images are the same bytes whatever the thread count.
-        signal = _lesions(labels, size, data_rng) + _background(len(labels), size, data_rng)
+        # All random draws first, in a fixed order; then the images site by site and, within a site, a bounded
+        # number of rows at a time, so that the float64 work arrays stay small whatever the pool's size. NumPy
+        # only, element-wise and single-threaded: the same bytes whatever the thread count or chunk size.
+        lesions = _lesion_draws(len(labels), size, data_rng)
+        coarse = data_rng.normal(0.0, 0.1, (len(labels), 4, 4)).astype(np.float32)
         images = np.empty((len(labels), 1, size, size), dtype=np.float32)
+        step = max(1, CHUNK_PIXELS // (size * size))
         for s in range(n_sites):
-            rows = np.flatnonzero(sites == s)
-            blurred = _blur(signal[rows].astype(np.float64), float(blur[s]))
+            blurred = np.empty((n, size, size), dtype=np.float64)
+            for start in range(0, n, step):
+                rows = slice(s * n + start, s * n + min(start + step, n))
+                signal = _lesions(labels[rows], size, *(d[rows] for d in lesions)) + _field(coarse[rows], size)
+                blurred[start : start + step] = _blur(signal.astype(np.float64), float(blur[s]))
             # Centered on the site's own mean: ``offset`` is the site's mean intensity whatever its labels.
-            images[rows, 0] = offset[s] + contrast[s] * (blurred - blurred.mean())
-        images += noise[sites].astype(np.float32)[:, None, None, None] * data_rng.standard_normal(
-            images.shape, dtype=np.float32
-        )
+            mean, site = blurred.mean(), images[s * n : (s + 1) * n, 0]
+            for start in range(0, n, step):
+                site[start : start + step] = offset[s] + contrast[s] * (blurred[start : start + step] - mean)
+        # Drawn a chunk at a time: consecutive draws from one Generator give the same values as one draw.
+        for start in range(0, len(labels), step):
+            chunk = images[start : start + step]
+            chunk += noise[sites[start : start + step]].astype(np.float32)[:, None, None, None] * (
+                data_rng.standard_normal(chunk.shape, dtype=np.float32)
+            )
 
         client_ids = [f"site_{s}" for s in range(n_sites)]
         parts = [np.flatnonzero(sites == s) for s in range(n_sites)]
@@ -158,15 +172,27 @@ def spread_over_sites(rng: np.random.Generator, low: float, high: float, n_sites
     return rng.permutation(np.linspace(low, high, n_sites) if n_sites > 1 else np.array([(low + high) / 2]))
 
 
-def _lesions(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """One lesion per image, its shape given by the label, with random position, scale, angle and strength."""
-    n = len(labels)
+def _lesion_draws(n: int, size: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Random position, scale, angle and strength of ``n`` lesions: (scale, cy, cx, angle, strength)."""
     scale = size / 16 * rng.uniform(0.85, 1.15, n)
     cy, cx = rng.uniform(0.35, 0.65, (2, n)) * (size - 1)
     angle = rng.uniform(0, math.pi, n)
     strength = rng.uniform(0.8, 1.2, n)
+    return scale, cy, cx, angle, strength
+
+
+def _lesions(
+    labels: np.ndarray,
+    size: int,
+    scale: np.ndarray,
+    cy: np.ndarray,
+    cx: np.ndarray,
+    angle: np.ndarray,
+    strength: np.ndarray,
+) -> np.ndarray:
+    """One lesion per image, its shape given by the label, at the drawn position, scale, angle and strength."""
     grid = np.arange(size, dtype=np.float64)
-    out = np.zeros((n, size, size), dtype=np.float32)
+    out = np.zeros((len(labels), size, size), dtype=np.float32)
     for k, name in enumerate(PATTERNS):
         rows = np.flatnonzero(labels == k)
         if len(rows) == 0:
@@ -205,7 +231,12 @@ def _shape(name: str, u: np.ndarray, v: np.ndarray, s: np.ndarray) -> np.ndarray
 def _background(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """Smooth tissue-like texture: a 4x4 random field upsampled bilinearly (half-pixel centres, as
     ``torch.nn.functional.interpolate(..., mode="bilinear", align_corners=False)``), around a base level."""
-    coarse = rng.normal(0.0, 0.1, (n, 4, 4)).astype(np.float32).astype(np.float64)
+    return _field(rng.normal(0.0, 0.1, (n, 4, 4)).astype(np.float32), size)
+
+
+def _field(coarse: np.ndarray, size: int) -> np.ndarray:
+    """The background of ``_background`` from its (N, 4, 4) float32 random field."""
+    coarse = coarse.astype(np.float64)
     low, high, weight = _bilinear_taps(4, size)
     rows = coarse[:, low, :] * (1 - weight)[None, :, None] + coarse[:, high, :] * weight[None, :, None]
     field = rows[:, :, low] * (1 - weight)[None, None, :] + rows[:, :, high] * weight[None, None, :]

@@ -15,6 +15,8 @@ from fedlit.data.synthetic import spread_over_sites
 
 # One event per class; the class count is capped by this list.
 EVENTS = ("tone", "clicks", "beats", "chirp", "burst")
+#: Samples (rows x channels x length) computed at once while building: bounds the float64 work arrays.
+CHUNK_SAMPLES = 1 << 20
 
 
 class SyntheticSignals(FederatedDataModule):
@@ -120,18 +122,37 @@ class SyntheticSignals(FederatedDataModule):
                                for low, high in ((0.6, 1.4), (0.05, 0.3), (0.0, 0.5)))
         channel_gain = data_rng.uniform(0.5, 1.5, (n_sites, c))
 
-        # NumPy only, element-wise and single-threaded: the signals are the same bytes whatever the thread count.
+        # All random draws first, in a fixed order; then the signals a bounded number of rows at a time, so that
+        # the float64 work arrays stay small whatever the pool's size. NumPy only, element-wise and
+        # single-threaded: the same bytes whatever the thread count or chunk size.
         t = np.arange(length, dtype=np.float64)
-        event = _events(labels, length, data_rng)
+        kinds = [(k, name, np.flatnonzero(labels == k)) for k, name in enumerate(EVENTS)]
+        draws = {k: _event_draws(name, len(rows), length, data_rng) for k, name, rows in kinds if len(rows)}
+        strength = data_rng.uniform(0.8, 1.2, (len(labels), 1))
         cycles = data_rng.uniform(1.0, 3.0, (len(labels), 2, 1))
         phase = data_rng.uniform(0.0, 2 * math.pi, (len(labels), 2, 1))
-        drift = np.sin(2 * math.pi * cycles * t / length + phase).sum(axis=1)
         scale = (gain[sites, None] * channel_gain[sites]).astype(np.float64)
-        signals = scale[:, :, None] * event[:, None, :] + (wander[sites, None] * drift)[:, None, :]
-        signals = signals.astype(np.float32)
-        signals += noise[sites].astype(np.float32)[:, None, None] * data_rng.standard_normal(
-            signals.shape, dtype=np.float32
-        )
+        rank = np.zeros(len(labels), dtype=np.int64)  # a signal's row in its class's draws
+        for _, _, rows in kinds:
+            rank[rows] = np.arange(len(rows))
+        signals = np.empty((len(labels), c, length), dtype=np.float32)
+        step = max(1, CHUNK_SAMPLES // (c * length))
+        for start in range(0, len(labels), step):
+            rows = slice(start, start + step)
+            event = np.zeros((len(labels[rows]), length))
+            for k, name, _ in kinds:
+                here = np.flatnonzero(labels[rows] == k)
+                if len(here):
+                    event[here] = _event(name, {key: d[rank[rows][here]] for key, d in draws[k].items()}, t)
+            event *= strength[rows]
+            drift = np.sin(2 * math.pi * cycles[rows] * t / length + phase[rows]).sum(axis=1)
+            signals[rows] = scale[rows, :, None] * event[:, None, :] + (wander[sites[rows], None] * drift)[:, None, :]
+        # Drawn a chunk at a time: consecutive draws from one Generator give the same values as one draw.
+        for start in range(0, len(labels), step):
+            chunk = signals[start : start + step]
+            chunk += noise[sites[start : start + step]].astype(np.float32)[:, None, None] * data_rng.standard_normal(
+                chunk.shape, dtype=np.float32
+            )
 
         client_ids = [f"site_{s}" for s in range(n_sites)]
         parts = [np.flatnonzero(sites == s) for s in range(n_sites)]
@@ -161,46 +182,49 @@ class SyntheticSignals(FederatedDataModule):
         )
 
 
-def _events(labels: np.ndarray, length: int, rng: np.random.Generator) -> np.ndarray:
-    """One event per signal, (N, length) float64, its kind given by the label, of strength 0.8-1.2."""
-    n = len(labels)
-    t = np.arange(length, dtype=np.float64)
-    out = np.zeros((n, length))
-    for k, name in enumerate(EVENTS):
-        rows = np.flatnonzero(labels == k)
-        if len(rows):
-            out[rows] = _event(name, len(rows), t, rng)
-    return out * rng.uniform(0.8, 1.2, (n, 1))
+def _event_draws(name: str, m: int, length: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The random draws of ``m`` events of kind ``name``, one row per event (clicks: up to 8 centres, NaN-padded)."""
+    if name == "tone":
+        return {"frequency": rng.uniform(0.04, 0.08, (m, 1)), "phase": rng.uniform(0, 2 * math.pi, (m, 1))}
+    if name == "clicks":
+        counts = rng.integers(3, 9, m)
+        centres = np.full((m, 8), np.nan)
+        for i, count in enumerate(counts):
+            centres[i, :count] = rng.uniform(0.05, 0.95, count) * length
+        return {"counts": counts, "centres": centres}
+    if name == "beats":
+        return {"period": rng.uniform(0.1, 0.2, (m, 1)) * length, "offset": rng.uniform(0, 1, (m, 1))}
+    if name == "chirp":
+        return {"up": rng.random((m, 1)) < 0.5, "phase": rng.uniform(0, 6.3, (m, 1))}
+    # burst: the window's start and the white noise under it
+    start = rng.integers(0, length - max(2, int(0.3 * length)) + 1, m)
+    return {"start": start, "noise": rng.standard_normal((m, length))}
 
 
-def _event(name: str, m: int, t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``m`` events of kind ``name`` over sample times ``t``, peak amplitude about 1."""
+def _event(name: str, draws: dict[str, np.ndarray], t: np.ndarray) -> np.ndarray:
+    """Events of kind ``name`` from their ``draws`` (rows of ``_event_draws``) over sample times ``t``, peak about 1."""
     length = len(t)
     if name == "tone":
-        frequency, phase = rng.uniform(0.04, 0.08, (m, 1)), rng.uniform(0, 2 * math.pi, (m, 1))
-        return np.sin(2 * math.pi * frequency * t + phase)
+        return np.sin(2 * math.pi * draws["frequency"] * t + draws["phase"])
     if name == "clicks":
         width = max(2.0, 0.004 * length)
-        out = np.zeros((m, length))
-        counts = rng.integers(3, 9, m)
-        for i, count in enumerate(counts):
-            centres = rng.uniform(0.05, 0.95, (count, 1)) * length
+        out = np.zeros((len(draws["counts"]), length))
+        for i, count in enumerate(draws["counts"]):
+            centres = draws["centres"][i, :count, None]
             shape = np.exp(-((t - centres) ** 2) / (2 * width**2)) * np.cos(2 * math.pi * 0.15 * (t - centres))
             out[i] = shape.sum(axis=0)
         return out
     if name == "beats":
-        period = rng.uniform(0.1, 0.2, (m, 1)) * length
-        position = np.mod(t - rng.uniform(0, 1, (m, 1)) * period, period)
+        period = draws["period"]
+        position = np.mod(t - draws["offset"] * period, period)
         spike = np.exp(-(position**2) / (2 * (0.01 * length) ** 2))
         wave = 0.3 * np.exp(-((position - 0.35 * period) ** 2) / (2 * (0.04 * length) ** 2))
         return spike + wave
     if name == "chirp":
         u = t / length
-        up = rng.random((m, 1)) < 0.5
-        start, end = np.where(up, 0.01, 0.1), np.where(up, 0.1, 0.01)
-        return np.sin(2 * math.pi * length * (start * u + (end - start) * u**2 / 2) + rng.uniform(0, 6.3, (m, 1)))
+        start, end = np.where(draws["up"], 0.01, 0.1), np.where(draws["up"], 0.1, 0.01)
+        return np.sin(2 * math.pi * length * (start * u + (end - start) * u**2 / 2) + draws["phase"])
     # burst: white noise under a Hann window over 30 % of the signal
-    span = max(2, int(0.3 * length))
-    start = rng.integers(0, length - span + 1, m)
+    span, start = max(2, int(0.3 * length)), draws["start"]
     window = np.sin(math.pi * (t - start[:, None]) / span) ** 2 * ((t >= start[:, None]) & (t < start[:, None] + span))
-    return window * rng.standard_normal((m, length))
+    return window * draws["noise"]
