@@ -24,17 +24,21 @@ TRAIN = (12, 20, 7, 16)
 
 
 class Images(FederatedDataModule):
-    """4 clients of 1-channel 16x16 images with per-client shifts, ``TRAIN`` training samples each."""
+    """4 clients of 1-channel 16x16 images with per-client shifts, ``TRAIN`` training samples each and ``held_out``
+    validation and test samples."""
+
+    held_out = ((4, 4),) * len(TRAIN)
 
     def build(self) -> PartitionedData:
         rng = np.random.default_rng(self.seed)
         inputs, targets, splits, start = [], [], {}, 0
-        for k, n_train in enumerate(TRAIN):
-            n = n_train + 8
+        for k, (n_train, (n_val, n_test)) in enumerate(zip(TRAIN, self.held_out, strict=True)):
+            n = n_train + n_val + n_test
             inputs.append(rng.normal(0.3 * k, 1.0, size=(n, 1, 16, 16)).astype(np.float32))
             targets.append(rng.integers(0, 3, size=n))
             idx = np.arange(start, start + n)
-            splits[f"c{k}"] = {"train": idx[:n_train], "val": idx[n_train:n_train + 4], "test": idx[n_train + 4:]}
+            splits[f"c{k}"] = {"train": idx[:n_train], "val": idx[n_train:n_train + n_val],
+                               "test": idx[n_train + n_val:]}
             start += n
         return PartitionedData(name="images", task="multiclass", num_classes=3,
                                inputs=torch.from_numpy(np.concatenate(inputs)),

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from fedlit import FedAvg
-from fedlit.data import PartitionedData
 from fedlit.strategies import FedPer
 from tests.engine.test_fused import TRAIN, Images, _vit_federation
 
@@ -22,21 +20,7 @@ HELD_OUT = ((3, 5), (9, 4), (1, 2), (12, 6))
 class UnevenImages(Images):
     """``Images`` with ``HELD_OUT`` validation and test samples per client."""
 
-    def build(self) -> PartitionedData:
-        rng = np.random.default_rng(self.seed)
-        inputs, targets, splits, start = [], [], {}, 0
-        for k, (n_train, (n_val, n_test)) in enumerate(zip(TRAIN, HELD_OUT, strict=True)):
-            n = n_train + n_val + n_test
-            inputs.append(rng.normal(0.3 * k, 1.0, size=(n, 1, 16, 16)).astype(np.float32))
-            targets.append(rng.integers(0, 3, size=n))
-            idx = np.arange(start, start + n)
-            splits[f"c{k}"] = {"train": idx[:n_train], "val": idx[n_train:n_train + n_val],
-                               "test": idx[n_train + n_val:]}
-            start += n
-        return PartitionedData(name="images", task="multiclass", num_classes=3,
-                               inputs=torch.from_numpy(np.concatenate(inputs)),
-                               targets=torch.from_numpy(np.concatenate(targets)), splits=splits,
-                               partitioner="natural")
+    held_out = HELD_OUT
 
 
 class PerWithGlobal(FedPer):
