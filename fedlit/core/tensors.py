@@ -6,9 +6,11 @@ counted as communication, what is checked finite and what is encoded for the net
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -55,3 +57,53 @@ def first_non_finite(tree: Any, what: str) -> str | None:
     or None."""
     name = non_finite_name(tree)
     return None if name is None else f"non-finite {what} {name!r}"
+
+
+def raw_bytes(tensor: Tensor) -> np.ndarray:
+    """The bytes of ``tensor``'s values (any dtype), on the CPU, in row-major order, as a uint8 array."""
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def digest(tree: Any, memo: dict[tuple[int, int], bytes] | None = None) -> bytes | None:
+    """A BLAKE2b digest of ``tree`` (tensors, arrays, numbers, strings, None and their dicts, lists and tuples):
+    equal values give equal digests (dtypes and shapes included); None for a tree holding anything else. ``memo``
+    keeps tensors' digests by identity and version across calls (a tensor given to many is hashed once; an
+    in-place change bumps its version)."""
+    hasher = hashlib.blake2b(digest_size=16)
+    if not _feed(hasher, tree, memo if memo is not None else {}):
+        return None
+    return hasher.digest()
+
+
+def _feed(hasher: Any, value: Any, memo: dict[tuple[int, int], bytes]) -> bool:
+    if isinstance(value, Tensor):
+        key = (id(value), value._version)
+        if key not in memo:
+            inner = hashlib.blake2b(f"T{value.dtype}{tuple(value.shape)}".encode(), digest_size=16)
+            inner.update(raw_bytes(value))
+            memo[key] = inner.digest()
+        hasher.update(memo[key])
+        return True
+    if isinstance(value, np.ndarray):
+        hasher.update(f"A{value.dtype}{value.shape}".encode())
+        hasher.update(np.ascontiguousarray(value).tobytes())
+        return True
+    if isinstance(value, Mapping):
+        hasher.update(b"{")
+        for key in sorted(value, key=repr):
+            hasher.update(repr(key).encode())
+            if not _feed(hasher, value[key], memo):
+                return False
+        hasher.update(b"}")
+        return True
+    if isinstance(value, list | tuple):
+        hasher.update(b"[" if isinstance(value, list) else b"(")
+        for item in value:
+            if not _feed(hasher, item, memo):
+                return False
+        hasher.update(b"]")
+        return True
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        hasher.update(f"{type(value).__name__}:{value!r}".encode())
+        return True
+    return False

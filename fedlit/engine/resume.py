@@ -24,12 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from fedlit.core.checkpoint_io import rng_state, save_checkpoint, set_rng_state
 from fedlit.core.errors import CheckpointError
 from fedlit.core.files import write_text_atomic
+from fedlit.core.tensors import raw_bytes
 from fedlit.engine import optim, ranks, record
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ def fingerprint(tensors: Mapping[str, Tensor]) -> str:
     digest = hashlib.sha256()
     for name, tensor in tensors.items():
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(raw_bytes(tensor))
     return digest.hexdigest()
 
 

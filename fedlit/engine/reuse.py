@@ -23,14 +23,11 @@ is kept in checkpoints: the first evaluation after a resume evaluates every clie
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
 from lightning.pytorch import Callback
-from torch import Tensor
 
+from fedlit.core.tensors import digest
 from fedlit.engine.executor import LocalExecutor
 from fedlit.engine.tasks import EvaluateResult, EvaluateTask
 from fedlit.strategies.base import Strategy
@@ -62,11 +59,10 @@ class EvaluationReuse:
 
     def evaluate(self, run: Run, server_round: int, tasks: list[EvaluateTask]) -> tuple[list[EvaluateResult], int]:
         """Each task's result, in order, and how many were reused: the executor evaluates the others."""
-        memo: dict[tuple[int, int], bytes | None] = {}
+        memo: dict[tuple[int, int], bytes] = {}
         roles = run.module.parameter_roles()
-        frozen = fingerprint({n: b for n, b in run.module.named_buffers() if roles.get(n) == "frozen"}, memo)
-        keys = [None if task.finetune_steps or frozen is None else _task_key(run, task, frozen, memo)
-                for task in tasks]
+        frozen = digest({n: b for n, b in run.module.named_buffers() if roles.get(n) == "frozen"}, memo)
+        keys = [None if task.finetune_steps else _task_key(run, task, frozen, memo) for task in tasks]
         stale = [i for i, (task, key) in enumerate(zip(tasks, keys, strict=True))
                  if key is None or self.kept.get(task.client_id, (None,))[0] != key]
         fresh = run.executor.evaluate(run, server_round, [tasks[i] for i in stale])
@@ -84,57 +80,12 @@ class EvaluationReuse:
         return results, len(tasks) - len(stale)
 
 
-def _task_key(run: Run, task: EvaluateTask, frozen: bytes, memo: dict[tuple[int, int], bytes | None]) -> bytes | None:
+def _task_key(run: Run, task: EvaluateTask, frozen: bytes, memo: dict[tuple[int, int], bytes]) -> bytes | None:
+    """The fingerprint of what ``task``'s evaluation reads; None when part of it cannot be fingerprinted."""
     store = run.store
-    parts = [fingerprint(task.received, memo), fingerprint(task.global_state, memo),
-             fingerprint(store.tensors(task.client_id), memo),
-             fingerprint(store.client_state(task.client_id)["extra"], memo)]
+    parts = [digest(task.received, memo), digest(task.global_state, memo), digest(store.tensors(task.client_id), memo),
+             digest(store.client_state(task.client_id)["extra"], memo)]
     if any(p is None for p in parts):
         return None
     return hashlib.blake2b(b"".join([frozen, *parts, repr((task.splits, task.images)).encode()]),
                            digest_size=16).digest()
-
-
-def fingerprint(value: Any, memo: dict[tuple[int, int], bytes | None] | None = None) -> bytes | None:
-    """A digest of ``value`` (tensors, arrays, numbers, strings, None and their dicts, lists and tuples): equal
-    values give equal digests; None for a value holding anything else. ``memo`` keeps tensors' digests by identity
-    and version within one evaluation (the global tensors every client receives are hashed once)."""
-    hasher = hashlib.blake2b(digest_size=16)
-    if not _feed(hasher, value, memo if memo is not None else {}):
-        return None
-    return hasher.digest()
-
-
-def _feed(hasher: Any, value: Any, memo: dict[tuple[int, int], bytes | None]) -> bool:
-    if isinstance(value, Tensor):
-        key = (id(value), value._version)
-        if key not in memo:
-            t = value.detach().cpu().contiguous().reshape(-1)
-            inner = hashlib.blake2b(f"T{t.dtype}{tuple(value.shape)}".encode(), digest_size=16)
-            inner.update(t.view(torch.uint8).numpy() if t.numel() else b"")
-            memo[key] = inner.digest()
-        hasher.update(memo[key])
-        return True
-    if isinstance(value, np.ndarray):
-        hasher.update(f"A{value.dtype}{value.shape}".encode())
-        hasher.update(np.ascontiguousarray(value).tobytes())
-        return True
-    if isinstance(value, Mapping):
-        hasher.update(b"{")
-        for key in sorted(value, key=repr):
-            hasher.update(repr(key).encode())
-            if not _feed(hasher, value[key], memo):
-                return False
-        hasher.update(b"}")
-        return True
-    if isinstance(value, list | tuple):
-        hasher.update(b"[" if isinstance(value, list) else b"(")
-        for item in value:
-            if not _feed(hasher, item, memo):
-                return False
-        hasher.update(b"]")
-        return True
-    if value is None or isinstance(value, bool | int | float | str | bytes):
-        hasher.update(f"{type(value).__name__}:{value!r}".encode())
-        return True
-    return False

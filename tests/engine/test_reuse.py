@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedlit import FedAvg
-from fedlit.engine.reuse import fingerprint
+from fedlit.core.tensors import digest as fingerprint
 from fedlit.strategies import APFL, Local
 from tests.conftest import make_federation
 
