@@ -1,13 +1,15 @@
 """Federation: the facade users build, over the engine (:mod:`fedlit.engine`) and its settings.
 
 ``Federation(module, datamodule, strategy, rounds=10, ...)`` checks its settings
-(:class:`~fedlit.engine.settings.Settings`: every keyword argument below ``strategy`` is one of them) and gives the
-run's life to the engine: :func:`~fedlit.engine.lifecycle.fit` runs the rounds (:mod:`fedlit.engine.rounds`), each
-client's turn over a :class:`~fedlit.engine.client.ClientContext` (:mod:`fedlit.engine.client`), the evaluation and
-the report (:mod:`fedlit.engine.evaluate`, :mod:`fedlit.engine.results`), checkpoints and resume
-(:mod:`fedlit.engine.resume`); where the clients' turns run is ``Federation.executor`` (this process, the ranks of a
-multi-device run, a Flower deployment). A Federation is the engine's :class:`~fedlit.engine.run.Run`, so callbacks
-receive it as ``trainer``.
+(:class:`~fedlit.engine.loop.settings.Settings`: every keyword argument below ``strategy`` is one of them) and gives the
+run's life to the engine: :func:`~fedlit.engine.loop.lifecycle.fit` runs the rounds
+(:mod:`fedlit.engine.loop.rounds`),
+each
+client's turn over a :class:`~fedlit.engine.loop.client.ClientContext` (:mod:`fedlit.engine.loop.client`), the
+evaluation and the report (:mod:`fedlit.engine.loop.evaluate`, :mod:`fedlit.engine.loop.results`), checkpoints and
+resume (:mod:`fedlit.engine.loop.resume`); where the clients' turns run is ``Federation.executor`` (this process, the
+ranks of a multi-device run, a Flower deployment). A Federation is the engine's :class:`~fedlit.engine.loop.run.Run`,
+so callbacks receive it as ``trainer``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from typing import Any
 from lightning.pytorch import Callback
 
 from fedlit.core.seeding import derive_seed, num_selected
-from fedlit.engine import lifecycle, results, resume
-from fedlit.engine.client import ClientTurn, train_client
-from fedlit.engine.evaluate import evaluate_client
-from fedlit.engine.protocols import DataSource
-from fedlit.engine.run import Run
-from fedlit.engine.settings import Settings
+from fedlit.engine import speedups
+from fedlit.engine.loop import lifecycle, results, resume
+from fedlit.engine.loop.client import ClientTurn, train_client
+from fedlit.engine.loop.evaluate import evaluate_client
+from fedlit.engine.loop.protocols import DataSource
+from fedlit.engine.loop.run import Run
+from fedlit.engine.loop.settings import Settings
 from fedlit.module import FederatedModule
 from fedlit.strategies.base import Strategy
 
@@ -45,7 +48,7 @@ class Federation(Run):
         out_dir: Where TensorBoard logs, checkpoints, the manifest and the result tables go.
         config: The resolved run configuration, saved with the run (``config.json``) and checked on resume.
         **options: The loop's settings by name (``rounds=3``, ``local_steps=5``...): the fields of
-            :class:`~fedlit.engine.settings.Settings`; an unknown name is refused with the closest one.
+            :class:`~fedlit.engine.loop.settings.Settings`; an unknown name is refused with the closest one.
     """
 
     def __init__(self, module: FederatedModule, datamodule: DataSource, strategy: Strategy, *,
@@ -56,15 +59,18 @@ class Federation(Run):
             settings = Settings.from_options(options, *metrics)
         elif options:
             settings = Settings.from_options(vars(settings) | options, *metrics)
-        super().__init__(module, datamodule, strategy, settings, callbacks=callbacks, out_dir=out_dir, config=config)
+        super().__init__(module, datamodule, strategy, settings, callbacks=callbacks, out_dir=out_dir, config=config,
+                         speedups=speedups.BUILT_IN)
 
     def setup(self, ckpt_path: str | Path | None = None) -> None:
         """Prepare data, roles, the live module, the store and the strategy; resume from ``ckpt_path``
-        (:func:`fedlit.engine.lifecycle.setup`)."""
-        lifecycle.setup(self, ckpt_path)
+        (:func:`fedlit.engine.loop.lifecycle.setup`)."""
+        lifecycle.setup(self,
+        ckpt_path)
 
     def launch(self) -> None:
-        """Start the run's processes when it spans several devices or nodes (:func:`fedlit.engine.lifecycle.launch`)."""
+        """Start the run's processes when it spans several devices or nodes
+        (:func:`fedlit.engine.loop.lifecycle.launch`)."""
         lifecycle.launch(self)
 
     def fit(self, ckpt_path: str | Path | None = None) -> dict[str, Any]:
@@ -80,7 +86,7 @@ class Federation(Run):
         return results.report(self)
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Write everything needed to continue this run exactly (:func:`fedlit.engine.resume.save`)."""
+        """Write everything needed to continue this run exactly (:func:`fedlit.engine.loop.resume.save`)."""
         return resume.save(self, path)
 
     def fit_client(self, server_round: int, client_id: str) -> ClientTurn:

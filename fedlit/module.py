@@ -220,7 +220,7 @@ class FederatedModule(LightningModule):
         scheduler if one is configured (Lightning's dict form, its ``interval`` being ``round`` or ``step``).
 
         A subclass may override this and return an optimizer, or ``{"optimizer": opt, "lr_scheduler":
-        {"scheduler": sched, "interval": "round" | "step"}}`` (see :mod:`fedlit.engine.optim`).
+        {"scheduler": sched, "interval": "round" | "step"}}`` (see :mod:`fedlit.engine.loop.optim`).
         """
         # requires_grad is read at every call: a strategy may freeze some tensors for a phase (FedRep).
         params = [p for p in self.derived("parameters", lambda: list(self.parameters())) if p.requires_grad]

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from fedlit.core.errors import ConfigError
-from fedlit.engine.baseline import LOCAL, gain_over_local, load, protocol
+from fedlit.engine.records.baseline import LOCAL, gain_over_local, load, protocol
 from fedlit.strategies import FedAvg
 from tests.conftest import TinyTabular, make_federation
 

@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from fedlit.cli import main, run
-from fedlit.engine.run_folder import claim_run_dir
+from fedlit.engine.records.run_folder import claim_run_dir
 from fedlit.strategies import FedAvg
 from tests.test_rundir import killed_run
 

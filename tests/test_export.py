@@ -242,8 +242,8 @@ def test_export_from_python_is_the_store_plus_the_servers_tensors(tmp_path):
 
 def test_export_never_writes_outside_out_even_for_unchecked_client_ids(tmp_path, monkeypatch):
     # a federation around data whose ids escaped the data module's check (built by hand): export checks them again
-    monkeypatch.setattr("fedlit.data.datamodule.check_client_ids", lambda *args, **kwargs: None)
-    monkeypatch.setattr("fedlit.engine.lifecycle.check_client_ids", lambda *args, **kwargs: None)
+    monkeypatch.setattr("fedlit.data.common.datamodule.check_client_ids", lambda *args, **kwargs: None)
+    monkeypatch.setattr("fedlit.engine.loop.lifecycle.check_client_ids", lambda *args, **kwargs: None)
     fed = make_federation(tmp_path / "run", FedBN(), rounds=1, names=["c0", "../escaped", str(tmp_path / "abs")])
     fed.setup()
     out = tmp_path / "out"

@@ -215,7 +215,7 @@ def test_a_second_fresh_fit_into_the_same_folder_is_refused_and_keeps_the_first(
 
 def test_a_folder_held_by_a_live_run_is_refused_even_on_resume(tmp_path):
     from fedlit.core.errors import RunDirError
-    from fedlit.engine.run_folder import claim_run_dir
+    from fedlit.engine.records.run_folder import claim_run_dir
 
     make(tmp_path, FedAvg(), rounds=1).fit()
     with claim_run_dir(tmp_path, resume=True), pytest.raises(RunDirError, match="wait for that run to end"):

@@ -7,7 +7,7 @@ import pytest
 
 def test_the_public_paths_give_the_objects_of_their_new_homes():
     import fedlit
-    from fedlit.engine.run import Run
+    from fedlit.engine.loop.run import Run
     from fedlit.federation import Federation
     from fedlit.module import FederatedModule
 
@@ -15,8 +15,8 @@ def test_the_public_paths_give_the_objects_of_their_new_homes():
     assert fedlit.FederatedModule is FederatedModule
     from fedlit.callbacks import EarlyStopping  # noqa: F401  (recipes name it by this path)
     from fedlit.data import Dirichlet, FederatedDataModule, SyntheticImages  # noqa: F401
-    from fedlit.data.datamodule import PartitionedData
-    from fedlit.data.pool import PartitionedData as pooled
+    from fedlit.data.common.datamodule import PartitionedData
+    from fedlit.data.common.pool import PartitionedData as pooled
     from fedlit.strategies import SCAFFOLD, FedAvg, Strategy  # noqa: F401
     from fedlit.tasks import ClassificationModule, concordance_index  # noqa: F401
 
@@ -25,10 +25,11 @@ def test_the_public_paths_give_the_objects_of_their_new_homes():
 
 def test_the_old_math_module_finds_each_function_in_its_new_home_with_a_warning():
     from fedlit.core import tensors
-    from fedlit.strategies import aggregate, apple, scaffold
+    from fedlit.strategies import apple, scaffold
     from fedlit.strategies import functional as old
+    from fedlit.strategies.common import aggregate
 
-    with pytest.warns(DeprecationWarning, match="moved to fedlit.strategies.aggregate.weighted_average"):
+    with pytest.warns(DeprecationWarning, match="moved to fedlit.strategies.common.aggregate.weighted_average"):
         assert old.weighted_average is aggregate.weighted_average
     with pytest.warns(DeprecationWarning):
         assert old.apple_mix is apple.apple_mix and old.scaffold_control_variate is scaffold.scaffold_control_variate

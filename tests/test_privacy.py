@@ -23,7 +23,7 @@ from fedlit.federation import derive_seed
 from fedlit.models import Backbone
 from fedlit.privacy import ClientLevelDP, SampleLevelDP, clip_and_noise, clip_update, gaussian_noise
 from fedlit.strategies import ClientUpdate
-from fedlit.strategies.aggregators import MedianAggregator
+from fedlit.strategies.common.aggregators import MedianAggregator
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyTabular, make_federation
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from fedlit import FedBN, RoleRule
 from fedlit.cli import prepare
 from fedlit.core.roles import ParameterRoles, role_summary
-from fedlit.engine.progress import Progress
+from fedlit.engine.records.progress import Progress
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyMLP, make_federation
 

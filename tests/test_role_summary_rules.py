@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedlit.core.roles import RoleRule
-from fedlit.engine import rounds
+from fedlit.engine.loop import rounds
 from fedlit.models import Identity
 from fedlit.tasks import ClassificationModule
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from fedlit.core.errors import RunDirError
-from fedlit.engine import run_folder as rundir
-from fedlit.engine.run_folder import (
+from fedlit.engine.records import run_folder as rundir
+from fedlit.engine.records.run_folder import (
     LOCK_NAME,
     check_run_dir,
     claim_run_dir,
@@ -154,10 +154,11 @@ def test_the_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path):
 
 HOLDER = """
 import sys, time, types
-package = types.ModuleType("fedlit")  # import fedlit.engine.run_folder alone: the package would load torch (seconds)
+package = types.ModuleType("fedlit")  # import fedlit.engine.records.run_folder alone: the package would load torch
+(seconds)
 package.__path__ = [sys.argv[1]]
 sys.modules["fedlit"] = package
-from fedlit.engine.run_folder import claim_run_dir
+from fedlit.engine.records.run_folder import claim_run_dir
 lock = claim_run_dir(sys.argv[2], resume=False)
 print("holding", flush=True)
 time.sleep(60)

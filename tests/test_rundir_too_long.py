@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedlit.core.errors import RunDirError
-from fedlit.engine.run_folder import check_run_dir, claim_run_dir, new_version_dir
+from fedlit.engine.records.run_folder import check_run_dir, claim_run_dir, new_version_dir
 from tests.test_cli import QUICK, error_of
 
 FIX = "the path is too long for the file system"

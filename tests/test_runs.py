@@ -16,8 +16,8 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from fedlit.engine.hparams import hparams
-from fedlit.engine.record import git_state
+from fedlit.engine.records.hparams import hparams
+from fedlit.engine.records.record import git_state
 from fedlit.strategies import FedAvg, FedProx
 from tests.children import run_child
 from tests.conftest import TinyTabular, make_federation

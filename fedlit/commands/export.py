@@ -144,7 +144,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
             ids, a federation built around it by hand may not), or its folder would resolve outside ``out`` (a
             symbolic link there): nothing is written then.
     """
-    from fedlit.engine.client import load_client
+    from fedlit.engine.loop.client import load_client
 
     if not fed.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
         raise ConfigError("export_federation needs a federation after fit() or setup(ckpt_path=...); this one has "

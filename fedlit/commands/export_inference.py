@@ -10,7 +10,7 @@ head=torch.nn.Linear(num_features, num_classes)))`` loads it with ``strict=True`
 pretrained weight file (the frozen tensors are in it).
 
 ``preprocessing.json`` is the data module's
-:meth:`~fedlit.data.datamodule.FederatedDataModule.preprocessing` for that client: task, class names, the input
+:meth:`~fedlit.data.common.datamodule.FederatedDataModule.preprocessing` for that client: task, class names, the input
 as the model receives it (kind, shape, channels, size), the normalization its loader applies.
 """
 

@@ -3,10 +3,11 @@ checkpoint of its run.
 
 A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``<recipe>_<strategy>``,
 ``--version`` to the next ``version_<n>``), or into ``--out_dir``, which must not hold another run (see
-:mod:`fedlit.engine.run_folder`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``) means the
+:mod:`fedlit.engine.records.run_folder`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``)
+means the
 checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
-and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.config.resolve`; :mod:`fedlit.engine.record`
+and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.config.resolve`; :mod:`fedlit.engine.records.record`
 says what a run records). ``fit --dry_run`` prints what the run would cost (:mod:`fedlit.commands.cost`);
 ``fit --seeds 0 1 2`` runs it once per seed (:mod:`fedlit.commands.seeds`).
 """

@@ -24,7 +24,7 @@ grid goes on; the command exits with code 1 when a cell failed. The grid resumes
 have all finished (``results.json``) is not started, and a cell started before is resumed with ``--ckpt_path last``
 (finished seeds kept, stopped ones resumed from their last checkpoint, missing ones started). ``grid.json`` in the
 output folder records the rows, columns, seeds, each cell's command, state and wall-clock;
-``fedlit report <out_dir>`` reads it and prints Table 2 (:mod:`fedlit.commands.report_grid`).
+``fedlit report <out_dir>`` reads it and prints Table 2 (:mod:`fedlit.commands.report.grid`).
 """
 
 from __future__ import annotations

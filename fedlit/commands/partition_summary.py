@@ -198,7 +198,7 @@ def prepare(cfg: Any) -> PartitionJob:
     from fedlit.config import resolve as runnames
     from fedlit.config.build import instantiate
     from fedlit.data import FederatedDataModule
-    from fedlit.engine.settings import check_seed
+    from fedlit.engine.loop.settings import check_seed
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(FederatedDataModule, "data", required=True)

@@ -140,7 +140,7 @@ class SeedsJob:
 def prepare(argv: list[str]) -> SeedsJob:
     """Check ``fit ... --seeds ...`` and plan one run per seed (configuration errors are raised here)."""
     from fedlit.config import resolve as runnames
-    from fedlit.engine.run_folder import check_run_dir, checkpoint_files, new_version_dir
+    from fedlit.engine.records.run_folder import check_run_dir, checkpoint_files, new_version_dir
 
     seeds, rest = split_seeds(argv)
     if any(a == "--dry_run" or a.startswith("--dry_run=") for a in rest):

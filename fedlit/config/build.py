@@ -18,8 +18,8 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 
 from fedlit.config import resolve
-from fedlit.engine.run_folder import check_run_dir, new_version_dir
-from fedlit.engine.settings import Settings, check_seed
+from fedlit.engine.loop.settings import Settings, check_seed
+from fedlit.engine.records.run_folder import check_run_dir, new_version_dir
 from fedlit.federation import Federation
 
 
@@ -74,7 +74,7 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
     nodes' data, :mod:`fedlit.flower`)."""
     from lightning.fabric.utilities.seed import seed_everything
 
-    from fedlit.engine.ranks import launched_rank_zero
+    from fedlit.engine.loop.ranks import launched_rank_zero
 
     sub_cfg = cfg[subcommand]
     out_dir, ckpt_path = resolve.resolve_run(sub_cfg, subcommand)
@@ -196,7 +196,7 @@ def remove_if_empty(folder: Path | None) -> None:
 def build_objects(recipe: Mapping[str, Any], overrides: list[str] | None = None) -> Namespace:
     """The objects of a recipe given as a mapping (``model``, ``data``, ``strategy``, ``federation``,
     ``callbacks``), with dotted ``overrides`` (``["--data.init_args.root", "/data/site_0"]``) on top: the model,
-    data module (not set up), strategy, callbacks, and the federation's :class:`~fedlit.engine.settings.Settings`.
+    data module (not set up), strategy, callbacks, and the federation's :class:`~fedlit.engine.loop.settings.Settings`.
     Seeded by ``federation.seed`` as a run is, so a randomly initialized backbone and generated data are the
     run's."""
     from lightning.fabric.utilities.seed import seed_everything

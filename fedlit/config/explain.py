@@ -123,7 +123,7 @@ def _section_keys(section: str) -> list[str]:
     if section == "federation":
         from dataclasses import fields
 
-        from fedlit.engine.settings import Settings
+        from fedlit.engine.loop.settings import Settings
 
         return [f.name for f in fields(Settings)]
     return ["config", "model", "data", "strategy", "federation", "callbacks", "out_dir", "ckpt_path", "name",

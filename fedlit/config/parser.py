@@ -3,7 +3,7 @@
 
 A recipe has five sections: ``model`` (a FederatedModule), ``data`` (a FederatedDataModule), ``strategy`` (a
 Strategy; short names such as ``FedAvg`` work), ``federation`` (the loop's settings:
-:class:`~fedlit.engine.settings.Settings`) and optional ``callbacks``; plus ``out_dir``. Dotted overrides
+:class:`~fedlit.engine.loop.settings.Settings`) and optional ``callbacks``; plus ``out_dir``. Dotted overrides
 (``--federation.rounds 3``) and ``--print_config`` come from jsonargparse. torch, Lightning and the model
 libraries are imported only when a recipe parser is built, so ``fedlit --help`` answers in a fraction of a second.
 """
@@ -42,7 +42,7 @@ def recipe_parser(subcommand: str, description: str) -> ArgumentParser:
     from lightning.pytorch import Callback
 
     import fedlit.callbacks  # noqa: F401  (lists fedlit's own callbacks in --help)
-    from fedlit.engine.settings import Settings
+    from fedlit.engine.loop.settings import Settings
 
     FederatedModule, FederatedDataModule, Strategy = bases().values()  # noqa: N806  (classes)
     parser = ArgumentParser(description=description, exit_on_error=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser, Namespace
 
 from fedlit.core.errors import CheckpointError, ConfigError
-from fedlit.engine.run_folder import lock_holder, run_files, run_versions
+from fedlit.engine.records.run_folder import lock_holder, run_files, run_versions
 
 LAST_KEYWORD = "last"
 BEST_KEYWORD = "best"

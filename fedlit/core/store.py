@@ -101,7 +101,7 @@ class ClientStore:
 
     def retain(self, client_ids: set[str]) -> None:
         """Keep only ``client_ids``' entries, now and whenever a state is loaded later (a rank of a multi-device run
-        holds its own clients only; see :mod:`fedlit.engine.ranks`)."""
+        holds its own clients only; see :mod:`fedlit.engine.loop.ranks`)."""
         self._kept = set(client_ids)
         for entries in (self._tensors, self._optimizer, self._extra, self._sizes):
             for client_id in [c for c in entries if c not in self._kept]:

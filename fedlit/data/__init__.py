@@ -3,12 +3,8 @@ per data set (the segmentation sites ``FedProstateSlices``, ``FedProstateVolumes
 ``FedPolyp`` among them; ``PTBXL``'s ECGs read as WFDB records), and the generic loaders ``SiteFolders``,
 ``SiteTable`` and ``SiteDataset``."""
 
-from fedlit.data.datamodule import FederatedDataModule, SplitName
-from fedlit.data.folders import SiteFolders
-from fedlit.data.heart_disease import FedHeartDisease
-from fedlit.data.medical_abstracts import MedicalAbstracts
-from fedlit.data.medmnist import MedMNIST, MedMNISTTransform
-from fedlit.data.partition import (
+from fedlit.data.common.datamodule import FederatedDataModule, SplitName
+from fedlit.data.common.partition import (
     IID,
     Dirichlet,
     Natural,
@@ -21,17 +17,21 @@ from fedlit.data.partition import (
     pathological_partition,
     shards_partition,
 )
+from fedlit.data.common.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType
+from fedlit.data.common.samples import ImageFile, SampleList, SampleSubset, split_samples
+from fedlit.data.common.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
+from fedlit.data.folders import SiteFolders
+from fedlit.data.heart_disease import FedHeartDisease
+from fedlit.data.medical_abstracts import MedicalAbstracts
+from fedlit.data.medmnist import MedMNIST, MedMNISTTransform
 from fedlit.data.polyp import FedPolyp
-from fedlit.data.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType
 from fedlit.data.prostate import FedProstate
 from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.ptbxl import PTBXL
 from fedlit.data.pubmed_rct import PubMedRCT
 from fedlit.data.respiratory import ICBHI, SPRSound
-from fedlit.data.samples import ImageFile, SampleList, SampleSubset, split_samples
 from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
 from fedlit.data.site_dataset import SiteDataset
-from fedlit.data.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
 from fedlit.data.survival import SyntheticSurvival
 from fedlit.data.synthetic import SyntheticImages
 from fedlit.data.synthetic_segmentation import SyntheticSegmentation

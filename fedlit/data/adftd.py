@@ -13,11 +13,11 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.partition import Dirichlet, Natural, Partitioner
-from fedlit.data.samples import SampleList
-from fedlit.data.splits import SPLITS, check_split_fractions, stratified_split
-from fedlit.data.text import not_utf8
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.partition import Dirichlet, Natural, Partitioner
+from fedlit.data.common.samples import SampleList
+from fedlit.data.common.splits import SPLITS, check_split_fractions, stratified_split
+from fedlit.data.common.text import not_utf8
 
 URL = "https://openneuro.org/datasets/ds004504"
 PARTICIPANTS = "participants.tsv"

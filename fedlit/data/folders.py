@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
-from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.samples import (
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.samples import (
     Compose,
     ImageFile,
     Normalize,
@@ -26,9 +26,9 @@ from fedlit.data.samples import (
     make_transform,
     split_samples,
 )
-from fedlit.data.site_options import check_site_names, class_index, class_names_problem, site_rng
-from fedlit.data.splits import SPLITS, check_split_fractions
-from fedlit.data.text import decode_utf8
+from fedlit.data.common.site_options import check_site_names, class_index, class_names_problem, site_rng
+from fedlit.data.common.splits import SPLITS, check_split_fractions
+from fedlit.data.common.text import decode_utf8
 
 _OPTION = "data.init_args"
 

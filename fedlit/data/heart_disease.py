@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
-from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.pool import PartitionedData
-from fedlit.data.splits import stratified_split
-from fedlit.data.text import decode_utf8
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.pool import PartitionedData
+from fedlit.data.common.splits import stratified_split
+from fedlit.data.common.text import decode_utf8
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.partition import Dirichlet, Partitioner
-from fedlit.data.pool import PartitionedData
-from fedlit.data.splits import check_split_fractions, split_clients
-from fedlit.data.text import decode_utf8, not_utf8
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.partition import Dirichlet, Partitioner
+from fedlit.data.common.pool import PartitionedData
+from fedlit.data.common.splits import check_split_fractions, split_clients
+from fedlit.data.common.text import decode_utf8, not_utf8
 
 TEXT_FILE = "medical_tc_test.csv"
 LABELS_FILE = "medical_tc_labels.csv"

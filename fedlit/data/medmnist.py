@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
-from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.partition import Dirichlet, Partitioner
-from fedlit.data.pool import PartitionedData, TaskType
-from fedlit.data.splits import check_split_fractions, split_clients
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.partition import Dirichlet, Partitioner
+from fedlit.data.common.pool import PartitionedData, TaskType
+from fedlit.data.common.splits import check_split_fractions, split_clients
 
 _SPLITS = ("train", "val", "test")
 _KEYS = tuple(f"{split}_{kind}" for split in _SPLITS for kind in ("images", "labels"))

@@ -18,17 +18,17 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.samples import SampleList, is_image
-from fedlit.data.segmentation_sites import decode_image, pair_augmentation
-from fedlit.data.site_options import (
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.samples import SampleList, is_image
+from fedlit.data.common.site_options import (
     check_site_names,
     find_sites,
     report_unmatched,
     segmentation_option_problems,
     site_rng,
 )
-from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
+from fedlit.data.common.splits import SPLITS, check_split_fractions, split_sizes
+from fedlit.data.segmentation_sites import decode_image, pair_augmentation
 
 _OPTION = "data.init_args"
 _SOURCE = ("Get PraNet's TrainDataset and TestDataset (Fan et al., \"PraNet: Parallel Reverse Attention Network for "

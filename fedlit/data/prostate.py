@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Literal
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.samples import SampleList
 from fedlit.data.prostate_volumes import FedProstateVolumes
-from fedlit.data.samples import SampleList
 from fedlit.data.segmentation_sites import FedProstateSlices
 
 _OPTION = "data.init_args"

@@ -22,10 +22,9 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.samples import SampleList
-from fedlit.data.segmentation_sites import pair_augmentation
-from fedlit.data.site_options import (
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.samples import SampleList
+from fedlit.data.common.site_options import (
     PROSTATE_SAME_SITE,
     PROSTATE_SITES,
     find_sites,
@@ -33,7 +32,8 @@ from fedlit.data.site_options import (
     segmentation_option_problems,
     site_rng,
 )
-from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
+from fedlit.data.common.splits import SPLITS, check_split_fractions, split_sizes
+from fedlit.data.segmentation_sites import pair_augmentation
 
 _OPTION = "data.init_args"
 # CaseXX.nii.gz (image) and CaseXX_segmentation.nii.gz / CaseXX_Segmentation.nii.gz (mask); .nii too.

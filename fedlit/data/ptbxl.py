@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.partition import Dirichlet, Natural, Partitioner
-from fedlit.data.samples import SampleList, strata
-from fedlit.data.splits import SPLITS, check_split_fractions, stratified_split
-from fedlit.data.text import not_utf8
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.partition import Dirichlet, Natural, Partitioner
+from fedlit.data.common.samples import SampleList, strata
+from fedlit.data.common.splits import SPLITS, check_split_fractions, stratified_split
+from fedlit.data.common.text import not_utf8
 from fedlit.data.wfdb_files import WFDBRecord
 
 DATABASE = "ptbxl_database.csv"

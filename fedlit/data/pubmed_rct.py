@@ -10,12 +10,12 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.partition import Dirichlet, Partitioner
+from fedlit.data.common.pool import PartitionedData
+from fedlit.data.common.splits import SPLITS, check_split_fractions, split_clients
+from fedlit.data.common.text import decode_utf8
 from fedlit.data.medical_abstracts import load_tokenizer, tokenizer_folder
-from fedlit.data.partition import Dirichlet, Partitioner
-from fedlit.data.pool import PartitionedData
-from fedlit.data.splits import SPLITS, check_split_fractions, split_clients
-from fedlit.data.text import decode_utf8
 
 #: The official files, in split order (train, val, test).
 FILES = ("train.txt", "dev.txt", "test.txt")

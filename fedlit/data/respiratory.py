@@ -20,10 +20,10 @@ import torch
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.audio_clips import AudioClip, clip_identity, soundfile
-from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.partition import Dirichlet, Natural, Partitioner
-from fedlit.data.samples import SampleList
-from fedlit.data.splits import SPLITS, check_split_fractions, stratified_split
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.partition import Dirichlet, Natural, Partitioner
+from fedlit.data.common.samples import SampleList
+from fedlit.data.common.splits import SPLITS, check_split_fractions, stratified_split
 
 __all__ = ["ICBHI", "ICBHI_CLASSES", "SPRSOUND_CLASSES", "SPRSound"]
 

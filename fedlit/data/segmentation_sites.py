@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.samples import Compose, SampleList, image_errors, is_image, unreadable_image
-from fedlit.data.site_options import (
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.samples import Compose, SampleList, image_errors, is_image, unreadable_image
+from fedlit.data.common.site_options import (
     PROSTATE_SAME_SITE,
     PROSTATE_SITES,
     find_sites,
@@ -30,7 +30,7 @@ from fedlit.data.site_options import (
     segmentation_option_problems,
     site_rng,
 )
-from fedlit.data.splits import SPLITS, check_split_fractions, split_sizes
+from fedlit.data.common.splits import SPLITS, check_split_fractions, split_sizes
 
 _OPTION = "data.init_args"
 

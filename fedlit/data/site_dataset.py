@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import Dataset
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.samples import SampleList, TransformSpec, class_sort_key, make_transform, split_samples
-from fedlit.data.splits import check_split_fractions
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.samples import SampleList, TransformSpec, class_sort_key, make_transform, split_samples
+from fedlit.data.common.splits import check_split_fractions
 
 _OPTION = "data.init_args"
 

@@ -7,9 +7,9 @@ import torch
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.metrics import concordance_index
-from fedlit.data.datamodule import FederatedDataModule, is_int
-from fedlit.data.pool import PartitionedData
-from fedlit.data.splits import check_split_fractions, split_clients
+from fedlit.data.common.datamodule import FederatedDataModule, is_int
+from fedlit.data.common.pool import PartitionedData
+from fedlit.data.common.splits import check_split_fractions, split_clients
 
 
 class SyntheticSurvival(FederatedDataModule):

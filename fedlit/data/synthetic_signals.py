@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from fedlit.core.errors import ConfigError
-from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.pool import PartitionedData
-from fedlit.data.splits import check_split_fractions, split_clients
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.pool import PartitionedData
+from fedlit.data.common.splits import check_split_fractions, split_clients
 from fedlit.data.synthetic import spread_over_sites
 
 # One event per class; the class count is capped by this list.

@@ -11,11 +11,11 @@ import pandas as pd
 import torch
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
-from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.pool import PartitionedData
-from fedlit.data.samples import CLASSIFICATION, class_sort_key, split_samples
-from fedlit.data.site_options import class_index, class_names_problem, site_rng
-from fedlit.data.splits import SPLITS, check_split_fractions
+from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.pool import PartitionedData
+from fedlit.data.common.samples import CLASSIFICATION, class_sort_key, split_samples
+from fedlit.data.common.site_options import class_index, class_names_problem, site_rng
+from fedlit.data.common.splits import SPLITS, check_split_fractions
 from fedlit.data.table_read import OPTION as _OPTION
 from fedlit.data.table_read import (
     check_numeric,

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from fedlit.core.errors import DataError
-from fedlit.data.splits import SPLITS
-from fedlit.data.text import not_utf8
+from fedlit.data.common.splits import SPLITS
+from fedlit.data.common.text import not_utf8
 
 OPTION = "data.init_args"
 

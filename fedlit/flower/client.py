@@ -8,7 +8,7 @@ launches one task per message) and keeps ``context.state`` between them. fedlit'
 the client is built from the recipe (:func:`node_run`: model, data, strategy and callbacks straight from the run
 config's recipe, with the same seed and overrides as the server, no command line and no recipe file; a
 :class:`ClientRuntime` sets them up as a run of one client that never fits by itself and builds that client's
-:class:`~fedlit.engine.client.ClientContext`, which every turn and evaluation takes), restores the client's store
+:class:`~fedlit.engine.loop.client.ClientContext`, which every turn and evaluation takes), restores the client's store
 entry (its personal tensors, optimizer state and the per-client state of the strategy and callbacks) from the
 snapshots before every message, answers, and saves the entry again, so a kept client answers as a fresh one. The
 entry (a ``torch.save`` of :meth:`~fedlit.core.store.ClientStore.client_state`, loaded with ``weights_only=True``)
@@ -29,10 +29,10 @@ class counts of the other clients are never used.
 Messages (see :mod:`fedlit.flower.codec` for how tensors travel):
 
 - ``query``: the client's id, whether it trains, its split sizes, class counts and manifest entry;
-- ``train``: :meth:`ClientRuntime.train` (:func:`fedlit.engine.client.train_client` on what the server sent);
+- ``train``: :meth:`ClientRuntime.train` (:func:`fedlit.engine.loop.client.train_client` on what the server sent);
   replies the update's shared tensors, extras, metrics, ``num_examples``, the download bytes and the ``problem``
   of a quarantined turn, or ``error`` with what the turn raised;
-- ``evaluate``: :func:`fedlit.engine.executor.run_evaluate_task`; replies the client's id, the metrics per split
+- ``evaluate``: :func:`fedlit.engine.loop.executor.run_evaluate_task`; replies the client's id, the metrics per split
   and the download bytes.
 
 The server checks every reply before it uses it (:mod:`fedlit.flower.replies`).
@@ -64,11 +64,12 @@ from fedlit.config.build import build_objects
 from fedlit.config.parser import load_recipe
 from fedlit.core.errors import ConfigError
 from fedlit.core.names import check_client_id
-from fedlit.engine import lifecycle
-from fedlit.engine.client import ClientTurn, train_client
-from fedlit.engine.executor import run_evaluate_task
-from fedlit.engine.run import Run
-from fedlit.engine.tasks import EvaluateTask
+from fedlit.engine import speedups
+from fedlit.engine.loop import lifecycle
+from fedlit.engine.loop.client import ClientTurn, train_client
+from fedlit.engine.loop.executor import run_evaluate_task
+from fedlit.engine.loop.run import Run
+from fedlit.engine.loop.tasks import EvaluateTask
 from fedlit.flower import codec
 from fedlit.flower.node_data import OwnClientData
 from fedlit.flower.secagg_client import client_mods, handle_secure_train, is_secure_train
@@ -88,7 +89,7 @@ class ClientRuntime:
     """One client of the recipe, built in this process: answers the server's messages.
 
     Args:
-        build: Builds the recipe's run (:class:`~fedlit.engine.run.Run`: its objects, not set up).
+        build: Builds the recipe's run (:class:`~fedlit.engine.loop.run.Run`: its objects, not set up).
         client_id: The node's client.
         snapshots: Where its store entry is restored from before a turn or an evaluation and saved to after.
     """
@@ -214,7 +215,7 @@ class ClientRuntime:
 
 
 def encode_turn(turn: ClientTurn) -> RecordDict:
-    """A :class:`~fedlit.engine.client.ClientTurn` as a reply's content."""
+    """A :class:`~fedlit.engine.loop.client.ClientTurn` as a reply's content."""
     update = turn.update
     content = RecordDict({"turn": ConfigRecord({
         "client-id": update.client_id, "num-examples": int(update.num_examples),
@@ -245,7 +246,8 @@ def node_run(run_config: Mapping[str, Any], node_config: Mapping[str, Any], out_
                  *shlex.split(str(node_config.get("overrides", "")))]
     objects = build_objects(recipe, overrides)
     settings = replace(objects.federation, progress_bar=False, devices=1, num_nodes=1, loggers=[])
-    return Run(objects.model, objects.data, objects.strategy, settings, callbacks=objects.callbacks, out_dir=out_dir)
+    return Run(objects.model, objects.data, objects.strategy, settings, callbacks=objects.callbacks, out_dir=out_dir,
+               speedups=speedups.BUILT_IN)
 
 
 def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:

@@ -1,8 +1,8 @@
 """What the server of a Flower deployment accepts from a node: each reply checked against what it sent and knows.
 
 A node runs code and holds data the server does not control, so its reply may be malformed, mistaken or forged.
-Before a ``train`` reply becomes a :class:`~fedlit.engine.client.ClientTurn` (:func:`train_reply`) and an
-``evaluate`` reply an :class:`~fedlit.engine.tasks.EvaluateResult` (:func:`evaluate_reply`), it is checked here; a
+Before a ``train`` reply becomes a :class:`~fedlit.engine.loop.client.ClientTurn` (:func:`train_reply`) and an
+``evaluate`` reply an :class:`~fedlit.engine.loop.tasks.EvaluateResult` (:func:`evaluate_reply`), it is checked here; a
 reply that fails a check gives a one-line reason naming the client and what was wrong (``client 'site_1' replied a
 state whose 'head.weight' has shape (1,), not (3, 8) as sent``), which
 :class:`~fedlit.flower.server.FlowerExecutor` handles as a failed node: left out of the round with a warning under
@@ -41,9 +41,9 @@ from flwr.app import RecordDict
 from torch import Tensor
 
 from fedlit.core.tensors import non_finite_name
-from fedlit.engine.client import ClientTurn
-from fedlit.engine.evaluate import GLOBAL
-from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
+from fedlit.engine.loop.client import ClientTurn
+from fedlit.engine.loop.evaluate import GLOBAL
+from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask
 from fedlit.flower import codec
 from fedlit.strategies.base import ClientUpdate
 
@@ -74,7 +74,7 @@ def train_reply(reply: RecordDict, task: FitTask, *, expected: Sequence[str], tr
     return why if why is not None else ClientTurn(update, download_bytes, problem, kind)
 
 
-#: The kinds of problem a turn may report (:class:`~fedlit.engine.client.ClientTurn`'s ``problem_kind``).
+#: The kinds of problem a turn may report (:class:`~fedlit.engine.loop.client.ClientTurn`'s ``problem_kind``).
 PROBLEM_KINDS = ("non-finite", "timeout")
 
 

@@ -61,8 +61,8 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import WeightedMeanAggregator
 from fedlit.strategies.base import Strategy
+from fedlit.strategies.common.aggregators import WeightedMeanAggregator
 from fedlit.strategies.fedavg import FedAvg
 
 OPTION = "secure-aggregation"

@@ -32,7 +32,7 @@ from flwr.compat.common import recorddict_compat as compat
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.engine.client import ClientTurn
+from fedlit.engine.loop.client import ClientTurn
 from fedlit.flower.secagg import _FAULT, _PREFIX, OPTION, _dtype, _numpy
 from fedlit.strategies.base import ClientUpdate
 
@@ -70,7 +70,7 @@ def handle_secure_train(msg: Message, context: Context, train: TrainFn) -> Messa
     """Train the client named in ``msg`` and reply with its FitRes, for ``secaggplus_mod`` to mask.
 
     ``train(client_id, server_round, received, received_extras)`` runs the client's turn (fedlit's
-    :func:`~fedlit.engine.client.train_client` where the client lives). The reply's parameters are the client's
+    :func:`~fedlit.engine.loop.client.train_client` where the client lives). The reply's parameters are the client's
     floating shared tensors in the order the server named them (float64), ``num_examples`` its count, metrics its
     ``loss`` and ``steps`` and its integer tensors (in the clear). A turn that raised, is quarantined, uploads
     extras or would be clipped raises :class:`SecureTrainFault` instead: the client drops out of the round.

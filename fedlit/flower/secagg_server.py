@@ -37,7 +37,7 @@ from torch import Tensor
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.tensors import nbytes as state_nbytes
-from fedlit.engine.client import ClientTurn
+from fedlit.engine.loop.client import ClientTurn
 from fedlit.flower.remote import describe_error, replies_by_node
 from fedlit.flower.secagg import (
     _FAULT,
@@ -52,8 +52,8 @@ from fedlit.flower.secagg import (
 from fedlit.strategies.base import ClientUpdate
 
 if TYPE_CHECKING:
-    from fedlit.engine.run import Run
-    from fedlit.engine.tasks import FitTask
+    from fedlit.engine.loop.run import Run
+    from fedlit.engine.loop.tasks import FitTask
 
 
 def secure_fit(grid: Grid, fed: Run, server_round: int, tasks: list[FitTask], node_ids: Mapping[str, int],

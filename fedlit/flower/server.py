@@ -12,9 +12,10 @@ does (same parser, seed, model, strategy, callbacks, out_dir, resume), with two 
   ``client-ids``, else ``num-clients``, else the number of clients the data section's options give, e.g. the length
   of its ``sites``), and stops with the missing clients named after ``connect-timeout`` seconds.
 - ``fed.executor`` is a :class:`FlowerExecutor`: each client's turn (or evaluation) is one message to the node
-  that holds it, with what the strategy computed on the server (:class:`~fedlit.engine.executor.FitTask`); the
+  that holds it, with what the strategy computed on the server (:class:`~fedlit.engine.loop.executor.FitTask`); the
   replies are checked against what the server sent and knows (:mod:`fedlit.flower.replies`) and decoded into
-  :class:`~fedlit.engine.client.ClientTurn` and :class:`~fedlit.engine.executor.EvaluateResult`, in task order.
+  :class:`~fedlit.engine.loop.client.ClientTurn` and :class:`~fedlit.engine.loop.executor.EvaluateResult`, in task
+  order.
 
 Everything else (selection, aggregation, server state, evaluation bookkeeping, history, ``metrics.csv``,
 ``results.json``, TensorBoard, checkpoints, resume with ``ckpt-path``) is the unchanged loop; communication is
@@ -51,15 +52,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlit.core.errors import ConfigError, FedlitError
 from fedlit.core.tensors import nbytes as state_nbytes
-from fedlit.engine.client import ClientTurn
-from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask
+from fedlit.engine.loop.client import ClientTurn
+from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask
 from fedlit.flower import codec, replies, secagg
 from fedlit.flower.remote import GridTransport, RemoteData, Transport
 from fedlit.flower.secagg_server import secure_fit
 
 if TYPE_CHECKING:
     from fedlit.config.build import DataSection
-    from fedlit.engine.run import Run
+    from fedlit.engine.loop.run import Run
 
 #: What this module defines, and the names it re-exports from :mod:`fedlit.flower.remote` (their home before the
 #: split).

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from fedlit.models.lora import LoRA
     from fedlit.models.pretrained import LoadReport, load_checkpoint, read_state_dict
     from fedlit.models.registry import list_models, register_model
-    from fedlit.models.sam_adapter import SamAdapter
+    from fedlit.models.sam.adapter import SamAdapter
     from fedlit.models.unet import SegmentationNetwork, SmpUnet, TinyUNet
     from fedlit.models.weights import (
         PRETRAINED,

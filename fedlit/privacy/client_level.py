@@ -95,7 +95,7 @@ class ClientLevelDP(Callback):
 
     @override
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        from fedlit.strategies.aggregators import WeightedMeanAggregator
+        from fedlit.strategies.common.aggregators import WeightedMeanAggregator
         from fedlit.strategies.fedavg import FedAvg
 
         rdp_accountant()  # Opacus is there

@@ -1,15 +1,15 @@
 """Federated strategies: one algorithm per file."""
 
-from fedlit.strategies.aggregators import (
+from fedlit.strategies.apfl import APFL
+from fedlit.strategies.apple import APPLE
+from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregators import (
     Aggregator,
     KrumAggregator,
     MedianAggregator,
     TrimmedMeanAggregator,
     WeightedMeanAggregator,
 )
-from fedlit.strategies.apfl import APFL
-from fedlit.strategies.apple import APPLE
-from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.ditto import Ditto
 from fedlit.strategies.epfl import EPFL
 from fedlit.strategies.fedadagrad import FedAdagrad

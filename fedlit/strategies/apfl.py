@@ -53,9 +53,8 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
-from fedlit.strategies.fedavg import FedAvg
-from fedlit.strategies.personal_copy import (
+from fedlit.strategies.common.aggregators import Aggregator
+from fedlit.strategies.common.personal_copy import (
     MethodCall,
     functional_loss,
     load_into,
@@ -65,6 +64,7 @@ from fedlit.strategies.personal_copy import (
     to_device,
     unscale_gradients,
 )
+from fedlit.strategies.fedavg import FedAvg
 
 
 def apfl_alpha_step(alpha: float, v: Mapping[str, Tensor], w: Mapping[str, Tensor], grad_v: Mapping[str, Tensor],

@@ -4,9 +4,9 @@ A strategy decides what the server sends each client (:meth:`Strategy.configure_
 combined (:meth:`Strategy.aggregate`), which clients train (:meth:`Strategy.select_clients`), which tensors are
 shared (:meth:`Strategy.configure_roles`) and what is added to the client loss (:meth:`Strategy.training_loss`).
 Side effects use Lightning's callback hooks, called by the loop with keyword arguments (a hook declares only the
-arguments it needs, as with ``fabric.call``; :class:`fedlit.engine.hooks.Hooks`). ``trainer`` is the run (the
+arguments it needs, as with ``fabric.call``; :class:`fedlit.engine.loop.hooks.Hooks`). ``trainer`` is the run (the
 :class:`~fedlit.federation.Federation`); the hooks of a client's turn also get ``client``, its
-:class:`~fedlit.engine.client.ClientContext` (its data loaders, seeds, gradient scaler, store entry and local
+:class:`~fedlit.engine.loop.client.ClientContext` (its data loaders, seeds, gradient scaler, store entry and local
 settings), so a strategy never reaches into Fabric or the data module:
 
 - ``on_fit_start(trainer, pl_module)`` / ``on_fit_end(trainer, pl_module)``
@@ -97,7 +97,7 @@ class Strategy(Callback, abc.ABC):
             (:meth:`expected_download_extras`, :meth:`expected_upload_extras`), printed as notes under its table
             (FedDBE's warm-up upload). Default: none.
         fusable: True when several clients' turns can train in one fused pass (``federation.fused_clients``,
-            :mod:`fedlit.engine.fused`) with the result of sequential turns: the client side is
+            :mod:`fedlit.engine.speedups.fused`) with the result of sequential turns: the client side is
             ``on_client_fit_start`` (called for each client of the group before the first step, the module holding
             that client's tensors), :meth:`training_loss` (a function of the module's tensors, the loss, the batch
             and the attributes ``on_client_fit_start`` set, which are put back for each client) and
@@ -220,7 +220,7 @@ class Strategy(Callback, abc.ABC):
         server also keeps a global one (PGFed's ``theta_glob``, EPFL's mean A, APPLE's p0-mix of the cores,
         FedMetaMed's deputy), returns the global shared tensors here: every evaluation then also evaluates each
         client with them (its personal tensors kept), reported under ``global/...`` (see
-        :mod:`fedlit.engine.evaluate`). Default: None, for strategies whose evaluated model already is the global
+        :mod:`fedlit.engine.loop.evaluate`). Default: None, for strategies whose evaluated model already is the global
         one (the two evaluations would be identical)."""
         return None
 

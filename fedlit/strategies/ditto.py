@@ -42,10 +42,8 @@ from typing import Any, Literal
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
-from fedlit.strategies.fedavg import FedAvg
-from fedlit.strategies.fedprox import squared_distance
-from fedlit.strategies.personal_copy import (
+from fedlit.strategies.common.aggregators import Aggregator
+from fedlit.strategies.common.personal_copy import (
     MethodCall,
     functional_loss,
     keep_copy,
@@ -54,6 +52,8 @@ from fedlit.strategies.personal_copy import (
     step_copy,
     unscale_gradients,
 )
+from fedlit.strategies.fedavg import FedAvg
+from fedlit.strategies.fedprox import squared_distance
 
 
 class Ditto(FedAvg):

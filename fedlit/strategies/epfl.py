@@ -69,8 +69,8 @@ from torch import Tensor
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
-from fedlit.strategies.aggregate import State, client_weights, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import State, client_weights, weighted_average
 
 PSI = ("all", "first_half", "second_half")
 #: The key of the uploaded B tensors in ``ClientUpdate.extras``.

@@ -8,7 +8,7 @@ Algorithm 1 (server): ``w_{t+1} = sum_{k in S_t} (n_k / n) w_{t+1}^k`` with ``n 
 Symbols -> code: ``w_t`` -> ``self.global_state``; ``w_{t+1}^k`` -> ``update.state``; ``n_k`` ->
 ``update.num_examples``; ``S_t`` -> the ``updates`` of the round.
 
-The sum is the default ``aggregator`` (:class:`~fedlit.strategies.aggregators.WeightedMeanAggregator`); any
+The sum is the default ``aggregator`` (:class:`~fedlit.strategies.common.aggregators.WeightedMeanAggregator`); any
 other rule (median, trimmed mean, Krum) can replace it here and in every subclass (FedProx, FedBN, FedOpt...).
 
 Applied to every shared tensor, buffers included: BatchNorm running statistics are averaged like parameters,
@@ -23,9 +23,9 @@ from typing import Any, Literal
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import WEIGHTINGS, client_weights
-from fedlit.strategies.aggregators import Aggregator, WeightedMeanAggregator
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import WEIGHTINGS, client_weights
+from fedlit.strategies.common.aggregators import Aggregator, WeightedMeanAggregator
 
 
 class FedAvg(Strategy):
@@ -34,7 +34,8 @@ class FedAvg(Strategy):
     Args:
         weighting: ``num_examples`` weighs client k by n_k (the paper); ``uniform`` weighs every client equally.
         aggregator: How the uploads are combined; ``None`` is the weighted mean of Algorithm 1. Robust rules:
-            ``MedianAggregator``, ``TrimmedMeanAggregator``, ``KrumAggregator`` (``fedlit.strategies.aggregators``).
+            ``MedianAggregator``, ``TrimmedMeanAggregator``, ``KrumAggregator``
+            (``fedlit.strategies.common.aggregators``).
     """
 
     #: The weighted mean is all :meth:`aggregate` reads, so SecAgg+ can replace the uploads; only with the default

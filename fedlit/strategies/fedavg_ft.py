@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
 

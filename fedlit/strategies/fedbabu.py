@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg_ft import check_finetune_steps
 from fedlit.strategies.fedper import FedPer, drop_gradients, parameter_names
 

@@ -49,9 +49,9 @@ import torch
 from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import weighted_average
-from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.base import ClientUpdate
+from fedlit.strategies.common.aggregate import weighted_average
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedper import head_rule
 from fedlit.strategies.fedrod import linear_head

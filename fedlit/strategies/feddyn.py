@@ -54,8 +54,8 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import State, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import State, weighted_average
 
 
 def feddyn_penalty(params: Mapping[str, Tensor], anchor: State, h: State, alpha: float) -> Tensor:

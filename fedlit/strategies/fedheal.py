@@ -49,8 +49,8 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import State, cast_like, normalized_weights
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import State, cast_like, normalized_weights
 
 
 def heal_consistency_mask(

@@ -7,7 +7,8 @@ Definition 1 (median-based gradient descent), applied to the uploaded models as 
 ``w_{t+1}[j] = med{w_{t+1}^k[j] : k in S_t}`` for every coordinate j of every shared tensor, unweighted; with an
 even number of clients the two middle values are averaged (``numpy.median``).
 
-Symbols -> code: ``w_{t+1}^k`` -> ``update.state``; ``med`` -> :func:`fedlit.strategies.aggregate.coordinate_median`.
+Symbols -> code: ``w_{t+1}^k`` -> ``update.state``; ``med`` ->
+:func:`fedlit.strategies.common.aggregate.coordinate_median`.
 
 Flower equivalence: equal to ``flwr.server.strategy.FedMedian`` (flwr 1.41) on the same client arrays; the number
 of examples is ignored by both.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.strategies.aggregators import MedianAggregator
+from fedlit.strategies.common.aggregators import MedianAggregator
 from fedlit.strategies.fedavg import FedAvg
 
 

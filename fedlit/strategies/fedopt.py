@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.base import ClientUpdate
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
 OPTION = "strategy.init_args"

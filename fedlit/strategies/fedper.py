@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
 

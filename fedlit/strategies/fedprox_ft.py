@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg_ft import check_finetune_steps
 from fedlit.strategies.fedprox import FedProx
 

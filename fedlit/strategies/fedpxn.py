@@ -29,7 +29,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedbn import FedBN
 from fedlit.strategies.fedprox import FedProx
 

@@ -55,8 +55,8 @@ from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
-from fedlit.strategies.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 from fedlit.strategies.fedsca import adapter_prefixes
 
 #: The paper's allocation sizes on a 12-block ViT-B (clients of six kinds of resources).

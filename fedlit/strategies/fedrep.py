@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedper import FedPer, drop_gradients, parameter_names
 
 

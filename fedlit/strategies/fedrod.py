@@ -57,7 +57,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedper import head_rule, parameter_names
 

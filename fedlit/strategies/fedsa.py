@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedsca import _in_adapter, adapter_prefixes
 

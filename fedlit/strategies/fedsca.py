@@ -58,14 +58,14 @@ from torch import Tensor
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
-from fedlit.strategies.aggregate import (
+from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import (
     State,
     client_weights,
     normalized_weights,
     pairwise_squared_distances,
     weighted_average,
 )
-from fedlit.strategies.base import ClientUpdate, Strategy
 
 _ADAPTER = re.compile("adapter", re.IGNORECASE)
 

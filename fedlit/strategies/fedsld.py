@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
 _NEEDS = (

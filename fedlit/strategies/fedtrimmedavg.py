@@ -8,7 +8,7 @@ does: per coordinate j, sort the n client values, remove the ``k = int(beta n)``
 ``w_{t+1}[j] = 1 / (n - 2k) sum`` of the rest (unweighted).
 
 Symbols -> code: ``beta`` -> ``beta``; ``w_{t+1}^k`` -> ``update.state``; the trimmed mean ->
-:func:`fedlit.strategies.aggregate.trimmed_mean`.
+:func:`fedlit.strategies.common.aggregate.trimmed_mean`.
 
 Flower equivalence: ``FedTrimmedAvg(beta=b)`` equals ``flwr.server.strategy.FedTrimmedAvg(beta=b)`` (flwr 1.41,
 whose ``_trim_mean`` follows ``scipy.stats.trim_mean``) on the same client arrays; both default to b = 0.2 and
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.strategies.aggregators import TrimmedMeanAggregator, check_beta
+from fedlit.strategies.common.aggregators import TrimmedMeanAggregator, check_beta
 from fedlit.strategies.fedavg import FedAvg
 
 

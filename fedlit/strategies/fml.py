@@ -47,9 +47,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.fedavg import FedAvg
-from fedlit.strategies.fedmetamed_math import distillation_kl
-from fedlit.strategies.personal_copy import (
+from fedlit.strategies.common.personal_copy import (
     MethodCall,
     keep_copy,
     load_into,
@@ -57,6 +55,8 @@ from fedlit.strategies.personal_copy import (
     step_copy,
     unscale_gradients,
 )
+from fedlit.strategies.fedavg import FedAvg
+from fedlit.strategies.fedmetamed.equations import distillation_kl
 
 
 def two_class(logits: Tensor) -> Tensor:

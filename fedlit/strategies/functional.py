@@ -1,4 +1,5 @@
-"""Deprecated: the math that lived here moved. The generic aggregation math is in :mod:`fedlit.strategies.aggregate`
+"""Deprecated: the math that lived here moved. The generic aggregation math is in
+:mod:`fedlit.strategies.common.aggregate`
 and each algorithm's own math in that algorithm's file (``fedlit.strategies.scaffold.scaffold_control_variate``,
 ``fedlit.strategies.apple.apple_mix``...); byte counts of nested tensors are :func:`fedlit.core.tensors.nbytes`.
 
@@ -14,14 +15,14 @@ from typing import Any
 
 #: The module that holds each old name now (names separated by spaces).
 _HOMES: dict[str, str] = {
-    "fedlit.strategies.aggregate": ("coordinate_median krum_scores krum_select normalized_weights "
+    "fedlit.strategies.common.aggregate": ("coordinate_median krum_scores krum_select normalized_weights "
         "pairwise_squared_distances trimmed_mean weighted_average"),
     "fedlit.strategies.apple": "apple_download_choice apple_mix apple_proximal apple_proximal_coefficient",
     "fedlit.strategies.epfl": "epfl_weights mean_tensor_distances",
     "fedlit.strategies.feddyn": "feddyn_penalty feddyn_server_update",
     "fedlit.strategies.fedheal": "heal_aggregate heal_consistency_mask heal_weights",
-    "fedlit.strategies.fedmetamed_math": ("cumulative_fourier_average distillation_kl fourier_matrix fourier_ratio "
-        "fourier_unmatrix prr_losses prr_stage"),
+    "fedlit.strategies.fedmetamed.equations": ("cumulative_fourier_average distillation_kl fourier_matrix "
+        "fourier_ratio fourier_unmatrix prr_losses prr_stage"),
     "fedlit.strategies.fedprox": "squared_distance",
     "fedlit.strategies.fedra": "partial_weighted_average random_allocation",
     "fedlit.strategies.fedsca": "cosine_regularizer flat_distances sgca_weights simplex_projection",

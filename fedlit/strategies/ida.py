@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import common_keys
 from fedlit.strategies.base import ClientUpdate
+from fedlit.strategies.common.aggregate import common_keys
 from fedlit.strategies.fedavg import FedAvg
 
 

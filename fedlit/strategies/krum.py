@@ -8,7 +8,7 @@ closest to ``V_i``; Krum keeps ``V_{i*}`` with ``i* = argmin_i s(i)``. Multi-Kru
 keeps the m lowest-scored updates and averages them.
 
 Symbols -> code: ``V_i`` -> ``update.state`` (flattened over its floating tensors); ``f`` -> ``num_malicious``;
-``m`` -> ``num_selected``; ``s(i)`` -> :func:`fedlit.strategies.aggregate.krum_scores`.
+``m`` -> ``num_selected``; ``s(i)`` -> :func:`fedlit.strategies.common.aggregate.krum_scores`.
 
 Flower equivalence: ``Krum(num_malicious=f, num_selected=1)`` equals ``flwr.server.strategy.Krum(
 num_malicious_clients=f, num_clients_to_keep=0)`` and ``Krum(num_malicious=f, num_selected=m)`` with m > 1 equals
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fedlit.strategies.aggregators import KrumAggregator, check_krum
+from fedlit.strategies.common.aggregators import KrumAggregator, check_krum
 from fedlit.strategies.fedavg import FedAvg
 
 

@@ -79,9 +79,9 @@ from torch.func import functional_call
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.personal_copy import MethodCall, load_into
 from fedlit.strategies.fedper import head_rule
 from fedlit.strategies.fedrod import linear_head
-from fedlit.strategies.personal_copy import MethodCall, load_into
 
 WARMUP, RING, PERSONALIZE = "warmup", "ring", "personalize"
 

@@ -51,9 +51,9 @@ import torch
 from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
+from fedlit.strategies.common.aggregators import Aggregator
+from fedlit.strategies.common.personal_copy import MethodCall, functional_loss
 from fedlit.strategies.fedavg import FedAvg
-from fedlit.strategies.personal_copy import MethodCall, functional_loss
 
 
 def perfedavg_adapt(w: Mapping[str, Tensor], grad: Mapping[str, Tensor | None], alpha: float) -> dict[str, Tensor]:

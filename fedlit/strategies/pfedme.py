@@ -53,11 +53,11 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregators import Aggregator
 from fedlit.strategies.base import ClientUpdate
+from fedlit.strategies.common.aggregators import Aggregator
+from fedlit.strategies.common.personal_copy import MethodCall, functional_loss, load_into, personal_copy
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedprox import squared_distance
-from fedlit.strategies.personal_copy import MethodCall, functional_loss, load_into, personal_copy
 
 
 def pfedme_inner_step(theta: Mapping[str, Tensor], grad: Mapping[str, Tensor | None], w: Mapping[str, Tensor],

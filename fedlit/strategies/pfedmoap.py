@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import weighted_average
 
 __all__ = ["CONTEXT", "nearest_experts", "pFedMoAP"]
 

@@ -64,8 +64,8 @@ import torch
 from torch import Tensor, nn
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import State, client_weights, common_keys, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import State, client_weights, common_keys, weighted_average
 
 
 def mean_loss_and_gradient(

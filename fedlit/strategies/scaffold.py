@@ -54,8 +54,8 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 
 
 def server_step(

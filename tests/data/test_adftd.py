@@ -12,7 +12,7 @@ import torch
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data import ADFTD, IID, Natural
-from fedlit.data.splits import split_sizes
+from fedlit.data.common.splits import split_sizes
 
 mne = pytest.importorskip("mne", reason="mne is not installed (pip install -e '.[dev]')")
 pytest.importorskip("eeglabio", reason="eeglabio is not installed (pip install -e '.[dev]')")

@@ -410,7 +410,7 @@ def test_decompression_bomb_names_the_file_the_size_and_the_limit(
 ) -> None:
     import PIL.Image
 
-    from fedlit.data.samples import ImageFile
+    from fedlit.data.common.samples import ImageFile
     from fedlit.data.segmentation_sites import decode_image
 
     path = _grey_png(tmp_path / "huge.png")  # 4096 pixels: over twice a limit of 1000 is PIL's error
@@ -433,7 +433,7 @@ def test_decompression_bomb_names_the_file_the_size_and_the_limit(
 @pytest.mark.parametrize(("name", "why"), [("cut.png", "OSError: image file is truncated"),
                                            ("text.png", "UnidentifiedImageError")])
 def test_truncated_or_garbage_image_names_the_file(tmp_path: Path, name: str, why: str) -> None:
-    from fedlit.data.samples import ImageFile
+    from fedlit.data.common.samples import ImageFile
     from fedlit.data.segmentation_sites import decode_image
 
     whole = _grey_png(tmp_path / "whole.png").read_bytes()

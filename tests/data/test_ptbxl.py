@@ -12,8 +12,8 @@ import torch
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data import IID, PTBXL, Dirichlet, Natural
+from fedlit.data.common.splits import split_sizes
 from fedlit.data.ptbxl import label_records, read_statements
-from fedlit.data.splits import split_sizes
 
 wfdb = pytest.importorskip("wfdb", reason="wfdb is not installed (pip install -e '.[dev]')")
 

@@ -10,9 +10,9 @@ import torch
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data import IID, PubMedRCT
+from fedlit.data.common.splits import split_sizes
 from fedlit.data.medical_abstracts import load_tokenizer
 from fedlit.data.pubmed_rct import read_rct
-from fedlit.data.splits import split_sizes
 from fedlit.models import minilm_l6_v2_folder
 
 MINILM = minilm_l6_v2_folder()

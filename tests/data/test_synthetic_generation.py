@@ -14,7 +14,7 @@ import torch
 from fedlit.data import SyntheticImages, SyntheticSignals
 from fedlit.data import synthetic as synthetic_module
 from fedlit.data import synthetic_signals as signals_module
-from fedlit.data.pool import PartitionedData
+from fedlit.data.common.pool import PartitionedData
 
 #: Values printed by the generator before it was chunked (the whole pool computed at once): SHA-256 of the targets
 #: and splits (first 16 hex digits), the float64 sum and sum of squares of the inputs, and four pixels of the

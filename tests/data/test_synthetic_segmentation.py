@@ -7,7 +7,7 @@ import torch
 
 from fedlit.core.errors import DataError
 from fedlit.data import SyntheticSegmentation
-from fedlit.data.pool import PartitionedData, check_pool
+from fedlit.data.common.pool import PartitionedData, check_pool
 
 
 def build(**kwargs) -> PartitionedData:

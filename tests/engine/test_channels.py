@@ -13,7 +13,7 @@ from PIL import Image
 from fedlit import FedAvg, Federation
 from fedlit.core.errors import ConfigError
 from fedlit.data import SiteFolders, SyntheticImages
-from fedlit.engine.channels import model_in_channels
+from fedlit.engine.loop.channels import model_in_channels
 from fedlit.models import SmallCNN
 from fedlit.tasks import ClassificationModule
 

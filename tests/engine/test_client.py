@@ -260,7 +260,7 @@ class SlowFor(Callback):
 
 
 def test_a_client_past_client_timeout_is_left_out_and_keeps_its_stored_state(tmp_path, monkeypatch):
-    from fedlit.engine import client as local
+    from fedlit.engine.loop import client as local
 
     clock = [0.0]
     monkeypatch.setattr(local, "_clock", lambda: clock[0])

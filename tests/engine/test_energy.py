@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fedlit.engine import energy
+from fedlit.engine.records import energy
 from fedlit.strategies import FedAvg
 from tests.conftest import make_federation
 

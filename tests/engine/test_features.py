@@ -15,7 +15,7 @@ from fedlit import FedAvg, Federation, RoleRule
 from fedlit.core.errors import ConfigError
 from fedlit.data import FederatedDataModule, SampleList
 from fedlit.data.site_dataset import DatasetInput
-from fedlit.engine.features import FOLDER, FeatureCache
+from fedlit.engine.speedups.features import FOLDER, FeatureCache
 from fedlit.models import Backbone
 from fedlit.strategies.fedavg_ft import FedAvgFT
 from fedlit.strategies.fedper import FedPer

@@ -12,7 +12,7 @@ from lightning.pytorch import Callback
 from fedlit import FedAvg, Federation, RoleRule
 from fedlit.core.errors import ConfigError
 from fedlit.data import FederatedDataModule, PartitionedData
-from fedlit.engine.fused_model import ClientParameters
+from fedlit.engine.speedups.fused_model import ClientParameters
 from fedlit.models import LoRA, TimmBackbone
 from fedlit.strategies import SCAFFOLD, FedPer, FedProx, FedSA
 from fedlit.tasks import ClassificationModule

@@ -17,7 +17,7 @@ from fedlit import FedAvg
 from fedlit.cli import main, prepare
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
-from fedlit.engine.optim import unpack
+from fedlit.engine.loop.optim import unpack
 from fedlit.module import FederatedModule
 from fedlit.tasks import ClassificationModule
 from tests.conftest import TinyMLP, TinyTabular, assert_resume_is_exact, make_federation
@@ -258,7 +258,7 @@ def test_a_subclass_dict_form_with_a_step_interval_trains(tmp_path):
 def test_the_server_schedule_steps_without_torchs_call_order_warning():
     import warnings
 
-    from fedlit.engine.optim import RoundSchedule
+    from fedlit.engine.loop.optim import RoundSchedule
 
     module = Returns(sgd)
     opt = sgd(module.parameters())
@@ -296,7 +296,7 @@ def test_a_misspelled_optimizer_shorthand_is_one_clear_line(tmp_path, capsys):
 
 def _trained(tmp_path, name, optimizer_state, reuse, monkeypatch):
     """Every client's stored tensors (and optimizer states) and the server state after 3 rounds of 2 steps."""
-    import fedlit.engine.optim as optim_module
+    import fedlit.engine.loop.optim as optim_module
 
     with monkeypatch.context() as patch:
         if not reuse:

@@ -17,10 +17,10 @@ import torch
 from lightning.pytorch import Callback
 
 from fedlit.core.store import ClientStore
-from fedlit.engine import ranks
-from fedlit.engine.progress import Progress
-from fedlit.engine.ranks import RankError, RankExecutor, assign_clients
-from fedlit.engine.tasks import FitTask
+from fedlit.engine.loop import ranks
+from fedlit.engine.loop.ranks import RankError, RankExecutor, assign_clients
+from fedlit.engine.loop.tasks import FitTask
+from fedlit.engine.records.progress import Progress
 from tests.children import run_child
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -131,7 +131,7 @@ def test_a_row_cut_by_a_kill_is_dropped_on_resume_and_appends_are_whole_and_sync
     rows = list(csv.reader(io.StringIO(text.decode(), newline="")))
     assert all(len(r) == 5 for r in rows) and {r[0] for r in rows[1:]} == {"1", "2"}
     assert synced  # the rewrite and round 2's rows reached the disk
-    from fedlit.engine import record
+    from fedlit.engine.records import record
     path = tmp_path / "one.csv"
     monkeypatch.setattr(record, "open", lambda *a, **k: _Counting(open(*a, **k), writes), raising=False)
     record._append(path, [(3, "c0", "train", "loss", 0.5), (3, "", "train", "loss_mean", 0.25)])

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch import Callback
 
 from fedlit.core.errors import NonFiniteError
-from fedlit.engine.screening import screen_update
+from fedlit.engine.loop.screening import screen_update
 from fedlit.strategies import FedAvg
 from fedlit.strategies.base import ClientUpdate
 from tests.conftest import make_federation

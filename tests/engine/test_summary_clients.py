@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fedlit.engine.history import EvaluationHistory, markdown_table
+from fedlit.engine.records.history import EvaluationHistory, markdown_table
 
 
 def test_the_aggregates_say_over_how_many_clients_when_a_value_is_undefined():

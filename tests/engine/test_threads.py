@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedlit.core.errors import ConfigError
-from fedlit.engine.settings import Settings
+from fedlit.engine.loop.settings import Settings
 from tests.children import run_child
 
 ROOT = Path(__file__).resolve().parents[2]

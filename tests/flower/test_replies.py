@@ -20,8 +20,8 @@ from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
 from fedlit import strategies as S  # noqa: E402
 from fedlit.core.errors import FedlitError  # noqa: E402
-from fedlit.engine.client import ClientTurn  # noqa: E402
-from fedlit.engine.tasks import EvaluateResult, EvaluateTask, FitTask  # noqa: E402
+from fedlit.engine.loop.client import ClientTurn  # noqa: E402
+from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask  # noqa: E402
 from fedlit.flower import codec  # noqa: E402
 from fedlit.flower.client import encode_turn  # noqa: E402
 from fedlit.flower.inprocess import InProcessTransport, deploy  # noqa: E402

@@ -23,9 +23,9 @@ from flwr.serverapp.grid import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedlit.core.errors import ConfigError, DataError, FedlitError  # noqa: E402
-from fedlit.engine.client import ClientTurn, train_client  # noqa: E402
-from fedlit.engine.executor import LocalExecutor  # noqa: E402
-from fedlit.engine.tasks import FitTask  # noqa: E402
+from fedlit.engine.loop.client import ClientTurn, train_client  # noqa: E402
+from fedlit.engine.loop.executor import LocalExecutor  # noqa: E402
+from fedlit.engine.loop.tasks import FitTask  # noqa: E402
 from fedlit.flower.secagg import SecAggOptions, check_secure_aggregation  # noqa: E402
 from fedlit.flower.secagg_client import client_mods, handle_secure_train, is_secure_train  # noqa: E402
 from fedlit.flower.secagg_server import secure_fit  # noqa: E402

@@ -21,8 +21,8 @@ from fedlit.data import SyntheticSegmentation
 from fedlit.federation import Federation
 from fedlit.models import SamAdapter
 from fedlit.models.dry import skip_weight_loading
-from fedlit.models.sam_adapter import AdapterBlock
-from fedlit.models.sam_blocks import _attend
+from fedlit.models.sam.adapter import AdapterBlock
+from fedlit.models.sam.blocks import _attend
 from fedlit.strategies import FedSCA
 from fedlit.strategies.fedsca import adapter_prefixes
 from fedlit.tasks import SegmentationModule
@@ -257,7 +257,7 @@ def test_a_vit_l_file_into_vit_b_names_the_variant(tmp_path):
     torch.save(state, path)
     with torch.device("meta"):
         net = SamAdapter(variant="vit_b").build(1)
-    from fedlit.models.sam_adapter import load_sam_checkpoint
+    from fedlit.models.sam.adapter import load_sam_checkpoint
 
     with pytest.raises(CheckpointError, match=r"\(1024, 3, 16, 16\) in the file, \(768, 3, 16, 16\).*variant: vit_l"):
         load_sam_checkpoint(net, path)

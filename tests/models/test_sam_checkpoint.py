@@ -9,7 +9,7 @@ from segment_anything import sam_model_registry
 
 from fedlit.core.errors import CheckpointError, ConfigError
 from fedlit.models import SamAdapter
-from fedlit.models.sam_checkpoint import key_prefix_fix, load_sam_checkpoint
+from fedlit.models.sam.checkpoint import key_prefix_fix, load_sam_checkpoint
 from tests.models.test_sam_adapter import tiny_sam
 
 OPTION = "model.init_args.network.init_args"

@@ -9,7 +9,7 @@ import torch
 
 from fedlit.core.errors import ConfigError
 from fedlit.models import SamAdapter
-from fedlit.models.sam_prompts import click_embedding, draw_clicks
+from fedlit.models.sam.prompts import click_embedding, draw_clicks
 from fedlit.strategies.fedsca import adapter_prefixes
 from tests.models.test_sam_adapter import tiny_sam
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from fedlit.core import tensors
 from fedlit.strategies import ClientUpdate
-from fedlit.strategies.aggregate import client_weights, normalized_weights, weighted_average
+from fedlit.strategies.common.aggregate import client_weights, normalized_weights, weighted_average
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, width=32)
 positive = st.floats(0.01, 100.0, allow_nan=False)

@@ -23,7 +23,7 @@ from fedlit.strategies import (
     Strategy,
     TrimmedMeanAggregator,
 )
-from fedlit.strategies.aggregate import (
+from fedlit.strategies.common.aggregate import (
     coordinate_median,
     krum_scores,
     krum_select,

@@ -15,7 +15,6 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
 from fedlit.module import FederatedModule
 from fedlit.strategies import APPLE, ClientUpdate, FedAvg
-from fedlit.strategies.aggregate import weighted_average
 from fedlit.strategies.apple import (
     apple_download_choice,
     apple_proximal,
@@ -23,6 +22,7 @@ from fedlit.strategies.apple import (
     reinitialized_parameters,
     swapped_parameters,
 )
+from fedlit.strategies.common.aggregate import weighted_average
 from tests.conftest import assert_resume_is_exact, make_federation
 
 ROOT = Path(__file__).resolve().parents[2]

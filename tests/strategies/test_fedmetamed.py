@@ -17,10 +17,10 @@ from fedlit.commands.export import export_federation
 from fedlit.commands.fit import build_parser
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
-from fedlit.engine.settings import LocalSettings
+from fedlit.engine.loop.settings import LocalSettings
 from fedlit.module import FederatedModule
 from fedlit.strategies import ClientUpdate, FedAvg, FedMetaMed
-from fedlit.strategies.fedmetamed_math import (
+from fedlit.strategies.fedmetamed.equations import (
     cumulative_fourier_average,
     distillation_kl,
     fourier_matrix,

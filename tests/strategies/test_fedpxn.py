@@ -8,7 +8,7 @@ from torch import nn
 from fedlit.core.roles import RoleRule
 from fedlit.module import FederatedModule
 from fedlit.strategies import FedProx, FedPxN
-from fedlit.strategies.aggregators import MedianAggregator
+from fedlit.strategies.common.aggregators import MedianAggregator
 from tests.conftest import make_federation
 
 

@@ -12,7 +12,7 @@ from fedlit import FedAvg, FederatedModule, Federation
 from fedlit.cli import main, run
 from fedlit.core.errors import ConfigError
 from fedlit.data import SyntheticImages, SyntheticSurvival
-from fedlit.engine.history import EvaluationHistory
+from fedlit.engine.records.history import EvaluationHistory
 from fedlit.models import Identity, SmallCNN
 from fedlit.strategies import FedSLD
 from fedlit.tasks import ClassificationModule, CoxModule

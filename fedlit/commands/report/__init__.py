@@ -19,15 +19,15 @@ ran under several recipes; the runs of one method are its seeds. The report (``r
 
 The output folder of ``fedlit grid`` (it holds ``grid.json``; or any folder with ``--table grid``) adds, first,
 the benchmark's table in FHBench's Table 2 layout: data sets as rows, methods as columns, each cell mean ± standard
-error over seeds at the best-validation round, the best of each row in bold (:mod:`fedlit.commands.report_grid`);
+error over seeds at the best-validation round, the best of each row in bold (:mod:`fedlit.commands.report.grid`);
 its methods are then named ``<data set>/<method>``. The metric is ``--metric``, by default the selection metric the
 runs share (``accuracy`` when they differ).
 
 A run whose ``results.json`` or ``metrics.csv`` is missing or unreadable is named in a warning and left out (or,
 for ``metrics.csv``, left out of the curves); the report fails only when no run can be read.
 
-The runs are read and the numbers computed in :mod:`fedlit.commands.report_runs` (its names are importable from
-here too); the figures are drawn and the report rendered in :mod:`fedlit.commands.report_figures`.
+The runs are read and the numbers computed in :mod:`fedlit.commands.report.runs` (its names are importable from
+here too); the figures are drawn and the report rendered in :mod:`fedlit.commands.report.figures`.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedlit.commands import report_grid
 from fedlit.commands.partition_summary import VECTOR_FORMATS
-from fedlit.commands.report_figures import build, markdown, to_html
-from fedlit.commands.report_runs import (
+from fedlit.commands.report import grid as report_grid
+from fedlit.commands.report.figures import build, markdown, to_html
+from fedlit.commands.report.runs import (
     NOT_METHOD,
     PROPORTIONS,
     SEED_OR_VERSION,

@@ -19,11 +19,12 @@ round's clients i, with ``L_t`` the round's ratio:
 
 Client i receives its own ``W'_i`` as its deputy. Collaborative transfer (the paper's Retrieve / Reciprocate /
 Refine, the code's Recover / Exchange / Sublimate; ``DET``): before each local epoch, macro-F1 of both models
-picks the stage (:func:`~fedlit.strategies.fedmetamed_math.prr_stage`): the first epoch of a round is Retrieve; then
+picks the stage (:func:`~fedlit.strategies.fedmetamed.equations.prr_stage`): the first epoch of a round is Retrieve;
+then
 Retrieve while ``F1_d < alpha1 F1_p``, Reciprocate after Retrieve or while ``F1_d < alpha2 F1_p``, Refine
 otherwise (stages fall back when the deputy drops, as in the code). Each batch goes through both models; with
 ``KL(teacher || student)`` batch-mean, no temperature, the teacher detached
-(:func:`~fedlit.strategies.fedmetamed_math.prr_losses`):
+(:func:`~fedlit.strategies.fedmetamed.equations.prr_losses`):
 
 - Retrieve: personal ``CE``; deputy ``CE + KL(p_per || p_dep)`` (the paper's "KL(deputy || personal)": the deputy
   learns from the personal model)
@@ -45,11 +46,12 @@ the personal model in ``client_state``) and the personal optimizer's state when 
 
 Symbols -> code: deputy ``theta_d`` -> the module's shared tensors + its stored personal (normalization) tensors;
 personal ``theta_p`` -> ``client_state["personal"]`` (every shared and personal tensor, by name); stage ->
-``client_state["stage"]``; ``W'_i`` -> ``self.mixes[i]``; ``L_start``, ``L_end`` -> ``l_start``, ``l_end``;
-``alpha1``, ``alpha2`` -> ``alpha1``, ``alpha2``; the math (pure functions, in :mod:`fedlit.strategies.fedmetamed_math`
-to keep this file short) -> :func:`~fedlit.strategies.fedmetamed_math.fourier_ratio`,
-:func:`~fedlit.strategies.fedmetamed_math.cumulative_fourier_average`,
-:func:`~fedlit.strategies.fedmetamed_math.prr_stage`, :func:`~fedlit.strategies.fedmetamed_math.prr_losses`.
+``client_state["stage"]``; ``W'_i`` -> ``self.mixes[i]``; ``L_start``, ``L_end`` -> ``l_start``,
+``l_end``; ``alpha1``, ``alpha2`` -> ``alpha1``, ``alpha2``; the math (pure functions, in
+:mod:`fedlit.strategies.fedmetamed.equations` to keep this file short) ->
+:func:`~fedlit.strategies.fedmetamed.equations.fourier_ratio`,
+:func:`~fedlit.strategies.fedmetamed.equations.cumulative_fourier_average`,
+:func:`~fedlit.strategies.fedmetamed.equations.prr_stage`, :func:`~fedlit.strategies.fedmetamed.equations.prr_losses`.
 
 Deviation: the defaults are the paper's (``L`` 0.26 -> 0.55, ``alpha1 = 0.6``, ``alpha2 = 0.8``); the code runs
 0.7 -> 0.95, 0.7 and 0.9 (all arguments). Deviation: F1 is measured on the client's validation split
@@ -79,9 +81,9 @@ from torch.func import functional_call
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import ParameterRoles
-from fedlit.strategies import fedmetamed_math as F
-from fedlit.strategies.aggregate import client_weights, weighted_average
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import client_weights, weighted_average
+from fedlit.strategies.fedmetamed import equations as F
 
 
 class _Method(nn.Module):

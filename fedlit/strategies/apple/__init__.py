@@ -79,8 +79,7 @@ import torch
 from torch import Tensor
 
 from fedlit.core.errors import ConfigError
-from fedlit.strategies.aggregate import normalized_weights, weighted_average
-from fedlit.strategies.apple_math import (
+from fedlit.strategies.apple.equations import (
     apple_download_choice,
     apple_mix,
     apple_proximal,
@@ -89,6 +88,7 @@ from fedlit.strategies.apple_math import (
     swapped_parameters,
 )
 from fedlit.strategies.base import ClientUpdate, Strategy
+from fedlit.strategies.common.aggregate import normalized_weights, weighted_average
 
 __all__ = ["APPLE", "apple_download_choice", "apple_mix", "apple_proximal", "apple_proximal_coefficient",
            "reinitialized_parameters", "swapped_parameters"]

@@ -1,0 +1,343 @@
+"""The runs that ``fedlit report`` compares, read from their folders, and the numbers it shows: runs found and
+read (:class:`Run`), grouped into methods, per-client tables and per-method summaries (mean, worst client, gain
+over the baseline), and the configuration keys that differ. Nothing here draws or writes; see
+:mod:`fedlit.commands.report` for the command and :mod:`fedlit.commands.report.figures` for the figures and the
+rendering."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedlit.core.errors import ConfigError, DataError
+from fedlit.engine.records import baseline
+
+Spread = Callable[[Sequence[float]], tuple[float, float]]
+SEED_OR_VERSION = re.compile(r"^(seed|version)_\w+$")
+
+
+@dataclass
+class Run:
+    """One finished run: its folder, ``results.json``, ``config.json`` and ``metrics.csv`` rows."""
+
+    folder: Path
+    results: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    rows: list[tuple[int, str, str, str, float]] | None = None
+    method: str = ""
+    manifest: dict[str, Any] | None = None
+
+    @property
+    def strategy_class(self) -> str:
+        return str(self.results.get("strategy_class") or "unknown")
+
+    @property
+    def seed(self) -> Any:
+        return self.results.get("seed")
+
+    @property
+    def recipe(self) -> str:
+        """The run's name: its folder, or the experiment's folder for ``seed_<s>``/``version_<n>`` folders."""
+        name = self.folder.name
+        return self.folder.parent.name if SEED_OR_VERSION.match(name) else name
+
+    def series(self, split: str, metric: str) -> dict[int, float]:
+        """Server rows of ``metrics.csv`` (empty client) for ``split``/``metric``: value per round."""
+        return {r: v for r, c, s, m, v in self.rows or [] if c == "" and s == split and m == metric}
+
+
+def find_runs(paths: Sequence[str | Path], warnings: list[str]) -> list[Path]:
+    """Every run folder (one holding ``results.json``) given or under the given folders, in order, once each; a
+    path that is not a folder adds a warning."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            warnings.append(f"{path}: not a folder; give run folders of `fedlit fit` or folders that contain them.")
+            continue
+        candidates = [path] if (path / "results.json").exists() else sorted(
+            p.parent for p in path.rglob("results.json"))
+        # a folder of runs may also hold runs that did not finish or whose results.json was lost: a folder with
+        # fedlit's config.json and metrics.csv but no results.json is kept, to be named in a warning by load_run
+        candidates += sorted(p.parent for p in path.rglob("metrics.csv")
+                             if (p.parent / "config.json").exists() and not (p.parent / "results.json").exists())
+        found += [c for c in candidates if c not in found]
+    return found
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise DataError(f"{path}: missing (a run writes it when it finishes); run left out of the report.")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path}: cannot be read as JSON ({err}); run left out of the report.") from err
+
+
+def read_metrics(path: Path) -> list[tuple[int, str, str, str, float]]:
+    """The rows of a ``metrics.csv`` (``round, client, split, metric, value``).
+
+    Raises:
+        DataError: Naming the file, when it is missing or a row is malformed.
+    """
+    if not path.is_file():
+        raise DataError(f"{path}: missing; the run's curves are left out of the report.")
+    rows = []
+    try:
+        with path.open(newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header != ["round", "client", "split", "metric", "value"]:
+                raise ValueError(f"header {header}, expected round,client,split,metric,value")
+            for line, row in enumerate(reader, start=2):
+                if len(row) != 5:
+                    raise ValueError(f"line {line} has {len(row)} columns, expected 5")
+                rows.append((int(row[0]), row[1], row[2], row[3], float(row[4])))
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as err:
+        raise DataError(f"{path}: cannot be read ({err}); the run's curves are left out of the report.") from err
+    return rows
+
+
+def load_run(folder: Path, warnings: list[str]) -> Run:
+    """Read a run folder; a bad ``metrics.csv`` or ``config.json`` only adds a warning.
+
+    Raises:
+        DataError: When ``results.json`` is missing, unreadable or holds no test results.
+    """
+    results = _read_json(folder / "results.json")
+    if not isinstance(results, dict) or not ("last" in results or "best" in results):
+        raise DataError(f"{folder / 'results.json'}: holds no test results ('last' or 'best'); run left out.")
+    run = Run(folder, results)
+    try:
+        run.rows = read_metrics(folder / "metrics.csv")
+    except DataError as err:
+        warnings.append(str(err))
+    try:
+        config = _read_json(folder / "config.json")
+        run.config = config if isinstance(config, dict) else {}
+    except DataError as err:
+        warnings.append(str(err).replace("run left out of the report", "its configuration is left out"))
+    if (folder / "manifest.json").is_file():  # compared by the gain over Local; optional
+        try:
+            run.manifest = json.loads((folder / "manifest.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            warnings.append(f"{folder / 'manifest.json'}: cannot be read as JSON ({err}); its data is not compared.")
+    return run
+
+
+def load_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
+    """The readable runs under ``paths``, their methods named, and the warnings about the others.
+
+    Raises:
+        DataError: When no run can be read.
+    """
+    warnings: list[str] = []
+    runs = []
+    for folder in find_runs(paths, warnings):
+        try:
+            runs.append(load_run(folder, warnings))
+        except DataError as err:
+            warnings.append(str(err))
+    if not runs:
+        raise DataError("fedlit report: no readable run under " + ", ".join(map(str, paths))
+                        + (" (" + "; ".join(warnings) + ")" if warnings else "")
+                        + ". Give folders of finished `fedlit fit` runs (they hold results.json).")
+    name_methods(runs)
+    return runs, warnings
+
+
+#: Configuration keys that do not make another method: paths, names and seeds (any key ending in ``seed``).
+NOT_METHOD = ("out_dir", "name", "version", "ckpt_path")
+
+
+def _setting(run: Run) -> str:
+    flat = flatten(run.config)
+    return json.dumps({k: v for k, v in flat.items() if k not in NOT_METHOD and not k.endswith("seed")},
+                      sort_keys=True, default=str)
+
+
+def name_methods(runs: list[Run]) -> None:
+    """A method is a strategy class (its short name). Runs of one class whose configurations differ beyond
+    seeds and paths are told apart by their recipe name (the folder, or the experiment folder of
+    ``seed_<s>``/``version_<n>`` folders), or by the strategy's settings where the names do not separate them."""
+    classes: dict[str, list[Run]] = {}
+    for run in runs:
+        classes.setdefault(run.strategy_class, []).append(run)
+    for cls, members in classes.items():
+        short = cls.rsplit(".", 1)[-1]
+        settings = {_setting(r) for r in members}
+        by_recipe: dict[str, set[str]] = {}
+        for r in members:
+            by_recipe.setdefault(r.recipe, set()).add(_setting(r))
+        for r in members:
+            if len(settings) == 1:
+                r.method = short
+            elif all(len(v) == 1 for v in by_recipe.values()):
+                r.method = f"{short} ({r.recipe})"
+            else:
+                r.method = str(r.results.get("strategy") or f"{short} ({r.recipe})")
+
+
+def by_method(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.method, []).append(run)
+    return groups
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1; NaN for one value) of the finite values (NaN, NaN if none)."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else math.nan
+    return mean, std
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (sample std / sqrt(k) over the k finite values; NaN for one value)."""
+    mean, std = mean_std(values)
+    return mean, std / math.sqrt(sum(not math.isnan(v) for v in values)) if not math.isnan(std) else math.nan
+
+
+#: Metrics whose per-client sampling standard error :func:`sampling_se` knows (a proportion of test samples).
+PROPORTIONS = ("accuracy", "balanced_accuracy")
+
+
+def held_out_counts(run: Run) -> dict[str, list[int]]:
+    """Test samples per class of every client, from the run's ``class_counts.json`` (empty when it has none)."""
+    try:
+        counts = json.loads((run.folder / "class_counts.json").read_text())
+        return {c: [int(n) for n in v["test"]] for c, v in counts.items() if isinstance(v, dict) and "test" in v}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError, AttributeError):
+        return {}
+
+
+def sampling_se(metric: str, value: float, counts: Sequence[int]) -> float:
+    """The sampling standard error of a client's test ``metric`` at ``value`` on its ``counts`` (test samples per
+    class): how much the metric moves from one draw of that many test samples to another. ``accuracy``: the
+    binomial sqrt(p(1-p)/n), n the client's test samples. ``balanced_accuracy`` (the mean recall over the K
+    classes present): sqrt(sum_k p(1-p)/n_k) / K, each class's recall taken as p, so it grows with rare classes.
+    NaN for other metrics or no test samples."""
+    present = [n for n in counts if n > 0]
+    if metric not in PROPORTIONS or not present or math.isnan(value):
+        return math.nan
+    var = value * (1 - value)
+    if metric == "accuracy":
+        return math.sqrt(var / sum(present))
+    return math.sqrt(sum(var / n for n in present)) / len(present)
+
+
+def higher_is_better(metric: str) -> bool:
+    return "loss" not in metric
+
+
+def client_values(run: Run, when: str, metric: str) -> dict[str, float]:
+    """The test ``metric`` per client at ``when`` (``best`` or ``last``); empty when the run has none."""
+    table = run.results.get(when) or {}
+    return {c: float(v[metric]) for c, v in (table.get("clients") or {}).items() if metric in v}
+
+
+def client_table(groups: Mapping[str, list[Run]], when: str, metric: str, spread: Spread = mean_std
+                 ) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per client (rows, plus ``average``: the per-run mean over clients), per method: ``spread`` of the values
+    over seeds (:func:`mean_std`: mean and std; :func:`mean_se`: mean and standard error)."""
+    clients: list[str] = []
+    per_method: dict[str, list[dict[str, float]]] = {}
+    for method, runs in groups.items():
+        per_method[method] = [client_values(r, when, metric) for r in runs]
+        for values in per_method[method]:
+            clients += [c for c in values if c not in clients]
+    table: dict[str, dict[str, tuple[float, float]]] = {c: {} for c in clients}
+    table["average"] = {}
+    for method, seeds in per_method.items():
+        for c in clients:
+            values = [s[c] for s in seeds if c in s]
+            if values:
+                table[c][method] = spread(values)
+        means = [mean_std(list(s.values()))[0] for s in seeds if s]
+        if means:
+            table["average"][method] = spread(means)
+    return table
+
+
+def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
+            baseline_class: str = baseline.LOCAL, spread: Spread = mean_std) -> dict[str, dict[str, Any]]:
+    """Per method: ``mean`` and ``worst`` client (``spread`` over seeds: mean and std, or mean and standard error
+    with :func:`mean_se`), and the mean individual gain over the
+    baseline strategy's runs (``gain``, with ``paired``: the seeds paired; ``unpaired``: why the other runs are
+    not) when there are some. Runs are paired by seed; a pair whose ``manifest.json`` files differ (other data)
+    or whose baseline lacks some of the run's clients is not a pair."""
+    worst = min if higher_is_better(metric) else max
+    local: dict[Any, list[Run]] = {}  # per seed: several where the runs cover several data sets (a grid)
+    for r in (r for runs in groups.values() for r in runs if r.strategy_class == baseline_class):
+        local.setdefault(r.seed, []).append(r)
+    out = {}
+    for method, runs in groups.items():
+        values = [client_values(r, when, metric) for r in runs]
+        row: dict[str, Any] = {
+            "seeds": len(runs),
+            "mean": spread([mean_std(list(v.values()))[0] for v in values if v]),
+            "worst": spread([worst(finite) for v in values
+                               if (finite := [x for x in v.values() if not math.isnan(x)])]),  # NaN: undefined
+        }
+        if local and runs[0].strategy_class != baseline_class:
+            gains, paired, unpaired = [], [], []
+            for run, clients in zip(runs, values, strict=True):
+                if run.seed not in local or not clients:
+                    unpaired.append(f"{run.folder}: " + (f"no {metric} at its {when} round" if not clients else
+                                    f"no {baseline_class.rsplit('.', 1)[-1]} run of seed {run.seed}"))
+                    continue
+                theirs = next((t for t in local[run.seed] if _same_data(t, run)), local[run.seed][0])
+                try:
+                    if run.manifest and theirs.manifest:
+                        baseline.check_same_data(theirs.manifest, theirs.seed, run.manifest, run.seed, theirs.folder)
+                    gain = baseline.gain_over_local({c: {metric: v} for c, v in clients.items()},
+                                                    run.results[when]["round"], when if when in theirs.results
+                                                    else "last", theirs.results, {metric: higher_is_better(metric)})
+                except ConfigError as err:  # other data or other clients: not a pair
+                    unpaired.append(f"{run.folder}: {err}")
+                    continue
+                if metric in gain["mean"]:
+                    gains.append(gain["mean"][metric])
+                    paired.append(run.seed)
+            row.update(gain=spread(gains), paired=paired, unpaired=unpaired)
+        out[method] = row
+    return out
+
+
+def _same_data(theirs: Run, run: Run) -> bool:
+    """Whether the baseline run ``theirs`` trained on the data of ``run`` (True when a manifest is missing)."""
+    if not (run.manifest and theirs.manifest):
+        return True
+    try:
+        baseline.check_same_data(theirs.manifest, theirs.seed, run.manifest, run.seed, theirs.folder)
+    except ConfigError:
+        return False
+    return True
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are kept as their JSON text."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = json.dumps(value, default=str) if isinstance(value, list | dict) else value
+    return flat
+
+
+def config_differences(runs: Sequence[Run], ignore: Sequence[str] = ("out_dir",)) -> dict[str, list[Any]]:
+    """The flattened configuration keys whose values differ between the runs: key -> one value per run."""
+    flats = [flatten(r.config) for r in runs]
+    keys = sorted({k for f in flats for k in f} - set(ignore))
+    return {k: [f.get(k, "—") for f in flats] for k in keys if len({json.dumps(f.get(k, "—"), default=str)
+                                                                    for f in flats}) > 1}

@@ -1,0 +1,293 @@
+"""What a checkpoint holds, what a resumed run must match, and the run's recorded configuration.
+
+A checkpoint records the run's *identity* beside its state: the strategy (class and settings, as its ``repr``
+shows them), the model (class and the shape and dtype of every parameter and buffer), the parameter roles, a
+fingerprint of the frozen tensors, the partition manifest and, for runs started from a recipe, the ``model``,
+``data``, ``strategy`` and ``federation`` sections of the resolved configuration. Resuming with anything else is
+refused with a message that names what differs. Settings that may change on resume are :data:`RESUMABLE`; each
+resume is recorded in ``config.json`` under ``resumed`` (the round it continued from and the keys it changed),
+the rest of the file staying the original configuration.
+
+Callbacks may change on resume, except one that reports on the whole run in ``results.json`` (a ``results_json``
+method: the privacy callbacks): the checkpoint keeps what each reported, and a resume without one of them is
+refused unless ``federation.allow_dropped_callbacks`` is set; then its report is carried into ``results.json``,
+marked as covering only the rounds it ran, and later checkpoints carry it on (its state too: a resume that brings
+it back goes on from the rounds it ran).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from fedlit.core.checkpoint_io import rng_state, save_checkpoint, set_rng_state
+from fedlit.core.errors import CheckpointError
+from fedlit.core.files import write_text_atomic
+from fedlit.core.tensors import raw_bytes
+from fedlit.engine.loop import optim, ranks
+from fedlit.engine.records import record
+
+if TYPE_CHECKING:
+    from fedlit.engine.loop.run import Run
+
+#: The parts of a recipe that define the experiment (``out_dir``, ``ckpt_path`` and ``callbacks`` may differ).
+SECTIONS = ("model", "data", "strategy", "federation")
+
+#: Settings of the ``federation`` section that a resumed run may change (the others would make it another experiment).
+RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
+                       "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
+                       "client_timeout", "max_update_norm", "max_update_ratio", "allow_dropped_callbacks", "threads",
+                       "cache_features", "fused_clients", "reuse_evaluations"})
+
+
+def identity(run: Run) -> dict[str, Any]:
+    """What a resumed run must share with the checkpoint (plain strings and lists only)."""
+    tensors = {**dict(run.module.named_parameters()), **dict(run.module.named_buffers())}
+    return {
+        "strategy": repr(run.strategy),
+        "model": type(run.module).__qualname__,
+        "shapes": {n: [*t.shape, str(t.dtype)] for n, t in tensors.items()},
+        "roles": dict(run.module.parameter_roles()),
+        "frozen_fingerprint": fingerprint(run.module.named_tensors("frozen")),
+        "manifest": json.dumps(run.datamodule.manifest(), sort_keys=True),
+        "config": json.dumps({k: run.config[k] for k in SECTIONS if k in run.config}, sort_keys=True, default=str),
+    }
+
+
+def save(run: Run, path: str | Path) -> Path:
+    """Write everything needed to continue the run exactly, and the configuration beside it. Over several ranks
+    every rank calls it: the store entries of every rank's clients are gathered, rank 0 writes."""
+    store = run.store.state_dict() if run.fabric.world_size == 1 else ranks.gather_store(run)
+    if store is None:  # a rank other than 0
+        return Path(path)
+    payload = {
+        "server_round": run.server_round,
+        "identity": run.identity,
+        "strategy": run.strategy.state_dict(),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in run.callbacks[1:]},
+        "reports": {cb.state_key: cb.results_json(run) for cb in run.callbacks[1:] if reports(cb)},
+        "dropped_callbacks": run.dropped_callbacks,
+        "store": store,
+        "history": run.history.state_dict(),
+        "comm": dict(run.comm),
+        "compute": dict(run.compute),
+        "faults": [dict(f) for f in run.faults],
+        "rng": rng_state(),
+        "lr_schedule": None if run.lr_schedule is None else run.lr_schedule.state_dict(),
+        "timing": record.timing_state(run),
+    }
+    path = save_checkpoint(path, payload)
+    save_config(run, path.parent)
+    return path
+
+
+def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resuming: bool = False) -> list[str]:
+    """Load ``payload`` into ``run`` after checking that it belongs to this run (see the module docstring).
+
+    Args:
+        run: The run, set up.
+        payload: The checkpoint's content.
+        ckpt_path: Where it was read (for the messages).
+        resuming: Whether a fit continues from it (rather than an evaluation): only then is a callback that
+            reported on the run and is missing now refused (see :func:`check_dropped`).
+
+    Returns:
+        The callbacks (``state_key``) that reported on the checkpoint's run and that this run lacks.
+    """
+    check_identity(payload.get("identity"), run.identity, ckpt_path)
+    check_tensor_shapes(payload, run.identity["shapes"], ckpt_path)
+    run.server_round = int(payload["server_round"])
+    live = {cb.state_key for cb in run.callbacks[1:]}
+    dropped = [key for key in payload.get("reports", {}) if key not in live]
+    if resuming:
+        check_dropped(dropped, run, ckpt_path)
+    carried = dict(payload.get("dropped_callbacks", {}))
+    run.strategy.load_state_dict(payload["strategy"])
+    for cb in run.callbacks[1:]:
+        if cb.state_key in payload["callbacks"]:
+            cb.load_state_dict(payload["callbacks"][cb.state_key])
+        elif cb.state_key in carried:  # dropped by an earlier resume and back now: on from the rounds it ran
+            cb.load_state_dict(carried[cb.state_key]["state"])
+    run.dropped_callbacks = {key: entry for key, entry in carried.items() if key not in live} | {
+        key: {"after_round": run.server_round, "state": payload["callbacks"].get(key),
+              "report": payload["reports"][key]} for key in dropped}
+    run.store.load_state_dict(payload["store"])
+    run.history.load_state_dict(payload["history"])
+    run.comm = dict(payload["comm"])
+    run.compute = dict(payload.get("compute", {"eval_finetune_steps": 0}))
+    run.faults = [dict(f) for f in payload.get("faults", [])]
+    set_rng_state(payload["rng"])
+    optim.restore_round_schedule(run.lr_schedule, payload)
+    record.load_timing(run, payload.get("timing"))
+    return dropped
+
+
+def check_tensor_shapes(payload: Mapping[str, Any], shapes: Mapping[str, list[Any]], ckpt_path: str | Path) -> None:
+    """Refuse a checkpoint whose model tensors (the strategy's global state, the store's initial and client
+    tensors) do not have the model's shapes, though its recorded identity matches (a file edited or damaged).
+
+    Raises:
+        CheckpointError: naming the file, the first such tensor (where it is in the checkpoint) and both shapes.
+    """
+    store = payload.get("store") or {}
+    strategy = payload.get("strategy")
+    places: list[tuple[str, Any]] = [
+        ("strategy.global_state", strategy.get("global_state") if isinstance(strategy, Mapping) else None),
+        ("store.initial", store.get("initial")),
+        *((f"store.tensors.{client}", tensors) for client, tensors in (store.get("tensors") or {}).items()),
+    ]
+    for where, tensors in places:
+        if not isinstance(tensors, Mapping):
+            continue
+        for name, tensor in tensors.items():
+            expected = shapes.get(name)
+            if expected is None or not isinstance(tensor, Tensor) or list(tensor.shape) == expected[:-1]:
+                continue
+            raise CheckpointError(
+                f"ckpt_path: {ckpt_path}: tensor {where}.{name} has shape {list(tensor.shape)}, the model's "
+                f"{name} has shape {expected[:-1]} (and so does the checkpoint's own record of the model): the file "
+                "was edited or damaged. Resume from another checkpoint (best.ckpt, a copy), or start a new run "
+                "without --ckpt_path.")
+
+
+def reports(callback: Any) -> bool:
+    """Whether ``callback`` reports on the whole run in ``results.json`` (a ``results_json`` method): a resume may
+    not drop it silently."""
+    return callable(getattr(callback, "results_json", None))
+
+
+def check_dropped(dropped: list[str], run: Run, ckpt_path: str | Path) -> None:
+    """Refuse to resume without callbacks that reported on the checkpoint's run (``dropped``), unless
+    ``federation.allow_dropped_callbacks`` is set; then warn."""
+    if not dropped:
+        return
+    names, last = ", ".join(dropped), run.server_round
+    if not run.settings.allow_dropped_callbacks:
+        raise CheckpointError(
+            f"ckpt_path: {ckpt_path} was saved by a run with the callbacks {names}, which this run lacks: its rounds "
+            f"after {last} would run without them (for a privacy callback: released without noise) and results.json "
+            "would lose what they reported. Give the callbacks again with the same settings (the run's config.json "
+            "lists them), or set federation.allow_dropped_callbacks: true (--federation.allow_dropped_callbacks "
+            "true) to go on without them, recorded in config.json and results.json.")
+    warnings.warn(f"federation.allow_dropped_callbacks: resuming {ckpt_path} without {names}: the rounds after {last} "
+                  f"run without them, and what they report in results.json covers only the rounds up to {last}.",
+                  stacklevel=4)
+
+
+def dropped_reports(run: Run) -> dict[str, Any]:
+    """The ``results.json`` sections of the callbacks dropped on resume, as they last reported them, each block
+    marked with the round after which the callback was dropped and a note that its figures stop there."""
+    sections: dict[str, Any] = {}
+    for key, entry in run.dropped_callbacks.items():
+        after = entry["after_round"]
+        note = (f"{key} was dropped when the run was resumed after round {after} (federation.allow_dropped_callbacks)"
+                f": these figures (an epsilon: the privacy spent) cover only the rounds it ran, up to round {after}; "
+                f"rounds {after + 1}..{run.server_round} ran without it.")
+        for section, blocks in entry["report"].items():
+            for name, block in blocks.items():
+                marked = {**block, "dropped_after_round": after, "note": note} if isinstance(block, Mapping) else block
+                sections.setdefault(section, {})[name] = marked
+    return sections
+
+
+def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:
+    """Raise :class:`CheckpointError` naming every difference between the checkpoint's run and this one."""
+    if saved is None:
+        raise CheckpointError(f"ckpt_path: {ckpt_path} was written by an older fedlit without a record of its "
+                              "strategy and model, so resuming it cannot be checked. Start a new run.")
+    problems = []
+    if saved["strategy"] != current["strategy"]:
+        problems.append(f"the strategy was {saved['strategy']}, now {current['strategy']}")
+    if saved["model"] != current["model"]:
+        problems.append(f"the model class was {saved['model']}, now {current['model']}")
+    else:
+        changed = [f"{n} {saved['shapes'].get(n)} -> {current['shapes'].get(n)}"
+                   for n in sorted(set(saved["shapes"]) | set(current["shapes"]))
+                   if saved["shapes"].get(n) != current["shapes"].get(n)]
+        if changed:
+            problems.append(f"the model's tensors differ ({len(changed)}: {'; '.join(changed[:3])})")
+        elif saved["roles"] != current["roles"]:
+            names = [n for n in saved["roles"] if saved["roles"][n] != current["roles"].get(n)]
+            problems.append(f"the parameter roles differ ({', '.join(names[:3])})")
+        elif saved["frozen_fingerprint"] != current["frozen_fingerprint"]:
+            problems.append("the frozen tensors differ (other pretrained weights, or a randomly initialized backbone "
+                            "built with another seed)")
+    if saved["manifest"] != current["manifest"]:
+        problems.append("it was made with another data partition (the manifest of which client holds which sample "
+                        "differs)")
+    before, now = json.loads(saved["config"]), json.loads(current["config"])
+    if before and now:
+        changed = [k for k in config_changes(before, now) if k.split(".")[0] != "federation"
+                   or k.split(".")[1] not in RESUMABLE]
+        if changed:
+            problems.append("the configuration differs in " + ", ".join(
+                f"{k} ({_short(_get(before, k))} -> {_short(_get(now, k))})" for k in changed[:5]))
+    if problems:
+        raise CheckpointError(f"ckpt_path: {ckpt_path} belongs to another run: " + "; ".join(problems) + ". Resume "
+                              "with the settings of that run (only federation." + ", federation.".join(
+                                  sorted(RESUMABLE)) + " may change), or start a new run without --ckpt_path.")
+
+
+def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested configurations."""
+    keys: list[str] = []
+    for key in sorted(set(before) | set(now)):
+        a, b, name = before.get(key), now.get(key), f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            keys += config_changes(a, b, f"{name}.")
+        elif a != b:
+            keys.append(name)
+    return keys
+
+
+def save_config(run: Run, folder: Path | None = None) -> None:
+    """``config.json``: the original configuration, plus a ``resumed`` entry per resume."""
+    if run.config:
+        folder = folder or run.out_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / "config.json", json.dumps(run.config, indent=1, default=str))
+
+
+def record_resume(run: Run, folder: Path, dropped: list[str] | None = None) -> None:
+    """On resume, keep the original ``config.json`` and add this resume to its ``resumed`` list, with the
+    callbacks it ``dropped`` (see :func:`check_dropped`)."""
+    path = folder / "config.json"
+    if not run.config:
+        return
+    original = json.loads(path.read_text()) if path.is_file() else {}
+    resumed = list(original.pop("resumed", []))
+    if original:
+        entry: dict[str, Any] = {"from_round": run.server_round, "changed": {
+            k: [_get(original, k), _get(run.config, k)] for k in config_changes(original, run.config)}}
+        if dropped:
+            entry["dropped_callbacks"] = list(dropped)
+        resumed.append(entry)
+        run.config = {**original, "resumed": resumed}
+
+
+def fingerprint(tensors: Mapping[str, Tensor]) -> str:
+    """A SHA-256 of the frozen tensors (names, shapes, bytes): checkpoints hold no backbone, so a resumed run must
+    rebuild the very same one."""
+    digest = hashlib.sha256()
+    for name, tensor in tensors.items():
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(raw_bytes(tensor))
+    return digest.hexdigest()
+
+
+def _get(config: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,4 @@
+"""The records: what a run leaves behind and shows as it goes (its folder and lock, ``metrics.csv``, the results,
+TensorBoard's HParams, energy readings, the progress bar, the gain over a Local baseline, the evaluation history).
+They read a run's state and never drive the loop.
+"""
