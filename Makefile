@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test test-all lint benchmark clean
+.PHONY: install quickstart test test-fast test-all lint benchmark clean
 
 install: $(STAMP)
 
@@ -19,16 +19,28 @@ $(STAMP): pyproject.toml
 quickstart: $(STAMP)
 	$(BIN)/fedlit fit --config recipes/quickstart.yaml
 
+# The default suite (pyproject's addopts: not slow, not gpu) in PYTEST_WORKERS processes (pytest-xdist), each test
+# file in one of them (its module fixtures built once, its tests in their order). `PYTEST_WORKERS=0`: one process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
+
+# The default suite less the tests marked `long` (whole runs, subprocesses): the quick check while editing.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow and not gpu and not long"
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -m ""
+	$(BIN)/python -m pytest $(XDIST) -m ""
 
-# ruff, then the import contract of pyproject.toml (layers that import only downward, no circles).
+# ruff (lint and format), the import contracts of pyproject.toml (layers that import only downward, the engine's
+# three parts, no circles), then mypy (strict on the lowest layer, the engine's seams and the Strategy API).
 lint: $(STAMP)
 	$(BIN)/ruff check fedlit tests benchmarks scripts
+	$(BIN)/ruff format --check fedlit tests benchmarks scripts
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/loop_overhead.py

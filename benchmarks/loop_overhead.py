@@ -61,7 +61,7 @@ def overhead(rounds: int, clients: int, repeats: int = 3) -> dict[str, float]:
     def federated() -> None:
         for server_round in range(1, rounds + 1):
             updates = [federation.fit_client(server_round, c).update for c in data.client_ids]
-            federation.strategy.aggregate(server_round, updates)
+            federation.strategy.global_state = federation.strategy.aggregate(server_round, updates)  # as the loop
 
     def plain() -> None:
         for server_round in range(1, rounds + 1):
@@ -97,9 +97,9 @@ def _one_round(module, data, strategy, out: str) -> tuple[Federation, list]:
     """Set up a federation and run one local step per client and one aggregation; the federation and the turns."""
     federation = Federation(module, data, strategy, rounds=1, local_steps=1, out_dir=out, progress_bar=False)
     federation.setup()
-    federation.fabric.call("on_fit_start", trainer=federation, pl_module=module)
+    federation.fabric.call("on_fit_start", trainer=federation.server_context(), pl_module=module)
     turns = [federation.fit_client(1, c) for c in data.client_ids]
-    strategy.aggregate(1, [t.update for t in turns])
+    strategy.global_state = strategy.aggregate(1, [t.update for t in turns])  # as the loop stores it
     return federation, turns
 
 

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, reuse: bool, out: Path) -> tuple[dict, list[fl
                 seconds[int(row["round"])] = float(row["value"])
             if row["split"] == "system" and row["metric"] == "eval_reused":
                 reused[int(row["round"])] = float(row["value"])
-    return federation.history.rounds, [seconds[r] for r in sorted(seconds)], [reused[r] for r in sorted(reused)]
+    return federation.state.history.rounds, [seconds[r] for r in sorted(seconds)], [reused[r] for r in sorted(reused)]
 
 
 def same(a: object, b: object) -> bool:

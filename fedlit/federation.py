@@ -8,8 +8,9 @@ each
 client's turn over a :class:`~fedlit.engine.loop.client.ClientContext` (:mod:`fedlit.engine.loop.client`), the
 evaluation and the report (:mod:`fedlit.engine.loop.evaluate`, :mod:`fedlit.engine.loop.results`), checkpoints and
 resume (:mod:`fedlit.engine.loop.resume`); where the clients' turns run is ``Federation.executor`` (this process, the
-ranks of a multi-device run, a Flower deployment). A Federation is the engine's :class:`~fedlit.engine.loop.run.Run`,
-so callbacks receive it as ``trainer``.
+ranks of a multi-device run, a Flower deployment). A Federation is the engine's :class:`~fedlit.engine.loop.run.Run`;
+callbacks never receive it: their server-side hooks get a read-only :class:`~fedlit.core.contexts.ServerContext` over
+it as ``trainer``, the hooks of a client's turn that turn's :class:`~fedlit.core.contexts.ClientContext`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ from typing import Any, ClassVar, Literal, TypeVar
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
@@ -137,7 +139,7 @@ class FederatedModule(LightningModule):
 
     def _named_tensors(self, roles: tuple[str, ...]) -> dict[str, Tensor]:
         wanted = set(self.parameter_roles().names(*roles))
-        tensors = dict(self.named_parameters())
+        tensors: dict[str, Tensor] = dict(self.named_parameters())
         tensors.update(self.named_buffers())
         return {n: t for n, t in tensors.items() if n in wanted}
 
@@ -166,11 +168,13 @@ class FederatedModule(LightningModule):
         registering them (``submodule._parameters[name] = p``, as fused training does per client)."""
         self._derived_key = ()
 
+    @override
     def __getstate__(self) -> dict[str, Any]:
         # A copy or a pickle (another process) rebuilds what is derived: it holds this module's tensors and an
         # optimizer wrapped by this process's Fabric.
         return {**super().__getstate__(), "_derived": {}, "_derived_key": ()}
 
+    @override
     def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> FederatedModule:
         self._derived_key = ()  # to(), half()...: buffers (and maybe parameters) become new tensors
         return super()._apply(fn, *args, **kwargs)
@@ -215,7 +219,8 @@ class FederatedModule(LightningModule):
         return getattr(self, self.feature_extractor)(inputs)
 
     # ----------------------------------------------------------------------------------------- Lightning API
-    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer | OptimizerLRSchedulerConfig:
         """The local optimizer over the trainable parameters (shared and personal), with its learning-rate
         scheduler if one is configured (Lightning's dict form, its ``interval`` being ``round`` or ``step``).
 
@@ -244,6 +249,7 @@ class FederatedModule(LightningModule):
         interval = self.lr_scheduler_interval
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
+    @override
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Same as ``validation_step``; which split is evaluated is the loop's business."""
         return self.validation_step(batch, batch_idx)

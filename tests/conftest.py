@@ -11,8 +11,21 @@ from torch import nn
 
 from fedlit.data import FederatedDataModule, PartitionedData
 from fedlit.models import Backbone
+from tests.children import tie_xdist_worker
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tie_xdist_worker()  # a worker of `pytest -n 2` dies with the pytest command, its test's children with it
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:  # tests/integration/ holds whole runs: all `long` (make test-fast leaves them out)
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.long)
 
 
 class TinyMLP(Backbone):
@@ -88,10 +101,10 @@ def assert_resume_is_exact(tmp_path, strategy_factory, **kwargs):
         assert _equal(straight.store.state_dict()["extra"].get(client), second.store.state_dict()["extra"].get(client))
     assert _equal(straight.strategy.state_dict(), second.strategy.state_dict())
     if kwargs.get("eval_every", 1) == 1:
-        assert straight.comm == second.comm
+        assert straight.state.comm == second.state.comm
     else:  # the 2-round leg evaluated its last round (round 2), which the straight run skipped
-        assert {k: v for k, v in straight.comm.items() if not k.startswith("eval")} == {
-            k: v for k, v in second.comm.items() if not k.startswith("eval")}
+        assert {k: v for k, v in straight.state.comm.items() if not k.startswith("eval")} == {
+            k: v for k, v in second.state.comm.items() if not k.startswith("eval")}
     return straight, second
 
 

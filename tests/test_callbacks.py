@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from fedlit import Federation, Local, RoleRule
 from fedlit.callbacks import EarlyStopping, check_callbacks
 from fedlit.cli import main, prepare
+from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
 from fedlit.models import Backbone
 from fedlit.tasks import ClassificationModule
@@ -63,7 +64,8 @@ def test_callbacks_on_loop_hooks_and_subclasses_of_trainer_ones_are_told_apart()
 
 def test_early_stopping_counts_rounds_without_improvement_beyond_min_delta():
     stopper = EarlyStopping(patience=2, min_delta=0.05)
-    trainer = SimpleNamespace(should_stop=False, history=SimpleNamespace(selection_metric="accuracy"))
+    run = SimpleNamespace(should_stop=False, stop_reason=None, history=SimpleNamespace(selection_metric="accuracy"))
+    trainer = ServerContext(run)
     module = SimpleNamespace(higher_is_better={"accuracy": True, "loss": False})
     # round: value -> improvement over the best by more than 0.05?
     # 1: 0.50 yes (first) | 2: no eval | 3: 0.54 no (+0.04) | 4: 0.60 yes (+0.10) | 5: nan no | 6: 0.64 no (+0.04)
@@ -76,7 +78,7 @@ def test_early_stopping_counts_rounds_without_improvement_beyond_min_delta():
 
     lower = EarlyStopping(patience=1, metric="loss")
     for value, stop in [(1.0, False), (0.9, False), (0.95, True)]:  # loss: lower is better
-        trainer.should_stop = False
+        run.should_stop = False
         lower.on_round_end(trainer, module, 1, {"server/val/loss_mean": value})
         assert trainer.should_stop is stop
 
@@ -103,7 +105,7 @@ def test_early_stopping_ends_the_run_records_it_and_stays_stopped_on_resume(tmp_
 
     again = _federation(tmp_path, rounds=10, callbacks=[EarlyStopping(patience=2)])
     again.fit(ckpt_path=ckpt)
-    assert again.server_round == 3 and again.stopped_early["round"] == 3
+    assert again.server_round == 3 and again.state.stopped_early["round"] == 3
 
     longer = _federation(tmp_path, rounds=10, callbacks=[EarlyStopping(patience=4)])
     longer.fit(ckpt_path=ckpt)  # the restored count (2) goes on: rounds 4 and 5 make it 4

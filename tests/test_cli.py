@@ -13,7 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from fedlit.cli import main, run
 from fedlit.engine.records.run_folder import claim_run_dir
 from fedlit.strategies import FedAvg
-from tests.test_rundir import killed_run
+from tests.engine.records.test_run_folder import killed_run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--federation.progress_bar", "false",
@@ -324,3 +324,17 @@ def test_a_run_refused_at_setup_leaves_no_folder_it_made(out_dir, capsys, tmp_pa
     (tmp_path / "given").mkdir()
     error_of(["fit", *QUICK, "--federation.min_clients", "99", "--out_dir", "given/a/b"], capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["given", "kept"]  # it existed before the run
+
+
+def test_fit_help_shows_each_federation_setting_with_its_declared_help(capsys):
+    from dataclasses import fields
+
+    from fedlit.engine.loop.settings import Settings
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    shown = "".join(capsys.readouterr().out.split())  # argparse wraps the help: compare without whitespace
+    assert "--federation.roundsROUNDSNumberofserverroundsR.(type:int,default:10)" in shown
+    for declared in fields(Settings):
+        assert f"--federation.{declared.name}" in shown
+        assert "".join(declared.metadata["doc"].split()) in shown, declared.name

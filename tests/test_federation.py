@@ -64,7 +64,7 @@ def test_communication_is_counted_from_the_exchanged_tensors(tmp_path):
     per_client = sum(t.numel() * t.element_size() for t in shared.values())
     # 3 clients x 2 rounds, up and down, every shared tensor (BN running stats included)
     # evaluation: each of the 3 clients downloads the shared tensors once per evaluated round (2 rounds)
-    assert federation.comm == {"upload_bytes": 6 * per_client, "download_bytes": 6 * per_client,
+    assert federation.state.comm == {"upload_bytes": 6 * per_client, "download_bytes": 6 * per_client,
                                "eval_download_bytes": 6 * per_client}
     assert "backbone.1.running_mean" in shared
 
@@ -72,7 +72,7 @@ def test_communication_is_counted_from_the_exchanged_tensors(tmp_path):
 def test_local_communicates_nothing_and_fedbn_keeps_norms_personal(tmp_path):
     local = make(tmp_path / "local", Local())
     local.fit()
-    assert local.comm == {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
+    assert local.state.comm == {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
     fedbn = make(tmp_path / "fedbn", FedBN())
     fedbn.fit()
     assert "backbone.1.weight" not in fedbn.strategy.global_state
@@ -90,7 +90,7 @@ def test_frozen_backbone_is_untouched_and_not_stored(tmp_path):
     after = federation.module.backbone.state_dict()
     assert all(torch.equal(before[n], after[n]) for n in before)  # BN stats too: frozen modules run in eval
     assert all(not n.startswith("backbone") for n in federation.store.tensors("c0"))
-    assert federation.comm["upload_bytes"] == 0  # head personal, backbone frozen: nothing shared
+    assert federation.state.comm["upload_bytes"] == 0  # head personal, backbone frozen: nothing shared
 
 
 def test_store_grows_by_personal_state_only(tmp_path):
@@ -197,7 +197,7 @@ def test_num_nodes_must_be_at_least_one(tmp_path):
 def test_resume_refuses_another_frozen_backbone(tmp_path):
     make(tmp_path, FedAvg(), rounds=1, roles=[RoleRule("head.*", "shared")], seed=0).fit()
     other = make(tmp_path, FedAvg(), rounds=2, roles=[RoleRule("head.*", "shared")], seed=1)  # other random init
-    other.seed = 0
+    other.settings.seed = 0
     with pytest.raises(ValueError, match="frozen tensors differ"):
         other.fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
 

@@ -6,6 +6,8 @@
   circle shows up as an ImportError naming the module that enters it.
 - ``lint-imports`` keeps the import contracts of ``pyproject.toml`` (the layers, and no circle between the
   modules of any package).
+- ``tests/`` mirrors ``fedlit/``: every folder of test code is the folder of a ``fedlit`` package (or one of
+  :data:`TEST_FOLDERS_OF_NO_PACKAGE`), and no two test files share a name (tests/README.md says what goes where).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tests.children import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedlit"
+TESTS = ROOT / "tests"
 MAX_LINES = 400
 
 #: Files allowed over MAX_LINES, path relative to the repository -> why. Remove an entry once its file is split.
@@ -75,6 +78,7 @@ print(json.dumps({"package": fedlit.__path__[0], "walked": len(names), "failures
 """
 
 
+@pytest.mark.long
 def test_every_module_imports_on_its_own() -> None:
     done = run_child([sys.executable, "-c", _IMPORT_EVERY_MODULE], cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -101,3 +105,51 @@ def test_import_contracts_are_kept() -> None:
     done = run_child([str(_lint_imports()), "--no-cache", "--no-logo"], cwd=ROOT, env=env)
     broken = done.returncode != 0
     assert not broken, f"lint-imports found broken import contracts:\n{done.stdout}{done.stderr}"
+
+
+#: Folders of tests/ that test no one package of fedlit -> what they hold.
+TEST_FOLDERS_OF_NO_PACKAGE: dict[str, str] = {
+    "integration": "whole runs across the layers: recipes, the CLI end to end, benchmarks, start-up cost",
+    "docs": "the documentation: its links, examples and the names it cites",
+}
+
+
+def _shared_test_names(tests: Path) -> dict[str, list[str]]:
+    """Test file names used more than once under ``tests``, each with its paths."""
+    paths: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        paths.setdefault(path.name, []).append(path.relative_to(tests).as_posix())
+    return {name: where for name, where in paths.items() if len(where) > 1}
+
+
+def _unmirrored_folders(tests: Path, package: Path) -> list[str]:
+    """Folders of ``tests`` holding Python files that are neither a folder of ``package`` nor under an allowed one."""
+    folders = {path.parent.relative_to(tests) for path in tests.rglob("*.py")} - {Path(".")}
+    return sorted(folder.as_posix() for folder in folders
+                  if folder.parts[0] not in TEST_FOLDERS_OF_NO_PACKAGE and not (package / folder).is_dir())
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    shared = _shared_test_names(TESTS)
+    assert not shared, ("test files that share a name (rename each after what it tests): "
+                        + "; ".join(f"{name}: {', '.join(where)}" for name, where in shared.items()))
+
+
+def test_every_test_folder_is_a_folder_of_fedlit() -> None:
+    stray = _unmirrored_folders(TESTS, PACKAGE)
+    assert not stray, (f"tests/ folders with no fedlit/ folder of the same path: {stray}. Move their files to the "
+                       f"folder of the module they test, or add the folder to TEST_FOLDERS_OF_NO_PACKAGE in "
+                       f"{Path(__file__).name}.")
+
+
+def test_the_layout_checks_find_a_shared_name_and_a_stray_folder(tmp_path: Path) -> None:
+    package, tests = tmp_path / "pkg", tmp_path / "tests"
+    for folder in ("pkg/core", "pkg/engine/loop", "tests/core", "tests/engine/loop", "tests/engine/speedups",
+                   "tests/integration/deep", "tests/core/__pycache__"):
+        (tmp_path / folder).mkdir(parents=True)
+    for name in ("core/test_a.py", "engine/loop/test_a.py", "engine/loop/test_b.py", "engine/speedups/helpers.py",
+                 "integration/deep/test_c.py", "test_d.py"):
+        (tests / name).write_text("", encoding="utf-8")
+    (tests / "core" / "__pycache__" / "test_b.cpython-310.pyc").write_bytes(b"")
+    assert _shared_test_names(tests) == {"test_a.py": ["core/test_a.py", "engine/loop/test_a.py"]}
+    assert _unmirrored_folders(tests, package) == ["engine/speedups"]

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from jsonargparse import ArgumentParser, Namespace
@@ -42,6 +42,7 @@ from torch import nn
 
 from fedlit.commands import fit
 from fedlit.commands.export_inference import INFERENCE, PREPROCESSING, merged_state_dict, preprocessing
+from fedlit.config.imports import split as split_imports
 from fedlit.config.parser import root_parser
 from fedlit.core.checkpoint_io import BEST, LAST
 from fedlit.core.errors import CheckpointError, ConfigError, DataError
@@ -80,11 +81,13 @@ def checkpoint_of(run_dir: str | Path, ckpt_path: str | Path = "last") -> Path:
     return path
 
 
-def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
+def load_run(run_dir: str | Path, ckpt_path: str | Path, imports: Iterable[str] = ()) -> Federation:
     """Rebuild a run's objects from its ``config.json`` (as ``fedlit fit`` built them: same seed, so a randomly
     initialized frozen backbone is the same one) and restore ``ckpt_path`` into them.
 
-    Relative paths in the recipe (``data.init_args.root``...) are read from the current folder, as in the run.
+    Relative paths in the recipe (``data.init_args.root``...) are read from the current folder, as in the run. The
+    run's own code (its recipe's ``imports``, recorded in ``config.json``) is imported again; ``imports`` adds
+    modules or ``.py`` files (relative to the current folder), as ``--import`` does.
 
     Raises:
         ConfigError: If ``run_dir`` has no ``config.json`` (a run made from Python rather than a recipe).
@@ -105,23 +108,25 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path) -> Federation:
         recipe.write_text(json.dumps(config))
         # on the CPU whatever the run used (the accelerator may change on resume too): nothing is computed
         job = fit.prepare(["test", "--config", str(recipe), "--out_dir", str(run_dir), "--ckpt_path", str(ckpt_path),
-                       "--federation.accelerator", "cpu", "--federation.devices", "1"])
+                           "--federation.accelerator", "cpu", "--federation.devices", "1",
+                           *[arg for entry in imports for arg in ("--import", str(entry))]])
+    assert isinstance(job, fit.FitJob)  # only `fit --dry_run` gives a CostJob
     fed = job.federation
-    fed.progress_bar = False
+    fed.settings.progress_bar = False
     fed.setup(ckpt_path)
     return fed
 
 
 def export_run(run_dir: str | Path, *, ckpt_path: str | Path = "last", clients: Iterable[str] | None = None,
-               out: str | Path | None = None, full: bool = True) -> dict[str, Path]:
+               out: str | Path | None = None, full: bool = True, imports: Iterable[str] = ()) -> dict[str, Path]:
     """Export every client (or ``clients``) of the run in ``run_dir`` into ``out`` (default ``run_dir/export``),
-    from its ``last`` or ``best`` checkpoint or the file ``ckpt_path``.
+    from its ``last`` or ``best`` checkpoint or the file ``ckpt_path`` (``imports``: as for :func:`load_run`).
 
     Returns:
         The folder written for each client.
     """
     path = checkpoint_of(run_dir, ckpt_path)
-    fed = load_run(run_dir, path)
+    fed = load_run(run_dir, path, imports)
     return export_federation(fed, Path(out) if out is not None else Path(run_dir) / "export", clients,
                              checkpoint=path, full=full)
 
@@ -146,7 +151,7 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     """
     from fedlit.engine.loop.client import load_client
 
-    if not fed.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
+    if not fed.state.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
         raise ConfigError("export_federation needs a federation after fit() or setup(ckpt_path=...); this one has "
                           "not been set up.")
     wanted = list(fed.client_ids if clients is None else clients)
@@ -157,13 +162,13 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     folders = _client_folders(Path(out), wanted)
     roles = fed.module.parameter_roles()
     buffers = {n for n, _ in fed.module.named_buffers()}
-    evaluated = fed.history.rounds.get(fed.server_round, {})
+    evaluated = fed.state.history.rounds.get(fed.state.round, {})
     written = {}
     for client_id in wanted:
         ctx = fed.client_context(client_id)
-        load_client(ctx, fed.strategy.configure_evaluate(fed.server_round, client_id))
+        load_client(ctx, fed.strategy.configure_evaluate(fed.state.round, client_id))
         ctx.hooks.call("on_client_evaluate_start", client_states=ctx.store, **ctx.hook_args(),
-                       server_round=fed.server_round, client_id=client_id)  # the model it evaluates
+                       server_round=fed.state.round, client_id=client_id)  # the model it evaluates
         live = fed.module.named_tensors("shared", "personal")
         tensors = {n: t.detach().cpu().contiguous().clone() for n, t in live.items()}
         folder = folders[client_id]
@@ -171,13 +176,13 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
         save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
         meta: dict[str, Any] = {
             "client": client_id,
-            "round": fed.server_round,
+            "round": fed.state.round,
             "checkpoint": str(checkpoint) if checkpoint is not None else None,
             "model": fed.config.get("model", type(fed.module).__qualname__),
             "strategy": repr(fed.strategy),
             "roles": {n: roles[n] for n in tensors},
             "buffers": sorted(n for n in tensors if n in buffers),
-            "frozen_fingerprint": fed.identity.get("frozen_fingerprint"),
+            "frozen_fingerprint": fed.state.identity.get("frozen_fingerprint"),
             "metrics": {split: _finite(values[client_id]) for split, values in evaluated.items()
                         if client_id in values},
         }
@@ -262,7 +267,8 @@ def _save_adapters(adapters: Mapping[str, nn.Module], folder: Path, exported: se
         state = get_peft_model_state_dict(module, adapter_name=ADAPTER_NAME)
         save_file({f"base_model.model.{k}": v.detach().cpu().contiguous().clone() for k, v in state.items()},
                   target / "adapter_model.safetensors", metadata={"format": "pt"})
-        module.peft_config[ADAPTER_NAME].save_pretrained(target)
+        peft_config = cast("dict[str, Any]", module.peft_config)  # set on the module by peft's injection
+        peft_config[ADAPTER_NAME].save_pretrained(target)
         info["folders"][target.name] = {"module": prefix, "tensors": len(state)}
         covered |= {f"{prefix}.{n}" for n, _ in module.named_parameters() if ".lora_" in n}
     info["not_included"] = sorted(exported - covered)
@@ -307,6 +313,10 @@ def parser(name: str = "export") -> ArgumentParser:
     parser.add_argument("--clients", type=str | None, default=None,
                         help="Comma-separated client ids to export (default: every client).")
     parser.add_argument("--out", type=str | None, default=None, help="Output folder (default: <run>/export).")
+    parser.add_argument("--import", type=str | None, default=None, dest="import_",
+                        help="A module or .py file (relative to the current folder) to import before the run is "
+                             "rebuilt, for classes of your own the run's recorded imports do not find; repeat it "
+                             "for more. A run's recipe `imports:` are recorded in its config.json and need none.")
     parser.add_argument("--full", type=bool, default=True,
                         help="Also write inference.safetensors per client: the whole model, LoRA merged, frozen "
                         "tensors included (as large as the model); `--full false` skips it.")
@@ -326,19 +336,22 @@ class ExportJob:
     def __call__(self) -> dict[str, Path]:
         written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint,
                                     full=self.full)
-        print(f"fedlit export: round {self.federation.server_round} of {self.checkpoint}, {len(written)} clients "
+        print(f"fedlit export: round {self.federation.state.round} of {self.checkpoint}, {len(written)} clients "
               f"-> {self.out}", flush=True)
         return written
 
 
-def prepare(cfg: Namespace) -> ExportJob:
-    """Rebuild the run and restore its checkpoint (configuration errors are raised here, as for the others)."""
+def prepare(cfg: Namespace, imports: Iterable[str] = ()) -> ExportJob:
+    """Rebuild the run and restore its checkpoint (configuration errors are raised here, as for the others);
+    ``imports``: modules or ``.py`` files to import first (``--import``)."""
     ckpt = checkpoint_of(cfg.run, cfg.ckpt_path)
     clients = [c.strip() for c in cfg.clients.split(",") if c.strip()] if cfg.clients else None
     out = Path(cfg.out) if cfg.out else Path(cfg.run) / "export"
-    return ExportJob(load_run(cfg.run, ckpt), ckpt, clients, out, cfg.full)
+    return ExportJob(load_run(cfg.run, ckpt, imports), ckpt, clients, out, cfg.full)
 
 
 def command(argv: list[str]) -> ExportJob:
     """``fedlit export ...`` parsed and its run rebuilt and restored (configuration errors are raised here)."""
-    return prepare(root_parser({"export": (HELP, parser())}).parse_args(argv).export)
+    rest, entries = split_imports(argv)  # --import may be repeated: each is one entry
+    cfg = root_parser({"export": (HELP, parser())}).parse_args(rest).export
+    return prepare(cfg, [entry.value for entry in entries])

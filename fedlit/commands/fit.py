@@ -4,12 +4,16 @@ checkpoint of its run.
 A fresh ``fit`` writes into ``runs/<name>/<version>`` (``--name`` defaults to ``<recipe>_<strategy>``,
 ``--version`` to the next ``version_<n>``), or into ``--out_dir``, which must not hold another run (see
 :mod:`fedlit.engine.records.run_folder`). ``--ckpt_path last`` (and ``validate``/``test`` without ``--ckpt_path``)
-means the
-checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
+means the checkpoint of the newest run of that name, or of ``--out_dir``; when that run has none, the command says so
 rather than falling back to an older run. ``validate``/``test --run DIR`` rebuild a run from its ``config.json``
 and evaluate its ``last`` or ``best`` checkpoint (see :mod:`fedlit.config.resolve`; :mod:`fedlit.engine.records.record`
-says what a run records). ``fit --dry_run`` prints what the run would cost (:mod:`fedlit.commands.cost`);
-``fit --seeds 0 1 2`` runs it once per seed (:mod:`fedlit.commands.seeds`).
+says what a run records). ``fit --dry_run`` prints what the run would cost (the estimate of ``fedlit cost``:
+:mod:`fedlit.config.costing`); ``fit --seeds 0 1 2`` runs it once per seed (:mod:`fedlit.commands.seeds`).
+``--import MODULE_OR_FILE`` (and a recipe's ``imports:``) imports your own code first (:mod:`fedlit.config.imports`).
+
+The recipe flows down once: :func:`~fedlit.config.parser.load` (parse, import the recipe's code), then
+:func:`~fedlit.config.resolve.resolve_run` (run folder, checkpoint), then :func:`~fedlit.config.build.build_run`
+(the objects), or :func:`~fedlit.config.costing.estimate` for ``--dry_run``.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from typing import Any, Literal
 
 from jsonargparse import ArgumentParser
 
-from fedlit.commands import cost
 from fedlit.config.build import build_run, remove_if_empty
-from fedlit.config.parser import parse, recipe_parser, root_parser
+from fedlit.config.costing import CostJob, estimate
+from fedlit.config.parser import load, recipe_parser, root_parser
+from fedlit.config.resolve import resolve_run
 from fedlit.core.errors import ConfigError
 from fedlit.federation import Federation
 
@@ -50,7 +55,9 @@ def parser(name: str) -> ArgumentParser:
                               "steps or epochs, model, optimizer or selection metric (naming each difference); "
                               "'any' compares anyway and records the differences in results.json.")
     if name == "fit":
-        cost.add_arguments(sub, name)
+        sub.add_argument("--dry_run", action="store_true",
+                         help="Print what the run would communicate (as `fedlit cost`) and exit: the model is built "
+                              "without its weights, no data is read, nothing is trained or written.")
         sub.add_argument(SEEDS, type=list[int] | None, default=None,
                          help="Run the recipe once per seed (--seeds 0 1 2): federation.seed and the data's seed "
                               "(unless --seeds_vary training) set to each, runs in runs/<name>/<version>/seed_<s> "
@@ -83,23 +90,25 @@ class FitJob:
         try:
             if self.subcommand == "fit":
                 return self.federation.fit(ckpt_path=self.ckpt_path)
+            assert self.ckpt_path is not None  # validate and test resolve a checkpoint (last by default)
             return self.federation.evaluate(self.subcommand.replace("validate", "val"), ckpt_path=self.ckpt_path)
         finally:
             remove_if_empty(self.created)
 
 
-def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -> FitJob | cost.CostJob:
+def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -> FitJob | CostJob:
     """Parse ``argv`` (``fit ...``, ``validate ...`` or ``test ...``), resolve the run folder and checkpoint and
     build the objects (configuration errors are raised here); calling the result runs it. With ``wrap_data`` the
     recipe's data section is validated but never constructed: the run's data module is what ``wrap_data`` returns
     for its :class:`~fedlit.config.build.DataSection` (a Flower server's view of its nodes)."""
     name = argv[0]
-    root = build_parser(name)
-    cfg = parse(root, argv)
-    if name == "fit" and cfg.fit.get("seeds_vary") != "all":
-        raise ConfigError(f"{SEEDS_VARY} {cfg.fit.seeds_vary} without --seeds: it says what the seeds of --seeds "
+    recipe = load(argv, parser(name))
+    options = recipe.options
+    if name == "fit" and options.seeds_vary != "all":
+        raise ConfigError(f"{SEEDS_VARY} {options.seeds_vary} without --seeds: it says what the seeds of --seeds "
                           f"vary; add --seeds 0 1 2, or leave {SEEDS_VARY} out")
-    if name == "fit" and cfg.fit.get("dry_run"):
-        return cost.prepare(root, cfg, name)  # builds no data, writes no run folder
-    built = build_run(root, cfg, name, wrap_data=wrap_data)
+    if name == "fit" and options.dry_run:
+        return CostJob(estimate(recipe), title="fedlit fit --dry_run")  # builds no data, writes no run folder
+    out_dir, ckpt_path = resolve_run(options, name)
+    built = build_run(recipe, out_dir, ckpt_path, wrap_data=wrap_data)
     return FitJob(name, built.federation, built.ckpt_path, built.created)

@@ -16,21 +16,25 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from fedlit.core.files import write_text_atomic
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 SPLITS = ("train", "val", "test")
 #: Up to this many clients, the plot writes each count beside its dot.
 LABELLED = 8
 #: Labels are data (client ids, class and method names): drawn as plain text, never as mathtext (``$\frac{x$``
 #: would not parse, ``$x$`` would change) nor LaTeX, whatever the user's matplotlibrc says.
-PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+PLAIN_TEXT: dict[RcKeyType, Any] = {"text.parse_math": False, "text.usetex": False}
 #: Vector formats a figure is also written in (``fedlit report --vector``). PDFs embed TrueType (Type 42) fonts,
 #: not matplotlib's default Type 3, which some publishers' checks refuse; SVGs keep text as text (editable).
 VECTOR_FORMATS = ("pdf", "svg")
-_VECTOR_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
-_P, _R = ParamSpec("_P"), TypeVar("_R")
+_VECTOR_RC: dict[RcKeyType, Any] = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def plain_text(draw: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -184,10 +188,9 @@ def parser(name: str = "partition") -> Any:
 
 def command(argv: list[str]) -> PartitionJob:
     """``fedlit partition ...`` parsed and its data built (configuration errors are raised here)."""
-    from fedlit.config.parser import parse, root_parser
+    from fedlit.config.parser import load
 
-    cfg = parse(root_parser({"partition": (HELP, parser())}), argv)
-    return prepare(cfg.partition)
+    return prepare(load(argv, parser(argv[0])).options)
 
 
 def prepare(cfg: Any) -> PartitionJob:

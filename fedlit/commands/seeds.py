@@ -27,7 +27,7 @@ from typing import Any
 
 from fedlit.commands import fit
 from fedlit.config.explain import CONFIG_ERRORS, explain
-from fedlit.config.parser import parse, root_parser
+from fedlit.config.parser import load
 from fedlit.core.errors import ConfigError, FedlitError
 from fedlit.core.files import write_text_atomic
 
@@ -149,8 +149,7 @@ def prepare(argv: list[str]) -> SeedsJob:
     if any(a == "--federation.seed" or a.startswith("--federation.seed=") for a in rest):
         raise ConfigError("--seeds with --federation.seed: --seeds sets federation.seed of each run; leave out "
                           "--federation.seed.")
-    cfg = parse(root_parser({"fit": (fit.HELP["fit"], fit.parser("fit"))}), rest)
-    sub = cfg.fit
+    sub = load(rest, fit.parser("fit")).options
     resume = sub.ckpt_path is not None
     if resume and sub.ckpt_path != "last":
         raise ConfigError(f"--seeds with --ckpt_path {sub.ckpt_path}: an experiment resumes seed by seed from each "

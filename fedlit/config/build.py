@@ -17,7 +17,8 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from fedlit.config import resolve
+from fedlit.config import imports, resolve
+from fedlit.config.parser import Recipe, recipe_parser
 from fedlit.engine.loop.settings import Settings, check_seed
 from fedlit.engine.records.run_folder import check_run_dir, new_version_dir
 from fedlit.federation import Federation
@@ -66,9 +67,10 @@ class DataSection:
         return getattr(importlib.import_module(module), name).clients_in_options(self.init_args)
 
 
-def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
+def build_run(recipe: Recipe, out_dir: Path | None, ckpt_path: Path | None, *,
               wrap_data: Callable[[DataSection], Any] | None = None) -> BuiltRun:
-    """Resolve the run folder and checkpoint of ``cfg[subcommand]`` and build its objects (configuration errors
+    """Build the objects of a loaded recipe into its run folder ``out_dir`` (None: a new ``runs/<name>/version_<n>``)
+    with the checkpoint ``ckpt_path``, as :func:`fedlit.config.resolve.resolve_run` gave them (configuration errors
     are raised here). With ``wrap_data`` the data section is parsed and validated but not built: what
     ``wrap_data`` returns for its :class:`DataSection` is the run's data module (a Flower server's view of the
     nodes' data, :mod:`fedlit.flower`)."""
@@ -76,8 +78,8 @@ def build_run(parser: ArgumentParser, cfg: Namespace, subcommand: str, *,
 
     from fedlit.engine.loop.ranks import launched_rank_zero
 
-    sub_cfg = cfg[subcommand]
-    out_dir, ckpt_path = resolve.resolve_run(sub_cfg, subcommand)
+    parser, cfg, subcommand = recipe.parser, recipe.cfg, recipe.subcommand
+    sub_cfg = recipe.options
     # Over several processes only the first one checks and makes the run folder; the others take it from rank 0.
     first = (sub_cfg.federation.devices in (1, "1") and sub_cfg.federation.num_nodes == 1) or launched_rank_zero()
     if subcommand == "fit" and out_dir is not None and first:
@@ -193,16 +195,20 @@ def remove_if_empty(folder: Path | None) -> None:
             os.rmdir(sub)
 
 
-def build_objects(recipe: Mapping[str, Any], overrides: list[str] | None = None) -> Namespace:
+def build_objects(recipe: Mapping[str, Any], overrides: list[str] | None = None, *, folder: Path | None = None,
+                  where: str = "the recipe") -> Namespace:
     """The objects of a recipe given as a mapping (``model``, ``data``, ``strategy``, ``federation``,
     ``callbacks``), with dotted ``overrides`` (``["--data.init_args.root", "/data/site_0"]``) on top: the model,
     data module (not set up), strategy, callbacks, and the federation's :class:`~fedlit.engine.loop.settings.Settings`.
     Seeded by ``federation.seed`` as a run is, so a randomly initialized backbone and generated data are the
-    run's."""
+    run's. The recipe's ``imports`` (relative to ``folder``, default the current folder) and the ``--import``
+    options of ``overrides`` are imported first (:mod:`fedlit.config.imports`); ``where`` names the recipe in
+    messages."""
     from lightning.fabric.utilities.seed import seed_everything
 
-    from fedlit.config.parser import recipe_parser
-
+    overrides, entries = imports.split(list(overrides or []))
+    entries = [*imports.of_recipe(dict(recipe), Path.cwd() if folder is None else Path(folder), where), *entries]
+    imports.import_all(entries)
     parser = recipe_parser("fit", "A recipe.")
     sections = {k: v for k, v in recipe.items() if k in ("model", "data", "strategy", "federation", "callbacks")}
     cfg = parser.parse_object(sections)

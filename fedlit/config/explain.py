@@ -127,7 +127,7 @@ def _section_keys(section: str) -> list[str]:
 
         return [f.name for f in fields(Settings)]
     return ["config", "model", "data", "strategy", "federation", "callbacks", "out_dir", "ckpt_path", "name",
-            "version", "run"]
+            "version", "run", "imports"]
 
 
 def _init_args(class_path: str) -> list[str]:

@@ -4,22 +4,30 @@
 A recipe has five sections: ``model`` (a FederatedModule), ``data`` (a FederatedDataModule), ``strategy`` (a
 Strategy; short names such as ``FedAvg`` work), ``federation`` (the loop's settings:
 :class:`~fedlit.engine.loop.settings.Settings`) and optional ``callbacks``; plus ``out_dir``. Dotted overrides
-(``--federation.rounds 3``) and ``--print_config`` come from jsonargparse. torch, Lightning and the model
-libraries are imported only when a recipe parser is built, so ``fedlit --help`` answers in a fraction of a second.
+(``--federation.rounds 3``) and ``--print_config`` come from jsonargparse; ``imports`` lists the recipe's own code
+(:mod:`fedlit.config.imports`). torch, Lightning and the model libraries are imported only when a recipe parser is
+built, so ``fedlit --help`` answers in a fraction of a second.
+
+A command reads its recipe in three steps, each called once and in order by the command itself:
+:func:`load` (this module: ``argv`` -> :class:`Recipe`, the recipe's code imported), then
+:func:`fedlit.config.resolve.resolve_run` (the run folder and checkpoint), then :func:`fedlit.config.build.build_run`
+(the objects); ``fedlit cost`` and ``fit --dry_run`` go from :func:`load` to :mod:`fedlit.config.costing` instead.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from fedlit.config import resolve
+from fedlit.config import imports, resolve
 from fedlit.core.errors import ConfigError
 from fedlit.core.version import __version__
 
@@ -62,6 +70,11 @@ def recipe_parser(subcommand: str, description: str) -> ArgumentParser:
     parser.add_argument("--ckpt_path", type=str | None, default=None,
                         help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
                              "or, for validate and test, `best` (its best-validation checkpoint).")
+    parser.add_argument(f"--{imports.KEY}", type=list[str] | None, default=None,
+                        help="Your own code to import before class paths are resolved (strategies, models, data "
+                             "modules): .py files relative to the recipe's folder, or module names, e.g. "
+                             f"[my_strategies.py]. On the command line, {imports.OPTION} MODULE_OR_FILE adds one "
+                             "(relative to the current folder; repeat it for more).")
     resolve.add_run_arguments(parser, subcommand)
     return parser
 
@@ -78,20 +91,75 @@ def root_parser(subcommands: Mapping[str, tuple[str, ArgumentParser]]) -> Argume
     return parser
 
 
+@dataclass
+class Recipe:
+    """A command line read by :func:`load`: the recipe's files and overrides parsed, its own code imported.
+
+    Attributes:
+        subcommand: ``fit``, ``validate``, ``test``, ``cost``...
+        parser: The ``fedlit`` parser with that one subcommand (it dumps and instantiates ``cfg``).
+        cfg: The parsed namespace (the subcommand's options are under ``cfg[subcommand]``: :attr:`options`).
+    """
+
+    subcommand: str
+    parser: ArgumentParser
+    cfg: Namespace
+
+    @property
+    def options(self) -> Namespace:
+        """The subcommand's options: the recipe's sections and the command's own options."""
+        return self.cfg[self.subcommand]
+
+
+def load(argv: list[str], sub: ArgumentParser) -> Recipe:
+    """``argv`` (``fit --config R.yaml ...``) read with the subcommand's parser ``sub``: ``--run DIR`` expanded to
+    the run's recipe, the recipe's ``imports`` (and ``--import``) imported, then the checks that give clearer
+    messages than jsonargparse, then parsed. Configuration errors are raised here."""
+    root = root_parser({argv[0]: (sub.description or argv[0], sub)})
+    return Recipe(argv[0], root, parse(root, argv))
+
+
 def parse(parser: ArgumentParser, argv: list[str]) -> Namespace:
     """``argv`` parsed, after the checks that give clearer messages than jsonargparse (recipe files, YAML syntax,
-    ``class_path`` names); ``--run DIR`` reads the run's recipe."""
-    precheck(argv)
-    return parser.parse_args(resolve.expand_run(argv))
+    ``class_path`` names); ``--run DIR`` reads the run's recipe; the recipe's ``imports`` and ``--import`` are
+    imported first, and recorded as ``imports`` (absolute paths)."""
+    argv = resolve.expand_run(list(argv))
+    recipes = read_configs(argv)
+    argv, entries = imports.split(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == f"--{imports.KEY}":
+            entries = [*imports.of_option(argv[i + 1]), *entries]
+    entries = [e for path, recipe in recipes
+               for e in imports.of_recipe(recipe, path.parent if path else Path.cwd(),
+                                          str(path) if path else "the run's config.json")] + entries
+    if entries:
+        argv = [*argv, f"--{imports.KEY}", json.dumps(imports.import_all(entries))]
+    precheck(argv, recipes)
+    return parser.parse_args(argv)
 
 
-def precheck(argv: list[str]) -> None:
+def read_configs(argv: list[str]) -> list[tuple[Path | None, Any]]:
+    """Each ``--config`` of ``argv`` read: (its file, its content); a recipe given as text (``--run``'s
+    ``config.json``) has no file."""
+    found: list[tuple[Path | None, Any]] = []
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--config":
+            value = argv[i + 1]
+            if value.lstrip().startswith("{"):  # a recipe as JSON text
+                found.append((None, load_recipe(value, "the run's config.json")))
+            else:
+                found.append((Path(value), read_recipe(Path(value))))
+    return found
+
+
+def precheck(argv: list[str], recipes: list[tuple[Path | None, Any]] | None = None) -> None:
     """Checks that give a clearer message than jsonargparse: recipe files exist and are valid YAML (file, line and
     column), and each ``class_path`` names a known class of the right kind."""
     sections: dict[str, Any] = {}
+    contents = iter([content for _, content in (read_configs(argv) if recipes is None else recipes)])
     for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            loaded = read_recipe(Path(argv[i + 1]))
+        if arg == "--config" and i + 1 < len(argv):  # in order: a later --config or option overrides an earlier one
+            loaded = next(contents, None)
             if isinstance(loaded, dict):
                 sections.update({k: v for k, v in loaded.items() if k in SECTIONS})
         for section in SECTIONS:
@@ -192,8 +260,9 @@ def check_class_path(section: str, name: str) -> None:
         if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
             raise  # the module exists but one of its own imports fails: its traceback says where
         raise ConfigError(
-            f"{key}={name!r}: no module named {err.name!r}. Check the spelling, or make the module importable "
-            "(install its package, or run from the folder that holds it)."
+            f"{key}={name!r}: no module named {err.name!r}. Check the spelling, or name your own code in the "
+            f"recipe: `{imports.KEY}: [{err.name.split('.')[0]}.py]` (a file beside the recipe) or "
+            f"`{imports.KEY}: [{err.name}]` (a module), or pass {imports.OPTION} on the command line."
         ) from None
     obj = getattr(module, attr, None)
     if obj is None:
@@ -211,9 +280,11 @@ def check_class_path(section: str, name: str) -> None:
 
 
 def subclasses(base: type) -> set[type]:
-    found, stack = set(), [base]
+    found: set[type] = set()
+    stack = [base]
     while stack:
-        for sub in stack.pop().__subclasses__():
+        subs: list[type] = stack.pop().__subclasses__()
+        for sub in subs:
             if sub not in found and not sub.__name__.startswith("_"):
                 found.add(sub)
                 stack.append(sub)

@@ -15,7 +15,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ LAST = "last.ckpt"
 BEST = "best.ckpt"
 
 
-def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> Path:
     """Write ``payload`` to ``path`` atomically and return the path.
 
     Raises:
@@ -66,7 +66,7 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: data, never code).
 
     Raises:
@@ -127,7 +127,8 @@ def _os_error(err: BaseException) -> OSError | None:
 
 def rng_state() -> dict[str, Any]:
     """The global RNG states (torch, CUDA, numpy, Python) as tensors and plain values."""
-    np_state = np.random.get_state()
+    # numpy's stubs type the default (legacy=True) result as a dict or a tuple; it is always the tuple.
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],

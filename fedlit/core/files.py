@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
     """Write ``text`` to ``path`` atomically: a temporary file beside it, flushed to disk, then renamed over it.
 
     On an error the temporary file is removed and ``path`` keeps what it held.

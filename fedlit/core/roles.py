@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from torch import nn
+from typing_extensions import override
 
 Role = Literal["frozen", "shared", "personal"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -195,7 +196,11 @@ class RoleRule:
             if found:
                 depth_of[name] = int(found.group(1))
         depths = sorted(set(depth_of.values()))
-        keep = set(depths[: self.first] if self.first is not None else depths[-self.last :])
+        if self.first is not None:
+            keep = set(depths[: self.first])
+        else:
+            assert self.last is not None  # one of first and last is set (both None returned above)
+            keep = set(depths[-self.last :])
         return [n for n in matched if depth_of.get(n) in keep]
 
 
@@ -256,12 +261,15 @@ class ParameterRoles(Mapping[str, str]):
                     roles[name] = roles[own_params[0]]
         return cls(roles, buffers=set(buffer_names), norm=norm)
 
+    @override
     def __getitem__(self, name: str) -> str:
         return self._roles[name]
 
+    @override
     def __iter__(self) -> Iterator[str]:
         return iter(self._roles)
 
+    @override
     def __len__(self) -> int:
         return len(self._roles)
 
@@ -295,6 +303,7 @@ class ParameterRoles(Mapping[str, str]):
         """How many tensors have each role."""
         return {role: sum(1 for r in self._roles.values() if r == role) for role in ROLES}
 
+    @override
     def __repr__(self) -> str:
         return f"ParameterRoles({self.counts()})"
 
@@ -304,7 +313,7 @@ def role_summary(module: nn.Module, roles: ParameterRoles) -> list[dict[str, flo
     parameters (their scalar count; buffers not included) and MB (parameters and buffers)."""
     tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     buffers = {n for n, _ in module.named_buffers()}
-    rows = []
+    rows: list[dict[str, float | int | str]] = []
     for role in (*ROLES, "total"):
         names = [n for n in tensors if role == "total" or roles.get(n) == role]
         rows.append({"role": role, "tensors": len(names),

@@ -80,7 +80,7 @@ def _feed(hasher: Any, value: Any, memo: dict[tuple[int, int], bytes]) -> bool:
         key = (id(value), value._version)
         if key not in memo:
             inner = hashlib.blake2b(f"T{value.dtype}{tuple(value.shape)}".encode(), digest_size=16)
-            inner.update(raw_bytes(value))
+            inner.update(raw_bytes(value))  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer on 3.12+ only
             memo[key] = inner.digest()
         hasher.update(memo[key])
         return True

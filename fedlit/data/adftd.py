@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
@@ -136,11 +137,13 @@ class ADFTD(FederatedDataModule):
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.open_files = open_files
 
+    @override
     @property
     def task(self) -> str:
         """Always ``multiclass``."""
         return "multiclass"
 
+    @override
     def build_samples(self) -> SampleList:
         subjects = read_participants(self.root / PARTICIPANTS)
         files = {s: recording(s, self.derivatives) for s in subjects}
@@ -159,6 +162,7 @@ class ADFTD(FederatedDataModule):
                 raise DataError(f"{self.root / file}: {header[1]} channels at {header[0]:g} Hz, but "
                                 f"{self.root / files[next(iter(files))]} has {channels} at {rate:g} Hz")
             lengths[subject] = read.length(file)
+        assert rate is not None  # read_participants refuses a file that lists no participant
         window, stride = round(self.window_seconds * rate), round(self.stride_seconds * rate)
         read = EEGWindows(str(self.root), window=window, open_files=self.open_files)
         windows = [(s, [files[s], start]) for s in subjects for start in range(0, lengths[s] - window + 1, stride)]

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
@@ -20,6 +21,7 @@ from fedlit.data.common.samples import (
     ImageFile,
     Normalize,
     SampleList,
+    Transform,
     TransformSpec,
     class_sort_key,
     is_image,
@@ -152,10 +154,12 @@ class SiteFolders(FederatedDataModule):
         self.eval_transform = make_transform(eval_transform, f"{_OPTION}.eval_transform")
         self.mean, self.std = mean, std
 
+    @override
     def expected_num_clients(self) -> int | None:
         """One client per site of ``sites`` (known without reading an image)."""
         return len(self.sites) if self._data is None else super().expected_num_clients()
 
+    @override
     def client_id_source(self) -> str:
         """The site folders."""
         return f"the site folders of {self.root} ({_OPTION}.root, {_OPTION}.sites)"
@@ -172,6 +176,7 @@ class SiteFolders(FederatedDataModule):
                               f"are {found}{hint}")
         return sites
 
+    @override
     def build_samples(self) -> SampleList:
         listed: dict[str, dict[str, list[tuple[str, str]]]] = {}
         self._seen: dict[str, str] = {}  # class name -> where it first appears (a class folder, a labels line)
@@ -249,6 +254,7 @@ class SiteFolders(FederatedDataModule):
                             "site numbers the classes alike)")
         return list(self.class_index)
 
+    @override
     def preprocessing(self, client_id: str) -> dict[str, Any]:
         """The default's record plus what the loader does to an image file: decoded with PIL, turned grey or RGB
         (``channels``), scaled to [0, 1] (8-bit / 255, 16-bit / 65535), resized to ``image_size`` (bilinear,
@@ -327,7 +333,7 @@ def _site_folders(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
 
-def _chain(transform: object, after: list) -> object:
+def _chain(transform: Transform | None, after: list[Normalize]) -> Transform | None:
     if not after:
         return transform
     return Compose([transform, *after]) if transform is not None else Compose(after)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -131,16 +132,19 @@ class FedHeartDisease(FederatedDataModule):
         self.val_fraction = float(val_fraction)
         self.normalize = normalize
 
+    @override
     @classmethod
     def clients_in_options(cls, options: Mapping[str, object]) -> int:
         """The centers of ``sites`` (default all four), known without reading their files."""
         sites = options.get("sites")
         return len(sites) if isinstance(sites, list | tuple) else len(CENTERS)
 
+    @override
     def expected_num_clients(self) -> int:
         """The centers of ``sites`` (one client each), known without reading their files."""
         return len(self.sites)
 
+    @override
     def build(self) -> PartitionedData:
         from sklearn.model_selection import train_test_split
 

@@ -6,9 +6,11 @@ import csv
 import io
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
@@ -16,6 +18,9 @@ from fedlit.data.common.partition import Dirichlet, Partitioner
 from fedlit.data.common.pool import PartitionedData
 from fedlit.data.common.splits import check_split_fractions, split_clients
 from fedlit.data.common.text import decode_utf8, not_utf8
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TEXT_FILE = "medical_tc_test.csv"
 LABELS_FILE = "medical_tc_labels.csv"
@@ -118,6 +123,7 @@ class MedicalAbstracts(FederatedDataModule):
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.max_samples = max_samples
 
+    @override
     def build(self) -> PartitionedData:
         path = self.root / TEXT_FILE
         labels, texts, lines = read_abstracts(path)
@@ -209,7 +215,7 @@ def _check_label_names(path: Path) -> None:
         raise DataError(f"{path}: label names {names} differ from the corpus's {expected}; is this another corpus?")
 
 
-def load_tokenizer(tokenizer: str) -> object:
+def load_tokenizer(tokenizer: str) -> PreTrainedTokenizerBase:
     """A transformers tokenizer from a pretrained name fedlit knows or a local folder, never downloaded.
 
     Raises:

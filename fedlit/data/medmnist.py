@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -127,6 +128,7 @@ class MedMNIST(FederatedDataModule):
         self.image_size = image_size
         self.normalize = normalize
 
+    @override
     def build(self) -> PartitionedData:
         arrays = _load(self.path)
         for split in _SPLITS:
@@ -174,6 +176,7 @@ class MedMNIST(FederatedDataModule):
             },
         )
 
+    @override
     def preprocessing(self, client_id: str) -> dict[str, Any]:
         """The default's record plus what the loader does to a MedMNIST uint8 image: / 255, grey repeated to RGB
         or RGB turned grey (BT.601 luma) for ``channels``, resized to ``image_size`` (bilinear, antialiased), then

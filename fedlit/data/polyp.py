@@ -16,6 +16,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -150,12 +151,15 @@ class FedPolyp(FederatedDataModule):
         self.image_size, self.unmatched, self.augment, self.crop_size = image_size, unmatched, bool(augment), crop_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
+    @override
     def expected_num_clients(self) -> int | None:
         """One client per site of ``sites`` (known without reading an image)."""
         return len(self.sites) if self._data is None else super().expected_num_clients()
 
+    @override
     def build_samples(self) -> SampleList:
-        samples, splits, origins, lost = {}, {}, {}, []
+        samples, splits, lost = {}, {}, []
+        origins: dict[str, dict[str, int]] = {}
         built = self.sites_to_build(self.sites)  # a Flower node: its own site only
         for site in built:
             pairs, origins[site] = [], {}
@@ -215,7 +219,7 @@ class FedPolyp(FederatedDataModule):
         if not self.pranet:
             folder = self.root / site
             return [(_first(folder, "images", "image"), _first(folder, "masks", "mask"), None)]
-        folders = []
+        folders: list[tuple[Path, Path, Callable[[str], bool] | None]] = []
         if site in _MIXED and (self.root / "TrainDataset").is_dir():
             train = self.root / "TrainDataset"
             folders.append((_first(train, "image", "images"), _first(train, "mask", "masks"), _MIXED[site]))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -77,9 +79,10 @@ class FedProstate(FederatedDataModule):
                 "(https://github.com/liuquande/FedDG-ELCFS), then point data.init_args.root at the folder."
             )
         self.layout = found if layout == "auto" else layout
-        loader = dict(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
-        common = dict(root=root, sites=sites, image_size=image_size, crop_size=crop_size, unmatched=unmatched,
-                      augment=augment, **loader)
+        loader: dict[str, Any] = dict(batch_size=batch_size, eval_batch_size=eval_batch_size,
+                                      num_workers=num_workers, seed=seed)
+        common: dict[str, Any] = dict(root=root, sites=sites, image_size=image_size, crop_size=crop_size,
+                                      unmatched=unmatched, augment=augment, **loader)
         if self.layout == "volumes":
             self.reader: FederatedDataModule = FedProstateVolumes(split_fractions=split_fractions,
                                                                   cache_size=cache_size, **common)
@@ -88,10 +91,12 @@ class FedProstate(FederatedDataModule):
             self.reader = FedProstateSlices(val_fraction=val / (train + val) if train + val > 0 else 0.0,
                                             sites_without_train=sites_without_train, **common)
 
+    @override
     def expected_num_clients(self) -> int | None:
         """The detected layout's sites (known without reading an image)."""
         return self.reader.expected_num_clients() if self._data is None else super().expected_num_clients()
 
+    @override
     def build_samples(self) -> SampleList:
         """The samples of the detected layout's reader."""
         samples = self.reader.build_samples()

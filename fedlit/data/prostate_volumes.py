@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
@@ -77,7 +78,7 @@ def voxels(path: Path, dtype: type = np.float32) -> np.ndarray:
     """
     image = read_volume(path)
     try:
-        data = np.asarray(image.dataobj, dtype=dtype)
+        data: np.ndarray = np.asarray(image.dataobj, dtype=dtype)
     except (OSError, EOFError, ValueError, MemoryError) as err:
         raise DataError(f"{path}: its voxels cannot be read ({type(err).__name__}: {err}); replace it") from None
     while data.ndim > 3 and data.shape[-1] == 1:
@@ -143,6 +144,7 @@ class VolumeSlice:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cache": OrderedDict()}  # workers start empty; volumes never travel in pickles
 
+    @override
     def __repr__(self) -> str:
         return f"VolumeSlice(root={self.root!r}, image_size={self.image_size}, cache_size={self.cache_size})"
 
@@ -226,10 +228,12 @@ class FedProstateVolumes(FederatedDataModule):
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.cache_size = cache_size
 
+    @override
     def expected_num_clients(self) -> int | None:
         """One client per site of ``sites`` (known without reading an image)."""
         return len(self.sites) if self._data is None else super().expected_num_clients()
 
+    @override
     def build_samples(self) -> SampleList:
         listed, lost = {}, []
         built = self.sites_to_build(self.sites)  # a Flower node: its own site only
@@ -238,7 +242,9 @@ class FedProstateVolumes(FederatedDataModule):
             lost += missing
         report_unmatched("FedProstateVolumes", lost, self.unmatched, "partner (a CaseXX.nii.gz needs its "
                          "CaseXX_segmentation.nii.gz and the reverse)")
-        samples, splits, cases = {}, {}, {}
+        samples: dict[str, list[Any]] = {}
+        splits: dict[str, dict[str, np.ndarray]] = {}
+        cases: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for site, pairs in listed.items():
             if len(pairs) < sum(f > 0 for f in self.split_fractions):
                 raise DataError(f"FedProstateVolumes: site {site} has {len(pairs)} matched cases under "
@@ -247,7 +253,8 @@ class FedProstateVolumes(FederatedDataModule):
             order = site_rng(self.seed, site).permutation(len(pairs))  # a site's split depends on it alone
             bounds = np.cumsum([0, *split_sizes(len(pairs), self.split_fractions)])
             split_of = {int(case): split for i, split in enumerate(SPLITS) for case in order[bounds[i]:bounds[i + 1]]}
-            samples[site], positions = [], {split: [] for split in SPLITS}
+            samples[site] = []
+            positions: dict[str, list[int]] = {split: [] for split in SPLITS}
             cases[site] = {split: [] for split in SPLITS}
             for case, (image_rel, mask_rel) in enumerate(pairs):
                 kept, foreground = self._slices(image_rel, mask_rel)

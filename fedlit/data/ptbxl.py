@@ -9,10 +9,11 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
@@ -102,7 +103,7 @@ class PTBXL(FederatedDataModule):
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         problems = []
-        choices = {"sampling_rate": (sampling_rate, (100, 500)), "labels": (labels, LabelMode.__args__),
+        choices = {"sampling_rate": (sampling_rate, (100, 500)), "labels": (labels, get_args(LabelMode)),
                    "split": (split, ("clients", "strat_fold"))}
         for option, (value, allowed) in choices.items():
             if value not in allowed or isinstance(value, bool):
@@ -132,11 +133,13 @@ class PTBXL(FederatedDataModule):
         self.site_column = site_column
         self.max_samples = max_samples
 
+    @override
     @property
     def task(self) -> str:
         """``multilabel`` with ``labels: multilabel``, else ``multiclass`` (known before the data is built)."""
         return "multilabel" if self.labels == "multilabel" else "multiclass"
 
+    @override
     def build_samples(self) -> SampleList:
         rows = read_database(self.root / DATABASE, self.site_column)
         superclass = read_statements(self.root / STATEMENTS)
@@ -311,7 +314,8 @@ def label_records(codes: list[dict[str, float]], superclass: dict[str, str], mod
         kept records' indices; ``{"no_superclass": ..., "several_superclasses": ...}``.
     """
     index = {name: i for i, name in enumerate(CLASS_NAMES)}
-    targets, kept = [], []
+    targets: list[int | list[float]] = []
+    kept = []
     left_out = {"no_superclass": 0, "several_superclasses": 0}
     for i, record in enumerate(codes):
         diagnostic = [(code, likelihood) for code, likelihood in record.items() if code in superclass]

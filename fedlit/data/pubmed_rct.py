@@ -8,6 +8,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
@@ -113,6 +114,7 @@ class PubMedRCT(FederatedDataModule):
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.max_samples = max_samples
 
+    @override
     def build(self) -> PartitionedData:
         labels, sentences, abstracts, files, lines = [], [], [], [], []
         for number, name in enumerate(FILES):

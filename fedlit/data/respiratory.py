@@ -13,10 +13,11 @@ import json
 import os
 from abc import abstractmethod
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.audio_clips import AudioClip, clip_identity, soundfile
@@ -122,6 +123,7 @@ class _RespiratoryCycles(FederatedDataModule):
     def official_test(self, cycles: list[Cycle]) -> np.ndarray | None:
         """Which cycles the official split puts in test (``split: official``), or None (``split: random``)."""
 
+    @override
     def build_samples(self) -> SampleList:
         cycles = self.cycles()
         if not cycles:
@@ -183,6 +185,7 @@ class _RespiratoryCycles(FederatedDataModule):
         parts = stratified_split(rest, y[rest], (train / (train + val), val / (train + val), 0.0), rng)
         return {"train": parts[0], "val": parts[1], "test": positions[test]}
 
+    @override
     def preprocessing(self, client_id: str) -> dict:
         """The default's record plus how a cycle becomes the model's input (see :class:`AudioClip`)."""
         reader = self.reader
@@ -246,11 +249,13 @@ class ICBHI(_RespiratoryCycles):
               "of cycles (start end crackles wheezes)")
     url = ICBHI_URL
 
+    @override
     def check_official_split(self) -> None:
         if not (self.root / ICBHI_SPLIT_FILE).is_file():
             raise DataError(f"{_OPTION}.split=official needs {self.root / ICBHI_SPLIT_FILE} (lines <name> "
                             f"train|test, from {ICBHI_URL}); add it or use split: random")
 
+    @override
     def cycles(self) -> list[Cycle]:
         cycles = []
         for wav in sorted(self.root.glob("*.wav")):
@@ -278,6 +283,7 @@ class ICBHI(_RespiratoryCycles):
                 cycles.append(Cycle(identity, flags[0] + 2 * flags[1], parts[0]))
         return cycles
 
+    @override
     def official_test(self, cycles: list[Cycle]) -> np.ndarray | None:
         if self.split != "official":
             return None
@@ -320,15 +326,18 @@ class SPRSound(_RespiratoryCycles):
               "in ms, type), in any sub-folders")
     url = SPRSOUND_URL
 
+    @override
     def check_official_split(self) -> None:
         if not any(_in_test_folder(self.root, p) for p in self.root.rglob("*.json")):
             raise DataError(f"{_OPTION}.split=official needs SPRSound's test annotations in a folder named test... "
                             f"under {self.root} (e.g. test2022_json/, from {SPRSOUND_URL}); add them or use split: "
                             "random")
 
+    @override
     def official_test(self, cycles: list[Cycle]) -> np.ndarray | None:
         return np.array([c.official == "test" for c in cycles], dtype=bool) if self.split == "official" else None
 
+    @override
     def cycles(self) -> list[Cycle]:
         wavs: dict[str, Path] = {}
         for wav in sorted(self.root.rglob("*.wav")):
@@ -348,13 +357,13 @@ class SPRSound(_RespiratoryCycles):
                                 "files from the root")
             if not events:
                 continue
-            wav = wavs.get(notes.stem)
-            if wav is None:
+            recording = wavs.get(notes.stem)
+            if recording is None:
                 raise DataError(f"{notes}: no recording {notes.stem}.wav under {self.root} (download: {SPRSOUND_URL})")
-            duration = self._duration(wav)
+            duration = self._duration(recording)
             for number, event in enumerate(events):
                 where = f"{notes}, event {number}"
-                kind = event.get("type") if isinstance(event, dict) else None
+                kind: Any = event.get("type") if isinstance(event, dict) else None  # anything the JSON holds
                 kind = _SPRSOUND_ALIASES.get(kind, kind)
                 if kind not in index:
                     raise DataError(f"{where}: type {kind!r} is not one of {list(SPRSOUND_CLASSES)}")
@@ -362,7 +371,7 @@ class SPRSound(_RespiratoryCycles):
                     start, end = float(event["start"]) / 1000, float(event["end"]) / 1000
                 except (KeyError, TypeError, ValueError):
                     raise DataError(f"{where}: start and end must be times in ms, got {event!r}") from None
-                cycles.append(Cycle(self._cycle(wav, start, end, duration, where), index[kind],
+                cycles.append(Cycle(self._cycle(recording, start, end, duration, where), index[kind],
                                     notes.stem.split("_")[0], "test" if _in_test_folder(self.root, notes) else "train"))
         return cycles
 

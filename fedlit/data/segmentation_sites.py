@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -113,6 +114,7 @@ class PairFlip(nn.Module):
         super().__init__()
         self.horizontal, self.vertical = float(horizontal), float(vertical)
 
+    @override
     def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         image, mask = pair
         draws = torch.rand(2)
@@ -122,6 +124,7 @@ class PairFlip(nn.Module):
             image, mask = image.flip(-2), mask.flip(-2)
         return image, mask
 
+    @override
     def extra_repr(self) -> str:
         return f"horizontal={self.horizontal}, vertical={self.vertical}"
 
@@ -141,6 +144,7 @@ class PairRandomCrop(nn.Module):
         super().__init__()
         self.size = int(size)
 
+    @override
     def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         image, mask = pair
         height, width = image.shape[-2:]
@@ -152,6 +156,7 @@ class PairRandomCrop(nn.Module):
         window = (..., slice(top, top + self.size), slice(left, left + self.size))
         return image[window].contiguous(), mask[window].contiguous()
 
+    @override
     def extra_repr(self) -> str:
         return f"size={self.size}"
 
@@ -225,10 +230,12 @@ class _SegmentationSites(FederatedDataModule):
         self.sites_without_train = sites_without_train
         self.split_fractions = None if split_fractions is None else tuple(float(f) for f in split_fractions)
 
+    @override
     def expected_num_clients(self) -> int | None:
         """One client per site of ``sites`` (known without reading an image)."""
         return len(self.sites) if self._data is None else super().expected_num_clients()
 
+    @override
     def build_samples(self) -> SampleList:
         samples, splits, unmatched = {}, {}, []
         built = self.sites_to_build(self.sites)  # a Flower node: its own site only

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -90,6 +91,7 @@ class SiteDataset(FederatedDataModule):
         self.train_transform = make_transform(train_transform, f"{_OPTION}.train_transform")
         self.eval_transform = make_transform(eval_transform, f"{_OPTION}.eval_transform")
 
+    @override
     def build_samples(self) -> SampleList:
         n = len(self.dataset)  # type: ignore[arg-type]
         site_of = self._sites(n)
@@ -123,6 +125,7 @@ class SiteDataset(FederatedDataModule):
             details={"dataset": repr(self.dataset)[:200], "split_fractions": list(self.split_fractions)},
         )
 
+    @override
     def client_id_source(self) -> str:
         """The ``sites`` option (and the dataset attribute it names)."""
         named = f" (attribute {self.sites!r} of {type(self.dataset).__name__})" if isinstance(self.sites, str) else ""

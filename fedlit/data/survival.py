@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.metrics import concordance_index
@@ -68,9 +69,9 @@ class SyntheticSurvival(FederatedDataModule):
                                  ("samples_per_client", samples_per_client, 10)):
             if not is_int(value) or value < low:
                 problems.append(f"data.init_args.{name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("signal", signal), ("covariate_shift", covariate_shift)):
-            if not value >= 0:
-                problems.append(f"data.init_args.{name} must be >= 0, got {value!r}")
+        for name, number in (("signal", signal), ("covariate_shift", covariate_shift)):
+            if not number >= 0:
+                problems.append(f"data.init_args.{name} must be >= 0, got {number!r}")
         if not baseline_hazard > 0:
             problems.append(f"data.init_args.baseline_hazard must be > 0, got {baseline_hazard!r}")
         if len(censoring) != 2 or not 0 <= censoring[0] <= censoring[1] <= 0.95:
@@ -84,16 +85,18 @@ class SyntheticSurvival(FederatedDataModule):
         self.baseline_hazard = float(baseline_hazard)
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
+    @override
     @property
     def num_classes(self) -> int:
         """0: survival targets have no classes."""
         return 0
 
+    @override
     def build(self) -> PartitionedData:
         data_rng, split_rng = np.random.default_rng(self.seed).spawn(2)
         n_sites, n, d = self.num_clients, self.samples_per_client, self.num_features
         beta = data_rng.standard_normal(d)
-        beta *= self.signal / max(np.linalg.norm(beta), 1e-12)
+        beta *= self.signal / max(float(np.linalg.norm(beta)), 1e-12)
         means = data_rng.normal(0.0, self.covariate_shift, (n_sites, d))
         order = data_rng.permutation(n_sites)
 

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -91,11 +92,13 @@ class SyntheticImages(FederatedDataModule):
         self.label_alpha = float(label_alpha)
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
+    @override
     @property
     def num_classes(self) -> int:
         """Number of lesion classes (known without building the data)."""
         return self._num_classes
 
+    @override
     def build(self) -> PartitionedData:
         data_rng, split_rng = np.random.default_rng(self.seed).spawn(2)
         n_sites, n, size = self.num_clients, self.samples_per_client, self.image_size

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
@@ -69,11 +70,13 @@ class SyntheticSegmentation(FederatedDataModule):
         self.num_clients, self.samples_per_client, self.image_size = num_clients, samples_per_client, image_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
+    @override
     @property
     def num_classes(self) -> int:
         """Mask channels: 1 (lesion)."""
         return 1
 
+    @override
     def build(self) -> PartitionedData:
         data_rng, split_rng = np.random.default_rng(self.seed).spawn(2)
         n_sites, n, size = self.num_clients, self.samples_per_client, self.image_size

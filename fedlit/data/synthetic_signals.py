@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -106,11 +107,13 @@ class SyntheticSignals(FederatedDataModule):
         self.label_alpha = float(label_alpha)
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
+    @override
     @property
     def num_classes(self) -> int:
         """Number of event classes (known without building the data)."""
         return self._num_classes
 
+    @override
     def build(self) -> PartitionedData:
         data_rng, split_rng = np.random.default_rng(self.seed).spawn(2)
         n_sites, n, c, length = self.num_clients, self.samples_per_client, self.channels, self.length
@@ -138,15 +141,15 @@ class SyntheticSignals(FederatedDataModule):
         signals = np.empty((len(labels), c, length), dtype=np.float32)
         step = max(1, CHUNK_SAMPLES // (c * length))
         for start in range(0, len(labels), step):
-            rows = slice(start, start + step)
-            event = np.zeros((len(labels[rows]), length))
+            part = slice(start, start + step)
+            event = np.zeros((len(labels[part]), length))
             for k, name, _ in kinds:
-                here = np.flatnonzero(labels[rows] == k)
+                here = np.flatnonzero(labels[part] == k)
                 if len(here):
-                    event[here] = _event(name, {key: d[rank[rows][here]] for key, d in draws[k].items()}, t)
-            event *= strength[rows]
-            drift = np.sin(2 * math.pi * cycles[rows] * t / length + phase[rows]).sum(axis=1)
-            signals[rows] = scale[rows, :, None] * event[:, None, :] + (wander[sites[rows], None] * drift)[:, None, :]
+                    event[here] = _event(name, {key: d[rank[part][here]] for key, d in draws[k].items()}, t)
+            event *= strength[part]
+            drift = np.sin(2 * math.pi * cycles[part] * t / length + phase[part]).sum(axis=1)
+            signals[part] = scale[part, :, None] * event[:, None, :] + (wander[sites[part], None] * drift)[:, None, :]
         # Drawn a chunk at a time: consecutive draws from one Generator give the same values as one draw.
         for start in range(0, len(labels), step):
             chunk = signals[start : start + step]

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.common.datamodule import FederatedDataModule
@@ -138,6 +139,7 @@ class SiteTable(FederatedDataModule):
         self.requested_task, self.standardize = task, standardize
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
+    @override
     def build(self) -> PartitionedData:
         frame, row_name = read_table(self.path)
         features = self._feature_columns(frame)
@@ -151,7 +153,8 @@ class SiteTable(FederatedDataModule):
         check_numeric(frame, [self.site_column], path, row_name, "site", numeric=False)
         check_numeric(frame, self.target_columns, path, row_name, "target", numeric=numeric_targets)
         if task == SURVIVAL:
-            check_survival(frame, *self.target_columns, path, row_name)
+            time, event = self.target_columns  # two for survival, checked by __init__
+            check_survival(frame, time, event, path, row_name)
         if self.split_column is not None:
             check_numeric(frame, [self.split_column], path, row_name, "split", numeric=False)
         codes = None if self.split_column is None else split_codes(frame, self.split_column, path, row_name)
@@ -270,6 +273,7 @@ class SiteTable(FederatedDataModule):
                               ": its C-index is undefined there (NaN), so the mean over clients of that split leaves "
                               f"it out and covers fewer clients; {fix}", stacklevel=3)
 
+    @override
     def client_id_source(self) -> str:
         """The site column of the file."""
         return f"column {self.site_column!r} of {self.path} ({_OPTION}.site_column)"
@@ -297,6 +301,7 @@ class SiteTable(FederatedDataModule):
             raise DataError(f"{self.path} has no feature column besides {sorted(used)}")
         return features
 
+    @override
     def preprocessing(self, client_id: str) -> dict[str, object]:
         """The default's record plus the feature columns in input order and, with ``standardize``, this site's
         train mean and std: a row ``x`` (the columns' values) becomes ``(x - mean) / std``."""

@@ -97,16 +97,16 @@ def check_numeric(frame: pd.DataFrame, columns: list[str], path: Path, row_name:
         values = frame[column]
         missing = values.isna().to_numpy()
         for i in np.flatnonzero(missing):
-            problems.append((i, column, f"is missing ({kind} values must be given; fill or drop the row)"))
+            problems.append((int(i), column, f"is missing ({kind} values must be given; fill or drop the row)"))
         if not numeric:
             continue
         numbers = values if pd.api.types.is_bool_dtype(values) else pd.to_numeric(values, errors="coerce")
         numbers = pd.Series(numbers, dtype="float64")
         for i in np.flatnonzero(~missing & numbers.isna().to_numpy()):
-            problems.append((i, column, f"{_show(values.iloc[i])} is not a number (a categorical {kind}? one-hot "
+            problems.append((int(i), column, f"{_show(values.iloc[i])} is not a number (a categorical {kind}? one-hot "
                                         "encode it, or leave the column out of the features)"))
         for i in np.flatnonzero(~missing & np.isinf(numbers.to_numpy())):
-            problems.append((i, column, f"{_show(values.iloc[i])} is not finite"))
+            problems.append((int(i), column, f"{_show(values.iloc[i])} is not finite"))
     _raise(problems, columns, path, row_name)
 
 
@@ -118,9 +118,9 @@ def check_survival(frame: pd.DataFrame, time: str, event: str, path: Path, row_n
     """
     times = pd.Series(frame[time], dtype="float64").to_numpy()
     events = pd.Series(frame[event], dtype="float64").to_numpy()
-    problems = [(i, time, f"{_show(frame[time].iloc[i])} is negative (survival times are >= 0)")
+    problems = [(int(i), time, f"{_show(frame[time].iloc[i])} is negative (survival times are >= 0)")
                 for i in np.flatnonzero(times < 0)]
-    problems += [(i, event, f"{_show(frame[event].iloc[i])} is not an event flag (1 = event, 0 = censored)")
+    problems += [(int(i), event, f"{_show(frame[event].iloc[i])} is not an event flag (1 = event, 0 = censored)")
                  for i in np.flatnonzero((events != 0) & (events != 1))]
     _raise(problems, [time, event], path, row_name)
 
@@ -134,7 +134,8 @@ def split_codes(frame: pd.DataFrame, column: str, path: Path, row_name: str) -> 
     """
     values = frame[column].astype(str).str.strip()
     codes = values.map({name: i for i, name in enumerate(SPLITS)})
-    problems = [(i, column, f"{_show(frame[column].iloc[i])} is not a split") for i in np.flatnonzero(codes.isna())]
+    problems = [(int(i), column, f"{_show(frame[column].iloc[i])} is not a split")
+                for i in np.flatnonzero(codes.isna())]
     _raise(problems, [column], path, row_name,
            f" ({OPTION}.split_column: each value must be one of {list(SPLITS)}, lower case)")
     return codes.to_numpy(dtype=np.int64)

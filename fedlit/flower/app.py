@@ -10,6 +10,10 @@ The folder holds one ``pyproject.toml``: the app's components are fedlit's Serve
 and the SuperNodes run), and its run config carries the recipe's text, the overrides (applied on the server and on
 every node) and the server's settings (:data:`fedlit.flower.server.RUN_CONFIG`). Any of them can be changed per run
 with ``flwr run ... --run-config "key=value"``.
+
+The recipe's own code (its ``imports:``, and ``--import MODULE_OR_FILE``: :mod:`fedlit.config.imports`) travels in
+the run config too: each ``.py`` file below the recipe's folder (the current folder for ``--import``), written next
+to the recipe where the server and every node rebuild it; a module of an installed package must be installed there.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,8 @@ from fedlit.flower.server import RUN_CONFIG
 FLWR_REQUIREMENT = "flwr>=1.40,<1.42"
 
 
-def write_app(recipe: str | Path, out: str | Path, *, overrides: str = "", **settings: Any) -> Path:
+def write_app(recipe: str | Path, out: str | Path, *, overrides: str = "", imports: Sequence[str] = (),
+              **settings: Any) -> Path:
     """Write the app folder ``out`` for ``recipe`` and return its ``pyproject.toml``.
 
     Args:
@@ -36,15 +42,23 @@ def write_app(recipe: str | Path, out: str | Path, *, overrides: str = "", **set
         out: The app folder (created).
         overrides: Command-line overrides of the recipe (``--federation.rounds 3 ...``), for the server and every
             node.
+        imports: Modules or ``.py`` files (relative to the current folder) to import before the recipe's class
+            paths are resolved, as ``--import`` does; shipped with the recipe's own ``imports``.
         settings: Other run config values (:data:`fedlit.flower.server.RUN_CONFIG`, ``_`` for ``-``); ``out_dir``
             defaults to ``<out>-run`` beside the app folder, and is refused inside it: Flower bundles the app
             folder's ``*.json``, ``*.md``, ... into every ``flwr run`` and ships them to every node.
     """
+    from fedlit.config import imports as user_code
+    from fedlit.config.parser import read_recipe
+
     recipe, out = Path(recipe), Path(out).resolve()
     if not recipe.is_file():
         raise ConfigError(f"--config {recipe}: no such recipe file.")
+    entries = user_code.of_recipe(read_recipe(recipe), recipe.parent, str(recipe))
+    options = [user_code.Entry(value, Path.cwd(), user_code.OPTION) for value in imports]
+    user_code.import_all([*entries, *options])
     config = {**RUN_CONFIG, "recipe": recipe.read_text(), "overrides": overrides,
-              "out-dir": str(default_out_dir(out))}
+              "out-dir": str(default_out_dir(out)), "imports": user_code.ship(entries, options)}
     for key, value in settings.items():
         name = key.replace("_", "-")
         if name not in RUN_CONFIG:
@@ -86,6 +100,10 @@ def main(argv: list[str]) -> Path:
     parser.add_argument("--out", required=True, help="The app folder to write.")
     parser.add_argument("--overrides", default="",
                         help="Overrides of the recipe, e.g. --overrides='--federation.rounds 3'.")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help="Your own code to import before the recipe's class paths are resolved (a module, or a "
+                             ".py file relative to the current folder; repeat it for more), shipped with the app as "
+                             "the recipe's `imports:` are.")
     parser.add_argument("--out_dir", default=None,
                         help="The server's run folder, outside --out (default: <out>-run, beside it).")
     parser.add_argument("--client_ids", default=None, help="The expected clients, comma-separated.")
@@ -100,14 +118,14 @@ def main(argv: list[str]) -> Path:
 
     SecAggOptions.from_config(args.secure_aggregation)  # bad options fail here, not on the SuperLink
     from fedlit.config.explain import CONFIG_ERRORS, explain
-    from fedlit.config.parser import parse, recipe_parser, root_parser
+    from fedlit.config.parser import load, recipe_parser
 
     try:  # the recipe and overrides as `fedlit fit` reads them: a typo fails here, not on the nodes
-        root = root_parser({"fit": ("The recipe.", recipe_parser("fit", "The recipe."))})
-        parse(root, ["fit", "--config", args.config, *shlex.split(args.overrides)])
+        load(["fit", "--config", args.config, *shlex.split(args.overrides),
+              *[arg for value in args.imports for arg in ("--import", value)]], recipe_parser("fit", "The recipe."))
     except CONFIG_ERRORS as err:
         raise ConfigError(f"--config {args.config} --overrides {args.overrides!r}: {explain(err)}") from None
-    path = write_app(args.config, args.out, overrides=args.overrides,
+    path = write_app(args.config, args.out, overrides=args.overrides, imports=args.imports,
                      out_dir=str(Path(args.out_dir).resolve()) if args.out_dir else None,
                      client_ids=args.client_ids, num_clients=args.num_clients, client_timeout=args.client_timeout,
                      connect_timeout=args.connect_timeout, secure_aggregation=args.secure_aggregation)

@@ -50,16 +50,17 @@ import json
 import shlex
 import tempfile
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import Tensor
 
+from fedlit.config import imports
 from fedlit.config.build import build_objects
 from fedlit.config.parser import load_recipe
 from fedlit.core.errors import ConfigError
@@ -107,7 +108,7 @@ class ClientRuntime:
         run.settings.min_clients = 1
         lifecycle.setup(run)
         # What a simulation's process has run before the first turn (FedRA takes the seed, FedMetaMed the rounds).
-        run.hooks.call("on_fit_start", trainer=run, pl_module=run.module)
+        run.hooks.call("on_fit_start", trainer=run.server_context(), pl_module=run.module)
         self.run = run
         #: What the client's turns and evaluations take (built once per runtime, for its one client).
         self.context = run.client_context(client_id)
@@ -130,9 +131,9 @@ class ClientRuntime:
     # ------------------------------------------------------------------------------------------- the messages
     def query(self) -> RecordDict:
         """What the server asks every node before round 1."""
-        data: OwnClientData = self.run.datamodule
+        data = cast(OwnClientData, self.run.datamodule)  # a node's run holds its own client's data
         counts = data.class_counts()
-        info = {
+        info: dict[str, Any] = {
             "client-id": self.client_id,
             "trains": bool(data.train_client_ids),
             "position": data.position(),
@@ -148,7 +149,7 @@ class ClientRuntime:
               received_extras: Mapping[str, Any]) -> ClientTurn:
         """The client's turn on what the server sent (the callable the secure-aggregation path calls too)."""
         self._check(client_id)
-        self.run.server_round = server_round
+        self.run.state.round = server_round
         if self.snapshots is not None:
             self.load_state(self.snapshots.before(server_round))
         turn = train_client(self.context, server_round, dict(received), dict(received_extras))
@@ -158,7 +159,7 @@ class ClientRuntime:
 
     def handle_train(self, content: RecordDict) -> RecordDict:
         """A ``train`` message: the turn, or ``error`` with what it raised."""
-        task = content.config_records["task"]
+        task: Mapping[str, Any] = content.config_records["task"]  # what the server's train message holds
         server_round = int(task["round"])
         self.checkpointed = int(task["checkpointed"])
         self._take_schedule(content)
@@ -175,10 +176,10 @@ class ClientRuntime:
 
     def handle_evaluate(self, content: RecordDict) -> RecordDict:
         """An ``evaluate`` message: the metrics of the personalized model (and of the global one if sent)."""
-        task = content.config_records["task"]
+        task: Mapping[str, Any] = content.config_records["task"]  # what the server's evaluate message holds
         client_id, server_round = str(task["client-id"]), int(task["round"])
         self._check(client_id)
-        self.run.server_round = server_round
+        self.run.state.round = server_round
         if self.snapshots is not None:
             self.load_state(self.snapshots.before(server_round, inclusive=True))
         if "schedule.tree" in content.config_records:  # sent with fine-tuning before evaluating (FedAvg-FT)
@@ -242,9 +243,11 @@ def node_run(run_config: Mapping[str, Any], node_config: Mapping[str, Any], out_
     if not isinstance(recipe, Mapping):
         raise ConfigError("The run config's recipe is not a YAML mapping: write the app with `fedlit flower-app "
                           "--config R.yaml`.")
+    folder = out_dir.parent / "recipe"  # the recipe's own code, written where its relative imports find it
     overrides = [*shlex.split(str(run_config.get("overrides", ""))),
-                 *shlex.split(str(node_config.get("overrides", "")))]
-    objects = build_objects(recipe, overrides)
+                 *shlex.split(str(node_config.get("overrides", ""))),
+                 *imports.unship(str(run_config.get("imports", "")), folder)]
+    objects = build_objects(recipe, overrides, folder=folder, where="the run config's recipe")
     settings = replace(objects.federation, progress_bar=False, devices=1, num_nodes=1, loggers=[])
     return Run(objects.model, objects.data, objects.strategy, settings, callbacks=objects.callbacks, out_dir=out_dir,
                speedups=speedups.BUILT_IN)
@@ -275,7 +278,7 @@ def snapshots_of(context: Context) -> Snapshots:
     name = f"{STATE_RECORD}.{run}"
     if name not in context.state.config_records:
         context.state[name] = ConfigRecord()
-    return Snapshots(context.state.config_records[name])
+    return Snapshots(cast("MutableMapping[str, bytes]", context.state.config_records[name]))  # bytes values only
 
 
 def handle_message(msg: Message, context: Context) -> Message:

@@ -214,6 +214,7 @@ def answer(msg: Message, context: Context, watch_pid: int | None = None) -> Mess
         return Message(error_content(f"the node's fedlit worker failed: {type(err).__name__}: {err}"), reply_to=msg)
     if raised is not None:
         raise WorkerRaised(raised)
+    assert content is not None  # ask_worker gives the content or what answering raised
     return Message(content, reply_to=msg)
 
 

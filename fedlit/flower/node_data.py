@@ -53,6 +53,11 @@ class OwnClientData:
         return self.inner.num_classes
 
     @property
+    def batch_size(self) -> int:
+        """The training batch size (the inner data module's)."""
+        return int(self.inner.batch_size)
+
+    @property
     def data(self) -> Any:
         """The inner data module's built data (its other clients are never read)."""
         return self.inner.data

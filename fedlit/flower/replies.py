@@ -60,7 +60,7 @@ def train_reply(reply: RecordDict, task: FitTask, *, expected: Sequence[str], tr
         download_bytes: Bytes of what the server sent (the reply's own count is not used).
     """
     try:
-        turn = reply.config_records["turn"]
+        turn: Mapping[str, Any] = reply.config_records["turn"]  # a node's values: checked by update_problem
         update = ClientUpdate(turn["client-id"], turn["num-examples"], codec.get_tree(reply, "state"),
                               codec.get_tree(reply, "metrics"), codec.get_tree(reply, "update-extras"))
         problem = json.loads(str(turn["problem"]))
@@ -145,7 +145,7 @@ def evaluate_reply(reply: RecordDict, task: EvaluateTask, *, sent_bytes: int) ->
         sent_bytes: Bytes of the tensors sent (``received`` and the global model): the most it downloaded.
     """
     try:
-        record = reply.config_records["evaluation"]
+        record: Mapping[str, Any] = reply.config_records["evaluation"]  # a node's values: checked below
         claimed, download = record["client-id"], record["download-bytes"]
         metrics, image = codec.get_tree(reply, "metrics"), codec.get_tree(reply, "image")
     except Exception as err:  # noqa: BLE001  (whatever a malformed reply breaks)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.tensors import nbytes as state_nbytes
@@ -143,7 +144,7 @@ def _turn(task: FitTask, res: FitRes, mean: list[np.ndarray], download: int) -> 
         if _is_float(dtype):
             state[name] = torch.from_numpy(np.asarray(next(floats), dtype=np.float64)).to(device, _dtype(dtype))
         else:
-            array = bytes_to_ndarray(res.metrics[_PREFIX + "clear:" + name])
+            array = bytes_to_ndarray(cast(bytes, res.metrics[_PREFIX + "clear:" + name]))  # the client's bytes
             state[name] = torch.from_numpy(array.copy()).to(device, _dtype(dtype))
     metrics = {"loss": float(res.metrics["loss"]), "steps": float(res.metrics["steps"])}
     update = ClientUpdate(task.client_id, int(res.num_examples), state, metrics)
@@ -159,23 +160,29 @@ class _LegacyStrategy(flwr_strategy.Strategy):
                              for t in tasks]
         self.results: list[tuple[Any, FitRes]] | None = None
 
+    @override
     def initialize_parameters(self, client_manager: Any) -> Parameters | None:
         return None
 
+    @override
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> list[Any]:
         return list(self.instructions)
 
+    @override
     def aggregate_fit(self, server_round: int, results: list[Any], failures: list[Any]) -> tuple[None, dict]:
         # Every FitRes holds the unmasked weighted mean now; the fedlit strategy aggregates, not Flower.
         self.results = list(results)
         return None, {}
 
+    @override
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: Any) -> list[Any]:
         return []
 
+    @override
     def aggregate_evaluate(self, server_round: int, results: list[Any], failures: list[Any]) -> tuple[None, dict]:
         return None, {}
 
+    @override
     def evaluate(self, server_round: int, parameters: Parameters) -> None:
         return None
 
@@ -209,25 +216,32 @@ class _RecordingGrid(Grid):
         self.faults: dict[int, dict[str, Any]] = {}
         self.answered: dict[str, set[int]] = {}
 
+    @override
     def set_run(self, run: Any) -> None:
         self.grid.set_run(run)
 
+    @override
     @property
     def run(self) -> Any:
         return self.grid.run
 
+    @override
     def create_message(self, *args: Any, **kwargs: Any) -> Message:
         return self.grid.create_message(*args, **kwargs)
 
+    @override
     def get_node_ids(self) -> Iterable[int]:
         return self.grid.get_node_ids()
 
+    @override
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         return self.grid.push_messages(messages)
 
+    @override
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self.grid.pull_messages(message_ids)
 
+    @override
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = list(messages)
         stage = str(messages[0].content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]) if messages else "?"

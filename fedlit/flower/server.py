@@ -72,6 +72,7 @@ RUN_CONFIG: dict[str, Any] = {
     "recipe": "",             # the recipe's YAML text
     "overrides": "",          # command-line overrides of the recipe, for the server and every node
     "out-dir": "",            # the server's run folder (absolute)
+    "imports": "",            # the recipe's own code: its .py files and --import options (fedlit.config.imports.ship)
     "ckpt-path": "",          # resume: a checkpoint path or "last" (of out-dir)
     "client-ids": "",         # the expected clients, comma-separated (optional; their order is the run's order)
     "num-clients": 0,         # the expected number of nodes when client-ids is empty (0: from the data section)
@@ -102,9 +103,9 @@ class FlowerExecutor:
     def setup(self, fed: Run) -> None:
         """Refuse what cannot run where the server holds no data and the clients only what they receive."""
         problems = []
-        if fed.unseen_clients:
-            problems.append(f"federation.unseen_clients={fed.unseen_clients}: unseen clients are evaluated and "
-                            "fine-tuned on the server, which holds no data in a deployment; leave it null")
+        if fed.settings.unseen_clients:
+            problems.append(f"federation.unseen_clients={fed.settings.unseen_clients}: unseen clients are evaluated "
+                            "and fine-tuned on the server, which holds no data in a deployment; leave it null")
         if self.secure_aggregation:
             secagg.check_secure_aggregation(fed.strategy)
             clipped = [type(cb).__name__ for cb in fed.callbacks if type(cb).__name__ == "ClientLevelDP"]
@@ -126,16 +127,16 @@ class FlowerExecutor:
                                 "rate; use a schedule of interval 'step' or no schedule")
         if problems:
             raise ConfigError("Not available in a Flower deployment: " + "; ".join(problems) + ".")
-        self.resumed_round = fed.server_round  # 0, or the round of the checkpoint the run resumes
+        self.resumed_round = fed.state.round  # 0, or the round of the checkpoint the run resumes
 
     def _checkpointed(self, fed: Run, server_round: int) -> int:
         """The round of the newest ``last.ckpt`` a resume could start from while ``server_round`` runs (the nodes
         keep their client's state from it on)."""
-        saved = [r for r in range(1, server_round) if r % fed.checkpoint_every == 0]
+        saved = [r for r in range(1, server_round) if r % fed.settings.checkpoint_every == 0]
         return max([self.resumed_round, *saved])
 
     def _timeout(self, fed: Run) -> float | None:
-        return float(fed.client_timeout) if fed.client_timeout is not None else self.timeout
+        return float(fed.settings.client_timeout) if fed.settings.client_timeout is not None else self.timeout
 
     def fit(self, fed: Run, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn on its node, in task order (an error string for a node that failed or timed out)."""
@@ -205,7 +206,7 @@ class FlowerExecutor:
 
     def _failed(self, fed: Run, server_round: int, client_id: str, detail: str, what: str = "turn") -> str:
         node = self.data.nodes.get(client_id)
-        if fed.on_client_error == "raise":
+        if fed.settings.on_client_error == "raise":
             raise FedlitError(f"Round {server_round}: the {what} of client {client_id!r} (Flower node {node}) "
                               f"failed: {detail.rstrip('.')}. Set federation.on_client_error: skip to leave such a "
                               "client out of the round.")
@@ -270,8 +271,10 @@ def server_argv(run_config: Mapping[str, Any], recipe_file: Path) -> list[str]:
 
 def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Build the recipe's federation on the server (no client data) and fit it through ``transport``."""
+    from fedlit.config import imports
     from fedlit.config.build import build_run, remove_if_empty
-    from fedlit.config.parser import parse, recipe_parser, root_parser
+    from fedlit.config.parser import load, recipe_parser
+    from fedlit.config.resolve import resolve_run
 
     config = {**RUN_CONFIG, **run_config}
     if not str(config["recipe"]).strip():
@@ -287,8 +290,9 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="fedlit-server-") as folder:
         recipe = Path(folder) / "recipe.yaml"
         recipe.write_text(str(config["recipe"]))
-        root = root_parser({"fit": ("The server's run.", recipe_parser("fit", "The server's run."))})
-        built = build_run(root, parse(root, server_argv(config, recipe)), "fit", wrap_data=remote)
+        code = imports.unship(str(config["imports"]), Path(folder))  # beside the recipe: its imports find them
+        loaded = load([*server_argv(config, recipe), *code], recipe_parser("fit", "The server's run."))
+        built = build_run(loaded, *resolve_run(loaded.options, "fit"), wrap_data=remote)
     timeout = float(config["client-timeout"])
     built.federation.executor = FlowerExecutor(transport, holder["data"], timeout=timeout if timeout > 0 else None,
                                                secure_aggregation=config["secure-aggregation"])

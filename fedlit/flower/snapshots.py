@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
+from typing_extensions import override
+
 
 class FolderTable(MutableMapping[str, bytes]):
     """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file).
@@ -23,24 +25,29 @@ class FolderTable(MutableMapping[str, bytes]):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
+    @override
     def __getitem__(self, key: str) -> bytes:
         path = self.folder / f"{key}.pt"
         if not path.is_file():
             raise KeyError(key)
         return path.read_bytes()
 
+    @override
     def __setitem__(self, key: str, value: bytes) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.folder / f"{key}.tmp"
         partial.write_bytes(value)
         partial.replace(self.folder / f"{key}.pt")
 
+    @override
     def __delitem__(self, key: str) -> None:
         (self.folder / f"{key}.pt").unlink()
 
+    @override
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(p.stem for p in self.folder.glob("*.pt"))) if self.folder.is_dir() else iter(())
 
+    @override
     def __len__(self) -> int:
         return len(list(iter(self)))
 

@@ -10,15 +10,19 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.models.backbones import Backbone, _raise_if
 from fedlit.models.hf import _config_problems, _report_loading
 from fedlit.models.lora import LoRA
+
+if TYPE_CHECKING:
+    from transformers import Wav2Vec2Model
 
 __all__ = ["Wav2Vec2Encoder", "Wav2Vec2Features", "tiny_wav2vec2_config"]
 
@@ -118,6 +122,7 @@ class Wav2Vec2Encoder(Backbone):
         self.normalize = normalize
         self.lora = lora
 
+    @override
     def build(self) -> nn.Module:
         """Load (or randomly create) the model, then inject LoRA.
 
@@ -135,7 +140,11 @@ class Wav2Vec2Encoder(Backbone):
                     "connected machine (e.g. `huggingface-cli download facebook/wav2vec2-base-960h --local-dir "
                     "<folder>`) and give that folder"
                 )
-            model, info = Wav2Vec2Model.from_pretrained(self.path, local_files_only=True, output_loading_info=True)
+            # transformers types from_pretrained as returning the model alone, also with output_loading_info.
+            model, info = cast(
+                "tuple[Wav2Vec2Model, dict[str, Any]]",
+                Wav2Vec2Model.from_pretrained(self.path, local_files_only=True, output_loading_info=True),
+            )
             _report_loading(self.path, info)
         else:
             config = dict(self.config or {})  # the constructor guarantees exactly one of path, config
@@ -160,12 +169,13 @@ class Wav2Vec2Features(nn.Module):
         normalize: Scale each waveform to zero mean and unit variance first.
     """
 
-    def __init__(self, model: nn.Module, *, normalize: bool = True) -> None:
+    def __init__(self, model: Wav2Vec2Model, *, normalize: bool = True) -> None:
         super().__init__()
         self.wav2vec2 = model
         self.normalize = normalize
         self.num_features: int = model.config.hidden_size
 
+    @override
     def forward(self, waveforms: Tensor) -> Tensor:
         """Encode a batch of waveforms.
 

@@ -23,6 +23,7 @@ from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from torch import Tensor, nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.models.lora import LoRA
@@ -49,6 +50,7 @@ class Backbone(ABC):
     def build(self) -> nn.Module:
         """Build a new module with attribute `num_features: int`; forward(inputs) -> (B, num_features)."""
 
+    @override
     def __repr__(self) -> str:
         parameters = inspect.signature(type(self).__init__).parameters
         args = []
@@ -143,6 +145,7 @@ class TimmBackbone(Backbone):
         self.model_args = dict(model_args or {})
         self.weights = weights
 
+    @override
     def build(self) -> nn.Module:
         """Create the timm model, load the checkpoint, then inject LoRA.
 
@@ -233,6 +236,7 @@ class SmallCNN(Backbone):
         self.width = width
         self.depth = depth
 
+    @override
     def build(self) -> nn.Module:
         """Build the network (random initialization)."""
         return _SmallCNN(self.in_channels, self.width, self.depth)
@@ -258,6 +262,7 @@ class _SmallCNN(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.num_features = channels
 
+    @override
     def forward(self, inputs: Tensor) -> Tensor:
         return self.blocks(inputs).mean(dim=(2, 3))
 
@@ -277,6 +282,7 @@ class Identity(Backbone):
             raise ConfigError(f"Identity: num_features must be an integer >= 1, got {num_features!r}")
         self.num_features = num_features
 
+    @override
     def build(self) -> nn.Module:
         """Build the pass-through module (it has no parameters)."""
         return _IdentityFeatures(self.num_features)
@@ -287,6 +293,7 @@ class _IdentityFeatures(nn.Module):
         super().__init__()
         self.num_features = num_features
 
+    @override
     def forward(self, inputs: Tensor) -> Tensor:
         if inputs.ndim != 2 or inputs.shape[1] != self.num_features:
             raise ConfigError(
@@ -325,6 +332,7 @@ class MLP(Backbone):
         _raise_if(problems, "MLP")
         self.num_features, self.hidden, self.norm, self.dropout = num_features, hidden, norm, dropout
 
+    @override
     def build(self) -> nn.Module:
         """Build the network (random initialization)."""
         return _MLP(self.num_features, self.hidden, self.norm, self.dropout)
@@ -348,5 +356,6 @@ class _MLP(nn.Module):
         self.layers = nn.Sequential(*layers)
         self.num_features = in_features
 
+    @override
     def forward(self, inputs: Tensor) -> Tensor:
         return self.layers(inputs)

@@ -13,14 +13,18 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.models.backbones import Backbone, _raise_if
+
+if TYPE_CHECKING:
+    from transformers import CLIPModel, CLIPTextConfig, CLIPVisionConfig
 
 __all__ = ["CLIP", "CLIPEncoders", "tiny_clip_config"]
 
@@ -80,6 +84,7 @@ class CLIP(Backbone):
         self.path = Path(path).expanduser() if path is not None else None
         self.config = dict(config) if config is not None else None
 
+    @override
     def build(self) -> CLIPEncoders:
         """Load (or randomly create) the CLIP model and its tokenizer.
 
@@ -111,9 +116,10 @@ class CLIP(Backbone):
                 model = CLIPModel(CLIPConfig(**config))
             except (TypeError, ValueError) as err:
                 raise ConfigError(f"CLIP: config={self.config!r} is not a valid CLIP config: {err}") from err
-            if model.config.text_config.vocab_size < 259:
+            vocab_size = cast("CLIPTextConfig", model.config.text_config).vocab_size
+            if vocab_size < 259:
                 raise ConfigError("CLIP: config.text_config.vocab_size must be >= 259 for the byte-level tokenizer "
-                                  f"of a random CLIP, got {model.config.text_config.vocab_size}")
+                                  f"of a random CLIP, got {vocab_size}")
             encode = _byte_encode
             warnings.warn("CLIP: built from config, so the model is randomly initialized and tokenizes bytes "
                           "(fedlit never downloads weights; set path to a local CLIP folder)", UserWarning,
@@ -145,21 +151,26 @@ class CLIPEncoders(nn.Module):
         encode: Text -> token ids, without start and end tokens.
     """
 
-    def __init__(self, model: nn.Module, encode: Any) -> None:
+    def __init__(self, model: CLIPModel, encode: Any) -> None:
         super().__init__()
         self.model = model
         self.encode = encode
-        self.num_features: int = int(model.config.projection_dim)
-        self.width: int = int(model.config.text_config.hidden_size)
-        self.context_length: int = int(model.config.text_config.max_position_embeddings)
-        size = model.config.vision_config.image_size
-        self.image_size: tuple[int, int] = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+        # CLIPConfig's __post_init__ turns the text and vision configs given as dicts into config objects, and
+        # sets projection_dim and image_size, which transformers types as optional.
+        text_config = cast("CLIPTextConfig", model.config.text_config)
+        self.num_features: int = int(cast(int, model.config.projection_dim))
+        self.width: int = int(text_config.hidden_size)
+        self.context_length: int = int(text_config.max_position_embeddings)
+        size = cast("CLIPVisionConfig", model.config.vision_config).image_size
+        pair = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+        self.image_size: tuple[int, int] = cast("tuple[int, int]", pair)
 
     @property
     def logit_scale(self) -> Tensor:
         """CLIP's learned temperature ``s = exp(logit_scale)`` (a scalar tensor)."""
         return self.model.logit_scale.exp()
 
+    @override
     def forward(self, images: Tensor) -> Tensor:
         """Projected image features (B, num_features), not normalized."""
         if images.shape[1] == 1:
@@ -180,7 +191,7 @@ class CLIPEncoders(nn.Module):
         Raises:
             ConfigError: If a prompt does not fit CLIP's context length.
         """
-        config = self.model.config.text_config
+        config = cast("CLIPTextConfig", self.model.config.text_config)
         placeholder = self.encode("X")[:1]
         rows = [[config.bos_token_id] + placeholder * num_context + self.encode(f"{name}.")
                 + [config.eos_token_id] for name in names]

@@ -8,14 +8,18 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch import Tensor, nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.models.backbones import Backbone, _raise_if
 from fedlit.models.lora import LoRA
 from fedlit.models.weights import check_weights_name, resolve_weights
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["HFEncoder", "tiny_bert_config", "tiny_roberta_config"]
 
@@ -130,6 +134,7 @@ class HFEncoder(Backbone):
         self.lora = lora
         self.weights = weights
 
+    @override
     def build(self) -> nn.Module:
         """Load (or randomly create) the encoder, then inject LoRA.
 
@@ -200,7 +205,7 @@ def _model_kwargs(hf_config: Any) -> dict[str, Any]:
     """Drop the pooler layer where the model class has one: its weights would get no gradient."""
     from transformers import MODEL_MAPPING
 
-    model_class = MODEL_MAPPING.get(type(hf_config), None)
+    model_class: Any = MODEL_MAPPING.get(type(hf_config), None)
     if model_class is not None and "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
         return {"add_pooling_layer": False}
     return {}
@@ -227,7 +232,7 @@ class TransformersEncoder(nn.Module):
         pooling: `"cls"` or `"mean"` (see `HFEncoder`).
     """
 
-    def __init__(self, model: nn.Module, *, pooling: Literal["cls", "mean"] = "cls") -> None:
+    def __init__(self, model: PreTrainedModel, *, pooling: Literal["cls", "mean"] = "cls") -> None:
         super().__init__()
         self.prefix: str = getattr(model, "base_model_prefix", "") or "model"
         self.add_module(self.prefix, model)
@@ -237,8 +242,11 @@ class TransformersEncoder(nn.Module):
     @property
     def hf_model(self) -> nn.Module:
         """The wrapped transformers model."""
-        return self._modules[self.prefix]
+        model = self._modules[self.prefix]
+        assert model is not None  # registered by __init__
+        return model
 
+    @override
     def forward(self, batch: Mapping[str, Tensor] | Tensor) -> Tensor:
         """Encode a tokenized batch.
 

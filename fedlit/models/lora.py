@@ -16,11 +16,13 @@ name contains `lora_A`, every B name `lora_B`, as with peft, so role patterns su
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 
@@ -91,7 +93,7 @@ class LoRA:
         """The factor alpha / r applied to B A."""
         return self.alpha / self.r
 
-    def apply(self, model: nn.Module, *, default_target_modules: list[str] | None = None) -> nn.Module:
+    def apply(self, model: nn.Module, *, default_target_modules: Sequence[str] | None = None) -> nn.Module:
         """Inject LoRA layers into `model` in place.
 
         Args:
@@ -135,7 +137,7 @@ class LoRA:
         if others:
             config = LoraConfig(
                 r=self.r,
-                lora_alpha=self.alpha,
+                lora_alpha=cast(int, self.alpha),  # peft annotates int; it scales by any number
                 lora_dropout=self.dropout,
                 # Full names when some targets are fused qkv layers, so peft does not touch those.
                 target_modules=others if fused else list(targets),
@@ -176,15 +178,18 @@ class FusedQVLoRA(nn.Module):
             raise ConfigError(f"FusedQVLoRA: out_features={base_layer.out_features} is not 3 equal q, k, v slices")
         self.base_layer = base_layer
         self.width = base_layer.out_features // 3
-        kw = {"bias": False, "device": base_layer.weight.device, "dtype": base_layer.weight.dtype}
-        self.lora_A = nn.ModuleDict({s: nn.Linear(base_layer.in_features, r, **kw) for s in ("q", "v")})
-        self.lora_B = nn.ModuleDict({s: nn.Linear(r, self.width, **kw) for s in ("q", "v")})
+        kw: dict[str, Any] = {"bias": False, "device": base_layer.weight.device, "dtype": base_layer.weight.dtype}
+        lora_a = {s: nn.Linear(base_layer.in_features, r, **kw) for s in ("q", "v")}
+        lora_b = {s: nn.Linear(r, self.width, **kw) for s in ("q", "v")}
+        self.lora_A = nn.ModuleDict(lora_a)
+        self.lora_B = nn.ModuleDict(lora_b)
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.scaling = alpha / r
         for s in ("q", "v"):
-            nn.init.kaiming_uniform_(self.lora_A[s].weight, a=math.sqrt(5))
-            nn.init.zeros_(self.lora_B[s].weight)
+            nn.init.kaiming_uniform_(lora_a[s].weight, a=math.sqrt(5))
+            nn.init.zeros_(lora_b[s].weight)
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """The fused projection of `x` with the q and v slices adapted."""
         out = self.base_layer(x)
@@ -194,7 +199,7 @@ class FusedQVLoRA(nn.Module):
         return out + torch.cat([dq, torch.zeros_like(dq), dv], dim=-1).to(out.dtype)
 
 
-def _fused_qkv_names(model: nn.Module, targets: list[str]) -> list[str]:
+def _fused_qkv_names(model: nn.Module, targets: Sequence[str]) -> list[str]:
     """The targeted fused qkv layers: Linears whose last name part is `qkv`, with 3 equal output slices."""
     return [name for name, m in model.named_modules()
             if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] == "qkv" and m.out_features % 3 == 0

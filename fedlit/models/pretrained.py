@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -116,18 +116,19 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
 def _as_state_dict(obj: object, path: Path) -> dict[str, Tensor]:
     if not isinstance(obj, Mapping):
         raise ConfigError(f"{path} holds a {type(obj).__name__}, not a state dict")
-    if not all(isinstance(value, Tensor) for value in obj.values()):
-        nested = next((k for k in _NESTED_KEYS if isinstance(obj.get(k), Mapping)), None)
+    mapping: Mapping[str, Any] = obj
+    if not all(isinstance(value, Tensor) for value in mapping.values()):
+        nested = next((k for k in _NESTED_KEYS if isinstance(mapping.get(k), Mapping)), None)
         if nested is None:
             raise ConfigError(
                 f"{path} is not a state dict of tensors and has none nested under {_NESTED_KEYS}; "
-                f"its top-level keys are {list(obj)[:_MAX_LISTED]}"
+                f"its top-level keys are {list(mapping)[:_MAX_LISTED]}"
             )
-        obj = obj[nested]
-    not_tensors = [k for k, v in obj.items() if not isinstance(v, Tensor)]
+        mapping = mapping[nested]
+    not_tensors = [k for k, v in mapping.items() if not isinstance(v, Tensor)]
     if not_tensors:
         raise ConfigError(f"{path}: entries that are not tensors: {not_tensors[:_MAX_LISTED]}")
-    state = dict(obj)
+    state = dict(mapping)
     if state and all(k.startswith("module.") for k in state):
         state = {k.removeprefix("module."): v for k, v in state.items()}
     return state

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from typing_extensions import override
 
 from fedlit.core.errors import CheckpointError, ConfigError, InputFileError
 from fedlit.models.backbones import Backbone, _raise_if
@@ -123,6 +124,7 @@ class MomentEncoder(Backbone):
         self.seq_len = seq_len
         self.lora = lora
 
+    @override
     def build(self) -> nn.Module:
         """Build the encoder (from the folder's weights, or random), then inject LoRA.
 
@@ -135,15 +137,14 @@ class MomentEncoder(Backbone):
             warnings.warn("MomentEncoder: built from config, so the encoder is randomly initialized (fedlit never "
                           "downloads weights; set path to a local MOMENT folder)", UserWarning, stacklevel=2)
         else:
-            module = self._load()
+            module = self._load(self.path)
         if self.lora is not None:
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
             self.lora.apply(module, default_target_modules=DEFAULTS.get("t5"))
         return module
 
-    def _load(self) -> TimeSeriesEncoder:
-        folder = self.path
+    def _load(self, folder: Path) -> TimeSeriesEncoder:
         config_file = folder / "config.json"
         weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
         if not config_file.is_file() or weights is None:
@@ -159,6 +160,7 @@ class MomentEncoder(Backbone):
         problems = ["no t5_config"] if not isinstance(t5, dict) else _t5_problems(t5, "t5_config", known_only=False)
         if problems:
             raise CheckpointError(f"{config_file}: {'; '.join(problems)}; this is not a MOMENT config.json")
+        assert isinstance(t5, dict)  # no problems means a t5_config dict
         module = TimeSeriesEncoder(
             t5, patch_len=int(moment.get("patch_len", self.patch_len)),
             seq_len=self.seq_len,
@@ -225,8 +227,9 @@ class TimeSeriesEncoder(nn.Module):
         self.patch_embedding = PatchEmbedding(config.d_model, patch_len, bias=value_embedding_bias,
                                               positional=positional_embedding)
         self.encoder = T5Stack(config)
-        self.encoder.embed_tokens = None
+        self.encoder.embed_tokens = None  # type: ignore[assignment]  # transformers types it non-optional
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """Encode signals (B, C, L) (or (B, L), one channel) to (B, d_model)."""
         if x.ndim == 2:
@@ -262,6 +265,7 @@ class PatchEmbedding(nn.Module):
         self.positional = positional
         self.d_model = d_model
 
+    @override
     def forward(self, patches: Tensor) -> Tensor:
         """Embed the patches; position n gets sin(n w_i) at even, cos(n w_i) at odd features, w_i = 1e4^(-2i/D)."""
         x = self.value_embedding(patches)

@@ -16,6 +16,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 
@@ -27,6 +28,7 @@ class SegmentationNetwork(ABC):
     def build(self, out_channels: int) -> nn.Module:
         """A new module: forward((B, C_in, H, W) images) -> (B, out_channels, H, W) logits."""
 
+    @override
     def __repr__(self) -> str:
         names = list(inspect.signature(type(self).__init__).parameters)[1:]
         return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
@@ -65,6 +67,7 @@ class TinyUNet(SegmentationNetwork):
                               f"{list(_NORMS)}.")
         self.in_channels, self.width, self.depth, self.norm = in_channels, width, depth, norm
 
+    @override
     def build(self, out_channels: int) -> nn.Module:
         return _TinyUNet(self.in_channels, out_channels, self.width, self.depth, _NORMS[self.norm])
 
@@ -97,6 +100,7 @@ class _TinyUNet(nn.Module):
         self.pool = nn.MaxPool2d(2)
         self.multiple = 2**depth
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] % self.multiple or x.shape[-2] % self.multiple:
             raise ConfigError(f"TinyUNet with depth {len(self.down)} needs image sides that are multiples of "
@@ -134,6 +138,7 @@ class SmpUnet(SegmentationNetwork):
         self.arch, self.encoder_name, self.encoder_depth = arch, encoder_name, encoder_depth
         self.encoder_weights, self.in_channels = encoder_weights, in_channels
 
+    @override
     def build(self, out_channels: int) -> nn.Module:
         import segmentation_models_pytorch as smp
 

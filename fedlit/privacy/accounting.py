@@ -6,6 +6,7 @@ import math
 import warnings
 from typing import Any
 
+from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
 
 ACCOUNTANT = "opacus.accountants.RDPAccountant"
@@ -37,7 +38,7 @@ def check_settings(owner: str, noise_multiplier: float, clip: tuple[str, float],
         raise ConfigError(f"{owner}: " + "; ".join(problems) + ".")
 
 
-def warn_uncovered(owner: str, covered: int, trainer: Any) -> None:
+def warn_uncovered(owner: str, covered: int, trainer: ServerContext) -> None:
     """Warn when a resumed run has rounds that ran without the callback: its epsilon does not cover them."""
     if getattr(trainer, "server_round", 0) > covered:
         warnings.warn(f"{owner}: the checkpoint's rounds {covered + 1}..{trainer.server_round} ran without it, so "

@@ -13,11 +13,14 @@ from lightning.pytorch import Callback
 from torch import Tensor
 from typing_extensions import override
 
+from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.privacy.accounting import ACCOUNTANT, check_settings, rdp_accountant, warn_uncovered
 
 if TYPE_CHECKING:
     from fedlit.strategies.base import ClientUpdate
+    from fedlit.strategies.fedavg import FedAvg
 
 
 def clip_update(state: dict[str, Tensor], reference: Mapping[str, Tensor], names: list[str],
@@ -89,12 +92,13 @@ class ClientLevelDP(Callback):
         self.rounds = 0
         self._round: dict[str, float] = {}
 
+    @override
     def __repr__(self) -> str:
         return (f"ClientLevelDP(noise_multiplier={self.noise_multiplier}, clip_norm={self.clip_norm}, "
                 f"delta={self.delta})")
 
     @override
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         from fedlit.strategies.common.aggregators import WeightedMeanAggregator
         from fedlit.strategies.fedavg import FedAvg
 
@@ -103,7 +107,7 @@ class ClientLevelDP(Callback):
         cls = type(strategy)
         mean = (isinstance(strategy, FedAvg) and type(strategy.aggregator) is WeightedMeanAggregator
                 and all(getattr(cls, m) is getattr(FedAvg, m) for m in ("aggregate", "combine", "client_weights")))
-        if not mean:
+        if not mean or not isinstance(strategy, FedAvg):  # the second test only narrows the type for the checker
             raise ConfigError(
                 f"ClientLevelDP is defined for strategies whose server state is the weighted mean of the uploads "
                 f"(FedAvg and its subclasses that keep its aggregation, with the default aggregator), not for "
@@ -124,10 +128,10 @@ class ClientLevelDP(Callback):
                 "strategy.init_args.weighting: uniform for the exact calibration.", stacklevel=2)
         warn_uncovered("ClientLevelDP", self.rounds, trainer)
 
-    def on_before_aggregate(self, trainer: Any, pl_module: Any, server_round: int,
+    def on_before_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
                             updates: list[ClientUpdate]) -> None:
         """Clip each update's delta to ``clip_norm`` (in place) and note the round's weights."""
-        strategy = trainer.strategy
+        strategy = _mean_strategy(trainer)
         names = strategy.shared_parameter_names()
         norms = [clip_update(u.state, strategy.global_state, names, self.clip_norm) for u in updates]
         weights = strategy.client_weights(updates) if updates else []
@@ -136,13 +140,13 @@ class ClientLevelDP(Callback):
                      if m and max(weights) > 0 else self.noise_multiplier)
         self._round = {"m": m, "clipped": sum(n > self.clip_norm for n in norms), "effective": effective}
 
-    def on_after_aggregate(self, trainer: Any, pl_module: Any, server_round: int,
+    def on_after_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
                            log: dict[str, float] | None = None) -> None:
         """Add the Gaussian noise to the new server state, step the accountant and log the round's privacy."""
         m = int(self._round.get("m", 0))
         if m == 0:
             return
-        strategy = trainer.strategy
+        strategy = _mean_strategy(trainer)
         names = strategy.shared_parameter_names()
         std = self.noise_multiplier * self.clip_norm / m
         noise = gaussian_noise({n: strategy.global_state[n].shape for n in names}, std,
@@ -163,18 +167,18 @@ class ClientLevelDP(Callback):
                         "privacy/sample_rate": sample_rate})
 
     @staticmethod
-    def sample_rate(trainer: Any) -> float:
+    def sample_rate(trainer: ServerContext) -> float:
         """q: the clients a round selects / the clients that train."""
         from fedlit.core.seeding import num_selected
 
         total = len(trainer.train_client_ids)
-        return num_selected(trainer.clients_per_round, total) / total
+        return num_selected(trainer.settings.clients_per_round, total) / total
 
     def epsilon(self) -> float:
         """Epsilon of the rounds so far at ``delta`` (0 before the first round)."""
         return float(rdp_accountant(self.history).get_epsilon(self.delta)) if self.history else 0.0
 
-    def results_json(self, trainer: Any) -> dict[str, Any]:
+    def results_json(self, trainer: ServerContext) -> dict[str, Any]:
         """``results.json``'s ``privacy.client_level``."""
         return {"privacy": {"client_level": {
             "epsilon": self.epsilon(), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
@@ -190,3 +194,13 @@ class ClientLevelDP(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [list(h) for h in state_dict["history"]]
         self.rounds = int(state_dict["rounds"])
+
+
+def _mean_strategy(trainer: ServerContext) -> FedAvg:
+    """The run's strategy, which :meth:`ClientLevelDP.on_fit_start` checked is a FedAvg that keeps its mean."""
+    from fedlit.strategies.fedavg import FedAvg
+
+    strategy = trainer.strategy
+    if not isinstance(strategy, FedAvg):
+        raise ConfigError(f"ClientLevelDP needs a FedAvg strategy (or a subclass), not {strategy!r}.")
+    return strategy

@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor, nn
+from torch.optim import Optimizer
 from typing_extensions import override
 
+from fedlit.core.contexts import ClientContext, ServerContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.privacy.accounting import ACCOUNTANT, check_settings, rdp_accountant, warn_uncovered
 
 if TYPE_CHECKING:
@@ -108,12 +111,13 @@ class SampleLevelDP(Callback):
         self._turn: dict[str, Any] = {}
         self._round_clipped: list[float] = []
 
+    @override
     def __repr__(self) -> str:
         return (f"SampleLevelDP(noise_multiplier={self.noise_multiplier}, max_grad_norm={self.max_grad_norm}, "
                 f"delta={self.delta})")
 
     @override
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         from fedlit.strategies.base import Strategy
         from fedlit.tasks.survival import CoxModule
 
@@ -143,19 +147,22 @@ class SampleLevelDP(Callback):
 
             self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction="mean", strict=False)
 
-    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str, client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
+                            client: ClientContext) -> None:
         """Start the turn's step count and noise generator; clear any stale per-sample gradient."""
         _reset_hooks_state(pl_module)
         if self._hooks is not None:
             self._hooks.enable_hooks()
         train = client.num_examples("train")
         self._turn = {"steps": 0, "clipped": 0, "samples": 0,
-                      "sample_rate": min(1.0, client.data.batch_size / max(train, 1))}
+                      "sample_rate": min(1.0, client.batch_size / max(train, 1))}
         device = next(p.device for p in pl_module.parameters())
         self._generator = torch.Generator(device=device).manual_seed(
             client.derive_seed("dp-sgd", server_round, client_id) % 2**63)
 
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, trainer: ClientContext, pl_module: FederatedModule,
+                                 optimizer: Optimizer) -> None:
         """Replace each trainable parameter's gradient by DP-SGD's (:func:`clip_and_noise`)."""
         params = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is not None]
         missing = [n for n, p in params if not isinstance(getattr(p, "grad_sample", None), Tensor)]
@@ -166,20 +173,23 @@ class SampleLevelDP(Callback):
                 "would not be private. Freeze it with a role rule or restructure the model.")
         if not params:
             return
-        grads, norms = clip_and_noise([p.grad_sample for _, p in params], self.max_grad_norm,
-                                      self.noise_multiplier * self.max_grad_norm, self._generator)
+        per_sample = [p.grad_sample for _, p in params]  # type: ignore[attr-defined]  # set by Opacus's GradSampleModule
+        grads, norms = clip_and_noise(per_sample, self.max_grad_norm, self.noise_multiplier * self.max_grad_norm,
+                                      self._generator)
         for (_, p), grad in zip(params, grads, strict=True):
             p.grad = grad.to(p.dtype)
         self._turn["clipped"] += int((norms > self.max_grad_norm).sum())
         self._turn["samples"] += len(norms)
         _clear_grad_samples(pl_module)
 
-    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any, stepped: bool = True) -> None:
+    @override
+    def on_before_zero_grad(self, trainer: ClientContext, pl_module: FederatedModule, optimizer: Optimizer,
+                            stepped: bool = True) -> None:
         """Count the optimizer step (one mechanism step) if it happened."""
         self._turn["steps"] = self._turn.get("steps", 0) + int(stepped)
         _clear_grad_samples(pl_module)
 
-    def on_client_fit_end(self, trainer: Any, pl_module: Any, server_round: int, client_id: str,
+    def on_client_fit_end(self, trainer: ClientContext, pl_module: FederatedModule, server_round: int, client_id: str,
                           update: ClientUpdate, client_state: dict[str, Any]) -> None:
         """Add the turn's steps to the client's accountant (kept in its ``client_state``) and upload its epsilon.
         A turn left out of aggregation (quarantined, timed out) never gets here: nothing of it is released, so
@@ -193,7 +203,7 @@ class SampleLevelDP(Callback):
         update.metrics["dp_sample_epsilon"] = float(accountant.get_epsilon(self.delta)) if accountant.history else 0.0
         update.metrics["dp_sample_clipped_fraction"] = self._turn["clipped"] / max(self._turn["samples"], 1)
 
-    def on_before_aggregate(self, trainer: Any, pl_module: Any, server_round: int,
+    def on_before_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
                             updates: list[ClientUpdate]) -> None:
         """Keep each client's epsilon as it uploaded it."""
         if self._hooks is not None:  # also after a turn that stopped before on_client_fit_end
@@ -205,7 +215,7 @@ class SampleLevelDP(Callback):
                 self.epsilons[update.client_id] = float(update.metrics["dp_sample_epsilon"])
                 self._round_clipped.append(float(update.metrics["dp_sample_clipped_fraction"]))
 
-    def on_after_aggregate(self, trainer: Any, pl_module: Any, server_round: int,
+    def on_after_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
                            log: dict[str, float] | None = None) -> None:
         """Log the max and mean epsilon over the clients that have trained, and the round's clipped fraction."""
         self.rounds += 1
@@ -218,7 +228,7 @@ class SampleLevelDP(Callback):
         if self._round_clipped:
             log["privacy/sample_clipped_fraction"] = sum(self._round_clipped) / len(self._round_clipped)
 
-    def results_json(self, trainer: Any) -> dict[str, Any]:
+    def results_json(self, trainer: ServerContext) -> dict[str, Any]:
         """``results.json``'s ``privacy.sample_level``."""
         values = list(self.epsilons.values())
         return {"privacy": {"sample_level": {
@@ -239,7 +249,7 @@ class SampleLevelDP(Callback):
 def _clear_grad_samples(module: nn.Module) -> None:
     for p in module.parameters():
         if getattr(p, "grad_sample", None) is not None:
-            p.grad_sample = None
+            p.grad_sample = None  # type: ignore[attr-defined]  # set by Opacus's GradSampleModule
 
 
 def _reset_hooks_state(module: nn.Module) -> None:

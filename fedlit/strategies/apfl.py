@@ -47,12 +47,16 @@ Evaluation downloads are counted as for FedAvg.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.common.personal_copy import (
     MethodCall,
@@ -126,12 +130,14 @@ class APFL(FedAvg):
         self.alpha_penalty = float(alpha_penalty)
         self._turn: dict[str, Any] = {}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """``w``, the FedAvg model, evaluated on every client beside its ``vbar``."""
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, client_state: dict[str, Any],
+                            client: ClientContext) -> None:
         """Take ``v`` (a copy of the received ``w`` at the client's first turn) and ``a``."""
         v, trainable = personal_copy(pl_module, client_state.get("v"))
         self._turn = {
@@ -141,7 +147,9 @@ class APFL(FedAvg):
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``f(w) + f(v)``: the loop's backward gives ``w`` and ``v`` their own gradients (they share no leaf)."""
         turn = self._turn
         if not turn:
@@ -149,12 +157,14 @@ class APFL(FedAvg):
         loss_v = functional_loss(turn["training_step"], turn["v"], batch, turn["client"])
         return loss + loss_v.to(loss.dtype)
 
-    def on_before_optimizer_step(self, client: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, client: ClientContext) -> None:
         """Unscale ``v``'s gradients under 16-bit mixed precision (the loop unscales the module's only)."""
         if self._turn:
             unscale_gradients(self._turn["v"], self._turn["trainable"], client.scaler)
 
-    def on_before_zero_grad(self, pl_module: Any, optimizer: Any, stepped: bool) -> None:
+    @override
+    def on_before_zero_grad(self, pl_module: FederatedModule, optimizer: Optimizer, stepped: bool) -> None:
         """After ``w``'s step: step ``v`` (same hyperparameters), then ``a`` from both models after their steps and
         the gradients of the step; nothing moves on a step the gradient scaler skipped."""
         turn = self._turn
@@ -172,11 +182,13 @@ class APFL(FedAvg):
             lr = self.lr_alpha if self.lr_alpha is not None else float(inner.param_groups[0]["lr"])
             turn["alpha"] = apfl_alpha_step(
                 turn["alpha"], {n: v[n] for n in names}, {n: live[n] for n in names},
-                {n: v[n].grad for n in names}, {n: live[n].grad for n in names}, lr, self.alpha_penalty)
+                {n: cast(Tensor, v[n].grad) for n in names}, {n: cast(Tensor, live[n].grad) for n in names}, lr,
+                self.alpha_penalty)
         for name in turn["trainable"]:
             v[name].grad = None
 
-    def on_client_fit_end(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, pl_module: FederatedModule, client_state: dict[str, Any],
+                          client: ClientContext) -> None:
         """Keep ``v <- vbar`` (its trainable tensors mixed with the trained ``w``), ``a`` and, under ``persist``,
         ``v``'s optimizer state."""
         turn = self._turn
@@ -192,11 +204,8 @@ class APFL(FedAvg):
             client_state["optimizer"] = to_device(turn["optimizer"].state_dict(), device)
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Put the client's ``vbar`` into the live module (before its first turn: ``w`` as sent)."""
         if "v" in client_state:
             load_into(pl_module, client_state["v"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "lr_alpha": self.lr_alpha, "alpha_penalty": self.alpha_penalty,
-                **super().hparams()}

@@ -4,10 +4,13 @@ A strategy decides what the server sends each client (:meth:`Strategy.configure_
 combined (:meth:`Strategy.aggregate`), which clients train (:meth:`Strategy.select_clients`), which tensors are
 shared (:meth:`Strategy.configure_roles`) and what is added to the client loss (:meth:`Strategy.training_loss`).
 Side effects use Lightning's callback hooks, called by the loop with keyword arguments (a hook declares only the
-arguments it needs, as with ``fabric.call``; :class:`fedlit.engine.loop.hooks.Hooks`). ``trainer`` is the run (the
-:class:`~fedlit.federation.Federation`); the hooks of a client's turn also get ``client``, its
-:class:`~fedlit.engine.loop.client.ClientContext` (its data loaders, seeds, gradient scaler, store entry and local
-settings), so a strategy never reaches into Fabric or the data module:
+arguments it needs, as with ``fabric.call``; :class:`fedlit.engine.loop.hooks.Hooks`). Server-side hooks (fit, round
+and aggregation) get as ``trainer`` a :class:`~fedlit.core.contexts.ServerContext`: a read-only view of the run (the
+round, the clients, ``settings``, the evaluation ``history``, the round's ``log``) whose
+:meth:`~fedlit.core.contexts.ServerContext.request_stop` ends the run after the round. The hooks of a client's turn
+or evaluation get its :class:`~fedlit.core.contexts.ClientContext` as ``client`` and as ``trainer`` (its data
+loaders, seeds, gradient scaler, store entry and local settings), in a simulation, on the ranks of a multi-device run
+and on a Flower node alike, so a strategy never reaches into Fabric, the data module or the run:
 
 - ``on_fit_start(trainer, pl_module)`` / ``on_fit_end(trainer, pl_module)``
 - ``on_round_start(trainer, pl_module, server_round)`` / ``on_round_end(trainer, pl_module, server_round, metrics)``
@@ -25,8 +28,8 @@ settings), so a strategy never reaches into Fabric or the data module:
   and what ``configure_evaluate`` sent are loaded, before its splits are evaluated: put a model the client keeps
   in ``client_state`` into the live module (APPLE's personalized model, FedMetaMed's personal model)
 
-``trainer`` is the :class:`~fedlit.federation.Federation`, ``pl_module`` the live client module and
-``client_state`` a dict persisted per client in the :class:`~fedlit.core.store.ClientStore` under the callback's
+``pl_module`` is the live client module (a :class:`~fedlit.module.FederatedModule`) and ``client_state`` a dict
+persisted per client in the :class:`~fedlit.core.store.ClientStore` under the callback's
 ``state_key``. Server state goes through ``state_dict()`` / ``load_state_dict()`` and is checkpointed.
 """
 
@@ -41,8 +44,12 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
+from fedlit.core.init_args import capture, init_arguments, jsonable
 from fedlit.core.roles import ParameterRoles
+from fedlit.module import FederatedModule
 
 
 @dataclass
@@ -104,6 +111,14 @@ class Strategy(Callback, abc.ABC):
             ``on_client_fit_end``, with no per-step hook and the default :meth:`client_forward`. False (the
             default): fused training refuses the strategy. Read from the class itself: a subclass declares it again.
         global_state, client_ids, class_counts, roles: What :meth:`initialize` received.
+
+    Hyperparameters are recorded with no code from the subclass (as Lightning's ``save_hyperparameters``): the
+    arguments of the construction, bound to the most-derived ``__init__``'s signature with its defaults filled in
+    and ``**kwargs`` expanded (:mod:`fedlit.core.init_args`). :meth:`hparams` returns them, and they show in
+    ``repr`` (``FedAvgM(server_lr=1.0, beta=0.9, weighting='num_examples')``), in TensorBoard's HParams
+    (``strategy.<name>``), in ``results.json`` (``strategy``, ``strategy_hparams``) and in ``fedlit report``'s
+    configuration table. A subclass overrides :meth:`hparams` only to hide or rename some (FedAvg hides the
+    default aggregator).
     """
 
     communicates: bool = True
@@ -112,6 +127,12 @@ class Strategy(Callback, abc.ABC):
     secure_aggregation: bool = False
     eval_finetune_steps: int = 0
     fusable: bool = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Strategy:
+        # Records the arguments of this construction (hparams() shows them): no code from the subclass.
+        strategy = super().__new__(cls)
+        capture(strategy, cls, args, kwargs)
+        return strategy
 
     def __init__(self) -> None:
         super().__init__()
@@ -209,7 +230,8 @@ class Strategy(Callback, abc.ABC):
         """What ``client_id`` evaluates with, on top of its personal tensors. Default: as in training."""
         return self.configure_client(server_round, client_id)
 
-    def on_client_evaluate_start(self, trainer: Any, pl_module: Any, server_round: int, client_id: str) -> None:
+    def on_client_evaluate_start(self, trainer: ClientContext, pl_module: FederatedModule, server_round: int,
+                                 client_id: str) -> None:
         """Called before ``client_id`` is evaluated, its tensors loaded; a strategy that evaluates a model kept in
         the client's ``client_state`` (declare that argument) copies it into ``pl_module`` here. Default: nothing."""
 
@@ -224,7 +246,8 @@ class Strategy(Callback, abc.ABC):
         one (the two evaluations would be identical)."""
         return None
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """The client objective: ``loss`` plus any regularizer of the strategy, or a replacement of it.
 
         Args:
@@ -239,7 +262,7 @@ class Strategy(Callback, abc.ABC):
         """
         return loss
 
-    def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
+    def client_forward(self, pl_module: FederatedModule) -> contextlib.AbstractContextManager[Any]:
         """A context the local loop enters around each ``training_step`` of a client's turn (outside autocast),
         between ``on_client_fit_start`` and ``on_client_fit_end``: a strategy that trains a function of the
         module's tensors rather than the tensors themselves (APPLE's mix of every client's core model) swaps them
@@ -255,17 +278,33 @@ class Strategy(Callback, abc.ABC):
 
     @abc.abstractmethod
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
-        """Combine the uploads into the new server state, store it and return it."""
+        """Combine the uploads into the new server state and return it; the loop stores it as ``global_state``
+        (do not store it yourself).
 
+        What it returns must have exactly the names of ``global_state`` as :meth:`initialize` set them, each tensor
+        of the same shape (dtype and device are kept as returned); anything else, ``None`` included, stops the run
+        with a :class:`~fedlit.core.errors.ConfigError` (:mod:`fedlit.engine.loop.aggregation`). State of the
+        strategy's own (FedOpt's moments, SCAFFOLD's ``c``) stays in its attributes and :meth:`state_dict`.
+
+        Args:
+            server_round: The round, counted from 1.
+            updates: The round's uploads that passed the server's screening (possibly none).
+
+        Returns:
+            The new server state, by tensor name.
+        """
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Server state for checkpoints."""
         return {"global_state": self.global_state}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.global_state = dict(state_dict["global_state"])
 
-    def configure_eval_finetune(self, pl_module: Any) -> torch.optim.Optimizer | None:
+    def configure_eval_finetune(self, pl_module: FederatedModule) -> torch.optim.Optimizer | None:
         """The optimizer of the :attr:`eval_finetune_steps` taken before each evaluation, over ``pl_module``'s
         parameters as loaded for the client; None (the default): the module's ``configure_optimizers`` at the
         round's learning rate. Per-FedAvg's one plain step of size alpha returns ``SGD(params, lr=alpha)``; a
@@ -273,9 +312,12 @@ class Strategy(Callback, abc.ABC):
         return None
 
     def hparams(self) -> dict[str, Any]:
-        """Hyperparameters shown by ``repr`` and logged to TensorBoard."""
-        return {}
+        """Hyperparameters shown by ``repr``, logged to TensorBoard and recorded in ``results.json``. Default: the
+        arguments the strategy was built with (see the class docstring), JSON-friendly; override it only to hide
+        or rename some, from ``super().hparams()``."""
+        return {k: jsonable(v) for k, v in init_arguments(self).items()}
 
+    @override
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.hparams().items())
         return f"{type(self).__name__}({args})"

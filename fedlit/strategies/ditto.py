@@ -40,8 +40,12 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.common.personal_copy import (
     MethodCall,
@@ -79,13 +83,15 @@ class Ditto(FedAvg):
         self.lam = float(lam)
         self._turn: dict[str, Any] = {}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """``w``, the FedAvg model, evaluated on every client beside its ``v``."""
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, received: Mapping[str, Tensor], client_state: dict[str, Any],
-                            client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, received: Mapping[str, Tensor], client_state: dict[str,
+                            Any],
+                            client: ClientContext) -> None:
         """Take ``v`` (a copy of the received ``w^t`` at the client's first turn) and keep ``w^t``."""
         v, trainable = personal_copy(pl_module, client_state.get("v"))
         self._turn = {
@@ -96,7 +102,9 @@ class Ditto(FedAvg):
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``F_k(w) + F_k(v) + lam/2 ||v - w^t||^2``: the loop's backward gives ``w`` its gradient ``grad F_k(w)``
         and ``v`` its own, ``grad F_k(v) + lam (v - w^t)`` (they share no leaf)."""
         turn = self._turn
@@ -108,27 +116,27 @@ class Ditto(FedAvg):
             personal = personal + self.lam / 2 * squared_distance(anchored, turn["anchor"]).to(personal.dtype)
         return loss + personal.to(loss.dtype)
 
-    def on_before_optimizer_step(self, client: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, client: ClientContext) -> None:
         """Unscale ``v``'s gradients under 16-bit mixed precision (the loop unscales the module's only)."""
         if self._turn:
             unscale_gradients(self._turn["v"], self._turn["trainable"], client.scaler)
 
-    def on_before_zero_grad(self, pl_module: Any, optimizer: Any, stepped: bool) -> None:
+    @override
+    def on_before_zero_grad(self, pl_module: FederatedModule, optimizer: Optimizer, stepped: bool) -> None:
         """After ``w``'s step, step ``v`` with the mirror optimizer (not on a step the gradient scaler skipped)."""
         if self._turn:
             step_copy(self._turn, "v", pl_module, optimizer, stepped, "Ditto")
 
-    def on_client_fit_end(self, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep ``v`` and, under ``persist``, its optimizer state."""
         if self._turn:
             keep_copy(self._turn, "v", client_state, client)
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Put the client's ``v`` into the live module (before its first turn: ``w`` as sent)."""
         if "v" in client_state:
             load_into(pl_module, client_state["v"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"lam": self.lam, **super().hparams()}
 

@@ -66,9 +66,11 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import State, client_weights, weighted_average
 
@@ -177,6 +179,7 @@ class EPFL(Strategy):
         self.distances: Tensor = torch.zeros(0, 0, dtype=torch.float64)
         self.weight_clients: list[str] = []
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """LoRA A stays shared; LoRA B, the head and every other shared tensor become personal."""
         shared = roles.names("shared")
@@ -208,6 +211,7 @@ class EPFL(Strategy):
                               f"(closest: {hints}); valid names: {b_names}.")
         return [n for n in b_names if n in self.psi]
 
+    @override
     def setup_server_state(self) -> None:
         """No mix yet: every client starts from the initial A."""
         self.mixes = {}
@@ -215,16 +219,18 @@ class EPFL(Strategy):
         self.distances = torch.zeros(0, 0, dtype=torch.float64)
         self.weight_clients = []
 
+    @override
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """Client i's own mix ``sum_j s_ij A_j`` of its last round; before it has one, ``global_state``."""
         return dict(self.mixes.get(client_id, self.global_state))
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """``global_state``, the sample-weighted mean of the last round's A, evaluated on every client beside its
         own mix (with the client's own B and head)."""
         return dict(self.global_state)
 
-    def on_client_fit_end(self, pl_module: Any, update: ClientUpdate, client_state: dict[str, Any]) -> None:
+    def on_client_fit_end(self, pl_module: FederatedModule, update: ClientUpdate, client_state: dict[str, Any]) -> None:
         """Upload the client's B tensors beside its A (they stay personal: the server never sends them back);
         under ``evaluation: fhbench`` keep its trained A (before the mix) in its store, to be evaluated with."""
         device = next(iter(update.state.values())).device if update.state else torch.device("cpu")
@@ -233,7 +239,8 @@ class EPFL(Strategy):
         if self.evaluation == "fhbench":
             client_state["trained"] = {n: t.detach().clone() for n, t in update.state.items()}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Under ``evaluation: fhbench``, put the client's trained A (before the mix) over the received mix."""
         trained = client_state.get("trained") if self.evaluation == "fhbench" else None
         if not trained:
@@ -243,6 +250,7 @@ class EPFL(Strategy):
             for name, tensor in trained.items():
                 live[name].copy_(tensor)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """One A mix per client of the round (the weights from its B distances); ``global_state`` becomes the
         sample-weighted mean of the round's A, which clients that have not trained yet receive."""
@@ -262,20 +270,18 @@ class EPFL(Strategy):
 
         for update, row in zip(updates, self.weights, strict=True):
             self.mixes[update.client_id] = on_server(weighted_average(states, row.tolist()))
-        self.global_state.update(on_server(weighted_average(states, client_weights(updates))))
-        return dict(self.global_state)
+        return {**self.global_state, **on_server(weighted_average(states, client_weights(updates)))}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus every client's mix and the last round's distances and weights (exact resume)."""
         return {**super().state_dict(), "mixes": self.mixes, "weights": self.weights, "distances": self.distances,
                 "weight_clients": list(self.weight_clients)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self.mixes = {c: dict(s) for c, s in state_dict["mixes"].items()}
         self.weights, self.distances = state_dict["weights"], state_dict["distances"]
         self.weight_clients = list(state_dict["weight_clients"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"lam": self.lam, "psi": self.psi, "eps": self.eps, "evaluation": self.evaluation}

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.strategies.fedopt import FedOpt
 
@@ -39,9 +40,12 @@ class FedAdagrad(FedOpt):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(beta_2=0.0, **kwargs)
 
+    @override
     def second_moment(self, v: Tensor, delta_sq: Tensor) -> Tensor:
         """``v_t = v_{t-1} + Delta_t^2`` (line 12)."""
         return v + delta_sq
 
+    @override
     def hparams(self) -> dict[str, Any]:
+        """The arguments but ``beta_2``, which Adagrad does not have."""
         return {k: v for k, v in super().hparams().items() if k != "beta_2"}

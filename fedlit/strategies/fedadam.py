@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.strategies.fedopt import FedOpt
 
@@ -48,10 +49,12 @@ class FedAdam(FedOpt):
         super().__init__(**kwargs)
         self.bias_correction = bias_correction
 
+    @override
     def second_moment(self, v: Tensor, delta_sq: Tensor) -> Tensor:
         """``v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2`` (line 14)."""
         return self.beta_2 * v + (1 - self.beta_2) * delta_sq
 
+    @override
     def step_size(self, server_round: int) -> float:
         """``eta``, or Flower's ``eta sqrt(1 - beta_2^(t+1)) / (1 - beta_1^(t+1))`` with ``bias_correction``."""
         if not self.bias_correction:
@@ -59,5 +62,9 @@ class FedAdam(FedOpt):
         t = server_round + 1.0
         return self.eta * math.sqrt(1 - self.beta_2**t) / (1 - self.beta_1**t)
 
+    @override
     def hparams(self) -> dict[str, Any]:
-        return {**super().hparams(), "bias_correction": self.bias_correction}
+        """The arguments, ``bias_correction`` last (as earlier versions wrote it: a resume compares the repr)."""
+        hparams = super().hparams()
+        hparams["bias_correction"] = hparams.pop("bias_correction", self.bias_correction)
+        return hparams

@@ -47,12 +47,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
+from fedlit.core.contexts import ClientContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
@@ -88,7 +91,8 @@ def _num_samples(batch: Any) -> int | None:
 def subset_batches(batches: Iterable[Any], num_samples: int, single_ok: bool = True) -> list[Any]:
     """The first batches of ``batches`` holding at most ``num_samples`` samples together (the batch that would
     pass it left out), at least one; batches of one sample left out when ``single_ok`` is False (BatchNorm)."""
-    chosen, taken = [], 0
+    chosen: list[Any] = []
+    taken = 0
     for batch in batches:
         size = _num_samples(batch) or 1
         if size == 1 and not single_ok:
@@ -146,18 +150,20 @@ class FedALA(FedAvg):
         self.eta, self.rand_percent, self.layer_idx = float(eta), float(rand_percent), layer_idx
         self.threshold, self.num_pre_loss, self.max_init_passes = float(threshold), num_pre_loss, max_init_passes
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The FedAvg model, evaluated on every client beside its own."""
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def higher_names(self, pl_module: Any) -> list[str]:
+    def higher_names(self, pl_module: FederatedModule) -> list[str]:
         """The last ``layer_idx`` shared trainable tensors (every one for 0), in model order."""
         names = [n for n, p in pl_module.shared_parameters() if p.requires_grad]
         return names[-self.layer_idx:] if self.layer_idx else names
 
-    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str, client_state: dict[str, Any],
-                            client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
+                            client_state: dict[str, Any],
+                            client: ClientContext) -> None:
         """Adaptive Local Aggregation into the live module (which holds the received global model); nothing at
         the client's first turn."""
         if "model" not in client_state:
@@ -180,7 +186,7 @@ class FedALA(FedAvg):
                 for batch_idx, batch in enumerate(batches):
                     with client.autocast():
                         out = client.convert_output(pl_module.training_step(client.prepare_batch(batch), batch_idx))
-                    value = out["loss"] if isinstance(out, Mapping) else out
+                    value = cast(Tensor, out["loss"] if isinstance(out, Mapping) else out)
                     grads = torch.autograd.grad(value, [params[n] for n in names], allow_unused=True)
                     for name, grad in zip(names, grads, strict=True):
                         if grad is not None:
@@ -201,7 +207,8 @@ class FedALA(FedAvg):
         client_state["weights"] = {n: w.detach().to(device, copy=True) for n, w in weights.items()}
         client_state["ala_passes"] = len(losses)
 
-    def _batches(self, pl_module: Any, server_round: int, client_id: str, client: Any) -> list[Any]:
+    def _batches(self, pl_module: FederatedModule, server_round: int, client_id: str,
+                 client: ClientContext) -> list[Any]:
         """The batches of weight learning: the first ``rand_percent``% of the samples of one seeded shuffle."""
         wanted = max(1, int(self.rand_percent / 100 * client.num_examples("train")))
         norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in pl_module.modules())
@@ -214,13 +221,15 @@ class FedALA(FedAvg):
             for name, value in values.items():
                 params[name].copy_(value)
 
-    def on_client_fit_end(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, pl_module: FederatedModule, client_state: dict[str, Any],
+                          client: ClientContext) -> None:
         """Keep the trained model (every shared tensor) for the next turn's merge and for evaluation."""
         device = client.store.device
         client_state["model"] = {n: t.detach().to(device, copy=True)
                                  for n, t in pl_module.named_tensors("shared").items()}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Put the client's own model into the live module (before its first turn: the global one, as sent)."""
         if "model" not in client_state:
             return
@@ -228,8 +237,3 @@ class FedALA(FedAvg):
         with torch.no_grad():
             for name, tensor in client_state["model"].items():
                 live[name].copy_(tensor)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"eta": self.eta, "rand_percent": self.rand_percent, "layer_idx": self.layer_idx,
-                "threshold": self.threshold, "num_pre_loss": self.num_pre_loss,
-                "max_init_passes": self.max_init_passes, **super().hparams()}

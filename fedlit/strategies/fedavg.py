@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.base import ClientUpdate, Strategy
@@ -71,15 +72,17 @@ class FedAvg(Strategy):
         combined = self.aggregator([u.state for u in updates], self.client_weights(updates))
         return {n: t.to(self.global_state[n].device) for n, t in combined.items()}
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``w_{t+1} = sum_k (n_k / n) w_{t+1}^k`` over the uploaded tensors (Algorithm 1), or the aggregator's."""
         if not updates:
             return dict(self.global_state)
-        self.global_state.update(self.combine(updates))
-        return dict(self.global_state)
+        return {**self.global_state, **self.combine(updates)}
 
+    @override
     def hparams(self) -> dict[str, Any]:
-        """``weighting``, and the ``aggregator`` when it is not the weighted mean."""
+        """The arguments, without the ``aggregator`` when it is the weighted mean (the default)."""
+        hparams = super().hparams()
         if isinstance(self.aggregator, WeightedMeanAggregator):
-            return {"weighting": self.weighting}
-        return {"weighting": self.weighting, "aggregator": self.aggregator}
+            hparams.pop("aggregator", None)
+        return hparams

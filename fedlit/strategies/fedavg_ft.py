@@ -19,7 +19,9 @@ argument here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
+
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.common.aggregators import Aggregator
@@ -53,9 +55,7 @@ class FedAvgFT(FedAvg):
         super().__init__(weighting=weighting, aggregator=aggregator)
         self.eval_finetune_steps = check_finetune_steps(finetune_steps)
 
+    @override
     def global_model_state(self, client_id: str) -> dict:
         """FedAvg's global model, evaluated beside the fine-tuned one (without fine-tuning)."""
         return dict(self.global_state)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"finetune_steps": self.eval_finetune_steps, **super().hparams()}

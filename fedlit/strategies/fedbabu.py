@@ -32,11 +32,13 @@ Defaults and deviations:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg_ft import check_finetune_steps
 from fedlit.strategies.fedper import FedPer, drop_gradients, parameter_names
@@ -71,15 +73,17 @@ class FedBABU(FedPer):
         self.finetune = finetune
         self._head: set[str] = set()
 
-    def on_client_fit_start(self, pl_module: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule) -> None:
         """Find the head's parameters, whose gradients every step of the turn drops."""
         self._head = parameter_names(pl_module, self.head_rule)
 
-    def on_before_optimizer_step(self, pl_module: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, pl_module: FederatedModule) -> None:
         """Drop the head's gradients: the head stays at its initialization during federation."""
         drop_gradients(pl_module, self._head.__contains__)
 
-    def configure_eval_finetune(self, pl_module: Any) -> torch.optim.Optimizer | None:
+    @override
+    def configure_eval_finetune(self, pl_module: FederatedModule) -> torch.optim.Optimizer | None:
         """``finetune: head``: the module's optimizer over the head's parameters alone; ``whole``: None (the
         module's optimizer over every trainable parameter)."""
         if self.finetune == "whole":
@@ -91,9 +95,7 @@ class FedBABU(FedPer):
             group["params"] = [p for p in group["params"] if id(p) in head]
         return optimizer
 
+    @override
     def global_model_state(self, client_id: str) -> dict:
         """The averaged body (with the client's initial head), evaluated beside the fine-tuned model."""
         return dict(self.global_state)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"finetune_steps": self.eval_finetune_steps, "finetune": self.finetune, **super().hparams()}

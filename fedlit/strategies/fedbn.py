@@ -16,15 +16,17 @@ normalization layer, FedBN keeps nothing personal and equals FedAvg; it warns at
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 from torch import nn
+from typing_extensions import override
 
+from fedlit.core.contexts import ServerContext
 from fedlit.core.roles import ParameterRoles
+from fedlit.module import FederatedModule
 from fedlit.strategies.fedavg import FedAvg
 
 
-def warn_without_trainable_norm(strategy: str, like: str, pl_module: Any, statistics: bool = False) -> None:
+def warn_without_trainable_norm(strategy: str, like: str, pl_module: FederatedModule, statistics: bool = False) -> None:
     """Warn that ``strategy`` reduces to ``like`` when ``pl_module`` has no normalization tensor that trains
     (``statistics``: no normalization buffer, i.e. running statistics) under its roles."""
     roles = pl_module.parameter_roles()
@@ -57,11 +59,13 @@ class FedBN(FedAvg):
     #: What the strategy reduces to when the model has no trainable normalization layer (warned at fit start).
     without_norm: str = "FedAvg"
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """Normalization parameters and buffers that train become ``personal``; frozen ones stay frozen."""
         return roles.replace(lambda name, role: roles.is_norm(name) and role != "frozen", "personal")
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         """Warn when no normalization tensor trains: then nothing is personal and FedBN is FedAvg."""
-        super().on_fit_start(trainer, pl_module)
+        super().on_fit_start(trainer, pl_module)  # type: ignore[arg-type]  # fedlit's hooks take its contexts
         warn_without_trainable_norm(type(self).__name__, self.without_norm, pl_module)

@@ -47,8 +47,12 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate
 from fedlit.strategies.common.aggregate import weighted_average
 from fedlit.strategies.common.aggregators import Aggregator
@@ -114,15 +118,18 @@ class FedDBE(FedAvg):
         self.global_mean: Tensor | None = None
         self._turn: dict[str, Any] = {}
 
+    @override
     def setup_server_state(self) -> None:
         """No global mean before the warm-up."""
         super().setup_server_state()
         self.global_mean = None
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """The global mean once the warm-up gave it (its presence tells the client to use ``c_i`` and MR)."""
         return {} if self.global_mean is None else {"global_mean": self.global_mean.clone()}
 
+    @override
     def expected_download_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """Nothing in round 1 (the warm-up); from round 2, the global mean: one float32 per input feature of the
         head (its shared weight's second dimension)."""
@@ -131,10 +138,12 @@ class FedDBE(FedAvg):
             return {}
         return {"global_mean": torch.zeros(weights[0].shape[1], dtype=torch.float32, device=weights[0].device)}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The FedAvg'd body and head, evaluated without ``c_i`` beside the personalized model."""
         return dict(self.global_state)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """FedAvg; after the warm-up round, the global mean ``sum_i (n_i / n) rbar_i`` of its uploads."""
         state = super().aggregate(server_round, updates)
@@ -144,17 +153,19 @@ class FedDBE(FedAvg):
             self.global_mean = averaged["m"].float()
         return state
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus the global mean."""
         return {**super().state_dict(), "global_mean": self.global_mean}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self.global_mean = state_dict["global_mean"]
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, received_extras: dict[str, Any],
+    def on_client_fit_start(self, pl_module: FederatedModule, received_extras: dict[str, Any],
                             client_state: dict[str, Any]) -> None:
         """Warm-up (no global mean received): plain CE; else take ``c_i`` (0 at first) to train."""
         _, head = linear_head(pl_module, self.head_rule, "FedDBE")
@@ -167,11 +178,14 @@ class FedDBE(FedAvg):
             turn["global_mean"] = received_extras["global_mean"].to(device, torch.float32)
         self._turn = turn
 
-    def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
+    @override
+    def client_forward(self, pl_module: FederatedModule) -> contextlib.AbstractContextManager[Any]:
         """The head receives ``rep + c_i`` and records ``rep``."""
         return biased_input(self._turn["head"], self._turn) if self._turn else contextlib.nullcontext()
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """Update the running mean; ``loss + kappa MR`` after the warm-up."""
         turn = self._turn
         if not turn:
@@ -181,13 +195,15 @@ class FedDBE(FedAvg):
             loss = loss + (self.kappa * mean_regularizer(turn["mean"], turn["global_mean"])).to(loss.dtype)
         return loss
 
-    def on_before_optimizer_step(self, client: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, client: ClientContext) -> None:
         """Unscale ``c_i``'s gradient under 16-bit mixed precision (the loop unscales the module's only)."""
         bias = self._turn.get("bias")
         if bias is not None and bias.grad is not None and client.scaler is not None:
             bias.grad.div_(client.scaler.get_scale())
 
-    def on_before_zero_grad(self, optimizer: Any, stepped: bool) -> None:
+    @override
+    def on_before_zero_grad(self, optimizer: Optimizer, stepped: bool) -> None:
         """SGD step of ``c_i`` at the local learning rate when the module's optimizer stepped; the running mean is
         detached from the step's graph."""
         turn = self._turn
@@ -203,7 +219,7 @@ class FedDBE(FedAvg):
                 bias.sub_(lr * bias.grad)
         bias.grad = None
 
-    def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep ``c_i``; in the warm-up, upload the running mean."""
         turn = self._turn
         if not turn:
@@ -215,7 +231,8 @@ class FedDBE(FedAvg):
             update.extras["running_mean"] = turn["mean"].detach().to(store, copy=True)
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Evaluate ``h(rep + c_i)``: add ``W c_i`` to the (linear) head's bias."""
         bias = client_state.get("bias")
         if bias is None:
@@ -223,6 +240,3 @@ class FedDBE(FedAvg):
         _, head = linear_head(pl_module, self.head_rule, "FedDBE")
         with torch.no_grad():
             head.bias.add_((head.weight.float() @ bias.to(head.weight.device).float()).to(head.bias.dtype))
-
-    def hparams(self) -> dict[str, Any]:
-        return {"kappa": self.kappa, "momentum": self.momentum, "head": self.head, **super().hparams()}

@@ -52,8 +52,11 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import State, weighted_average
 
@@ -137,6 +140,7 @@ class FedDyn(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def setup_server_state(self) -> None:
         """``theta_cld = theta_srv`` (the initial shared tensors); ``hbar = 0``."""
         super().setup_server_state()
@@ -146,20 +150,24 @@ class FedDyn(Strategy):
                      if t.is_floating_point() and (n in params or self.buffers == "dynamic")]
         self.h_mean = {n: torch.zeros_like(self.global_state[n]) for n in corrected}
 
+    @override
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """``theta_cld``: the model every client starts from."""
         return dict(self.cloud_state)
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """With ``anchor="server"``, ``theta_srv``'s shared parameters (the regularizer's anchor); else nothing."""
         if self.anchor == "cloud":
             return {}
         return {"server_state": {n: self.global_state[n] for n in self.shared_parameter_names()}}
 
+    @override
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """``theta_srv`` (``evaluate_with="server"``) or ``theta_cld``."""
         return dict(self.global_state if self.evaluate_with == "server" else self.cloud_state)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``theta_srv = mean theta_k``, ``hbar += sum (theta_k - theta_cld) / N``, ``theta_cld = theta_srv + hbar``."""
         if not updates:
@@ -167,14 +175,15 @@ class FedDyn(Strategy):
         self.check_uploads(updates)
         server, h_mean, cloud = feddyn_server_update(
             [u.state for u in updates], self.cloud_state, self.h_mean, len(self.client_ids))
-        for target, new in ((self.global_state, server), (self.cloud_state, cloud)):
-            target.update({n: t.to(target[n].device) for n, t in new.items()})
+        self.cloud_state.update({n: t.to(self.cloud_state[n].device) for n, t in cloud.items()})
         self.h_mean.update(h_mean)
-        return dict(self.global_state)
+        return {**self.global_state, **{n: t.to(self.global_state[n].device) for n, t in server.items()}}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"global_state": self.global_state, "cloud_state": self.cloud_state, "h_mean": self.h_mean}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.global_state = dict(state_dict["global_state"])
         self.cloud_state = dict(state_dict["cloud_state"])
@@ -182,7 +191,8 @@ class FedDyn(Strategy):
 
     # ------------------------------------------------------------------------------------------ client
     def on_client_fit_start(
-        self, pl_module: Any, received: dict[str, Tensor], received_extras: dict[str, Any], client_state: dict[str, Any]
+        self, pl_module: FederatedModule, received: dict[str, Tensor], received_extras: dict[str, Any],
+        client_state: dict[str, Any]
     ) -> None:
         """Keep ``theta_cld`` (for the ``h_k`` update), the anchor and ``h_k`` (0 the first time)."""
         params = {n: p for n, p in pl_module.shared_parameters() if n in received}
@@ -196,7 +206,9 @@ class FedDyn(Strategy):
             "h_device": {n: h[n].to(p.device, p.dtype) for n, p in params.items()},
         }
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``loss + alpha <theta, -theta_anchor + h_k> + (alpha / 2) ||theta||^2`` over the shared parameters."""
         turn = self._turn
         if not turn or not turn["params"]:
@@ -213,7 +225,3 @@ class FedDyn(Strategy):
             for n, h in turn["h"].items()
         }
         self._turn = {}
-
-    def hparams(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "anchor": self.anchor, "buffers": self.buffers,
-                "evaluate_with": self.evaluate_with}

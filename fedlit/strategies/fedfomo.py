@@ -39,13 +39,16 @@ one (the paper has none): clients never trained (and unseen ones) are evaluated 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import ClientContext, ServerContext
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.seeding import derive_seed
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 
 #: The key of a client's uploaded weights ``w_n`` (a vector over every client) in ``ClientUpdate.extras``.
@@ -128,12 +131,14 @@ class FedFomo(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def setup_server_state(self) -> None:
         """No model uploaded yet; ``P = 0``."""
         self.models = {}
         self.affinity = torch.zeros(len(self.client_ids), len(self.client_ids), dtype=torch.float64)
 
-    def on_fit_start(self, trainer: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext) -> None:
         """The seed of the epsilon-greedy choices (derived from the run's: a resumed run draws the same)."""
         self.seed = int(trainer.derive_seed("fedfomo"))
 
@@ -141,10 +146,12 @@ class FedFomo(Strategy):
         """``max(0, eps - eps_decay (server_round - 1))``."""
         return max(0.0, self.eps - self.eps_decay * (server_round - 1))
 
+    @override
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The client's own latest model (the initial one before it uploads)."""
         return dict(self.models.get(client_id, self.global_state))
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """M other clients' latest models (shared parameters), chosen on the client's affinities."""
         own = self.client_ids.index(client_id)
@@ -158,6 +165,7 @@ class FedFomo(Strategy):
             models[self.client_ids[candidates[k]]] = {n: model[n] for n in names}
         return {"models": models, "clients": list(self.client_ids)}
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Keep each upload as its client's model; ``P_in += w_n``. ``global_state`` stays the initial model."""
         self.check_uploads(updates)
@@ -167,12 +175,14 @@ class FedFomo(Strategy):
             if weights is not None:
                 row = self.client_ids.index(update.client_id)
                 self.affinity[row] += weights.to(torch.float64).cpu()
-        return self.global_state
+        return dict(self.global_state)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Server state plus every client's model and ``P``."""
         return {**super().state_dict(), "models": self.models, "affinity": self.affinity}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
@@ -180,7 +190,7 @@ class FedFomo(Strategy):
         self.affinity = state_dict["affinity"]
 
     # ------------------------------------------------------------------------------------------ client
-    def validation_loss(self, pl_module: Any, loader: Any, client: Any) -> float:
+    def validation_loss(self, pl_module: FederatedModule, loader: Any, client: ClientContext) -> float:
         """The module's loss (its ``training_step``'s) over ``loader``, per sample, in eval mode."""
         pl_module.eval()
         total, count = 0.0, 0
@@ -191,11 +201,11 @@ class FedFomo(Strategy):
                     out = client.convert_output(pl_module.training_step(batch, batch_idx))
                 loss = out["loss"] if isinstance(out, Mapping) else out
                 n = _num_samples(batch)
-                total, count = total + float(loss) * n, count + n
+                total, count = total + float(cast(Tensor, loss)) * n, count + n
         return total / count
 
-    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str,
-                            received_extras: dict[str, Any], client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
+                            received_extras: dict[str, Any], client: ClientContext) -> None:
         """Eqs. 4 and 5 on the received models, then local training from the result."""
         clients, models = list(received_extras["clients"]), received_extras["models"]
         self._turn = {"weights": torch.zeros(len(clients), dtype=torch.float32)}
@@ -235,9 +245,7 @@ class FedFomo(Strategy):
             update.extras[EXTRAS_KEY] = self._turn["weights"]
             self._turn = {}
 
+    @override
     def expected_upload_extras(self, client_id: str) -> dict[str, Any]:
         """The weight vector (one float32 per client)."""
         return {EXTRAS_KEY: torch.zeros(len(self.client_ids), dtype=torch.float32)}
-
-    def hparams(self) -> dict[str, Any]:
-        return {"num_models": self.num_models, "eps": self.eps, "eps_decay": self.eps_decay, "split": self.split}

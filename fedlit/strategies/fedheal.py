@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.base import ClientUpdate, Strategy
@@ -174,11 +175,13 @@ class FedHEAL(Strategy):
         self.distances: dict[str, float] = {}
         self.last_weights: dict[str, float] = {}
 
+    @override
     def setup_server_state(self) -> None:
         """No history, no weights yet."""
         self.history, self.counts, self.weights, self.deltas, self.distances = {}, {}, {}, {}, {}
         self.last_weights = {}
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Masks and distances per client, the momentum weights, then the masked, reweighted update."""
         if not updates:
@@ -209,15 +212,16 @@ class FedHEAL(Strategy):
         for k, wk, dwk in zip(ids, w.tolist(), dw.tolist(), strict=True):
             self.weights[k], self.deltas[k] = wk, dwk
         self.last_weights = dict(zip(ids, p.tolist(), strict=True))
-        self.global_state.update(heal_aggregate(theta, masked, masks, p.tolist()))
-        return dict(self.global_state)
+        return {**self.global_state, **heal_aggregate(theta, masked, masks, p.tolist())}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state, every client's sign history and count, weights, increments and distances."""
         return {**super().state_dict(), "history": self.history, "counts": dict(self.counts),
                 "weights": dict(self.weights), "deltas": dict(self.deltas), "distances": dict(self.distances),
                 "last_weights": dict(self.last_weights)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
@@ -225,7 +229,3 @@ class FedHEAL(Strategy):
         self.counts = dict(state_dict["counts"])
         self.weights, self.deltas = dict(state_dict["weights"]), dict(state_dict["deltas"])
         self.distances, self.last_weights = dict(state_dict["distances"]), dict(state_dict["last_weights"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"tau": self.tau, "beta": self.beta, "sign_count": self.sign_count,
-                "distance_share": self.distance_share}

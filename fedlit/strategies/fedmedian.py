@@ -19,8 +19,6 @@ local training (one communication per round). Integer buffers (``num_batches_tra
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedlit.strategies.common.aggregators import MedianAggregator
 from fedlit.strategies.fedavg import FedAvg
 
@@ -32,6 +30,3 @@ class FedMedian(FedAvg):
 
     def __init__(self) -> None:
         super().__init__(aggregator=MedianAggregator())
-
-    def hparams(self) -> dict[str, Any]:
-        return {}

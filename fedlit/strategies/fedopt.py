@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.base import ClientUpdate
@@ -97,6 +98,7 @@ class FedOpt(FedAvg):
         self.m: dict[str, Tensor] = {}
         self.v: dict[str, Tensor] = {}
 
+    @override
     def setup_server_state(self) -> None:
         """Start ``m = v = 0``."""
         super().setup_server_state()
@@ -110,16 +112,18 @@ class FedOpt(FedAvg):
         """The factor of ``m / (sqrt(v) + tau)`` in line 15: ``eta`` (FedAdam may bias-correct it)."""
         return self.eta
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``x += eta m / (sqrt(v) + tau)`` with ``Delta = aggregate(x_k) - x`` on floating tensors (Alg. 2)."""
         if not updates:
             return dict(self.global_state)
         target = self.combine(updates)
         lr = self.step_size(server_round)
+        new_state = dict(self.global_state)
         for name, new in target.items():
             x = self.global_state[name]
             if not x.is_floating_point() or (self.roles.is_buffer(name) and not self.optimize_buffers):
-                self.global_state[name] = new
+                new_state[name] = new
                 continue
             dtype = torch.promote_types(x.dtype, torch.float32)
             delta = new.to(dtype) - x.to(dtype)                                            # lines 9-10
@@ -128,20 +132,24 @@ class FedOpt(FedAvg):
             m = self.beta_1 * m + (1 - self.beta_1) * delta                                # line 11
             v = self.second_moment(v, delta * delta)                                       # lines 12-14
             self.m[name], self.v[name] = m, v
-            self.global_state[name] = (x.to(dtype) + lr * m / (v.sqrt() + self.tau)).to(x.dtype)  # line 15
-        return dict(self.global_state)
+            new_state[name] = (x.to(dtype) + lr * m / (v.sqrt() + self.tau)).to(x.dtype)  # line 15
+        return new_state
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server model and the moments ``m``, ``v``."""
         return {**super().state_dict(), "m": dict(self.m), "v": dict(self.v)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self.m, self.v = dict(state_dict["m"]), dict(state_dict["v"])
 
+    @override
     def hparams(self) -> dict[str, Any]:
-        hparams = {"eta": self.eta, "tau": self.tau, "beta_1": self.beta_1, "beta_2": self.beta_2}
-        if self.optimize_buffers:
-            hparams["optimize_buffers"] = True
-        return {**hparams, **super().hparams()}
+        """The arguments, with ``optimize_buffers`` only when it is on."""
+        hparams = super().hparams()
+        if not self.optimize_buffers:
+            hparams.pop("optimize_buffers", None)
+        return hparams

@@ -21,10 +21,13 @@ head/body strategies: LG-FedAvg, FedRep, FedBABU.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
+
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
@@ -55,7 +58,7 @@ def head_names(roles: ParameterRoles, rule: RoleRule, strategy: str) -> list[str
     return names
 
 
-def drop_gradients(pl_module: Any, drop: Callable[[str], bool]) -> None:
+def drop_gradients(pl_module: FederatedModule, drop: Callable[[str], bool]) -> None:
     """Set the gradient of every parameter of ``pl_module`` whose name satisfies ``drop`` to None: torch's
     optimizers skip such a parameter entirely (no momentum, no weight decay), so the step leaves it unchanged."""
     for name, param in pl_module.named_parameters():
@@ -63,7 +66,7 @@ def drop_gradients(pl_module: Any, drop: Callable[[str], bool]) -> None:
             param.grad = None
 
 
-def parameter_names(pl_module: Any, rule: RoleRule) -> set[str]:
+def parameter_names(pl_module: FederatedModule, rule: RoleRule) -> set[str]:
     """The names of ``pl_module``'s parameters matched by ``rule``."""
     return {n for n, _ in pl_module.named_parameters() if rule.matches(n)}
 
@@ -90,9 +93,7 @@ class FedPer(FedAvg):
         self.head = head
         self.head_rule = head_rule(head)
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """The head's trainable tensors become ``personal``; the body keeps its roles (shared, usually)."""
         return roles.with_roles(dict.fromkeys(head_names(roles, self.head_rule, type(self).__name__), "personal"))
-
-    def hparams(self) -> dict[str, Any]:
-        return {"head": self.head, **super().hparams()}

@@ -13,12 +13,15 @@ Symbols -> code: ``w^t`` -> ``self._anchor`` (what the server sent this round); 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
@@ -59,16 +62,15 @@ class FedProx(FedAvg):
         """Keep ``w^t``, the tensors the server sent, as the anchor of the proximal term."""
         self._anchor = {n: t.detach().clone() for n, t in received.items()}
 
-    def proximal_parameters(self, pl_module: Any) -> dict[str, Tensor]:
+    def proximal_parameters(self, pl_module: FederatedModule) -> dict[str, Tensor]:
         """The parameters the proximal term pulls toward the server's (all shared parameters)."""
         return {n: p for n, p in pl_module.shared_parameters() if n in self._anchor}
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``F_k(w) + (mu / 2) ||w - w^t||^2`` (Eq. 2)."""
         params = self.proximal_parameters(pl_module)
         if self.mu == 0 or not params:
             return loss
         return loss + self.mu / 2 * squared_distance(params, self._anchor)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"mu": self.mu, **super().hparams()}

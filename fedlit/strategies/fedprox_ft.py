@@ -9,7 +9,9 @@ client's own), at every evaluated round, nothing of it kept. The global model is
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
+
+from typing_extensions import override
 
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg_ft import check_finetune_steps
@@ -37,9 +39,7 @@ class FedProxFT(FedProx):
         super().__init__(mu=mu, weighting=weighting, aggregator=aggregator)
         self.eval_finetune_steps = check_finetune_steps(finetune_steps)
 
+    @override
     def global_model_state(self, client_id: str) -> dict:
         """FedProx's global model, evaluated beside the fine-tuned one (without fine-tuning)."""
         return dict(self.global_state)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"finetune_steps": self.eval_finetune_steps, **super().hparams()}

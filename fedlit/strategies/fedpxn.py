@@ -27,8 +27,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedbn import FedBN
 from fedlit.strategies.fedprox import FedProx
@@ -65,12 +68,14 @@ class FedPxN(FedBN, FedProx):
         self.prox_on_norm_initial = prox_on_norm_initial
         self._norm_initial: dict[str, Tensor] = {}
 
+    @override
     def setup_server_state(self) -> None:
         """A new run: forget any normalization values kept from an earlier one (see :meth:`on_fit_start`)."""
         super().setup_server_state()
         self._norm_initial = {}
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         """With ``prox_on_norm_initial``, keep the trainable normalization parameters' values before round 1
         (the live model holds them on a new run; a resumed run has them from the checkpoint)."""
         super().on_fit_start(trainer, pl_module)
@@ -82,13 +87,15 @@ class FedPxN(FedBN, FedProx):
             if roles.is_norm(n) and roles[n] != "frozen"
         }
 
+    @override
     def on_client_fit_start(self, received: dict[str, Tensor]) -> None:
         """Anchor the proximal term at what the server sent (and, with ``prox_on_norm_initial``, at the
         normalization parameters' initial values)."""
         super().on_client_fit_start(received=received)
         self._anchor.update(self._norm_initial)
 
-    def proximal_parameters(self, pl_module: Any) -> dict[str, Tensor]:
+    @override
+    def proximal_parameters(self, pl_module: FederatedModule) -> dict[str, Tensor]:
         """The shared parameters (never normalization ones: FedBN made them personal), plus, with
         ``prox_on_norm_initial``, the trainable normalization parameters."""
         params = super().proximal_parameters(pl_module)
@@ -96,15 +103,22 @@ class FedPxN(FedBN, FedProx):
             params.update((n, p) for n, p in pl_module.named_parameters() if n in self._norm_initial)
         return params
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus the normalization parameters' initial values (empty unless
         ``prox_on_norm_initial``)."""
         return {**super().state_dict(), "norm_initial": dict(self._norm_initial)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self._norm_initial = dict(state_dict["norm_initial"])
 
+    @override
     def hparams(self) -> dict[str, Any]:
-        return {**super().hparams(), "prox_on_norm_initial": self.prox_on_norm_initial}
+        """The arguments, ``prox_on_norm_initial`` last (as earlier versions wrote it: a resume compares the
+        repr)."""
+        hparams = super().hparams()
+        hparams["prox_on_norm_initial"] = hparams.pop("prox_on_norm_initial", self.prox_on_norm_initial)
+        return hparams

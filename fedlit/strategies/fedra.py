@@ -52,9 +52,13 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 from fedlit.strategies.fedsca import adapter_prefixes
@@ -161,6 +165,7 @@ class FedRA(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ blocks
+    @override
     def setup_server_state(self) -> None:
         """Group the shared tensors into blocks by layer index; check ``block_counts`` against their number."""
         shared = [n for n in self.roles.names("shared") if n in self.global_state]
@@ -211,16 +216,18 @@ class FedRA(Strategy):
         kept = set(self.allocation(server_round, client_id))
         return [n for n in self.global_state if self.block_of.get(n, -1) in kept or n not in self.block_of]
 
+    @override
     def expected_upload_names(self, server_round: int, client_id: str, received: Mapping[str, Tensor]) -> list[str]:
         """What the client uploads (:meth:`uploaded_names`), not every tensor it received."""
         return self.uploaded_names(server_round, client_id)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         """Take the federation's seed (when ``seed`` is None)."""
-        self._run_seed = int(getattr(trainer, "seed", 0))
+        self._run_seed = int(trainer.settings.seed)
 
-    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str) -> None:
         """Note the parameters of the unallocated blocks; with ``skip_unallocated``, make those blocks identities."""
         self._remove_hooks()
         kept = set(self.allocation(server_round, client_id))
@@ -233,7 +240,8 @@ class FedRA(Strategy):
                     for path in self.block_modules[block]:
                         self._turn["hooks"].append(modules[path].register_forward_hook(_identity(path)))
 
-    def on_before_optimizer_step(self, optimizer: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         """Drop the gradients of the unallocated blocks: the optimizer skips parameters without one."""
         for param in self._turn.get("frozen", ()):
             param.grad = None
@@ -247,6 +255,7 @@ class FedRA(Strategy):
         self._remove_hooks()
         self._turn = {}
 
+    @override
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The full global model (no block skipped)."""
         self._remove_hooks()
@@ -259,6 +268,7 @@ class FedRA(Strategy):
             self._turn["hooks"] = []
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Each block: the weighted mean over the clients that had it (kept if none); the rest: over every client."""
         if not updates:
@@ -273,13 +283,12 @@ class FedRA(Strategy):
                                f"blocks {self.allocation(server_round, update.client_id)} or outside the blocks.")
             states.append({n: update.state[n] for n in expected})
         weights = client_weights(updates, self.weighting)
-        self.global_state.update(partial_weighted_average(self.global_state, states, weights))
-        return dict(self.global_state)
+        return {**self.global_state, **partial_weighted_average(self.global_state, states, weights)}
 
+    @override
     def hparams(self) -> dict[str, Any]:
-        return {"block_counts": self.block_counts, "size_assignment": self.size_assignment, "seed": self.seed,
-                "weighting": self.weighting, "block_tensors": self.block_tensors,
-                "skip_unallocated": self.skip_unallocated}
+        """The arguments, ``block_counts`` as resolved (the paper's counts for None)."""
+        return {**super().hparams(), "block_counts": self.block_counts}
 
 
 def _identity(path: str) -> Any:

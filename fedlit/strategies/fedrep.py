@@ -38,9 +38,13 @@ Defaults and deviations:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
+from typing_extensions import override
+
+from fedlit.core.contexts import ClientContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedper import FedPer, drop_gradients, parameter_names
 
@@ -72,7 +76,7 @@ class FedRep(FedPer):
         self._head: set[str] = set()
         self._step = 0
 
-    def on_client_fit_start(self, pl_module: Any, client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, client: ClientContext) -> None:
         """Start the turn in the head phase; refuse a turn of ``local_steps`` that leaves the body no step."""
         steps = client.local.local_steps
         if steps is not None and steps <= self.head_steps:
@@ -82,7 +86,8 @@ class FedRep(FedPer):
         self._head = parameter_names(pl_module, self.head_rule)
         self._step = 0
 
-    def on_before_optimizer_step(self, pl_module: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, pl_module: FederatedModule) -> None:
         """Phase 1 (the first ``head_steps`` steps): drop the body's gradients; phase 2: drop the head's."""
         head_phase = self._step < self.head_steps
         drop_gradients(pl_module, lambda name: (name in self._head) != head_phase)
@@ -94,6 +99,3 @@ class FedRep(FedPer):
             raise ConfigError(f"FedRep: client {client_id!r}'s turn took {self._step} optimizer steps, all spent on "
                               f"the head (strategy.init_args.head_steps={self.head_steps}), so its body never trained: "
                               "lower head_steps or lengthen the turn (federation.local_steps or local_epochs).")
-
-    def hparams(self) -> dict[str, Any]:
-        return {"head_steps": self.head_steps, **super().hparams()}

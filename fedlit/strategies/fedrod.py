@@ -36,7 +36,7 @@ alike). A client that has not trained yet is evaluated with the generic head alo
 
 Symbols -> code: ``theta`` -> the shared body tensors; ``psi`` -> the tensors matched by ``head`` (shared); ``phi_m``
 -> ``client_state["head_p"]`` (by the head's parameter names); ``n_{m,c}`` -> the client's train class counts
-(``client.data.class_counts()``); L_BSM -> :func:`balanced_softmax_loss`; L_P -> :func:`personal_loss`.
+(``client.class_counts()``); L_BSM -> :func:`balanced_softmax_loss`; L_P -> :func:`personal_loss`.
 
 Deviation: a binary task (one logit ``s``, BCE) is the two-class softmax over ``[0, s]``, so its balanced softmax
 is BCE of ``s + log(n_pos / n_neg)`` and ``L_P`` is BCE. Multilabel tasks are refused. Deviation: a class absent
@@ -54,9 +54,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn import functional as F  # noqa: N812
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedper import head_rule, parameter_names
@@ -90,7 +94,7 @@ def personal_loss(generic: Tensor, personal: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits, targets)
 
 
-def linear_head(pl_module: nn.Module, rule: RoleRule, strategy: str) -> tuple[str, nn.Linear]:
+def linear_head(pl_module: FederatedModule, rule: RoleRule, strategy: str) -> tuple[str, nn.Linear]:
     """The name and module of the one ``nn.Linear`` whose parameters ``rule`` matches (its weight and bias); a
     ConfigError naming ``strategy.init_args.head`` otherwise."""
     names = parameter_names(pl_module, rule)
@@ -138,15 +142,17 @@ class FedRoD(FedAvg):
         self.head_rule = head_rule(head)
         self._turn: dict[str, Any] = {}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The body and the generic head (every client evaluated with ``h_G`` alone, beside ``h_G + h_P``)."""
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, client_state: dict[str, Any],
+                            client: ClientContext) -> None:
         """Take ``phi_m`` (a copy of the received head at the first turn) and the client's train class counts."""
         name, head = linear_head(pl_module, self.head_rule, "FedRoD")
-        counts = client.data.class_counts()
+        counts = client.class_counts()
         if counts is None:
             raise ConfigError("FedRoD needs the clients' class counts (a multiclass or binary task); the data has "
                               "none.")
@@ -156,15 +162,18 @@ class FedRoD(FedAvg):
             source = stored[f"{name}.{key}"] if stored is not None else param
             phi[key] = source.detach().to(param.device, param.dtype, copy=True).requires_grad_(True)
         self._turn = {"name": name, "head": head, "phi": phi, "captured": {}, "client": client,
-                      "counts": torch.as_tensor(counts[client.client_id]["train"], dtype=torch.float32)}
+                      "counts": torch.as_tensor(counts["train"], dtype=torch.float32)}
 
-    def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
+    @override
+    def client_forward(self, pl_module: FederatedModule) -> contextlib.AbstractContextManager[Any]:
         """Capture the head's input ``z`` during the step."""
         if not self._turn:
             return contextlib.nullcontext()
         return captured_input(self._turn["head"], self._turn["captured"])
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``L_BSM(h_G(z)) + CE(h_G(z).detach() + h_P(z.detach()))``; replaces the module's loss."""
         turn = self._turn
         if not turn:
@@ -182,14 +191,16 @@ class FedRoD(FedAvg):
         total = balanced_softmax_loss(logits, targets, turn["counts"]) + personal_loss(logits, personal, targets)
         return total.to(loss.dtype)
 
-    def on_before_optimizer_step(self, client: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, client: ClientContext) -> None:
         """Unscale ``phi_m``'s gradients under 16-bit mixed precision (the loop unscales the module's only)."""
         if self._turn and client.scaler is not None:
             for tensor in self._turn["phi"].values():
                 if tensor.grad is not None:
                     tensor.grad.div_(client.scaler.get_scale())
 
-    def on_before_zero_grad(self, optimizer: Any, stepped: bool) -> None:
+    @override
+    def on_before_zero_grad(self, optimizer: Optimizer, stepped: bool) -> None:
         """SGD step of ``phi_m`` at the local learning rate when the module's optimizer stepped."""
         if not self._turn:
             return
@@ -200,7 +211,7 @@ class FedRoD(FedAvg):
                     tensor.sub_(lr * tensor.grad)
                 tensor.grad = None
 
-    def on_client_fit_end(self, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep ``phi_m`` in the client's state."""
         turn = self._turn
         if not turn:
@@ -209,7 +220,8 @@ class FedRoD(FedAvg):
                                   for k, t in turn["phi"].items()}
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Evaluate ``h_G + h_P``: add ``phi_m`` to the (linear) head's weight and bias."""
         phi = client_state.get("head_p")
         if phi is None:
@@ -218,6 +230,3 @@ class FedRoD(FedAvg):
         with torch.no_grad():
             for key, param in head.named_parameters():
                 param.add_(phi[f"{name}.{key}"].to(param.device, param.dtype))
-
-    def hparams(self) -> dict[str, Any]:
-        return {"head": self.head, **super().hparams()}

@@ -34,6 +34,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from typing_extensions import override
+
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles
 from fedlit.strategies.common.aggregators import Aggregator
@@ -126,6 +128,7 @@ class FedSA(FedAvg):
         chosen |= {n for n in shared if any(_matches(n, p) for p in self.personal_patterns)}
         return [n for n in shared if n in chosen]
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """LoRA B, adapter up projections and the head become personal; LoRA A, down projections stay shared."""
         shared = roles.names("shared")
@@ -152,7 +155,7 @@ class FedSA(FedAvg):
             )
         return roles.with_roles(dict.fromkeys(personal, "personal"))
 
+    @override
     def hparams(self) -> dict[str, Any]:
-        """``personal_patterns``, ``adapter_up_by_order`` and FedAvg's."""
-        return {"personal_patterns": self.personal_patterns, "adapter_up_by_order": self.adapter_up_by_order,
-                **super().hparams()}
+        """The arguments, ``personal_patterns`` as resolved (the default patterns for None)."""
+        return {**super().hparams(), "personal_patterns": self.personal_patterns}

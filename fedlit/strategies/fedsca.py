@@ -55,9 +55,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, StepOutput
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import ParameterRoles, RoleRule
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import (
     State,
@@ -228,6 +231,7 @@ class FedSCA(Strategy):
         self._target: dict[str, Tensor] | None = None
         self._round_log: dict[str, float] = {}
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """The tensors of the lowest ``L`` shared adapters stay shared; every other shared tensor becomes personal."""
         shared = roles.names("shared")
@@ -246,16 +250,19 @@ class FedSCA(Strategy):
         kept = self.adapters[: self.num_shared_adapters]
         return roles.replace(lambda n, r: r == "shared" and not any(_in_adapter(n, p) for p in kept), "personal")
 
+    @override
     def setup_server_state(self) -> None:
         """No mix yet: every client starts from the initial shared tensors."""
         self.mixes = {}
         self.weights = torch.zeros(0, 0, dtype=torch.float64)
         self.weight_clients = []
 
+    @override
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """Client i's own mix ``sum_j W_ij Theta_j`` of its last round; before it has one, ``global_state``."""
         return dict(self.mixes.get(client_id, self.global_state))
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """SGCA (Eq. 7): one mix per client of the round. ``global_state`` becomes the size-weighted mean (the mix
         with alpha = 0), which clients that have not trained yet receive."""
@@ -275,14 +282,14 @@ class FedSCA(Strategy):
 
         for update, row in zip(updates, self.weights, strict=True):
             self.mixes[update.client_id] = on_server(weighted_average(states, row.tolist()))
-        self.global_state.update(on_server(weighted_average(states, sizes)))
-        return dict(self.global_state)
+        return {**self.global_state, **on_server(weighted_average(states, sizes))}
 
     def on_after_aggregate(self, server_round: int, log: dict[str, float]) -> None:
         """Add the round's SGCA weights (:func:`sgca_log`) to the round's log (TensorBoard, ``metrics.csv``)."""
         log.update(self._round_log)
         self._round_log = {}
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """Whether what the client receives is its own mix (no tensor: nothing counted as download), so the client
         knows it without the server's ``mixes`` (a deployed client has only what it receives)."""
@@ -294,7 +301,9 @@ class FedSCA(Strategy):
         regularize = self.beta > 0 and server_round > 1 and bool(received_extras["has_mix"])
         self._target = {n: t.detach().clone() for n, t in received.items()} if regularize else None
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``loss + beta * (-cos(Theta_i, sum_j W_ij Theta_j))`` over the shared parameters; ``loss`` in round 1."""
         if self._target is None:
             return loss
@@ -303,18 +312,16 @@ class FedSCA(Strategy):
             return loss
         return loss + self.beta * cosine_regularizer(params, self._target)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus every client's mix and the last round's weights, so a resumed run is exact."""
         return {**super().state_dict(), "mixes": self.mixes, "weights": self.weights,
                 "weight_clients": list(self.weight_clients)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self.mixes = {c: dict(s) for c, s in state_dict["mixes"].items()}
         self.weights = state_dict["weights"]
         self.weight_clients = list(state_dict["weight_clients"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"num_shared_adapters": self.num_shared_adapters, "alpha": self.alpha, "beta": self.beta,
-                "normalize_distances": self.normalize_distances, "literal_eq7": self.literal_eq7}

@@ -35,8 +35,11 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, StepOutput
 from fedlit.core.errors import ConfigError, DataError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.fedavg import FedAvg
 
@@ -103,6 +106,7 @@ class FedSLD(FedAvg):
         self.prior: Tensor = torch.zeros(0)
         self._received_prior: Tensor | None = None
 
+    @override
     def setup_server_state(self) -> None:
         """Compute P(c) (Eq. 1) from the class counts the clients reported before round 1."""
         super().setup_server_state()
@@ -119,6 +123,7 @@ class FedSLD(FedAvg):
             raise DataError(f"FedSLD: clients {missing[:5]} reported no class counts.")
         self.prior = class_prior([class_counts[c] for c in self.client_ids]).float()
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """Send P (counted as download)."""
         return {"prior": self.prior.clone()}
@@ -127,7 +132,9 @@ class FedSLD(FedAvg):
         """The client keeps the P it received for its local training."""
         self._received_prior = received_extras["prior"]
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """Eq. (3) on the batch's logits and targets; replaces the module's loss."""
         if not isinstance(outputs, Mapping) or "logits" not in outputs or "targets" not in outputs:
             got = f"keys {sorted(outputs)}" if isinstance(outputs, Mapping) else type(outputs).__name__
@@ -152,10 +159,12 @@ class FedSLD(FedAvg):
             )
         return sld_loss(logits, targets, prior)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus P, so a resumed run keeps the P computed before round 1."""
         return {**super().state_dict(), "prior": self.prior}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)

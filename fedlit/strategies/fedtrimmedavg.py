@@ -24,8 +24,6 @@ client at each end, ``1 / n`` (5 clients are the fewest that beta = 0.2 protects
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedlit.strategies.common.aggregators import TrimmedMeanAggregator, check_beta
 from fedlit.strategies.fedavg import FedAvg
 
@@ -45,6 +43,3 @@ class FedTrimmedAvg(FedAvg):
         aggregator.option = "strategy.init_args.beta"  # warnings name the option as the recipe spells it
         super().__init__(aggregator=aggregator)
         self.beta = beta
-
-    def hparams(self) -> dict[str, Any]:
-        return {"beta": self.beta}

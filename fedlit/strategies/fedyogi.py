@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.strategies.fedopt import FedOpt
 
@@ -34,6 +35,7 @@ class FedYogi(FedOpt):
     Takes :class:`FedOpt`'s arguments.
     """
 
+    @override
     def second_moment(self, v: Tensor, delta_sq: Tensor) -> Tensor:
         """``v_t = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2)`` (line 13)."""
         return v - (1 - self.beta_2) * delta_sq * torch.sign(v - delta_sq)

@@ -45,8 +45,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 from torch.func import functional_call
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.personal_copy import (
     MethodCall,
     keep_copy,
@@ -100,12 +104,14 @@ class FML(FedAvg):
         self.alpha, self.beta = float(alpha), float(beta)
         self._turn: dict[str, Any] = {}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The meme (FedAvg's model), evaluated on every client beside its local model."""
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, client_state: dict[str, Any],
+                            client: ClientContext) -> None:
         """Take the local model (a copy of the received meme at the client's first turn)."""
         local, trainable = personal_copy(pl_module, client_state.get("local"))
         self._turn = {
@@ -114,7 +120,9 @@ class FML(FedAvg):
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``L_meme + L_local``: one backward gives each model its own gradient (the teachers are detached)."""
         turn = self._turn
         if not turn:
@@ -131,26 +139,26 @@ class FML(FedAvg):
                                  self.alpha, self.beta)
         return meme + local.to(meme.dtype)
 
-    def on_before_optimizer_step(self, client: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, client: ClientContext) -> None:
         """Unscale the local model's gradients under 16-bit mixed precision (the loop unscales the meme's only)."""
         if self._turn:
             unscale_gradients(self._turn["local"], self._turn["trainable"], client.scaler)
 
-    def on_before_zero_grad(self, pl_module: Any, optimizer: Any, stepped: bool) -> None:
+    @override
+    def on_before_zero_grad(self, pl_module: FederatedModule, optimizer: Optimizer, stepped: bool) -> None:
         """After the meme's step, step the local model with the mirror optimizer (not on a skipped step)."""
         if self._turn:
             step_copy(self._turn, "local", pl_module, optimizer, stepped, "FML")
 
-    def on_client_fit_end(self, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep the local model and, under ``persist``, its optimizer state."""
         if self._turn:
             keep_copy(self._turn, "local", client_state, client)
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Put the client's local model into the live module (before its first turn: the meme as sent)."""
         if "local" in client_state:
             load_into(pl_module, client_state["local"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "beta": self.beta, **super().hparams()}

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.base import ClientUpdate
@@ -105,10 +106,15 @@ class IDA(FedAvg):
         super().__init__(weighting=weighting)
         self.reference, self.p = reference, float(p)
 
+    @override
     def client_weights(self, updates: list[ClientUpdate]) -> list[float]:
         """``a_k`` of each update (:func:`ida_weights`, ``weighting``'s weights as the prior)."""
         reference = None if self.reference == "mean" else self.global_state
         return ida_weights([u.state for u in updates], reference, super().client_weights(updates), self.p)
 
+    @override
     def hparams(self) -> dict[str, Any]:
-        return {"reference": self.reference, "p": self.p, **super().hparams()}
+        """The arguments, ``weighting`` last (as earlier versions wrote it: a resume compares the repr)."""
+        hparams = super().hparams()
+        hparams["weighting"] = hparams.pop("weighting", self.weighting)
+        return hparams

@@ -24,7 +24,7 @@ Flower would include: they count steps, not weights.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from fedlit.strategies.common.aggregators import KrumAggregator, check_krum
 from fedlit.strategies.fedavg import FedAvg
@@ -54,6 +54,3 @@ class Krum(FedAvg):
         )
         self.num_malicious = num_malicious
         self.num_selected = num_selected
-
-    def hparams(self) -> dict[str, Any]:
-        return {"num_malicious": self.num_malicious, "num_selected": self.num_selected, "weighting": self.weighting}

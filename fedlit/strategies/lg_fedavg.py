@@ -28,6 +28,8 @@ Deviations and choices:
 
 from __future__ import annotations
 
+from typing_extensions import override
+
 from fedlit.core.roles import ParameterRoles
 from fedlit.strategies.fedper import FedPer, head_names
 
@@ -43,6 +45,7 @@ class LGFedAvg(FedPer):
 
     fusable = True
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """The head's trainable tensors become ``shared``, every other trainable tensor ``personal``."""
         head = set(head_names(roles, self.head_rule, type(self).__name__))

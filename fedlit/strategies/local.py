@@ -7,6 +7,7 @@ no state.
 from __future__ import annotations
 
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.roles import ParameterRoles
 from fedlit.strategies.base import ClientUpdate, Strategy
@@ -17,10 +18,12 @@ class Local(Strategy):
 
     communicates = False
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """Make every shared tensor personal."""
         return roles.replace(lambda name, role: role == "shared", "personal")
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Nothing to aggregate."""
         return {}

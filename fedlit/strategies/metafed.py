@@ -76,8 +76,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, ServerContext, StepOutput
 from fedlit.core.errors import ConfigError, DataError
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.personal_copy import MethodCall, load_into
 from fedlit.strategies.fedper import head_rule
@@ -170,44 +173,49 @@ class MetaFed(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
-    def on_fit_start(self, trainer: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext) -> None:
         """Take ``R`` (``rounds``, else ``federation.rounds``); refuse a schedule without a ring hop."""
-        total = self.rounds if self.rounds is not None else int(trainer.rounds)
-        if int(trainer.rounds) > total:
+        total = self.rounds if self.rounds is not None else int(trainer.settings.rounds)
+        if int(trainer.settings.rounds) > total:
             raise ConfigError(f"MetaFed personalizes at strategy.init_args.rounds={total}, but federation.rounds="
-                              f"{trainer.rounds} goes past it: make them equal (or leave rounds null).")
+                              f"{trainer.settings.rounds} goes past it: make them equal (or leave rounds null).")
         if total < self.warmup_rounds + 2:
             raise ConfigError(f"MetaFed needs a warm-up of strategy.init_args.warmup_rounds={self.warmup_rounds}, "
                               f"at least one ring round and the personalization round, but R={total}: raise "
                               f"federation.rounds to at least {self.warmup_rounds + 2} or lower warmup_rounds.")
         self._fit_rounds = total
 
+    @override
     def select_clients(self, server_round: int, client_ids: list[str], num_clients: int,
                        generator: torch.Generator) -> list[str]:
         """The ring hop's one client; every client in the warm-up and the personalization."""
         stage, hop = ring_stage(server_round, self.warmup_rounds, self._fit_rounds)
         return [ring_client(hop, client_ids)] if stage == RING else list(client_ids)
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """The stage, whether what is sent is a teacher, and whether the client updates its flag afterwards."""
         stage, hop = ring_stage(server_round, self.warmup_rounds, self._fit_rounds)
         return {"stage": stage, "teacher": stage == PERSONALIZE or hop > 0,
                 "check": stage == RING or server_round == self.warmup_rounds}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The latest common model (the last ring hop's upload), evaluated beside each client's own."""
         return dict(self.global_state)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """A ring hop's upload becomes the common model passed on; other rounds' uploads are not kept."""
         self.check_uploads(updates)
         stage, _ = ring_stage(server_round, self.warmup_rounds, self._fit_rounds)
         if stage == RING and updates:
-            self.global_state = dict(updates[-1].state)
-        return self.global_state
+            return dict(updates[-1].state)
+        return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def accuracy(self, pl_module: Any, client: Any, client_id: str) -> float:
+    def accuracy(self, pl_module: FederatedModule, client: ClientContext, client_id: str) -> float:
         """The live module's accuracy on the client's validation split (in eval mode)."""
         loader = client.eval_dataloader("val")
         if loader is None or client.num_examples("val") == 0:
@@ -224,8 +232,8 @@ class MetaFed(Strategy):
         pl_module.set_train_mode()
         return value
 
-    def on_client_fit_start(self, pl_module: Any, client_id: str, received_extras: dict[str, Any],
-                            client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, client_id: str, received_extras: dict[str, Any],
+                            client_state: dict[str, Any], client: ClientContext) -> None:
         """Copy the teacher (already loaded) or, once the flag is set, take the client's own model to distil into."""
         own, flag = client_state.get("own"), bool(client_state.get("flag", False))
         turn: dict[str, Any] = {"client": client, "client_id": client_id, "flag": flag, "lam": 0.0,
@@ -243,12 +251,15 @@ class MetaFed(Strategy):
             load_into(pl_module, own)  # the warm-up and the ring's first hop train the client's own model
         self._turn = turn
 
-    def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
+    @override
+    def client_forward(self, pl_module: FederatedModule) -> contextlib.AbstractContextManager[Any]:
         """While distilling, the head records the student's features."""
         turn = self._turn
         return recorded_input(turn["layer"], turn, "student") if "teacher" in turn else contextlib.nullcontext()
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``CE + lam mean (g_i - g_t)^2``, the teacher's features from its tensors in eval mode, without gradient."""
         turn = self._turn
         if "teacher" not in turn:
@@ -262,8 +273,8 @@ class MetaFed(Strategy):
             pl_module.set_train_mode()
         return loss + (turn["lam"] * feature_distillation(turn["student"], turn["features"])).to(loss.dtype)
 
-    def on_client_fit_end(self, pl_module: Any, update: ClientUpdate, client_state: dict[str, Any],
-                          client: Any) -> None:
+    def on_client_fit_end(self, pl_module: FederatedModule, update: ClientUpdate, client_state: dict[str, Any],
+                          client: ClientContext) -> None:
         """Keep the client's model; after a ring hop (and the warm-up's last round), update its flag."""
         turn = self._turn
         if not turn:
@@ -276,11 +287,8 @@ class MetaFed(Strategy):
         client_state["flag"] = flag
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Evaluate the client's own model (before its first turn: the common model as sent)."""
         if "own" in client_state:
             load_into(pl_module, client_state["own"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"lam": self.lam, "threshold": self.threshold, "personal_threshold": self.personal_threshold,
-                "warmup_rounds": self.warmup_rounds, "rounds": self.rounds, "head": self.head}

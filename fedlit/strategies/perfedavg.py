@@ -49,8 +49,11 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.common.personal_copy import MethodCall, functional_loss
 from fedlit.strategies.fedavg import FedAvg
@@ -59,7 +62,7 @@ from fedlit.strategies.fedavg import FedAvg
 def perfedavg_adapt(w: Mapping[str, Tensor], grad: Mapping[str, Tensor | None], alpha: float) -> dict[str, Tensor]:
     """``w - alpha g`` per tensor of ``w`` with ``g`` detached, differentiable in ``w`` (the FO step's ``temp``, and
     the personalized model of evaluation); a missing gradient counts as zero."""
-    return {n: t if grad.get(n) is None else t - alpha * grad[n].detach().to(t) for n, t in w.items()}
+    return {n: t if (g := grad.get(n)) is None else t - alpha * g.detach().to(t) for n, t in w.items()}
 
 
 def _single_sample_with_batch_norm(module: nn.Module, batch: Any) -> bool:
@@ -97,12 +100,14 @@ class PerFedAvg(FedAvg):
         self.eval_finetune_steps = 1  # the one-step adaptation, with configure_eval_finetune's optimizer
         self._turn: dict[str, Any] = {}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """``w``, the meta-model, evaluated on every client without adaptation beside the adapted one."""
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str, client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
+                            client: ClientContext) -> None:
         """Open the second pass over the train split, from which each step's ``D'`` comes."""
         live = pl_module.named_tensors("shared", "personal")
         self._turn = {"client": client, "training_step": MethodCall(pl_module, "training_step"),
@@ -110,7 +115,7 @@ class PerFedAvg(FedAvg):
                       "batches": self._cycle(client, ("perfedavg-second-batch", server_round, client_id))}
 
     @staticmethod
-    def _cycle(client: Any, stream: tuple[Any, ...]) -> Iterator[Any]:
+    def _cycle(client: ClientContext, stream: tuple[Any, ...]) -> Iterator[Any]:
         generator = torch.Generator().manual_seed(client.derive_seed(*stream))
         while True:
             empty = True
@@ -120,14 +125,16 @@ class PerFedAvg(FedAvg):
             if empty:
                 return
 
-    def _next_batch(self, pl_module: Any, batches: Iterator[Any], client: Any) -> Any:
+    def _next_batch(self, pl_module: FederatedModule, batches: Iterator[Any], client: ClientContext) -> Any:
         for _ in range(2):  # a lone sample under BatchNorm is skipped, as the loop does; then the next batch
             batch = next(batches)
             if not _single_sample_with_batch_norm(pl_module, batch):
                 return client.prepare_batch(batch)
         return client.prepare_batch(next(batches))
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``f_i(w - alpha grad f_i(w; D); D')`` with the inner gradient held fixed: its gradient with respect to
         ``w`` is the FO step's ``grad f_i(temp; D')``."""
         turn = self._turn
@@ -143,12 +150,10 @@ class PerFedAvg(FedAvg):
     def on_client_fit_end(self) -> None:
         self._turn = {}
 
-    def configure_eval_finetune(self, pl_module: Any) -> torch.optim.Optimizer:
+    @override
+    def configure_eval_finetune(self, pl_module: FederatedModule) -> torch.optim.Optimizer:
         """The adaptation before evaluation: one plain gradient step ``w - alpha grad f_i(w; batch)`` (SGD at
         ``alpha``, no momentum or weight decay) over the trainable shared and personal tensors."""
         live = pl_module.named_tensors("shared", "personal")
         params = [p for n, p in pl_module.named_parameters() if p.requires_grad and n in live]
         return torch.optim.SGD(params, lr=self.alpha)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, **super().hparams()}

@@ -51,8 +51,11 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate
 from fedlit.strategies.common.aggregators import Aggregator
 from fedlit.strategies.common.personal_copy import MethodCall, functional_loss, load_into, personal_copy
@@ -67,8 +70,9 @@ def pfedme_inner_step(theta: Mapping[str, Tensor], grad: Mapping[str, Tensor | N
     out = {}
     for name, t in theta.items():
         step = lam * (t.detach() - w[name].detach().to(t))
-        if grad.get(name) is not None:
-            step = step + grad[name].detach().to(t)
+        g = grad.get(name)
+        if g is not None:
+            step = step + g.detach().to(t)
         out[name] = t.detach() - lr * step
     return out
 
@@ -116,10 +120,12 @@ class pFedMe(FedAvg):
         self.lam, self.K, self.personal_lr, self.beta = float(lam), K, float(personal_lr), float(beta)
         self._turn: dict[str, Any] = {}
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The server's ``w``, evaluated on every client beside its ``theta``."""
         return dict(self.global_state)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``w <- (1 - beta) w + beta * mean_i w_i`` on the shared parameters (Eq. 10); buffers (normalization
         statistics) take the mean, as PFLlib's."""
@@ -128,17 +134,16 @@ class pFedMe(FedAvg):
         mean = self.combine(updates)
         params = set(self.shared_parameter_names())
         mixed = pfedme_server_mix(self.global_state, {n: t for n, t in mean.items() if n in params}, self.beta)
-        self.global_state.update({**mean, **mixed})
-        return dict(self.global_state)
+        return {**self.global_state, **mean, **mixed}
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, client: ClientContext) -> None:
         """Start ``theta`` from the received ``w`` (and the client's personal tensors)."""
         theta, trainable = personal_copy(pl_module)
         self._turn = {"client": client, "theta": theta, "trainable": trainable,
                       "training_step": MethodCall(pl_module, "training_step")}
 
-    def solve_inner(self, pl_module: Any, batch: Any) -> None:
+    def solve_inner(self, pl_module: FederatedModule, batch: Any) -> None:
         """``K`` gradient steps of ``f(theta; D) + lam/2 ||theta - w_i||^2`` from the current ``theta``."""
         turn = self._turn
         theta, names = turn["theta"], turn["trainable"]
@@ -152,7 +157,9 @@ class pFedMe(FedAvg):
             for name in names:
                 theta[name] = stepped[name].requires_grad_(True)
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """Solve the inner problem on the batch, then return ``lam/2 ||w_i - theta||^2`` (``theta`` fixed), whose
         gradient ``lam (w_i - theta)`` the loop's step takes (Eq. 8)."""
         turn = self._turn
@@ -164,18 +171,15 @@ class pFedMe(FedAvg):
         target = {n: turn["theta"][n].detach() for n in turn["trainable"]}
         return (self.lam / 2 * squared_distance(params, target)).to(loss.dtype)
 
-    def on_client_fit_end(self, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep ``theta``, the model the client is evaluated with."""
         if self._turn:
             device = client.store.device
             client_state["theta"] = {n: t.detach().to(device, copy=True) for n, t in self._turn["theta"].items()}
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Put the client's ``theta`` into the live module (before its first turn: ``w`` as sent)."""
         if "theta" in client_state:
             load_into(pl_module, client_state["theta"])
-
-    def hparams(self) -> dict[str, Any]:
-        return {"lam": self.lam, "K": self.K, "personal_lr": self.personal_lr, "beta": self.beta,
-                **super().hparams()}

@@ -42,10 +42,14 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import ClientContext, ServerContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import weighted_average
+from fedlit.tasks.clip_prompt import CLIPPromptModule
 
 __all__ = ["CONTEXT", "nearest_experts", "pFedMoAP"]
 
@@ -84,6 +88,7 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
         self._experts: Tensor | None = None
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def setup_server_state(self) -> None:
         """Check that the model shares its prompt; no client has a stored prompt yet."""
         if CONTEXT not in self.shared_parameter_names():
@@ -91,12 +96,14 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
                               "model fedlit.tasks.CLIPPromptModule with gating: true (it shares its prompt).")
         self.prompts = {}
 
-    def on_fit_start(self, trainer: Any, pl_module: Any = None) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule | None = None) -> None:
         """Refuse a module without the gate."""
         if pl_module is not None and getattr(pl_module, "gate", None) is None:
             raise ConfigError("pFedMoAP needs the attention gate: set model.init_args.gating: true "
                               "(fedlit.tasks.CLIPPromptModule).")
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """The ``K - 1`` other stored prompts nearest to the client's own (none before it first uploads one)."""
         ids = self.expert_ids(client_id)
@@ -104,6 +111,7 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
         experts = torch.stack([self.prompts[c] for c in ids]) if ids else template.new_zeros((0, *template.shape))
         return {"experts": experts}
 
+    @override
     def expected_download_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """No expert in round 1 (no prompt stored yet); from round 2, ``min(K - 1, N - 1)`` prompts: every other
         client's once all have trained (with partial participation a client gets fewer until then, and none
@@ -120,6 +128,7 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
         others = {c: self.prompts[c] for c in self.client_ids if c != client_id and c in self.prompts}
         return nearest_experts(own, others, self.num_experts - 1)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Store each uploaded prompt; the global state is the sample-weighted mean of the uploads."""
         if not updates:
@@ -128,41 +137,41 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
         for update in updates:
             self.prompts[update.client_id] = update.state[CONTEXT].detach().to(self.global_state[CONTEXT].device,
                                                                                copy=True)
-        self.global_state = weighted_average([u.state for u in updates], [u.num_examples for u in updates])
-        return dict(self.global_state)
+        return weighted_average([u.state for u in updates], [u.num_examples for u in updates])
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The global state and every client's stored prompt."""
         return {**super().state_dict(), "prompts": self.prompts}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self.prompts = dict(state_dict["prompts"])
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, received_extras: dict[str, Any]) -> None:
+    def on_client_fit_start(self, pl_module: CLIPPromptModule, received_extras: dict[str, Any]) -> None:
         """The experts' text features, once for the turn, set on the module."""
         self._experts = pl_module.expert_features(received_extras["experts"])
         pl_module.set_experts(self._experts if len(self._experts) else None)
 
-    def on_client_fit_end(self, pl_module: Any, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, pl_module: CLIPPromptModule, client_state: dict[str, Any],
+                          client: ClientContext) -> None:
         """Keep the trained prompt and the turn's expert features on the client; clear them from the module."""
         store = client.store.device
-        client_state["prompt"] = pl_module.prompt.ctx.detach().to(store, copy=True)
+        client_state["prompt"] = pl_module.context.detach().to(store, copy=True)
         if self._experts is not None:
             client_state["experts"] = self._experts.detach().to(store, copy=True)
         pl_module.set_experts(None)
         self._experts = None
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: CLIPPromptModule, client_state: dict[str, Any]) -> None:
         """Evaluate with the client's own trained prompt and last experts (as sent, before its first turn)."""
         prompt = client_state.get("prompt")
         if prompt is not None:
             with torch.no_grad():
-                pl_module.prompt.ctx.copy_(prompt)
+                pl_module.context.copy_(prompt)
         experts = client_state.get("experts")
         pl_module.set_experts(experts if experts is not None and len(experts) else None)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"num_experts": self.num_experts}

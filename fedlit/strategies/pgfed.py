@@ -62,14 +62,18 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import ClientContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import State, client_weights, common_keys, weighted_average
 
 
 def mean_loss_and_gradient(
-    pl_module: Any,
+    pl_module: FederatedModule,
     params: Mapping[str, Tensor],
     batches: Iterable[Any],
     *,
@@ -201,6 +205,7 @@ class PGFed(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def setup_server_state(self) -> None:
         """No gradient, loss or coefficient yet; no client has a model of its own."""
         self.grads, self.mu_losses, self.coefficients, self.local_states = {}, {}, {}, {}
@@ -210,6 +215,7 @@ class PGFed(Strategy):
         row = self.coefficients.get(client_id, {})
         return torch.tensor([row.get(j, 1.0 / len(self.grads)) for j in self.grads], dtype=torch.float64)
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """``g~_i``, ``gbar``, ``mu l_j`` and ``a_ij`` over the last round's clients; nothing in round 1."""
         if not self.grads:
@@ -222,14 +228,17 @@ class PGFed(Strategy):
             "a": a,
         }
 
+    @override
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The client's own ``theta_i`` after its last local training; ``theta_glob`` before it has trained."""
         return dict(self.local_states.get(client_id, self.global_state))
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """``theta_glob``, evaluated on every client beside its own ``theta_i``."""
         return dict(self.global_state)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``theta_glob = sum_i (n_i / n) theta_i``; keep each client's ``grad f_i``, ``mu l_i``, row of ``a`` and
         ``theta_i``."""
@@ -250,16 +259,17 @@ class PGFed(Strategy):
             self.coefficients.setdefault(update.client_id, {}).update(
                 zip(previous, update.extras["a"].tolist(), strict=True))
             self.local_states[update.client_id] = on_server(update.state)
-        self.global_state.update(on_server(weighted_average([u.state for u in updates], client_weights(updates))))
         self.grads = {u.client_id: on_server(u.extras["grad"]) for u in updates}
         self.mu_losses = {u.client_id: self.mu * float(u.extras["l"]) for u in updates}
-        return dict(self.global_state)
+        return {**self.global_state, **on_server(weighted_average([u.state for u in updates], client_weights(updates)))}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus the last round's gradients and losses, every row of ``a`` and every ``theta_i``."""
         return {**super().state_dict(), "grads": self.grads, "mu_losses": self.mu_losses,
                 "coefficients": self.coefficients, "local_states": self.local_states}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
@@ -270,7 +280,7 @@ class PGFed(Strategy):
 
     # ------------------------------------------------------------------------------------------ client
     def on_client_fit_start(
-        self, pl_module: Any, received_extras: dict[str, Any], client_state: dict[str, Any]
+        self, pl_module: FederatedModule, received_extras: dict[str, Any], client_state: dict[str, Any]
     ) -> None:
         """Form this round's correction ``g~_i`` (PGFedMo: mixed with the client's previous one) and keep
         ``gbar``, ``mu l_j`` and the coefficients the local steps update."""
@@ -289,7 +299,8 @@ class PGFed(Strategy):
             )
         self._turn = turn
 
-    def on_before_optimizer_step(self, optimizer: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         """``grad <- grad + g~_i`` on the shared parameters; ``a_ij <- max(0, a_ij - lam (mu l_j + <theta_i,
         gbar>))`` at the parameters the gradient was taken at (the step has not happened yet)."""
         turn = self._turn
@@ -305,8 +316,9 @@ class PGFed(Strategy):
         turn["a"] = pgfed_coefficient_step(turn["a"], turn["mu_l"], dot, self.lam)
 
     def on_client_fit_end(
-        self, pl_module: Any, server_round: int, client_id: str, update: ClientUpdate, client_state: dict[str, Any],
-        client: Any,
+        self, pl_module: FederatedModule, server_round: int, client_id: str, update: ClientUpdate,
+        client_state: dict[str, Any],
+        client: ClientContext,
     ) -> None:
         """The extra pass at the trained ``theta_i``: upload ``grad f_i``, ``l_i = f_i - <grad f_i, theta_i>`` and
         the coefficients; PGFedMo keeps the correction it used as ``g~_prev``."""
@@ -325,9 +337,6 @@ class PGFed(Strategy):
             client_state["g_tilde"] = {n: t.detach().to(device, copy=True) for n, t in turn["g_tilde"].items()}
         self._turn = {}
 
-    def hparams(self) -> dict[str, Any]:
-        return {"mu": self.mu, "lam": self.lam}
-
 
 class PGFedMo(PGFed):
     """PGFed with momentum on the correction: ``g~_i = (1 - beta) g~_new + beta g~_prev``, kept per client.
@@ -344,6 +353,3 @@ class PGFedMo(PGFed):
         if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta < 1:
             problems.append(f"strategy.init_args.beta={beta!r} must be in [0, 1) (0.5 in the paper; 0 is PGFed)")
         self._init(mu=mu, lam=lam, beta=beta, problems=problems)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"mu": self.mu, "lam": self.lam, "beta": self.beta}

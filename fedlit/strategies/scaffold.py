@@ -52,8 +52,11 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import WEIGHTINGS, State, cast_like, client_weights, normalized_weights
 
@@ -160,15 +163,18 @@ class SCAFFOLD(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def setup_server_state(self) -> None:
         """``c = 0`` for every shared parameter."""
         super().setup_server_state()
         self.c = {n: torch.zeros_like(self.global_state[n]) for n in self.shared_parameter_names()}
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """The server control variate ``c`` (line 5: ``(x, c)`` go to every selected client)."""
         return {"c": dict(self.c)}
 
+    @override
     def expected_upload_extras(self, client_id: str) -> dict[str, Any]:
         """``delta c_i``: one tensor per shared parameter, shaped as ``c`` (line 13)."""
         return {"delta_c": dict(self.c)}
@@ -177,6 +183,7 @@ class SCAFFOLD(Strategy):
         """The weight of each ``y_i - x`` in the server step (of each ``delta c_i`` with ``weighting`` given)."""
         return client_weights(updates, weighting or self.weighting)
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """``x += eta_g sum_i w_i (y_i - x)`` and ``c += (|S| / N) sum_i w_i delta c_i`` (lines 16-17, Eq. 5)."""
         if not updates:
@@ -186,22 +193,26 @@ class SCAFFOLD(Strategy):
         if missing:
             raise KeyError(f"Clients {missing} uploaded no SCAFFOLD control variate (update.extras['delta_c']).")
         x = {n: self.global_state[n] for n in updates[0].state}
-        self.global_state.update(server_step(x, [u.state for u in updates], self.client_weights(updates), self.eta_g))
+        new_state = {**self.global_state, **server_step(x, [u.state for u in updates], self.client_weights(updates),
+                                                        self.eta_g)}
         control = self.weighting if self.control_weighting == "same" else self.control_weighting
         self.c.update(scaffold_server_control(self.c, [u.extras["delta_c"] for u in updates],
                                               self.client_weights(updates, control), len(self.client_ids)))
-        return dict(self.global_state)
+        return new_state
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"global_state": self.global_state, "c": self.c}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.global_state = dict(state_dict["global_state"])
         self.c = dict(state_dict["c"])
 
     # ------------------------------------------------------------------------------------------ client
     def on_client_fit_start(
-        self, pl_module: Any, received: dict[str, Tensor], received_extras: dict[str, Any], client_state: dict[str, Any]
+        self, pl_module: FederatedModule, received: dict[str, Tensor], received_extras: dict[str, Any],
+        client_state: dict[str, Any]
     ) -> None:
         """Keep ``x`` and ``c``; load ``c_i`` (0 the first time) and precompute the correction ``c - c_i``."""
         params = {n: p for n, p in pl_module.shared_parameters() if n in received_extras["c"]}
@@ -219,7 +230,8 @@ class SCAFFOLD(Strategy):
             "groups": None,
         }
 
-    def on_before_optimizer_step(self, optimizer: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         """``g <- g + c - c_i`` on every shared parameter before the step (line 10, Eq. 3); notes each
         parameter's ``eta_l``, counted in ``K eta_l`` once the step has happened (:meth:`on_before_zero_grad`)."""
         turn = self._turn
@@ -240,7 +252,8 @@ class SCAFFOLD(Strategy):
                 param.grad.add_(correction)
         turn["pending_lr"] = {name: float(group["lr"]) for name, group in turn["groups"].items()}
 
-    def on_before_zero_grad(self, optimizer: Any, stepped: bool = True) -> None:
+    @override
+    def on_before_zero_grad(self, optimizer: Optimizer, stepped: bool = True) -> None:
         """Count the step in ``K`` and its learning rates in ``K eta_l`` if it happened (``stepped``: the gradient
         scaler of 16-bit mixed precision skips steps whose gradients are not finite)."""
         turn = self._turn
@@ -291,6 +304,3 @@ class SCAFFOLD(Strategy):
             "model.init_args.optimizer.init_args) for the exact algorithm.",
             stacklevel=2,
         )
-
-    def hparams(self) -> dict[str, Any]:
-        return {"eta_g": self.eta_g, "weighting": self.weighting, "control_weighting": self.control_weighting}

@@ -22,9 +22,11 @@ Deviation: the paper names BatchNorm only; the rule is applied to every normaliz
 
 from __future__ import annotations
 
-from typing import Any
+from typing_extensions import override
 
+from fedlit.core.contexts import ServerContext
 from fedlit.core.roles import ParameterRoles
+from fedlit.module import FederatedModule
 from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedbn import warn_without_trainable_norm
 
@@ -37,6 +39,7 @@ class SiloBN(FedAvg):
         aggregator: As in :class:`FedAvg` (default: the weighted mean).
     """
 
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """Normalization buffers (running statistics) that are not frozen become ``personal``; normalization
         parameters (affine ``weight``/``bias``) keep their role, ``shared`` in the usual setting."""
@@ -44,7 +47,8 @@ class SiloBN(FedAvg):
             lambda name, role: roles.is_norm(name) and roles.is_buffer(name) and role != "frozen", "personal"
         )
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         """Warn when no normalization statistics train: then nothing is personal and SiloBN is FedAvg."""
-        super().on_fit_start(trainer, pl_module)
+        super().on_fit_start(trainer, pl_module)  # type: ignore[arg-type]  # fedlit's hooks take its contexts
         warn_without_trainable_norm(type(self).__name__, "FedAvg", pl_module, statistics=True)

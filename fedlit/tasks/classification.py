@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torchmetrics
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.nn import functional as F
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
@@ -24,12 +25,17 @@ class _BalancedAccuracy(torchmetrics.Metric):
     """Mean over labels of (sensitivity + specificity) / 2, for binary (one label) and multilabel targets."""
 
     full_state_update = False
+    tp: Tensor  # the states add_state registers, summed over processes
+    fn: Tensor
+    tn: Tensor
+    fp: Tensor
 
     def __init__(self, num_labels: int) -> None:
         super().__init__()
         for name in ("tp", "fn", "tn", "fp"):
             self.add_state(name, default=torch.zeros(num_labels), dist_reduce_fx="sum")
 
+    @override
     def update(self, probs: Tensor, target: Tensor) -> None:
         pred, target = probs.reshape(len(probs), -1) >= 0.5, target.reshape(len(target), -1) >= 0.5
         self.tp += (pred & target).sum(0)
@@ -37,6 +43,7 @@ class _BalancedAccuracy(torchmetrics.Metric):
         self.tn += (~pred & ~target).sum(0)
         self.fp += (pred & ~target).sum(0)
 
+    @override
     def compute(self) -> Tensor:
         # Per label, the mean recall over the classes present (a split without negatives is judged on its
         # positives alone, as multi-class balanced accuracy ignores absent classes).
@@ -85,6 +92,7 @@ class _BinaryMacroF1(torchmetrics.classification.MulticlassF1Score):
     def __init__(self) -> None:
         super().__init__(num_classes=2, average="macro")
 
+    @override
     def update(self, probs: Tensor, target: Tensor) -> None:
         super().update((probs >= 0.5).long(), target.long())
 
@@ -140,15 +148,17 @@ class ClassificationModule(FederatedModule):
         self.task = task
         self.num_classes = num_classes
         self.backbone = backbone.build()
-        self.head = nn.Linear(self.backbone.num_features, num_classes)
+        self.head = nn.Linear(cast(int, self.backbone.num_features), num_classes)  # Backbone.build's contract
         self.metrics = build_metrics(task, num_classes)
         self._loss_sum, self._loss_count = 0.0, 0
         self._positives: Tensor | None = None
         self._seen = 0
 
+    @override
     def default_role_rules(self) -> list[RoleRule]:
         return [RoleRule("backbone.*", "frozen"), RoleRule("head.*", "shared")]
 
+    @override
     def forward(self, inputs: Any) -> Tensor:
         return self.head(self.extract_features(inputs))
 
@@ -158,12 +168,14 @@ class ClassificationModule(FederatedModule):
             return F.cross_entropy(logits, targets.long())
         return F.binary_cross_entropy_with_logits(logits.reshape(targets.shape), targets.float())
 
+    @override
     def training_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """``{"loss", "logits", "targets"}``: a strategy may re-weight the loss from the logits (FedSLD)."""
         inputs, targets = batch
         logits = self(inputs)
         return {"loss": self.loss(logits, targets), "logits": logits, "targets": targets}
 
+    @override
     def validation_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> Tensor:
         inputs, targets = batch
         return self.update_metrics(self(inputs), targets)
@@ -192,11 +204,13 @@ class ClassificationModule(FederatedModule):
         self._positives = counts if self._positives is None else self._positives + counts
         self._seen += len(targets)
 
+    @override
     def reset_metrics(self) -> None:
         self.metrics.reset()
         self._loss_sum, self._loss_count = 0.0, 0
         self._positives, self._seen = None, 0
 
+    @override
     def compute_metrics(self) -> dict[str, float]:
         """Metrics since the last reset. AUROC and AUPRC are NaN (left out of the means, never 0) on a split
         where they are undefined: a binary/multilabel split without positives or negatives, a multi-class
@@ -208,6 +222,7 @@ class ClassificationModule(FederatedModule):
             out = {name: float(value) for name, value in self.metrics.compute().items()}
         out["loss"] = self._loss_sum / self._loss_count
         positives = self._positives
+        assert positives is not None  # counted by every batch that counted the loss
         if self.task == "multiclass":
             undefined = bool((positives > 0).sum() < 2)
         else:
@@ -216,6 +231,7 @@ class ClassificationModule(FederatedModule):
             out["auroc"] = out["auprc"] = float("nan")
         return out
 
+    @override
     @property
     def higher_is_better(self) -> dict[str, bool]:
         return {**dict.fromkeys(METRICS, True), "loss": False}

@@ -20,12 +20,13 @@ Without experts the logits are CoOp's (no ``lam``), as in the authors' code.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.nn import functional as F
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import RoleRule
@@ -81,6 +82,8 @@ def moap_logits(image: Tensor, local_text: Tensor, expert_text: Tensor | None, l
     if expert_text is None or len(expert_text) == 0:
         return local
     keys = torch.cat([strided_pool(local_text, dim).unsqueeze(0), expert_text.to(local_text.dtype)]).transpose(0, 1)
+    if attention is None:
+        raise ValueError("moap_logits: expert_text needs the gate's attention (got attention=None)")
     query = strided_pool(image, dim)
     mixed = gate_attention(query, keys, attention, scale, dropout)  # (B, C, d)
     return lam * local + logit_scale * (mixed * query.unsqueeze(1)).sum(-1)
@@ -116,6 +119,8 @@ class CLIPPromptModule(ClassificationModule):
     """
 
     accepted_tasks = frozenset({"multiclass", "binary"})
+    prompt_ids: Tensor  # buffers registered by __init__
+    prompt_eos: Tensor
 
     def __init__(
         self,
@@ -193,6 +198,12 @@ class CLIPPromptModule(ClassificationModule):
         self._positives: Tensor | None = None
         self._seen = 0
 
+    @property
+    def context(self) -> Tensor:
+        """``prompt.ctx``, the learned context vectors (M, width): what a client trains and keeps."""
+        return cast(Tensor, self.prompt.ctx)
+
+    @override
     def default_role_rules(self) -> list[RoleRule]:
         return [RoleRule("clip.*", "frozen"), RoleRule("prompt_*", "frozen"), RoleRule("prompt.*", "shared"),
                 RoleRule("gate.*", "personal")]
@@ -213,7 +224,7 @@ class CLIPPromptModule(ClassificationModule):
     def text_features(self, ctx: Tensor | None = None) -> Tensor:
         """The text features (C, D), not normalized, of every class's prompt with context ``ctx`` (M, width):
         this module's ``prompt.ctx`` by default (differentiable), or an expert's."""
-        ctx = self.prompt.ctx if ctx is None else ctx.to(self.prompt.ctx)
+        ctx = self.context if ctx is None else ctx.to(self.context)
         embeddings = self.clip.token_embedding(self.prompt_ids)
         count = len(ctx)
         embeddings = torch.cat([embeddings[:, :1], ctx.unsqueeze(0).expand(len(embeddings), -1, -1),
@@ -224,15 +235,16 @@ class CLIPPromptModule(ClassificationModule):
     def expert_features(self, contexts: Tensor) -> Tensor:
         """The gate's keys of non-local experts: normalized, pooled text features (E, C, d) of contexts (E, M, w)."""
         if len(contexts) == 0:
-            return torch.zeros(0, len(self.class_names), self.gate_dim, device=self.prompt.ctx.device)
+            return torch.zeros(0, len(self.class_names), self.gate_dim, device=self.context.device)
         return torch.stack([strided_pool(F.normalize(self.text_features(c), dim=-1), self.gate_dim)
                             for c in contexts])
 
     def set_experts(self, features: Tensor | None) -> None:
         """Use the experts' features (E, C, d) (from :meth:`expert_features`) in the forward; None: none."""
-        self.experts = None if features is None else features.to(self.prompt.ctx.device)
+        self.experts = None if features is None else features.to(self.context.device)
 
     # ------------------------------------------------------------------------------------------------ forward
+    @override
     def forward(self, inputs: Tensor) -> Tensor:
         """Logits (B, C) (binary: (B, 1), the positive class's minus the negative's)."""
         image, text = self.image_features(inputs), self.text_features()

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch.nn import functional as F
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.roles import RoleRule
@@ -129,6 +130,7 @@ class SegmentationModule(FederatedModule):
         self.log_images = log_images
         self._examples: list[tuple[Tensor, Tensor, Tensor]] = []  # (image, true mask, predicted mask), on the CPU
 
+    @override
     def default_role_rules(self) -> list[RoleRule]:
         """The network's own rules when it has them (``SamAdapter``: adapters shared, the rest mostly frozen),
         else ``network.*`` shared."""
@@ -137,6 +139,7 @@ class SegmentationModule(FederatedModule):
             return list(network_rules("network."))
         return [RoleRule("network.*", "shared")]
 
+    @override
     def forward(self, inputs: Tensor, masks: Tensor | None = None) -> Tensor:
         """(B, num_classes, H, W) logits. ``masks`` reach a network that draws prompts from them now (its
         ``needs_masks``: ``SamAdapter`` with click prompts) and no other."""
@@ -159,12 +162,14 @@ class SegmentationModule(FederatedModule):
             total = total + self._dice_loss(logits, masks)
         return total
 
+    @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """``{"loss", "logits", "targets"}``."""
         inputs, masks = batch
         logits = self(inputs, masks)
         return {"loss": self.loss(logits, masks), "logits": logits, "targets": masks}
 
+    @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Add the batch's per-image Dice and IoU (masks predicted at probability 0.5) and its loss."""
         inputs, masks = batch
@@ -188,6 +193,7 @@ class SegmentationModule(FederatedModule):
         for image, mask, pred in zip(inputs[:wanted], masks[:wanted], predicted[:wanted], strict=True):
             self._examples.append((image.detach().float().cpu(), mask.detach().float().cpu(), pred))
 
+    @override
     def validation_images(self) -> Tensor | None:
         """The kept examples side by side, 2 pixels apart: each image in grey (scaled to [0, 1] by itself), the
         true mask's outline in green and the predicted mask tinted red; None when none is kept."""
@@ -202,11 +208,13 @@ class SegmentationModule(FederatedModule):
         """Add (B, C, H, W) 0/1 predicted masks and true masks to the Dice and IoU of the split."""
         self._scores.update(predicted, masks)
 
+    @override
     def reset_metrics(self) -> None:
         self._examples = []
         self._scores.reset()
         self._loss_sum, self._loss_count = 0.0, 0
 
+    @override
     def compute_metrics(self) -> dict[str, float]:
         """``dice``, ``iou`` (means over channels), ``dice_<c>``, ``iou_<c>`` (with two channels or more; ``<c>``
         the channel's name from ``class_names``, else its index), ``hd95`` and ``hd95_<c>`` (with ``hd95``) and
@@ -223,6 +231,7 @@ class SegmentationModule(FederatedModule):
         out["loss"] = self._loss_sum / self._loss_count if self._loss_count else float("nan")
         return out
 
+    @override
     @property
     def higher_is_better(self) -> dict[str, bool]:
         channels = self.channel_names if self.num_classes > 1 else ()

@@ -43,10 +43,11 @@ Targets are float (N, 2) rows (time, event): time >= 0, event 1 (the event happe
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.core.metrics import concordance_index
@@ -128,20 +129,23 @@ class CoxModule(FederatedModule):
                               f"{loss_normalization!r}")
         self.loss_normalization = loss_normalization
         self.backbone = backbone.build()
-        self.head = nn.Linear(self.backbone.num_features, 1, bias=False)
+        self.head = nn.Linear(cast(int, self.backbone.num_features), 1, bias=False)  # Backbone.build's contract
         self._risks: list[Tensor] = []
         self._targets: list[Tensor] = []
 
+    @override
     def default_role_rules(self) -> list[RoleRule]:
         """The backbone frozen (when it has tensors: ``Identity`` has none, and a rule for it would be reported
         as matching nothing) and the head shared."""
         frozen = [RoleRule("backbone.*", "frozen")] if self.backbone.state_dict() else []
         return [*frozen, RoleRule("head.*", "shared")]
 
+    @override
     def forward(self, inputs: Any) -> Tensor:
         """(B,) risk scores."""
         return self.head(self.extract_features(inputs)).reshape(-1)
 
+    @override
     def training_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """``{"loss", "risk", "targets"}``: the Cox loss over the batch's risk sets."""
         inputs, targets = batch
@@ -149,6 +153,7 @@ class CoxModule(FederatedModule):
         loss = cox_loss(risk, targets[:, 0], targets[:, 1], self.loss_normalization)
         return {"loss": loss, "risk": risk, "targets": targets}
 
+    @override
     def validation_step(self, batch: tuple[Any, Tensor], batch_idx: int) -> Tensor:
         """Keep the batch's risks and targets: both metrics need the whole split's risk sets and pairs."""
         inputs, targets = batch
@@ -157,9 +162,11 @@ class CoxModule(FederatedModule):
         self._targets.append(targets.detach().float().cpu())
         return cox_loss(risk, targets[:, 0], targets[:, 1], self.loss_normalization)
 
+    @override
     def reset_metrics(self) -> None:
         self._risks, self._targets = [], []
 
+    @override
     def compute_metrics(self) -> dict[str, float]:
         """``c_index`` and ``loss`` over every sample since the last reset."""
         if not self._risks:
@@ -170,6 +177,7 @@ class CoxModule(FederatedModule):
         loss = float(cox_loss(risk, time, event, self.loss_normalization)) if has_events else float("nan")
         return {"c_index": concordance_index(risk, time, event), "loss": loss}
 
+    @override
     @property
     def higher_is_better(self) -> dict[str, bool]:
         return {"c_index": True, "loss": False}

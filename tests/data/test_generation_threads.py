@@ -44,6 +44,7 @@ def _digests(threads: int) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("threads", [2, 4])
+@pytest.mark.long
 def test_generated_data_is_the_same_bytes_with_one_thread_or_several(threads):
     one = _digests(1)
     assert set(one) == {"SyntheticImages", "SyntheticSegmentation", "SyntheticSurvival", "SyntheticSignals"}

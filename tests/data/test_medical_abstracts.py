@@ -36,6 +36,7 @@ def built(root):
     return MedicalAbstracts(root=root, max_length=32, num_clients=4, seed=0).data
 
 
+@pytest.mark.long
 def test_the_whole_file_is_the_pool(built):
     assert built.inputs.shape == (ROWS, 2, 32) and built.inputs.dtype == torch.int64
     assert built.num_classes == 5 and built.task == "multiclass"
@@ -62,6 +63,7 @@ def test_token_ids_are_the_real_tokenizers(built, root):
         assert built.targets[row] == frame.condition_label[row] - 1
 
 
+@pytest.mark.long
 def test_same_seed_same_clients_other_seed_other_clients(root, built):
     again = MedicalAbstracts(root=root, max_length=32, num_clients=4, seed=0).data
     assert torch.equal(again.inputs, built.inputs)

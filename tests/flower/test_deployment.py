@@ -198,6 +198,7 @@ def _flwr_run(app: Path, env: dict[str, str], cwd: Path) -> None:
 
 
 @NEEDS_SUPERLINK
+@pytest.mark.long
 def test_tls_authenticated_deployment_equals_simulation(tmp_path):
     recipe = tmp_path / "quickstart_fault.yaml"
     recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text() + FAULT)
@@ -228,6 +229,7 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
 
 
 @NEEDS_SUPERLINK
+@pytest.mark.long
 def test_secagg_plus_fedavg_deployment_gives_the_simulations_aggregate(tmp_path):
     """FedAvg with SecAgg+ through the same TLS deployment: the server only ever sees the masked sum, and the model
     it aggregates is the plain simulation's to the protocol's quantization error (2**22 levels over +-8: a few 1e-6
@@ -293,6 +295,7 @@ HEART = ROOT.parent / "shared" / "data" / "heart_disease"
 
 
 @NEEDS_SUPERLINK
+@pytest.mark.long
 def test_each_hospital_holds_only_its_own_file_and_the_deployment_equals_the_simulation(tmp_path):
     """FedHeartDisease across two hospitals: each SuperNode's folder holds its own ``processed.<site>.data`` only
     (its node config points the recipe's root there), the server's recipe names a folder it does not have, and the

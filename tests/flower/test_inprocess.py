@@ -308,7 +308,7 @@ def test_a_node_uses_its_own_client_only(tmp_path):
 
 def test_a_turn_that_timed_out_on_its_node_is_recorded_as_a_timeout(tmp_path, monkeypatch):
     from fedlit.engine.loop import client as local
-    from tests.engine.test_client import SlowFor
+    from tests.engine.loop.test_client import SlowFor
 
     clock = [0.0]
     monkeypatch.setattr(local, "_clock", lambda: clock[0])

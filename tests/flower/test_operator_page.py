@@ -63,6 +63,7 @@ def test_the_page_has_the_steps():
     assert len(_blocks("operator-config")) == 1
 
 
+@pytest.mark.long
 def test_every_documented_option_exists():
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -371,7 +371,7 @@ def _executor_fit(reported: dict[str, int], on_client_error: str = "skip") -> li
     data = SimpleNamespace(nodes=nodes, num_examples=lambda client_id, split: reported[client_id])
     grid = InProcessGrid(_client_app(_train({})), list(nodes.values()))
     executor = FlowerExecutor(SimpleNamespace(grid=grid), data, secure_aggregation={"max_weight": 30})
-    fed = SimpleNamespace(strategy=FedAvg(), on_client_error=on_client_error)
+    fed = SimpleNamespace(strategy=FedAvg(), settings=SimpleNamespace(on_client_error=on_client_error))
     return executor.fit(fed, 3, [FitTask(cid, _received()) for cid in "abc"])
 
 
@@ -422,7 +422,7 @@ def test_a_federation_trained_through_secagg_matches_the_plain_one(tmp_path: Any
     secure.executor = SecureExecutor(SecAggOptions(max_weight=15))  # 15 training examples per client
     secure.fit()
     # Round 1 starts from the same model: the same local training, so the same losses and bytes.
-    assert secure.comm == plain.comm
+    assert secure.state.comm == plain.state.comm
     gaps = {}
     for name, tensor in plain.strategy.global_state.items():
         other = secure.strategy.global_state[name]

@@ -160,6 +160,7 @@ def test_worker_false_answers_in_this_process(make_context, folder):
     assert not (folder / "state" / ".fedlit-worker").exists()
 
 
+@pytest.mark.long
 def test_a_worker_that_dies_mid_message_is_an_error_reply_and_a_new_one_starts(make_context, folder):
     context = make_context({"state-dir": str(folder / "state")}, EXIT)
     query, train_1, train_2, _ = _messages(_received())

@@ -50,7 +50,8 @@ def server(**kwargs):
     strategy = APPLE(**{"mu": 1.0, "lr_p": 0.01, "p_momentum": 0.0, "schedule": "cosine", **kwargs})
     strategy.initialize({W: torch.tensor([[0.0]]), B: torch.tensor([0.0])}, ["a", "b", "c"],
                         roles=ParameterRoles({W: "shared", B: "shared"}))
-    strategy.on_fit_start(trainer=SimpleNamespace(rounds=20, num_examples=lambda c, split: SIZES[c]))
+    strategy.on_fit_start(trainer=SimpleNamespace(settings=SimpleNamespace(rounds=20),
+                                                  num_examples=lambda c, split: SIZES[c]))
     strategy.cores = {"b": {W: torch.tensor([[2.0]]), B: torch.tensor([2.0])},
                       "c": {W: torch.tensor([[-1.0]]), B: torch.tensor([0.5])}}
     return strategy
@@ -197,7 +198,7 @@ def test_under_the_bandwidth_limit_a_core_not_downloaded_keeps_its_last_download
     assert state["touched"].tolist() == [True, False, False] and set(state["cores"]) == {"b", "c"}
     request = update.extras["request"].tolist()
     assert len(request) == 1 and request[0] in (1, 2)
-    strategy.aggregate(2, [update])
+    strategy.global_state = strategy.aggregate(2, [update])
     strategy.cores["b"] = {W: torch.tensor([[10.0]]), B: torch.tensor([0.0])}
     strategy.cores["c"] = {W: torch.tensor([[20.0]]), B: torch.tensor([0.0])}
     client(strategy, state)
@@ -238,8 +239,8 @@ def test_two_rounds_differ_from_fedavg(tmp_path):
     shared = federation.module.named_tensors("shared")
     model = sum(t.numel() * t.element_size() for t in shared.values())
     params = sum(p.numel() * p.element_size() for _, p in federation.module.shared_parameters())
-    assert federation.comm["upload_bytes"] == 6 * model  # the cores only: p never leaves a client
-    assert federation.comm["download_bytes"] == 6 * (model + 12 + 2 * params)  # own core, p0, two other cores
+    assert federation.state.comm["upload_bytes"] == 6 * model  # the cores only: p never leaves a client
+    assert federation.state.comm["download_bytes"] == 6 * (model + 12 + 2 * params)  # own core, p0, two other cores
     # the server keeps one core per client and the p0 (uniform) mix of them
     mean = weighted_average(list(strategy.cores.values()), [1.0, 1.0, 1.0])
     assert all(torch.allclose(strategy.global_state[n], mean[n]) for n in mean if mean[n].is_floating_point())

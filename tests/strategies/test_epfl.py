@@ -69,7 +69,7 @@ def _aggregate(strategy: EPFL) -> None:
                  "blocks.1.lora_A.weight": torch.tensor([[float(i)]])}
         extras = {"lora_B": {B0: torch.tensor([b1]).T, B1: torch.tensor([b2]).T}}
         updates.append(ClientUpdate(client, num_examples=10 * (i + 1), state=state, extras=extras))
-    strategy.aggregate(1, updates)
+    strategy.global_state = strategy.aggregate(1, updates)  # as the loop stores it
 
 
 def test_weights_and_mixes_of_three_clients_by_hand():

@@ -81,12 +81,14 @@ def test_server_mean_h_and_cloud_model_with_partial_participation():
     strategy = FedDyn(buffers="dynamic")
     strategy.initialize({"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])}, ["a", "b", "c"],
                         roles=ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}))
-    strategy.aggregate(1, [ClientUpdate("a", 1, {"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])})])
+    strategy.global_state = strategy.aggregate(1, [ClientUpdate("a", 1, {"w": torch.tensor([1.0, 1.0]),
+                                                                      "rv": torch.tensor([1.0])})])
     # round 1 with only a, unchanged: theta_srv = theta_cld = [1, 1], hbar = 0
     assert strategy.cloud_state["w"].tolist() == [1.0, 1.0]
     strategy.h_mean["w"] = torch.tensor([0.5, 0.0])
-    out = strategy.aggregate(2, [ClientUpdate("a", 1, {"w": torch.tensor([2.0, 0.0]), "rv": torch.tensor([3.0])}),
-                                 ClientUpdate("b", 9, {"w": torch.tensor([4.0, 2.0]), "rv": torch.tensor([5.0])})])
+    out = strategy.global_state = strategy.aggregate(2, [
+        ClientUpdate("a", 1, {"w": torch.tensor([2.0, 0.0]), "rv": torch.tensor([3.0])}),
+        ClientUpdate("b", 9, {"w": torch.tensor([4.0, 2.0]), "rv": torch.tensor([5.0])})])
     # theta_srv = unweighted mean = [3, 1]; hbar = [0.5, 0] + ([1, -1] + [3, 1]) / N=3 = [0.5 + 4/3, 0] = [11/6, 0]
     assert out["w"].tolist() == [3.0, 1.0]
     assert torch.allclose(strategy.h_mean["w"], torch.tensor([11 / 6, 0.0]))
@@ -124,7 +126,7 @@ def test_two_rounds_communication_and_the_server_mean_of_h(tmp_path):
     param_bytes = sum(p.numel() * p.element_size() for _, p in federation.module.shared_parameters())
     # 2 clients x 2 rounds: up theta_k (as FedAvg); down theta_cld + theta_srv's parameters (the anchor)
     # evaluation: all 3 clients download the model they evaluate with (theta_srv by default) in each of 2 rounds
-    assert federation.comm == {"upload_bytes": 4 * model_bytes, "download_bytes": 4 * (model_bytes + param_bytes),
+    assert federation.state.comm == {"upload_bytes": 4 * model_bytes, "download_bytes": 4 * (model_bytes + param_bytes),
                                "eval_download_bytes": 6 * model_bytes}
     # the server's hbar is the mean over all N clients of the h_k each client keeps
     strategy, key = federation.strategy, federation.strategy.state_key

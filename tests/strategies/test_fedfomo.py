@@ -109,12 +109,14 @@ def test_the_server_keeps_each_upload_and_sums_the_weights_into_the_affinities()
     strategy.initialize({"p": torch.zeros(2)}, ["a", "b", "c"])
     for k, weights in enumerate(([0.0, 0.5, -1.0], [0.0, 0.25, 2.0])):
         update = ClientUpdate("a", 1, {"p": torch.full((2,), float(k))}, extras={EXTRAS_KEY: torch.tensor(weights)})
-        assert strategy.aggregate(k + 1, [update]) is strategy.global_state
+        returned = strategy.aggregate(k + 1, [update])
+        assert returned["p"].tolist() == [0.0, 0.0]  # the initial model, whatever is uploaded
+        strategy.global_state = returned
     assert strategy.affinity[0].tolist() == [0.0, 0.75, 1.0] and not strategy.affinity[1:].any()
     assert strategy.models["a"]["p"].tolist() == [1.0, 1.0] and strategy.global_state["p"].tolist() == [0.0, 0.0]
     # greedy: "a" is sent the model of the highest affinity among those uploaded ("b" has none: only "a" is there)
-    strategy.aggregate(3, [ClientUpdate("c", 1, {"p": torch.full((2,), 7.0)}),
-                           ClientUpdate("b", 1, {"p": torch.full((2,), 5.0)})])
+    strategy.global_state = strategy.aggregate(3, [ClientUpdate("c", 1, {"p": torch.full((2,), 7.0)}),
+                                                   ClientUpdate("b", 1, {"p": torch.full((2,), 5.0)})])
     assert list(strategy.configure_client_extras(4, "a")["models"]) == ["c"]
     assert strategy.configure_client(4, "a")["p"].tolist() == [1.0, 1.0]
 

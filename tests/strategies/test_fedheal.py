@@ -17,8 +17,9 @@ from tests.conftest import assert_resume_is_exact, make_federation
 def _round(strategy, server_round, updates):
     """``updates``: {client: u_k}; the client uploads theta_k = theta_g - u_k (one example each)."""
     theta = strategy.global_state["w"]
-    return strategy.aggregate(server_round, [ClientUpdate(k, 1, {"w": theta - torch.tensor(u, dtype=torch.float64)})
-                                             for k, u in updates.items()])["w"]
+    strategy.global_state = strategy.aggregate(server_round, [  # as the loop stores it
+        ClientUpdate(k, 1, {"w": theta - torch.tensor(u, dtype=torch.float64)}) for k, u in updates.items()])
+    return strategy.global_state["w"]
 
 
 # Round 1, theta_g = 0: u_0 = [1, 1, -1], u_1 = [-1, 2, 0]. First updates: masks are all ones, histories

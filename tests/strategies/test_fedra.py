@@ -58,7 +58,7 @@ def test_allocation_sizes_and_seeding():
     assert [strategy.allocation(r, "c1") for r in range(1, 20)] != [other.allocation(r, "c1") for r in range(1, 20)]
     # seed None: the federation's seed, taken at fit start.
     run = _initialized(FedRA(block_counts=[3, 2, 1]))
-    run.on_fit_start(trainer=SimpleNamespace(seed=5), pl_module=None)
+    run.on_fit_start(trainer=SimpleNamespace(settings=SimpleNamespace(seed=5)), pl_module=None)
     assert [run.allocation(r, c) for r in (1, 2) for c in CLIENTS] == [
         strategy.allocation(r, c) for r in (1, 2) for c in CLIENTS]
     # The draw is torch.randperm's first c_k entries, sorted.
@@ -229,7 +229,7 @@ def test_two_rounds_cover_blocks_as_allocated(tmp_path, adapter_model):
     assert any(uncovered), "seed 3 leaves a block uncovered in some round (the check above then means something)"
     # Each client uploads one block of three and the head: less than every shared tensor.
     full = sum(t.numel() * t.element_size() for t in strategy.global_state.values())
-    assert fed.comm["upload_bytes"] < 2 * 3 * full
+    assert fed.state.comm["upload_bytes"] < 2 * 3 * full
 
 
 def test_resume_is_exact(tmp_path, adapter_model):

@@ -139,7 +139,7 @@ def _three_clients(scale: float = 1.0, **kwargs):
     strategy.initialize({"w": torch.zeros(1)}, ["c0", "c1", "c2"])
     updates = [ClientUpdate(f"c{k}", n, {"w": torch.tensor([scale * t])})
                for k, (t, n) in enumerate(zip(THETA, SIZES, strict=True))]
-    strategy.aggregate(1, updates)
+    strategy.global_state = strategy.aggregate(1, updates)  # as the loop stores it
     return strategy
 
 
@@ -188,8 +188,8 @@ def test_a_client_outside_the_round_keeps_its_mix_and_resume_restores_everything
     # Round 2 with c0 and c1 only, uploads 0 and 2, one example each: m = [1/2, 1/2], d = [[0, 2], [2, 0]],
     # alpha / 2 = 1/4: rows project [1/2, 0] -> [3/4, 1/4] (both kept, theta = (1/2 - 1)/2) and [0, 1/2] ->
     # [1/4, 3/4]; mixes 1/4 * 2 = 1/2 and 3/4 * 2 = 3/2. c2 did not train: it keeps its round-1 mix 11/4.
-    strategy.aggregate(2, [ClientUpdate("c0", 1, {"w": torch.tensor([0.0])}),
-                           ClientUpdate("c1", 1, {"w": torch.tensor([2.0])})])
+    strategy.global_state = strategy.aggregate(2, [ClientUpdate("c0", 1, {"w": torch.tensor([0.0])}),
+                                                   ClientUpdate("c1", 1, {"w": torch.tensor([2.0])})])
     assert strategy.weights.tolist() == [[0.75, 0.25], [0.25, 0.75]] and strategy.weight_clients == ["c0", "c1"]
     assert [strategy.configure_client(3, c)["w"].item() for c in ("c0", "c1", "c2")] == pytest.approx(
         [1 / 2, 3 / 2, 11 / 4])

@@ -89,4 +89,4 @@ def test_resume_is_exact_and_p_is_downloaded_every_round(tmp_path):
     assert straight.strategy.prior.tolist() == pytest.approx([t / sum(totals) for t in totals])
     shared = sum(t.numel() * t.element_size() for t in straight.module.named_tensors("shared").values())
     # 4 rounds x 3 clients, each receiving the shared tensors and P (3 float32 = 12 bytes)
-    assert straight.comm["download_bytes"] == 4 * 3 * (shared + 12)
+    assert straight.state.comm["download_bytes"] == 4 * 3 * (shared + 12)

@@ -119,7 +119,7 @@ def run_both(ours, theirs, outlier: bool = False, num_examples=tuple(NUM_EXAMPLE
         states = [states[i] for i in chosen]
         updates = [ClientUpdate(client_id=str(i), num_examples=num_examples[i], state=s)
                    for i, s in zip(chosen, states, strict=True)]
-        mine = ours.aggregate(server_round, updates)
+        mine = ours.global_state = ours.aggregate(server_round, updates)  # as the loop stores it
         reported = [flower_num_examples[i] for i in chosen]
         parameters, _ = theirs.aggregate_fit(server_round, to_fitres(states, reported), [])
         flower = from_parameters(parameters, list(x0))

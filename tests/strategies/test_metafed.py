@@ -65,10 +65,10 @@ def test_the_ring_runs_one_client_per_round_in_order_between_warm_up_and_persona
     assert [e["check"] for e in extras] == [True, True, True, True, True, False]
     # a hop's upload is the common model passed on; the warm-up's and the personalization's are not kept
     from fedlit.strategies.base import ClientUpdate
-    strategy.aggregate(1, [ClientUpdate("a", 1, {"w": torch.ones(2)})])
+    strategy.global_state = strategy.aggregate(1, [ClientUpdate("a", 1, {"w": torch.ones(2)})])  # as the loop does
     assert strategy.global_state["w"].tolist() == [0.0, 0.0]
-    strategy.aggregate(3, [ClientUpdate("b", 1, {"w": torch.full((2,), 2.0)})])
-    strategy.aggregate(6, [ClientUpdate("a", 1, {"w": torch.ones(2)})])
+    strategy.global_state = strategy.aggregate(3, [ClientUpdate("b", 1, {"w": torch.full((2,), 2.0)})])
+    strategy.global_state = strategy.aggregate(6, [ClientUpdate("a", 1, {"w": torch.ones(2)})])
     assert strategy.global_state["w"].tolist() == [2.0, 2.0]
 
 

@@ -125,13 +125,13 @@ def test_global_prompt_is_the_weighted_mean_and_experts_are_the_nearest_stored_p
     strategy = pFedMoAP(num_experts=3)
     strategy.initialize({"prompt.ctx": torch.zeros(2, 2)}, ["a", "b", "c"])
     assert strategy.configure_client_extras(1, "a")["experts"].shape == (0, 2, 2)  # nothing stored yet
-    strategy.aggregate(1, [ClientUpdate("a", 1, {"prompt.ctx": torch.ones(2, 2)}),
-                           ClientUpdate("b", 3, {"prompt.ctx": torch.full((2, 2), 2.0)})])
+    strategy.global_state = strategy.aggregate(1, [ClientUpdate("a", 1, {"prompt.ctx": torch.ones(2, 2)}),
+                                                   ClientUpdate("b", 3, {"prompt.ctx": torch.full((2, 2), 2.0)})])
     assert torch.allclose(strategy.global_state["prompt.ctx"], torch.full((2, 2), (1 * 1 + 3 * 2) / 4))
     assert torch.equal(strategy.configure_client(2, "c")["prompt.ctx"], strategy.global_state["prompt.ctx"])
     assert strategy.configure_client_extras(2, "c")["experts"].shape == (0, 2, 2)  # c has no previous prompt
     assert torch.equal(strategy.configure_client_extras(2, "a")["experts"], torch.full((1, 2, 2), 2.0))
-    strategy.aggregate(2, [ClientUpdate("c", 2, {"prompt.ctx": torch.full((2, 2), 5.0)})])
+    strategy.global_state = strategy.aggregate(2, [ClientUpdate("c", 2, {"prompt.ctx": torch.full((2, 2), 5.0)})])
     assert torch.equal(strategy.global_state["prompt.ctx"], torch.full((2, 2), 5.0))  # the round's uploads only
     # a (all 1) is 2 from b (all 2) and 8 from c (all 5): b first; K - 1 = 2
     assert strategy.expert_ids("a") == ["b", "c"] and strategy.expert_ids("c") == ["b", "a"]

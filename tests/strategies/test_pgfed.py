@@ -202,7 +202,7 @@ def test_the_server_averages_and_stores_each_clients_gradient_loss_row_and_model
                      extras={"grad": {W: torch.tensor([[-1.0, 1.0]])}, "l": torch.tensor(-2.0, dtype=torch.float64),
                              "a": torch.tensor([0.0, 0.7], dtype=torch.float64)}),
     ]
-    out = strategy.aggregate(2, updates)
+    out = strategy.global_state = strategy.aggregate(2, updates)  # as the loop stores it
     # theta_glob = 1/4 [1, 0] + 3/4 [5, 4] = [4, 3]
     assert out[W].tolist() == [[4.0, 3.0]]
     assert list(strategy.grads) == ["a", "c"] and strategy.grads["c"][W].tolist() == [[-1.0, 1.0]]
@@ -250,10 +250,10 @@ def test_two_rounds_exchange_gradients_and_differ_from_fedavg(tmp_path):
     params = sum(p.numel() * p.element_size() for _, p in federation.module.shared_parameters())
     # up: theta_i + grad f_i + l_i (8 bytes) + a row (8 bytes per client of the previous round: 0, then 3)
     # down: theta_glob, and from round 2 g~_i + gbar + mu l_j and a_ij (3 + 3 float64)
-    assert federation.comm["upload_bytes"] == 6 * (model + params + 8) + 3 * 24
-    assert federation.comm["download_bytes"] == 6 * model + 3 * (2 * params + 48)
+    assert federation.state.comm["upload_bytes"] == 6 * (model + params + 8) + 3 * 24
+    assert federation.state.comm["download_bytes"] == 6 * model + 3 * (2 * params + 48)
     # each client's own theta_i, as FedAvg's shared tensors, and theta_glob for the global-model evaluation
-    assert federation.comm["eval_download_bytes"] == 2 * 6 * model
+    assert federation.state.comm["eval_download_bytes"] == 2 * 6 * model
     assert all(0 < a < 1 / 3 for row in strategy.coefficients.values() for a in row.values())
     ours = _losses(tmp_path / "pgfed")
     assert ours == pytest.approx(PINNED, abs=2e-5)

@@ -231,7 +231,7 @@ def test_two_rounds_exchange_control_variates_and_c_is_the_mean_of_every_c_i(tmp
     param_bytes = sum(p.numel() * p.element_size() for _, p in federation.module.shared_parameters())
     # 2 clients x 2 rounds; each way: the shared tensors (FedAvg's) + one control variate per shared parameter
     # evaluation: all 3 clients download the shared tensors (no control variate) in each of the 2 rounds
-    assert federation.comm == {"upload_bytes": 4 * (model_bytes + param_bytes),
+    assert federation.state.comm == {"upload_bytes": 4 * (model_bytes + param_bytes),
                                "download_bytes": 4 * (model_bytes + param_bytes),
                                "eval_download_bytes": 6 * model_bytes}
     assert param_bytes > 0.8 * model_bytes  # "about twice FedAvg": buffers carry no control variate

@@ -20,7 +20,7 @@ def update(cid, n, **tensors):
 def test_fedavg_weights_by_num_examples():
     strategy = FedAvg()
     strategy.initialize({"w": torch.zeros(2)}, ["a", "b"])
-    out = strategy.aggregate(1, [update("a", 10, w=[1.0, 0.0]), update("b", 30, w=[5.0, 4.0])])
+    out = strategy.global_state = strategy.aggregate(1, [update("a", 10, w=[1.0, 0.0]), update("b", 30, w=[5.0, 4.0])])
     # w = 10/40 * [1, 0] + 30/40 * [5, 4] = [4, 3]
     assert out["w"].tolist() == [4.0, 3.0]
     assert strategy.configure_client(2, "a")["w"].tolist() == [4.0, 3.0]

@@ -15,7 +15,8 @@ ran under several recipes; the runs of one method are its seeds. The report (``r
 - convergence (mean validation metric per round, a min-max band over seeds) and cost (bytes, trainable
   parameters, the metric against cumulative upload bytes);
 - the partition of each seed (train samples per class and client);
-- the resolved configurations, only the keys that differ.
+- the resolved configurations, only the keys that differ (for a run built in Python, whose ``config.json`` has no
+  ``strategy`` or ``callbacks``, the arguments ``results.json`` records of them).
 
 The output folder of ``fedlit grid`` (it holds ``grid.json``; or any folder with ``--table grid``) adds, first,
 the benchmark's table in FHBench's Table 2 layout: data sets as rows, methods as columns, each cell mean ± standard

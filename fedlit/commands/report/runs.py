@@ -117,17 +117,36 @@ def load_run(folder: Path, warnings: list[str]) -> Run:
         run.rows = read_metrics(folder / "metrics.csv")
     except DataError as err:
         warnings.append(str(err))
+    recorded = recorded_settings(results)
     try:
         config = _read_json(folder / "config.json")
         run.config = config if isinstance(config, dict) else {}
     except DataError as err:
-        warnings.append(str(err).replace("run left out of the report", "its configuration is left out"))
+        left_out = "its configuration is left out" + (
+            " (but for the strategy's and callbacks' arguments that results.json records)" if recorded else "")
+        warnings.append(str(err).replace("run left out of the report", left_out))
+    for key, value in recorded.items():  # a run built in Python has neither in config.json (or no config.json)
+        run.config.setdefault(key, value)
     if (folder / "manifest.json").is_file():  # compared by the gain over Local; optional
         try:
             run.manifest = json.loads((folder / "manifest.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             warnings.append(f"{folder / 'manifest.json'}: cannot be read as JSON ({err}); its data is not compared.")
     return run
+
+
+def recorded_settings(results: Mapping[str, Any]) -> dict[str, Any]:
+    """The strategy's and the extra callbacks' arguments that ``results.json`` records (``strategy_hparams``,
+    ``callbacks``), written as a recipe writes them: ``strategy`` (``class_path``, ``init_args``) and
+    ``callbacks`` (a list of them). The configuration table shows them for a run whose ``config.json`` lacks them
+    (a run built in Python); a recipe's own ``strategy`` and ``callbacks`` are kept."""
+    out: dict[str, Any] = {}
+    if isinstance(results.get("strategy_hparams"), Mapping):
+        out["strategy"] = {"class_path": results.get("strategy_class"), "init_args": dict(results["strategy_hparams"])}
+    if isinstance(results.get("callbacks"), list):
+        out["callbacks"] = [{"class_path": c.get("class"), "init_args": c.get("hparams") or {}}
+                            for c in results["callbacks"] if isinstance(c, Mapping)]
+    return out
 
 
 def load_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
@@ -252,8 +271,8 @@ def client_table(groups: Mapping[str, list[Run]], when: str, metric: str, spread
     per_method: dict[str, list[dict[str, float]]] = {}
     for method, runs in groups.items():
         per_method[method] = [client_values(r, when, metric) for r in runs]
-        for values in per_method[method]:
-            clients += [c for c in values if c not in clients]
+        for seed_values in per_method[method]:
+            clients += [c for c in seed_values if c not in clients]
     table: dict[str, dict[str, tuple[float, float]]] = {c: {} for c in clients}
     table["average"] = {}
     for method, seeds in per_method.items():

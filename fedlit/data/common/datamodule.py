@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import numpy as np
 import torch
@@ -178,7 +178,7 @@ class FederatedDataModule:
         if self._data is not None:
             return len(self._data.splits)
         count = getattr(self, "num_clients", None)
-        return count if is_int(count) else None
+        return int(count) if is_int(count) else None
 
     @classmethod
     def clients_in_options(cls, options: Mapping[str, Any]) -> int | None:
@@ -188,7 +188,7 @@ class FederatedDataModule:
         sites, count = options.get("sites"), options.get("num_clients")
         if isinstance(sites, list | tuple):
             return len(sites)
-        return count if is_int(count) else None
+        return int(count) if is_int(count) else None
 
     def only_site(self, client_id: str) -> None:
         """Build only ``client_id``'s data: what a Flower node holding one site calls before :meth:`setup`.
@@ -356,7 +356,7 @@ class FederatedDataModule:
         )
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
     """Whether ``value`` is an integer (Python or NumPy), not a bool: the check behind every integer option."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 

@@ -18,6 +18,7 @@ import warnings
 from abc import ABC, abstractmethod
 
 import numpy as np
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 
@@ -218,11 +219,13 @@ class Partitioner(ABC):
 class IID(Partitioner):
     """A uniformly random split into clients of (almost) equal size."""
 
+    @override
     def _partition(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
         return iid_partition(labels, num_clients, rng)
 
+    @override
     def __repr__(self) -> str:
         return "IID()"
 
@@ -248,11 +251,13 @@ class Dirichlet(Partitioner):
         self.alpha = float(alpha)
         self.min_size = min_size
 
+    @override
     def _partition(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
         return dirichlet_partition(labels, num_clients, rng, alpha=self.alpha, min_size=self.min_size)
 
+    @override
     def __repr__(self) -> str:
         return f"Dirichlet(alpha={self.alpha}, min_size={self.min_size})"
 
@@ -276,11 +281,13 @@ class Pathological(Partitioner):
             )
         self.classes_per_client = classes_per_client
 
+    @override
     def _partition(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
         return pathological_partition(labels, num_clients, rng, classes_per_client=self.classes_per_client)
 
+    @override
     def __repr__(self) -> str:
         return f"Pathological(classes_per_client={self.classes_per_client})"
 
@@ -311,11 +318,13 @@ class Shards(Partitioner):
         self.major = float(major)
         self.minor = float(minor)
 
+    @override
     def _partition(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
         return shards_partition(labels, num_clients, rng, major=self.major, minor=self.minor)
 
+    @override
     def __repr__(self) -> str:
         return f"Shards(major={self.major}, minor={self.minor})"
 
@@ -323,6 +332,7 @@ class Shards(Partitioner):
 class Natural(Partitioner):
     """The data set's own sites are the clients; only for data sets that record a site per sample."""
 
+    @override
     def _partition(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
@@ -339,5 +349,6 @@ class Natural(Partitioner):
             )
         return parts
 
+    @override
     def __repr__(self) -> str:
         return "Natural()"

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from typing_extensions import override
 
 from fedlit.core.errors import DataError
 from fedlit.data.common.splits import split_problems
@@ -88,6 +89,7 @@ class PoolSubset(Dataset[Batch]):
             x = self.transform(x)
         return list(zip(x.unbind(0), self.targets[rows].unbind(0), strict=True))
 
+    @override
     def __getitem__(self, position: int) -> Batch:
         return self.__getitems__([position])[0]
 

@@ -13,12 +13,13 @@ import os
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.splits import SPLITS, split_problems, stratified_split
@@ -26,6 +27,8 @@ from fedlit.data.common.splits import SPLITS, split_problems, stratified_split
 CLASSIFICATION = ("multiclass", "binary", "multilabel")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp")
 Transform = Callable[[torch.Tensor], torch.Tensor]
+# identity -> input, or -> an (input, target) pair (segmentation), which the transforms then take and give jointly.
+Reader = Callable[[Any], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
 # What a recipe gives as a transform: one torchvision transform (an nn.Module, as class_path/init_args), or a
 # list of them applied in order.
 TransformSpec = nn.Module | list[nn.Module] | None
@@ -66,7 +69,7 @@ class SampleList:
     samples: dict[str, list[Any]]
     targets: dict[str, torch.Tensor]
     splits: dict[str, dict[str, np.ndarray]]
-    read: Callable[[Any], torch.Tensor]
+    read: Reader
     train_transform: Transform | None = None
     eval_transform: Transform | None = None
     partitioner: str = "Natural()"
@@ -84,7 +87,7 @@ class SampleSubset(Dataset):
         identities: Sequence[Any],
         targets: torch.Tensor,
         positions: np.ndarray,
-        read: Callable[[Any], torch.Tensor],
+        read: Reader,
         transform: Transform | None = None,
     ) -> None:
         self.identities = [identities[int(i)] for i in positions]
@@ -95,10 +98,11 @@ class SampleSubset(Dataset):
     def __len__(self) -> int:
         return len(self.identities)
 
+    @override
     def __getitem__(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.read(self.identities[position])
         if isinstance(x, tuple):  # the reader gives (input, target), e.g. an image and its mask: transformed together
-            return self.transform(x) if self.transform is not None else x
+            return cast(Any, self.transform)(x) if self.transform is not None else x  # a joint transform
         if self.transform is not None:
             x = self.transform(x)
         return x, self.targets[position]
@@ -111,11 +115,13 @@ class Compose(nn.Module):
         super().__init__()
         self.transforms = list(transforms)
 
+    @override
     def forward(self, x: Any) -> Any:
         for transform in self.transforms:
             x = transform(x)
         return x
 
+    @override
     def __repr__(self) -> str:
         return f"Compose({self.transforms!r})"
 
@@ -127,6 +133,7 @@ class Normalize(nn.Module):
         super().__init__()
         self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (-1, 1, 1)
         return (x - torch.tensor(self.mean).view(shape)) / torch.tensor(self.std).view(shape)

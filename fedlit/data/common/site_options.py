@@ -48,7 +48,7 @@ def segmentation_option_problems(image_size: object, crop_size: object, unmatche
         problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
     if crop_size is not None and (not is_int(crop_size) or crop_size < 1):
         problems.append(f"{_OPTION}.crop_size must be null (no crop) or an integer >= 1, got {crop_size!r}")
-    elif crop_size is not None and is_int(image_size) and crop_size > image_size:
+    elif is_int(crop_size) and is_int(image_size) and crop_size > image_size:
         problems.append(f"{_OPTION}.crop_size={crop_size} is larger than {_OPTION}.image_size={image_size}; a "
                         "train crop must fit in the resized image (e.g. crop_size 320 for image_size 384)")
     if unmatched not in ("error", "skip"):

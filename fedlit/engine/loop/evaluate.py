@@ -33,7 +33,7 @@ Personalized methods are evaluated three more ways:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -122,6 +122,7 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     if run.evaluation_reuse is not None:  # clients whose inputs are unchanged keep their last metrics
         results, reused = run.evaluation_reuse.evaluate(run, server_round, tasks)
     else:
+        assert run.executor is not None  # chosen by setup
         results, reused = run.executor.evaluate(run, server_round, tasks), None
     for client_id, result in zip(clients, results, strict=True):
         download += result.download_bytes
@@ -133,19 +134,19 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
                 per_split[split][client_id] = values
     if images:
         record.log_validation_images(run, server_round, images)
-    run.comm["eval_download_bytes"] = run.comm.get("eval_download_bytes", 0) + download
+    run.state.comm["eval_download_bytes"] = run.state.comm.get("eval_download_bytes", 0) + download
     log: dict[str, float] = {"comm/eval_download_bytes": download,
-                             "comm/eval_download_bytes_cumulative": run.comm["eval_download_bytes"]}
+                             "comm/eval_download_bytes_cumulative": run.state.comm["eval_download_bytes"]}
     if reused is not None:
         log["system/eval_reused"] = reused
     if run.strategy.eval_finetune_steps:  # the compute that fine-tuning before evaluation adds (FedAvg-FT)
-        run.compute["eval_finetune_steps"] = run.compute.get("eval_finetune_steps", 0) + steps
+        run.state.compute["eval_finetune_steps"] = run.state.compute.get("eval_finetune_steps", 0) + steps
         log.update({"system/eval_finetune_steps": steps,
-                    "system/eval_finetune_steps_cumulative": run.compute["eval_finetune_steps"]})
+                    "system/eval_finetune_steps_cumulative": run.state.compute["eval_finetune_steps"]})
     for split, per_client in per_split.items():
         if not per_client:
             continue
-        run.history.add(server_round, split, per_client)
+        run.state.history.add(server_round, split, per_client)
         if split.endswith("test"):
             continue
         log.update(_scalars(run, split, per_client))
@@ -175,8 +176,7 @@ def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tup
     ``configure_optimizers`` at the learning rate the run's schedule holds now; no strategy term or hook. ``seed``
     and ``data`` name the random streams of the steps (dropout) and of the batch order, so the same call gives the
     same steps. Nothing is saved: the next :func:`~fedlit.engine.loop.client.load_client` undoes it. ``option`` names
-    the
-    setting in the error raised when the client has no training batch."""
+    the setting in the error raised when the client has no training batch."""
     module, fabric = ctx.module, ctx.fabric
     manual_seed(ctx.derive_seed(*seed))
     loader = ctx.train_dataloader(*data)
@@ -185,7 +185,8 @@ def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tup
         if ctx.lr_schedule is not None:
             ctx.lr_schedule.apply(local.optimizer)
         optimizer = local.optimizer
-    optimizer = fabric.setup_optimizers(optimizer)
+    # one optimizer in, one wrapper out (Fabric's annotation also allows the tuple of several)
+    optimizer = cast(torch.optim.Optimizer, fabric.setup_optimizers(optimizer))
     precision = fabric.strategy.precision
     module.set_train_mode()
     norms = batch_statistics_layers(module)
@@ -228,26 +229,26 @@ def evaluate_unseen(run: Run, split: str = "test") -> dict[str, Any] | None:
     clients = run.unseen_client_ids
     if not clients:
         return None
-    steps = run.unseen_finetune_steps
+    steps = run.settings.unseen_finetune_steps
     received_model: dict[str, dict[str, float]] = {}
     finetuned: dict[str, dict[str, float]] = {}
     download = 0
     for client_id in clients:
         ctx = run.client_context(client_id)
-        received = run.strategy.configure_evaluate(run.server_round, client_id)
-        metrics, nbytes = evaluate_client(ctx, run.server_round, (split,), received)
+        received = run.strategy.configure_evaluate(run.state.round, client_id)
+        metrics, nbytes = evaluate_client(ctx, run.state.round, (split,), received)
         download += nbytes
         if metrics.get(split):
             received_model[client_id] = metrics[split]
         if steps > 0 and metrics.get(split):
             finetune(ctx, received, steps)
             finetuned[client_id] = _run_loaders(ctx, eval_loaders(ctx, (split,)))[split]
-    run.comm["eval_download_bytes"] = run.comm.get("eval_download_bytes", 0) + download
+    run.state.comm["eval_download_bytes"] = run.state.comm.get("eval_download_bytes", 0) + download
     weights = {c: run.datamodule.num_examples(c, split) for c in clients}
-    out: dict[str, Any] = {"round": run.server_round, "split": split, "finetune_steps": steps}
+    out: dict[str, Any] = {"round": run.state.round, "split": split, "finetune_steps": steps}
     for key, per_client in (("global", received_model), ("finetuned", finetuned)):
         if per_client:
-            out[key] = {"round": run.server_round, "clients": per_client,
+            out[key] = {"round": run.state.round, "clients": per_client,
                         "summary": summarize(per_client, weights, run.module.higher_is_better)}
     return out
 

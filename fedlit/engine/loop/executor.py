@@ -1,8 +1,7 @@
 """Where the clients' work runs: the seam between the server's round and the clients' turns.
 
 A round (:mod:`fedlit.engine.loop.rounds`) and an evaluation (:mod:`fedlit.engine.loop.evaluate`) never train or
-evaluate a
-client themselves: they hand the round's clients to ``run.executor`` and get, in the order they gave, each
+evaluate a client themselves: they hand the round's clients to ``run.executor`` and get, in the order they gave, each
 client's
 :class:`~fedlit.engine.loop.client.ClientTurn` (or what it raised) and each client's metrics. What the server sends a
 client (:meth:`~fedlit.strategies.base.Strategy.configure_client`, ``configure_client_extras``, ``configure_evaluate``,

@@ -10,9 +10,10 @@ the report; and the evaluation of a checkpoint.
         each client's turn (fedlit.engine.loop.client) through the executor, in task order
         quarantine non-finite updates, leave out turns past client_timeout (and, with on_client_error=skip,
         clients that raised)
-        on_before_aggregate; strategy.aggregate(server_round, updates); on_after_aggregate
+        on_before_aggregate; strategy.global_state = strategy.aggregate(server_round, updates) (checked: the
+        declared names and shapes); on_after_aggregate
         evaluation (validation and test, per client), logging
-        on_round_end; best.ckpt; checkpoint; stop here if a callback set should_stop (EarlyStopping)
+        on_round_end; best.ckpt; checkpoint; stop here if a hook called trainer.request_stop (EarlyStopping)
     report; on_fit_end
 
 Each client's local training re-seeds the global and data-loader RNGs from ``(seed, round, client)``, so a run does
@@ -92,7 +93,7 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
     for speedup in run.speedups:  # evaluation reuse, which needs the executor
         speedup.attach(run)
     run.lr_schedule = round_schedule(run.module)
-    run.identity = resume.identity(run)
+    run.state.identity = resume.identity(run)
     run.store.set_initial(run.module.named_tensors("personal"))
     counts = run.datamodule.class_counts()  # None for a task without classes
     training = run.train_client_ids
@@ -107,11 +108,11 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
 def check_compatible(run: Run) -> None:
     """Refuse a model, strategy and data that do not fit, naming every problem."""
     task = getattr(run.datamodule, "task", None)
-    problems = [f"{section} {type(obj).__name__} accepts tasks {sorted(obj.accepted_tasks)} but data "
+    problems = [f"{section} {type(obj).__name__} accepts tasks {sorted(accepted)} but data "
                 f"{type(run.datamodule).__name__} has task {task!r}"
                 for section, obj in (("model", run.module), ("strategy", run.strategy))
-                if task is not None and getattr(obj, "accepted_tasks", None) is not None
-                and task not in obj.accepted_tasks]
+                if task is not None and (accepted := getattr(obj, "accepted_tasks", None)) is not None
+                and task not in accepted]
     for attr in ("task", "num_classes") if not problems else ():
         ours, theirs = getattr(run.module, attr, None), getattr(run.datamodule, attr, None)
         if ours is not None and theirs is not None and ours != theirs:
@@ -170,8 +171,7 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
     """Run the remaining rounds (all of them, or those after ``ckpt_path``) and return the test results.
 
     The run holds ``out_dir`` (see :mod:`fedlit.engine.records.run_folder`) from start to end: a fresh fit refuses a
-    folder
-    that already holds a run, and any fit refuses a folder that another live run holds.
+    folder that already holds a run, and any fit refuses a folder that another live run holds.
     """
     launch(run)
     zero = run.fabric.is_global_zero  # rank 0 holds the folder and writes the files, the others write nothing
@@ -186,24 +186,26 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
             resume.save_config(run)
             rounds.log_class_counts(run)
             rounds.log_role_summary(run)
-        run.hooks.call("on_fit_start", trainer=run, pl_module=run.module)
+        run.hooks.call("on_fit_start", trainer=run.server_context(), pl_module=run.module)
         run.progress = Progress(run.settings.progress_bar and zero)
         try:
-            for server_round in run.progress.rounds(run.server_round + 1, run.settings.rounds):
-                if run.should_stop:
+            for server_round in run.progress.rounds(run.state.round + 1, run.settings.rounds):
+                if run.state.should_stop:
                     break
                 rounds.run_round(run, server_round)
             run.progress.close()
-            if run.should_stop and run.server_round < run.settings.rounds:
-                run.stopped_early = {"round": run.server_round, "reason": run.stop_reason or "a callback stopped"}
+            state = run.state
+            if state.should_stop and state.round < run.settings.rounds:
+                state.stopped_early = {"round": state.round, "reason": state.stop_reason or "a callback stopped"}
                 if zero:
-                    print(f"Stopped after round {run.server_round} of {run.settings.rounds}: "
-                          f"{run.stopped_early['reason']}.", flush=True)
+                    print(f"Stopped after round {state.round} of {run.settings.rounds}: "
+                          f"{state.stopped_early['reason']}.", flush=True)
             out = results.report(run)
         finally:
+            assert run.executor is not None  # chosen by setup
             run.executor.teardown(run)
         energy.stop(run)
-        run.hooks.call("on_fit_end", trainer=run, pl_module=run.module)
+        run.hooks.call("on_fit_end", trainer=run.server_context(), pl_module=run.module)
     return out
 
 

@@ -120,6 +120,7 @@ class RoundSchedule:
     """
 
     def __init__(self, local: LocalOptimizer) -> None:
+        assert local.scheduler is not None  # an interval comes with a scheduler
         self.optimizer, self.scheduler = local.optimizer, local.scheduler
 
     def apply(self, optimizer: Optimizer) -> None:
@@ -198,15 +199,17 @@ def reused_optimizer(module: FederatedModule) -> tuple[Optimizer, Any] | None:
         for group, built in zip(entry.optimizer.param_groups, entry.groups, strict=True):
             group.clear()
             group.update(built)  # in place: Fabric's wrapper shares the groups
-    module.derived("fedlit.optimizer_in_use", list)[:] = [key]
+    in_use: list[tuple[int, ...]] = module.derived("fedlit.optimizer_in_use", list)
+    in_use[:] = [key]
     return entry.optimizer, entry.wrapped
 
 
 def keep_wrapped(module: FederatedModule, wrapped: Any) -> Any:
     """Keep Fabric's wrapper of the optimizer :func:`reused_optimizer` last gave (None: drop it, after a
     ``load_state_dict`` that replaced the state it shares); returns ``wrapped``."""
-    key = module.derived("fedlit.optimizer_in_use", list)[0]
-    module.derived("fedlit.optimizers", dict)[key].wrapped = wrapped
+    in_use: list[tuple[int, ...]] = module.derived("fedlit.optimizer_in_use", list)
+    kept: dict[tuple[int, ...], _Kept] = module.derived("fedlit.optimizers", dict)
+    kept[in_use[0]].wrapped = wrapped
     return wrapped
 
 

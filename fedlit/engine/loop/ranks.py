@@ -115,7 +115,8 @@ class RankExecutor:
         run.store.retain(set(shards[run.fabric.global_rank]))
         for sub in run.module.modules():
             if hasattr(sub, "sync_on_compute"):  # torchmetrics would sum the states of the clients other ranks evaluate
-                sub.sync_on_compute = sub._to_sync = False  # _to_sync: the flag compute() reads, set at construction
+                metric: Any = sub  # a torchmetrics Metric; _to_sync: the flag compute() reads, set at construction
+                metric.sync_on_compute = metric._to_sync = False
 
     def fit(self, run: Run, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn, in the order given (run by the task's owner)."""

@@ -40,21 +40,22 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
     per_client: dict[str, dict[str, float]] = {}
     global_per_client: dict[str, dict[str, float]] = {}
     clients = run.evaluated_client_ids
-    tasks = evaluate_tasks(run.strategy, run.server_round, clients, (split,))
-    for client_id, result in zip(clients, run.executor.evaluate(run, run.server_round, tasks), strict=True):
-        if result.metrics.get(split):
-            per_client[client_id] = result.metrics[split]
-        if result.metrics.get(f"{GLOBAL}/{split}"):
-            global_per_client[client_id] = result.metrics[f"{GLOBAL}/{split}"]
+    tasks = evaluate_tasks(run.strategy, run.state.round, clients, (split,))
+    assert run.executor is not None  # chosen by setup
+    for client_id, evaluation in zip(clients, run.executor.evaluate(run, run.state.round, tasks), strict=True):
+        if evaluation.metrics.get(split):
+            per_client[client_id] = evaluation.metrics[split]
+        if evaluation.metrics.get(f"{GLOBAL}/{split}"):
+            global_per_client[client_id] = evaluation.metrics[f"{GLOBAL}/{split}"]
     if not per_client:
         raise DataError(f"The data set has no {split!r} split to evaluate.")
     weights = {c: run.datamodule.num_examples(c, split) for c in run.client_ids}
     metric_names = list(run.module.higher_is_better)
-    result: dict[str, Any] = {"round": run.server_round, "clients": per_client,
+    result: dict[str, Any] = {"round": run.state.round, "clients": per_client,
                               "summary": summarize(per_client, weights, run.module.higher_is_better)}
     tables = [markdown_table(f"{split} of {ckpt_path}", result, metric_names)]
     if global_per_client:
-        result[GLOBAL] = {"round": run.server_round, "clients": global_per_client,
+        result[GLOBAL] = {"round": run.state.round, "clients": global_per_client,
                           "summary": summarize(global_per_client, weights, run.module.higher_is_better)}
         tables.append(markdown_table(f"{split} of {ckpt_path}, global model", result[GLOBAL], metric_names))
     unseen = evaluate_unseen(run, split)
@@ -63,7 +64,7 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
         tables += _unseen_tables(unseen, metric_names)
     if run.baseline_run is not None and split == "test":
         selection = "best" if Path(ckpt_path).name == BEST else "last"
-        gain = baseline.gain(run, per_client, run.server_round, selection)
+        gain = baseline.gain(run, per_client, run.state.round, selection)
         result[baseline.KEY] = gain
         tables.append(baseline.markdown(gain, metric_names))
     if run.fabric.is_global_zero:
@@ -76,15 +77,15 @@ def report(run: Run) -> dict[str, Any]:
     of the global model (when the strategy has one), of the unseen clients, and the gain over Local (with
     ``baseline_run``)."""
     weights = {c: run.datamodule.num_examples(c, "test") for c in run.client_ids}
-    results = run.history.results("test", weights)
-    global_results = run.history.results(f"{GLOBAL}/test", weights)
+    results = run.state.history.results("test", weights)
+    global_results = run.state.history.results(f"{GLOBAL}/test", weights)
     if "last" in global_results:
         results[GLOBAL] = global_results
     if getattr(run.strategy, "per_client_selection", False):  # EPFL's FHBench protocol: each client's own best round
-        per_client_best = run.history.best_per_client("test", weights)
+        per_client_best = run.state.history.best_per_client("test", weights)
         if per_client_best is not None:
             results["best_per_client"] = per_client_best
-    unseen = evaluate_unseen(run) if run.history.last_round is not None else None
+    unseen = evaluate_unseen(run) if run.state.history.last_round is not None else None
     if unseen is not None:
         results[UNSEEN] = unseen
     gain = None
@@ -93,59 +94,60 @@ def report(run: Run) -> dict[str, Any]:
         gain = baseline.gain(run, results[selection]["clients"], results[selection]["round"], selection)
         results[baseline.KEY] = gain
     results[baseline.PROTOCOL] = baseline.protocol(run)  # what a later --baseline_run compares
-    results["comm"] = dict(run.comm)
-    results["compute"] = dict(run.compute)
+    results["comm"] = dict(run.state.comm)
+    results["compute"] = dict(run.state.compute)
     results["checkpoints"] = record.checkpoints(run)
     results.update(record.describe(run))
     for callback in run.callbacks:  # sections a callback adds (fedlit.privacy's ``privacy``), merged by key
         sections = getattr(callback, "results_json", None)
-        for key, value in (sections(run) if callable(sections) else {}).items():
+        for key, value in (sections(run.server_context()) if callable(sections) else {}).items():
             results.setdefault(key, {}).update(value)
     for key, value in resume.dropped_reports(run).items():  # what callbacks dropped on resume reported, marked
         for name, block in value.items():
             results.setdefault(key, {}).setdefault(name, block)
-    if run.dropped_callbacks:
+    if run.state.dropped_callbacks:
         results["dropped_callbacks"] = [{"callback": key, "after_round": entry["after_round"]}
-                                        for key, entry in run.dropped_callbacks.items()]
-    if run.faults:
-        results["faults"] = run.faults
-    if run.stopped_early is not None:
-        results["stopped_early"] = dict(run.stopped_early)
+                                        for key, entry in run.state.dropped_callbacks.items()]
+    if run.state.faults:
+        results["faults"] = run.state.faults
+    if run.state.stopped_early is not None:
+        results["stopped_early"] = dict(run.state.stopped_early)
     metrics = list(run.module.higher_is_better)
     sections = [f"# Results: {run.strategy!r}\n"]
     if "last" in results:
         sections.append(markdown_table("Test, last round", results["last"], metrics))
     if "best" in results:
         sections.append(markdown_table(
-            f"Test at the best mean validation {run.history.selection_metric}", results["best"], metrics))
-    elif run.history.best_round() is None:
+            f"Test at the best mean validation {run.state.history.selection_metric}", results["best"], metrics))
+    elif run.state.history.best_round() is None:
         sections.append("_No validation split: the best-validation round is not defined (no best.ckpt)._\n")
     if GLOBAL in results:
         sections.append("## Global model\n\n_Each client with the server's global shared tensors and its own personal "
                         "tensors; the best round is the one chosen above._\n")
         for key, title in (("last", "Global model: test, last round"),
                            ("best", "Global model: test at the best mean validation "
-                                    f"{run.history.selection_metric}")):
+                                    f"{run.state.history.selection_metric}")):
             if key in results[GLOBAL]:
                 sections.append(markdown_table(title, results[GLOBAL][key], metrics))
     if unseen is not None:
         sections += _unseen_tables(unseen, metrics)
     if gain is not None:
         sections.append(baseline.markdown(gain, metrics))
-    sections.append(f"Communication: {run.comm['upload_bytes']:,} bytes up, {run.comm['download_bytes']:,} bytes "
-                    f"down in training; {run.comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n")
-    if run.compute.get("eval_finetune_steps"):
-        sections.append(f"Fine-tuning before evaluation: {run.compute['eval_finetune_steps']:,} local steps over "
+    comm = run.state.comm
+    sections.append(f"Communication: {comm['upload_bytes']:,} bytes up, {comm['download_bytes']:,} bytes "
+                    f"down in training; {comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n")
+    if run.state.compute.get("eval_finetune_steps"):
+        sections.append(f"Fine-tuning before evaluation: {run.state.compute['eval_finetune_steps']:,} local steps over "
                         "the run (beside the rounds' training).\n")
-    if run.stopped_early is not None:
-        sections.append(f"Stopped after round {run.stopped_early['round']} of {run.rounds}: "
-                        f"{run.stopped_early['reason']}.\n")
-    if run.dropped_callbacks:
+    if run.state.stopped_early is not None:
+        sections.append(f"Stopped after round {run.state.stopped_early['round']} of {run.settings.rounds}: "
+                        f"{run.state.stopped_early['reason']}.\n")
+    if run.state.dropped_callbacks:
         sections.append("Callbacks dropped on resume (federation.allow_dropped_callbacks): " + "; ".join(
             f"{key} after round {entry['after_round']} (what it reports covers only the rounds up to "
-            f"{entry['after_round']})" for key, entry in run.dropped_callbacks.items()) + ".\n")
-    if run.faults:
-        lines = [f"- round {f['round']}, client {f['client']}: {f['kind']} ({f['detail']})" for f in run.faults]
+            f"{entry['after_round']})" for key, entry in run.state.dropped_callbacks.items()) + ".\n")
+    if run.state.faults:
+        lines = [f"- round {f['round']}, client {f['client']}: {f['kind']} ({f['detail']})" for f in run.state.faults]
         sections.append("Clients left out of aggregation:\n\n" + "\n".join(lines) + "\n")
     text = "\n".join(sections)
     if run.fabric.is_global_zero:  # over several ranks, every rank has the results and rank 0 writes them
@@ -160,14 +162,14 @@ def report(run: Run) -> dict[str, Any]:
                 for client_id, values in block[key]["clients"].items():
                     final.update({f"{section}client/{client_id}/{split_key}/{m}": v for m, v in values.items()})
                 final.update({f"{section}server/{split_key}/{m}": v for m, v in block[key]["summary"].items()})
-    if unseen is not None and run.history.last_round is not None:
+    if unseen is not None and run.state.history.last_round is not None:
         unseen_log = unseen_scalars(run, unseen)
         final.update(unseen_log)
-        record.append_final(run, run.history.last_round, unseen_log)
+        record.append_final(run, run.state.history.last_round, unseen_log)
     if gain is not None:
         final.update({f"{baseline.KEY}/{m}_{agg}": gain[agg][m] for agg in ("mean", "std") for m in gain[agg]})
-    if final and run.history.last_round is not None:
-        run.fabric.log_dict(final, step=run.history.last_round)
+    if final and run.state.history.last_round is not None:
+        run.fabric.log_dict(final, step=run.state.history.last_round)
         hparams.log(run)
     for logger in run.fabric.loggers:
         logger.finalize("success")

@@ -4,9 +4,10 @@ A checkpoint records the run's *identity* beside its state: the strategy (class 
 shows them), the model (class and the shape and dtype of every parameter and buffer), the parameter roles, a
 fingerprint of the frozen tensors, the partition manifest and, for runs started from a recipe, the ``model``,
 ``data``, ``strategy`` and ``federation`` sections of the resolved configuration. Resuming with anything else is
-refused with a message that names what differs. Settings that may change on resume are :data:`RESUMABLE`; each
-resume is recorded in ``config.json`` under ``resumed`` (the round it continued from and the keys it changed),
-the rest of the file staying the original configuration.
+refused with a message that names what differs. Settings that may change on resume are
+:data:`~fedlit.engine.loop.settings.RESUMABLE` (declared with each setting); each resume is recorded in
+``config.json`` under ``resumed`` (the round it continued from and the keys it changed), the rest of the file
+staying the original configuration.
 
 Callbacks may change on resume, except one that reports on the whole run in ``results.json`` (a ``results_json``
 method: the privacy callbacks): the checkpoint keeps what each reported, and a resume without one of them is
@@ -22,7 +23,7 @@ import json
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import Tensor
 
@@ -31,6 +32,7 @@ from fedlit.core.errors import CheckpointError
 from fedlit.core.files import write_text_atomic
 from fedlit.core.tensors import raw_bytes
 from fedlit.engine.loop import optim, ranks
+from fedlit.engine.loop.settings import RESUMABLE
 from fedlit.engine.records import record
 
 if TYPE_CHECKING:
@@ -39,11 +41,6 @@ if TYPE_CHECKING:
 #: The parts of a recipe that define the experiment (``out_dir``, ``ckpt_path`` and ``callbacks`` may differ).
 SECTIONS = ("model", "data", "strategy", "federation")
 
-#: Settings of the ``federation`` section that a resumed run may change (the others would make it another experiment).
-RESUMABLE = frozenset({"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
-                       "num_nodes", "store_device", "on_client_error", "min_clients", "loggers",
-                       "client_timeout", "max_update_norm", "max_update_ratio", "allow_dropped_callbacks", "threads",
-                       "cache_features", "fused_clients", "reuse_evaluations"})
 
 
 def identity(run: Run) -> dict[str, Any]:
@@ -67,17 +64,18 @@ def save(run: Run, path: str | Path) -> Path:
     if store is None:  # a rank other than 0
         return Path(path)
     payload = {
-        "server_round": run.server_round,
-        "identity": run.identity,
+        "server_round": run.state.round,
+        "identity": run.state.identity,
         "strategy": run.strategy.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in run.callbacks[1:]},
-        "reports": {cb.state_key: cb.results_json(run) for cb in run.callbacks[1:] if reports(cb)},
-        "dropped_callbacks": run.dropped_callbacks,
+        "reports": {cb.state_key: cast(Any, cb).results_json(run.server_context())  # reports(cb): it has one
+                    for cb in run.callbacks[1:] if reports(cb)},
+        "dropped_callbacks": run.state.dropped_callbacks,
         "store": store,
-        "history": run.history.state_dict(),
-        "comm": dict(run.comm),
-        "compute": dict(run.compute),
-        "faults": [dict(f) for f in run.faults],
+        "history": run.state.history.state_dict(),
+        "comm": dict(run.state.comm),
+        "compute": dict(run.state.compute),
+        "faults": [dict(f) for f in run.state.faults],
         "rng": rng_state(),
         "lr_schedule": None if run.lr_schedule is None else run.lr_schedule.state_dict(),
         "timing": record.timing_state(run),
@@ -100,9 +98,9 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
     Returns:
         The callbacks (``state_key``) that reported on the checkpoint's run and that this run lacks.
     """
-    check_identity(payload.get("identity"), run.identity, ckpt_path)
-    check_tensor_shapes(payload, run.identity["shapes"], ckpt_path)
-    run.server_round = int(payload["server_round"])
+    check_identity(payload.get("identity"), run.state.identity, ckpt_path)
+    check_tensor_shapes(payload, run.state.identity["shapes"], ckpt_path)
+    run.state.round = int(payload["server_round"])
     live = {cb.state_key for cb in run.callbacks[1:]}
     dropped = [key for key in payload.get("reports", {}) if key not in live]
     if resuming:
@@ -114,14 +112,14 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
             cb.load_state_dict(payload["callbacks"][cb.state_key])
         elif cb.state_key in carried:  # dropped by an earlier resume and back now: on from the rounds it ran
             cb.load_state_dict(carried[cb.state_key]["state"])
-    run.dropped_callbacks = {key: entry for key, entry in carried.items() if key not in live} | {
-        key: {"after_round": run.server_round, "state": payload["callbacks"].get(key),
+    run.state.dropped_callbacks = {key: entry for key, entry in carried.items() if key not in live} | {
+        key: {"after_round": run.state.round, "state": payload["callbacks"].get(key),
               "report": payload["reports"][key]} for key in dropped}
     run.store.load_state_dict(payload["store"])
-    run.history.load_state_dict(payload["history"])
-    run.comm = dict(payload["comm"])
-    run.compute = dict(payload.get("compute", {"eval_finetune_steps": 0}))
-    run.faults = [dict(f) for f in payload.get("faults", [])]
+    run.state.history.load_state_dict(payload["history"])
+    run.state.comm = dict(payload["comm"])
+    run.state.compute = dict(payload.get("compute", {"eval_finetune_steps": 0}))
+    run.state.faults = [dict(f) for f in payload.get("faults", [])]
     set_rng_state(payload["rng"])
     optim.restore_round_schedule(run.lr_schedule, payload)
     record.load_timing(run, payload.get("timing"))
@@ -167,7 +165,7 @@ def check_dropped(dropped: list[str], run: Run, ckpt_path: str | Path) -> None:
     ``federation.allow_dropped_callbacks`` is set; then warn."""
     if not dropped:
         return
-    names, last = ", ".join(dropped), run.server_round
+    names, last = ", ".join(dropped), run.state.round
     if not run.settings.allow_dropped_callbacks:
         raise CheckpointError(
             f"ckpt_path: {ckpt_path} was saved by a run with the callbacks {names}, which this run lacks: its rounds "
@@ -184,11 +182,11 @@ def dropped_reports(run: Run) -> dict[str, Any]:
     """The ``results.json`` sections of the callbacks dropped on resume, as they last reported them, each block
     marked with the round after which the callback was dropped and a note that its figures stop there."""
     sections: dict[str, Any] = {}
-    for key, entry in run.dropped_callbacks.items():
+    for key, entry in run.state.dropped_callbacks.items():
         after = entry["after_round"]
         note = (f"{key} was dropped when the run was resumed after round {after} (federation.allow_dropped_callbacks)"
                 f": these figures (an epsilon: the privacy spent) cover only the rounds it ran, up to round {after}; "
-                f"rounds {after + 1}..{run.server_round} ran without it.")
+                f"rounds {after + 1}..{run.state.round} ran without it.")
         for section, blocks in entry["report"].items():
             for name, block in blocks.items():
                 marked = {**block, "dropped_after_round": after, "note": note} if isinstance(block, Mapping) else block
@@ -263,7 +261,7 @@ def record_resume(run: Run, folder: Path, dropped: list[str] | None = None) -> N
     original = json.loads(path.read_text()) if path.is_file() else {}
     resumed = list(original.pop("resumed", []))
     if original:
-        entry: dict[str, Any] = {"from_round": run.server_round, "changed": {
+        entry: dict[str, Any] = {"from_round": run.state.round, "changed": {
             k: [_get(original, k), _get(run.config, k)] for k in config_changes(original, run.config)}}
         if dropped:
             entry["dropped_callbacks"] = list(dropped)
@@ -277,7 +275,7 @@ def fingerprint(tensors: Mapping[str, Tensor]) -> str:
     digest = hashlib.sha256()
     for name, tensor in tensors.items():
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(raw_bytes(tensor))
+        digest.update(raw_bytes(tensor))  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer on 3.12+ only
     return digest.hexdigest()
 
 

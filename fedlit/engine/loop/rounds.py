@@ -16,8 +16,8 @@ from fedlit.core.errors import FedlitError, NonFiniteError
 from fedlit.core.names import table_cell
 from fedlit.core.roles import role_summary_table
 from fedlit.core.tensors import nbytes as state_nbytes
+from fedlit.engine.loop import aggregation, resume
 from fedlit.engine.loop import evaluate as evaluation
-from fedlit.engine.loop import resume
 from fedlit.engine.loop.screening import non_finite_server_state, screen_update
 from fedlit.engine.loop.tasks import fit_tasks
 from fedlit.engine.records import energy, record
@@ -55,20 +55,23 @@ def log_role_summary(run: Run) -> None:
 def _add_text(run: Run, tag: str, table: str) -> None:
     """Log a Markdown table to the loggers that take text (TensorBoard)."""
     for logger in run.fabric.loggers:
-        experiment = getattr(logger, "experiment", None)
+        experiment: Any = getattr(logger, "experiment", None)
         if hasattr(experiment, "add_text"):
-            experiment.add_text(tag, table, global_step=run.server_round)
+            experiment.add_text(tag, table, global_step=run.state.round)
 
 
 def run_round(run: Run, server_round: int) -> None:
     start = time.perf_counter()
-    run.server_round = server_round
-    run.hooks.call("on_round_start", trainer=run, pl_module=run.module, server_round=server_round)
+    run.state.round = server_round
+    log: dict[str, float] = {}
+    server = run.server_context(log)  # what the round's hooks receive as trainer: a read-only view, and the log
+    run.hooks.call("on_round_start", trainer=server, pl_module=run.module, server_round=server_round)
     generator = torch.Generator().manual_seed(run.derive_seed("select", server_round))
     selected = run.strategy.select_clients(server_round, run.train_client_ids, run.num_selected(), generator)
-    updates, log, faults = [], {}, []
+    updates, faults = [], []
     upload = download = 0
     tasks = fit_tasks(run.strategy, server_round, selected)
+    assert run.executor is not None  # chosen by setup
     turns = run.executor.fit(run, server_round, tasks)
     for task, turn in zip(tasks, turns, strict=True):
         client_id = task.client_id
@@ -89,25 +92,25 @@ def run_round(run: Run, server_round: int) -> None:
         updates.append(update)
     check_round(run, server_round, selected, updates, faults)
     train_seconds = time.perf_counter() - start
-    run.hooks.call("on_before_aggregate", trainer=run, pl_module=run.module, server_round=server_round,
+    run.hooks.call("on_before_aggregate", trainer=server, pl_module=run.module, server_round=server_round,
                    updates=updates)
-    run.strategy.aggregate(server_round, updates)
+    aggregation.aggregate(run.strategy, server_round, updates)  # stores what aggregate returns as global_state
     # After the new server state, before evaluation: a callback may change it (ClientLevelDP's noise) and add
     # scalars to the round's log.
-    run.hooks.call("on_after_aggregate", trainer=run, pl_module=run.module, server_round=server_round, log=log)
+    run.hooks.call("on_after_aggregate", trainer=server, pl_module=run.module, server_round=server_round, log=log)
     _check_aggregate(run, server_round)
     aggregate_seconds = time.perf_counter() - start - train_seconds
-    run.comm["upload_bytes"] += upload
-    run.comm["download_bytes"] += download
+    run.state.comm["upload_bytes"] += upload
+    run.state.comm["download_bytes"] += download
     losses = [u.metrics["loss"] for u in updates]
     if losses:
         log["server/train/loss_mean"] = sum(losses) / len(losses)
     log.update({"comm/upload_bytes": upload, "comm/download_bytes": download,
-                "comm/upload_bytes_cumulative": run.comm["upload_bytes"],
-                "comm/download_bytes_cumulative": run.comm["download_bytes"],
+                "comm/upload_bytes_cumulative": run.state.comm["upload_bytes"],
+                "comm/download_bytes_cumulative": run.state.comm["download_bytes"],
                 "comm/clients": len(selected), "server/train/clients_left_out": len(faults)})
     metrics: dict[str, float] = {}
-    if server_round % run.eval_every == 0 or server_round == run.rounds:
+    if server_round % run.settings.eval_every == 0 or server_round == run.settings.rounds:
         eval_start = time.perf_counter()
         metrics = evaluation.evaluate_round(run, server_round)
         log.update(metrics)
@@ -125,11 +128,12 @@ def run_round(run: Run, server_round: int) -> None:
         run.lr_schedule.step()
     run.fabric.log_dict(log, step=server_round)
     record.append_round(run, server_round, log)
-    run.hooks.call("on_round_end", trainer=run, pl_module=run.module, server_round=server_round,
+    run.hooks.call("on_round_end", trainer=server, pl_module=run.module, server_round=server_round,
                    metrics=metrics)
     if record.is_best(run, server_round):  # before last.ckpt: a resume drops a best.ckpt newer than it
         resume.save(run, record.best_path(run))
-    if server_round % run.checkpoint_every == 0 or server_round == run.rounds or run.should_stop:
+    settings = run.settings
+    if server_round % settings.checkpoint_every == 0 or server_round == settings.rounds or run.state.should_stop:
         resume.save(run, run.out_dir / "checkpoints" / LAST)
 
 #: The tag of a left-out turn in the round's log, by the kind of its fault.
@@ -154,7 +158,7 @@ def _check_aggregate(run: Run, server_round: int) -> None:
 def check_round(run: Run, server_round: int, selected: list[str], updates: list[Any],
                  faults: list[dict[str, Any]]) -> None:
     """Warn about each left-out client; stop when too few updates remain (the last checkpoint is kept)."""
-    run.faults.extend(faults)
+    run.state.faults.extend(faults)
     for fault in faults:
         if fault["kind"] == "non-finite":
             warnings.warn(f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
@@ -165,7 +169,7 @@ def check_round(run: Run, server_round: int, selected: list[str], updates: list[
         elif fault["kind"] == "timeout":
             warnings.warn(f"Round {server_round}: client {fault['client']!r} timed out, its update is left out of "
                           f"aggregation and its stored state is unchanged ({fault['detail']}).", stacklevel=3)
-    if len(updates) >= min(run.min_clients, len(selected)):
+    if len(updates) >= min(run.settings.min_clients, len(selected)):
         return
     checkpoint = run.out_dir / "checkpoints" / LAST
     kept = (f"the last good checkpoint {checkpoint} is kept"
@@ -178,7 +182,7 @@ def check_round(run: Run, server_round: int, selected: list[str], updates: list[
             "model.init_args.lr, or check the inputs for NaN/Inf.")
     raise FedlitError(
         f"Round {server_round}: only {len(updates)} of {len(selected)} clients gave a usable update "
-        f"(federation.min_clients={run.min_clients}; {detail}); {kept}.")
+        f"(federation.min_clients={run.settings.min_clients}; {detail}); {kept}.")
 
 
 def _peak_memory_mb(device: torch.device) -> float:

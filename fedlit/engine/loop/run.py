@@ -1,13 +1,14 @@
 """The server side of a federation: the state a run holds between its rounds, and the seam to its clients.
 
 A :class:`Run` holds the live module, the data, the strategy and the callbacks with their :class:`~fedlit.engine.
-hooks.Hooks`, Fabric, the client store, the evaluation history, the round counter, the communication totals, the
-faults and the checkpointed schedules; the engine's server-side functions (:mod:`fedlit.engine.loop.lifecycle`,
-:mod:`~fedlit.engine.loop.rounds`, :mod:`~fedlit.engine.loop.evaluate`, :mod:`~fedlit.engine.loop.resume`...) take it.
-It is what
-the callbacks' server-side hooks receive as ``trainer`` (``trainer.should_stop``, ``trainer.history``...). A client's
-turn never sees it: the run hands each turn a :class:`~fedlit.engine.loop.client.ClientContext`
-(:meth:`Run.client_context`). The facade users build extends it (``fedlit.federation``).
+hooks.Hooks`, Fabric, the client store, the executor, the checkpointed schedules and, in ``run.state`` (a
+:class:`~fedlit.engine.records.state.RunState`), the run's progress: round, evaluation history, communication totals,
+faults, stop; its settings are ``run.settings``. The engine's server-side functions
+(:mod:`fedlit.engine.loop.lifecycle`, :mod:`~fedlit.engine.loop.rounds`, :mod:`~fedlit.engine.loop.evaluate`,
+:mod:`~fedlit.engine.loop.resume`...) take it. Hooks never see it: server-side hooks receive a read-only
+:class:`~fedlit.core.contexts.ServerContext` over it as ``trainer`` (:meth:`Run.server_context`), and the run hands
+each client's turn a :class:`~fedlit.engine.loop.client.ClientContext` (:meth:`Run.client_context`). The facade users
+build extends it (``fedlit.federation``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import TensorBoardLogger
 from lightning.pytorch import Callback
+from typing_extensions import override
 
 from fedlit.callbacks import check_callbacks
+from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
 from fedlit.core.seeding import derive_seed, num_selected
 from fedlit.core.store import ClientStore
@@ -32,10 +35,13 @@ from fedlit.engine.loop.settings import Settings
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask
 from fedlit.engine.records.history import EvaluationHistory
 from fedlit.engine.records.progress import Progress
+from fedlit.engine.records.state import RunState
 from fedlit.module import FederatedModule
 from fedlit.strategies.base import Strategy
 
 if TYPE_CHECKING:
+    from lightning.fabric.connector import _PRECISION_INPUT
+
     from fedlit.engine.loop.optim import RoundSchedule
 
 
@@ -91,7 +97,7 @@ class Run:
         if problems:
             raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
         selection_metric = settings.selection_metric or module.default_selection_metric
-        check_callbacks(list(callbacks or []))
+        check_callbacks(list(callbacks or []), strategy=strategy, module=module)
         self.module, self.datamodule, self.strategy, self.settings = module, datamodule, strategy, settings
         self.out_dir = Path(out_dir)
         self.config = dict(config or {})
@@ -107,7 +113,7 @@ class Run:
         self.hooks = Hooks(self.callbacks)
         loggers = settings.loggers
         self.fabric = Fabric(accelerator=settings.accelerator, devices=settings.devices, num_nodes=settings.num_nodes,
-                             precision=settings.precision,
+                             precision=cast("_PRECISION_INPUT", settings.precision),  # Fabric checks the value
                              loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
                              if loggers is None else list(loggers))
         self.store = ClientStore(settings.store_device)
@@ -119,28 +125,44 @@ class Run:
         #: What the clients' turns read their data from: ``datamodule``, or its features computed once
         #: (``federation.cache_features``: :mod:`fedlit.engine.speedups.features`); None until set up.
         self.client_data: DataSource | None = None
-        self.history = EvaluationHistory(selection_metric, module.higher_is_better)
-        self.server_round = 0
-        self.comm = {"upload_bytes": 0, "download_bytes": 0, "eval_download_bytes": 0}
-        #: Work beside the clients' turns: ``eval_finetune_steps``, the local steps taken before evaluations.
-        self.compute: dict[str, int] = {"eval_finetune_steps": 0}
-        self.faults: list[dict[str, Any]] = []
-        self.identity: dict[str, Any] = {}
-        #: Callbacks that reported on the run and were dropped on a resume (``federation.allow_dropped_callbacks``):
-        #: ``state_key`` -> the round after which, their last state and report (see :mod:`fedlit.engine.loop.resume`).
-        self.dropped_callbacks: dict[str, dict[str, Any]] = {}
+        #: The run's progress: round, history, totals, faults, stop... (what a checkpoint saves of it).
+        self.state = RunState(EvaluationHistory(selection_metric, module.higher_is_better))
         self.lr_schedule: RoundSchedule | None = None  # the module's schedule of interval "round"
-        self.timing: dict[str, Any] = {}  # start time and wall time of the run (see fedlit.engine.records.record)
         self.energy: dict[str, Any] | None = None  # the energy meter of a fit (see fedlit.engine.records.energy)
         self.progress = Progress()
         self.warned: set[str] = set()  # what the run's client turns have warned about (once per run each)
         self.wrapped: Any = None  # the module as Fabric set it up; None until set up
         self.launched = False
-        #: Set by a callback (e.g. :class:`~fedlit.callbacks.EarlyStopping`) to end the run after this round.
-        self.should_stop = False
-        self.stop_reason: str | None = None
-        #: ``{"round", "reason"}`` once the run has stopped before ``rounds``; in ``results.json``.
-        self.stopped_early: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------------------------------- progress
+    # Read access to run.state for callbacks and users (the engine itself reads run.state).
+    @property
+    def server_round(self) -> int:
+        """The last finished server round (``state.round``; 0 before the first)."""
+        return self.state.round
+
+    @property
+    def history(self) -> EvaluationHistory:
+        """The evaluated rounds' metrics (``state.history``)."""
+        return self.state.history
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether a callback asked to end the run after this round (``state.should_stop``)."""
+        return self.state.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.state.should_stop = value
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why a callback stopped the run (``state.stop_reason``)."""
+        return self.state.stop_reason
+
+    @stop_reason.setter
+    def stop_reason(self, value: str | None) -> None:
+        self.state.stop_reason = value
 
     # ------------------------------------------------------------------------------------------- clients
     @property
@@ -196,18 +218,29 @@ class Run:
                              data=self.datamodule if self.client_data is None else self.client_data,
                              store=self.store, strategy=self.strategy, hooks=self.hooks, seed=self.settings.seed,
                              local=self.settings.local(), rounds=self.settings.rounds, lr_schedule=self.lr_schedule,
-                             trainer=self, progress=self.progress.step, warned=self.warned)
+                             progress=self.progress.step, warned=self.warned)
+
+    def server_context(self, log: dict[str, float] | None = None) -> ServerContext:
+        """What server-side hooks receive as ``trainer``: a read-only view of this run, with ``log`` (the current
+        round's scalars so far) and a way to stop it (:class:`~fedlit.core.contexts.ServerContext`)."""
+        return ServerContext(self, log)
 
 
-def _forward(name: str) -> property:
-    def get(self: Run) -> Any:
-        return getattr(self.settings, name)
+    # The settings were once readable and settable as the run's own attributes (``run.rounds``); a stray
+    # ``run.seed = 1`` would now silently set an attribute nothing reads, so both directions name the right place.
+    def __getattr__(self, name: str) -> Any:
+        if name in _SETTING_NAMES:
+            raise AttributeError(f"{type(self).__name__}.{name} is a federation setting: read it as "
+                                 f"run.settings.{name}.")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def set_(self: Run, value: Any) -> None:
-        setattr(self.settings, name, value)
+    @override
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SETTING_NAMES:
+            raise AttributeError(f"{type(self).__name__}.{name} is a federation setting: set it as "
+                                 f"run.settings.{name} (before set-up), or pass it to the constructor.")
+        super().__setattr__(name, value)
 
-    return property(get, set_, doc=f"``federation.{name}`` (:class:`~fedlit.engine.loop.settings.Settings`).")
 
-
-for _field in fields(Settings):  # run.rounds, run.seed...: the settings, read (and set) as the run's own
-    setattr(Run, _field.name, _forward(_field.name))
+#: The names of the federation settings (:class:`~fedlit.engine.loop.settings.Settings`).
+_SETTING_NAMES = frozenset(f.name for f in fields(Settings))

@@ -1,8 +1,7 @@
 """What the server checks before it aggregates an upload and before it publishes a round.
 
 A client checks its own loss and upload (:mod:`fedlit.engine.loop.client`), but the server cannot trust that: a faulty
-or
-malicious client, a codec, a callback may hand it anything. So the server screens each update itself:
+or malicious client, a codec, a callback may hand it anything. So the server screens each update itself:
 
 - every floating tensor of its state and extras is finite (else it is *quarantined*, as a client's own check does);
 - the update's size: the L2 norm of ``state - sent`` over the floating shared tensors it uploaded, where ``sent`` is

@@ -1,15 +1,22 @@
-"""The settings of a federation (the recipe's ``federation`` section), checked when they are built.
+"""The settings of a federation (the recipe's ``federation`` section), each declared once, checked when built.
 
-:class:`Settings` is the schema of the ``federation`` section (jsonargparse reads its fields and their
-documentation for ``--help``) and of the facade's keyword settings (``rounds=3``...); every problem is collected
-and reported in one :class:`~fedlit.core.errors.ConfigError` naming the options as spelled in a recipe.
-:class:`LocalSettings` is the part a client's turn reads.
+Each field of :class:`Settings` is declared once, by :func:`setting`: its default, its help text, its simple
+bounds and whether a resumed run may change it. From that declaration come the class's documentation (which
+jsonargparse reads for ``fedlit fit --help``), the bounds and choices :meth:`Settings.problems` checks, the
+settings a resume may change (:data:`RESUMABLE`) and the table of ``docs/runs.md`` (:func:`settings_table`).
+:class:`Settings` is the schema of the ``federation`` section and of the facade's keyword settings
+(``rounds=3``...); every problem is collected and reported in one :class:`~fedlit.core.errors.ConfigError` naming
+the options as spelled in a recipe. :class:`LocalSettings` is the part a client's turn reads.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import textwrap
+import typing
 from collections.abc import Collection
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, Literal
 
 from lightning.fabric.loggers import Logger
@@ -17,121 +24,138 @@ from lightning.fabric.loggers import Logger
 from fedlit.core.errors import ConfigError
 
 
-@dataclass
-class Settings:
-    """The federated loop's settings.
+def setting(default: Any, doc: str, *, low: float | None = None, above: float | None = None,
+            integer: bool = False, unit: str = "", note: str = "", resumable: bool = False) -> Any:
+    """Declare one federation setting (a field of :class:`Settings`). None passes the bounds where the field's type
+    allows it; a ``Literal`` type gives the choices :meth:`Settings.problems` checks.
 
     Args:
-        rounds: Number of server rounds R.
-        clients_per_round: Clients sampled per round: a count (int >= 1), a fraction of all clients
-            (float in (0, 1]), or None for every client.
-        local_epochs: Passes over the client's training data per round (ignored when ``local_steps`` is set).
-        local_steps: Exactly this many optimizer steps per round (cycling through the data), instead of epochs.
-        optimizer_state: ``reset`` starts every client turn from a fresh optimizer state; ``persist`` keeps each
-            client's optimizer state (momenta), and its learning-rate schedule of interval ``step``, in the store
-            between its turns.
-        eval_every: Evaluate every this many rounds (the last round is always evaluated).
-        selection_metric: Metric whose mean over clients on validation picks the reported best round (its
-            direction from the module's ``higher_is_better``); None: the module's ``default_selection_metric``
-            (``accuracy`` for classification, ``c_index`` for survival).
-        seed: Seed of client sampling and local training.
-        accelerator: Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``,
-            ``cuda``, ``mps``...
-        devices: Fabric devices: the processes per node. More than one process in all (``devices`` x
-            ``num_nodes``) shards the *clients* over the ranks, each rank training and evaluating the clients it
-            owns (balanced by train-split size) on one unwrapped module, the uploads gathered on every rank before
-            the same aggregation (no DDP; see :mod:`fedlit.engine.loop.ranks`). Results do not depend on the number of
-            processes.
-        num_nodes: Fabric nodes (machines) of a multi-node run, ``devices`` processes each (torchrun or SLURM's
-            ``srun`` start them; see ``docs/deployment.md``).
-        precision: Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).
-        checkpoint_every: Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).
-        store_device: Where the client store keeps tensors.
-        progress_bar: Show a progress bar over rounds and clients.
-        on_client_error: ``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of
-            the round with a warning (recorded in the results and TensorBoard).
-        min_clients: The fewest clients whose updates a round needs to aggregate (after skipped, quarantined and
-            timed-out ones are left out); fewer stops the run with a clear error, its last checkpoint kept.
-        client_timeout: Seconds a client's turn may take (None, the default: no limit). In simulation a turn
-            that takes longer (loading and training, checked after each optimizer step) stops there and is left
-            out of the round as timed out, with a warning, its stored state unchanged (as a quarantined one); in
-            a deployment it is how long the server waits for a client's reply.
-        loggers: Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in
-            ``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.
-        unseen_clients: Clients held out of training, to measure how the federation serves newcomers: a list of
-            client ids, or an int k for the last k clients that would train; None (the default) holds out none.
-            They never train nor count in the per-round means; at the final test they are evaluated with what the
-            strategy sends a new client, and after ``unseen_finetune_steps`` local steps from it (see
-            :mod:`fedlit.engine.loop.evaluate`).
-        unseen_finetune_steps: Local optimizer steps an unseen client takes on its own train split from the model
-            it receives before its second test (0, the default: no fine-tuned test).
-        max_update_norm: The largest L2 norm of a client's update (its uploaded shared tensors minus what the server
-            sent it) that the server aggregates; a larger one is rejected (left out of the round, a fault). None,
-            the default: no absolute bound. See :mod:`fedlit.engine.loop.screening`.
-        max_update_ratio: The largest update norm relative to the size of what the client was sent (its L2 norm, at
-            least 1); a larger one is rejected. 1000 by default catches a scaled or corrupted upload long before its
-            aggregate overflows; None: no relative bound.
-        allow_dropped_callbacks: Let a resumed run go on without a callback of the checkpoint's run that reports on
-            the whole run in ``results.json`` (the privacy callbacks). False (the default) refuses such a resume: its
-            next rounds would run without it (for differential privacy: released without noise) while the results
-            would lose what it reported. True continues, the drop recorded in ``config.json`` (``resumed``) and
-            ``results.json`` (``dropped_callbacks``, and a note in the callback's section: its figures, an epsilon
-            say, cover only the rounds it ran).
-        threads: Intra-op CPU threads of PyTorch in this process (``torch.set_num_threads``, set when the run is
-            set up, for each of its processes). CPU kernels split their sums by thread, so a model trained on the
-            CPU gives bit-identical results on other machines, core counts and launchers only at the same thread
-            count: set it (1 is the surest, and the fastest for tiny models) to pin them. None, the default,
-            leaves PyTorch's own choice (``OMP_NUM_THREADS`` or the core count; Lightning divides the cores among
-            the processes it launches). The generated data sets and splits never depend on it.
-        cache_features: ``off`` (the default) runs the module's feature extractor (``backbone``) at every pass;
-            ``memory`` computes a frozen extractor's features once per sample, at their first use, and trains and
-            evaluates the head from them (head-only methods: linear probing, a frozen backbone under FedAvg, FedPer,
-            FedRep...); ``disk`` also keeps them in ``out_dir/feature_cache``, where a resumed run reads them back.
-            The results equal those of ``off`` to float rounding (see :mod:`fedlit.engine.speedups.features`); where the
-            extractor trains or is random (LoRA, dropout) or the train inputs are augmented, the run warns and goes
-            on without the cache.
-        fused_clients: Clients trained together, K at a time, in one forward and backward pass through the shared
-            frozen backbone (each sample through its own client's LoRA and head, each client's optimizer stepping
-            its own tensors); 1, the default, trains them one after the other. The result is that of sequential
-            turns to floating-point rounding; a run where it could not be (a strategy not marked ``fusable``,
-            BatchNorm in train mode, dropout, per-step callback hooks...) is refused when it is set up, naming the
-            cause. See :mod:`fedlit.engine.speedups.fused`.
-        reuse_evaluations: Give a client the metrics of its last evaluation again when nothing that evaluation
-            read has changed since (what the server sends it, its stored tensors and state, the frozen buffers):
-            the clients a sampled round did not train, under a strategy that left what it sends them unchanged.
-            True by default; the metrics are those a new evaluation would compute. Runs where an input could be
-            missed (``on_client_evaluate_start`` hooks, fine-tuning before evaluation, several processes) evaluate
-            every client anyway. See :mod:`fedlit.engine.speedups.reuse`.
+        default: Its default value.
+        doc: Its help text (``--help``, the class documentation, the docs' table).
+        low: The least value allowed (``>= low``), checked by :meth:`Settings.problems`.
+        above: A bound the value must exceed (``> above``).
+        integer: Whether only an int (not a bool, not a float) is allowed.
+        unit: The unit of the bound, in the message (``seconds``).
+        note: What the message adds in parentheses (``or null: no limit``).
+        resumable: Whether a resumed run may change it (:data:`RESUMABLE`); a change of another one would make
+            another experiment.
     """
+    return field(default=default, metadata={"doc": doc, "low": low, "above": above, "integer": integer,
+                                            "unit": unit, "note": note, "resumable": resumable})
 
-    rounds: int = 10
-    clients_per_round: int | float | None = None
-    local_epochs: int = 1
-    local_steps: int | None = None
-    optimizer_state: Literal["reset", "persist"] = "reset"
-    eval_every: int = 1
-    selection_metric: str | None = None
-    seed: int = 0
-    accelerator: str = "auto"
-    devices: int | str = 1
-    num_nodes: int = 1
-    precision: str = "32-true"
-    checkpoint_every: int = 1
-    store_device: str = "cpu"
-    progress_bar: bool = True
-    on_client_error: Literal["raise", "skip"] = "raise"
-    min_clients: int = 1
-    client_timeout: float | None = None
-    loggers: list[Logger] | None = None
-    unseen_clients: list[str] | int | None = None
-    unseen_finetune_steps: int = 0
-    max_update_norm: float | None = None
-    max_update_ratio: float | None = 1000.0
-    allow_dropped_callbacks: bool = False
-    threads: int | None = None
-    cache_features: Literal["off", "memory", "disk"] = "off"
-    fused_clients: int = 1
-    reuse_evaluations: bool = True
+
+@dataclass
+class Settings:
+    """The federated loop's settings (the documentation of each is generated from its :func:`setting`)."""
+
+    rounds: int = setting(10, "Number of server rounds R.", low=1, resumable=True)
+    clients_per_round: int | float | None = setting(
+        None, "Clients sampled per round: a count (int >= 1), a fraction of all clients (float in (0, 1]), or None "
+        "for every client.")
+    local_epochs: int = setting(
+        1, "Passes over the client's training data per round (ignored when ``local_steps`` is set).", low=1)
+    local_steps: int | None = setting(
+        None, "Exactly this many optimizer steps per round (cycling through the data), instead of epochs.", low=1,
+        note="or null for local_epochs")
+    optimizer_state: Literal["reset", "persist"] = setting(
+        "reset", "``reset`` starts every client turn from a fresh optimizer state; ``persist`` keeps each client's "
+        "optimizer state (momenta), and its learning-rate schedule of interval ``step``, in the store between its "
+        "turns.")
+    eval_every: int = setting(
+        1, "Evaluate every this many rounds (the last round is always evaluated).", low=1, resumable=True)
+    selection_metric: str | None = setting(
+        None, "Metric whose mean over clients on validation picks the reported best round (its direction from the "
+        "module's ``higher_is_better``); None: the module's ``default_selection_metric`` (``accuracy`` for "
+        "classification, ``c_index`` for survival).")
+    seed: int = setting(0, "Seed of client sampling and local training.")
+    accelerator: str = setting(
+        "auto", "Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``, "
+        "``cuda``, ``mps``...", resumable=True)
+    devices: int | str = setting(
+        1, "Fabric devices: the processes per node. More than one process in all (``devices`` x ``num_nodes``) "
+        "shards the *clients* over the ranks, each rank training and evaluating the clients it owns (balanced by "
+        "train-split size) on one unwrapped module, the uploads gathered on every rank before the same aggregation "
+        "(no DDP; see :mod:`fedlit.engine.loop.ranks`). Results do not depend on the number of processes.",
+        resumable=True)
+    num_nodes: int = setting(
+        1, "Fabric nodes (machines) of a multi-node run, ``devices`` processes each (torchrun or SLURM's ``srun`` "
+        "start them; see ``docs/deployment.md``).", low=1, resumable=True)
+    precision: str = setting("32-true", "Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).")
+    checkpoint_every: int = setting(
+        1, "Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).", low=1, resumable=True)
+    store_device: str = setting("cpu", "Where the client store keeps tensors.", resumable=True)
+    progress_bar: bool = setting(True, "Show a progress bar over rounds and clients.", resumable=True)
+    on_client_error: Literal["raise", "skip"] = setting(
+        "raise", "``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of the round "
+        "with a warning (recorded in the results and TensorBoard).", resumable=True)
+    min_clients: int = setting(
+        1, "The fewest clients whose updates a round needs to aggregate (after skipped, quarantined and timed-out "
+        "ones are left out); fewer stops the run with a clear error, its last checkpoint kept.", low=1,
+        resumable=True)
+    client_timeout: float | None = setting(
+        None, "Seconds a client's turn may take (None, the default: no limit). In simulation a turn that takes "
+        "longer (loading and training, checked after each optimizer step) stops there and is left out of the round "
+        "as timed out, with a warning, its stored state unchanged (as a quarantined one); in a deployment it is how "
+        "long the server waits for a client's reply.", above=0, unit="seconds", note="or null: no limit",
+        resumable=True)
+    loggers: list[Logger] | None = setting(
+        None, "Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in "
+        "``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.", resumable=True)
+    unseen_clients: list[str] | int | None = setting(
+        None, "Clients held out of training, to measure how the federation serves newcomers: a list of client ids, "
+        "or an int k for the last k clients that would train; None (the default) holds out none. They never train "
+        "nor count in the per-round means; at the final test they are evaluated with what the strategy sends a new "
+        "client, and after ``unseen_finetune_steps`` local steps from it (see :mod:`fedlit.engine.loop.evaluate`).")
+    unseen_finetune_steps: int = setting(
+        0, "Local optimizer steps an unseen client takes on its own train split from the model it receives before "
+        "its second test (0, the default: no fine-tuned test).", low=0)
+    max_update_norm: float | None = setting(
+        None, "The largest L2 norm of a client's update (its uploaded shared tensors minus what the server sent it) "
+        "that the server aggregates; a larger one is rejected (left out of the round, a fault). None, the default: "
+        "no absolute bound. See :mod:`fedlit.engine.loop.screening`.", above=0, note="or null: no bound",
+        resumable=True)
+    max_update_ratio: float | None = setting(
+        1000.0, "The largest update norm relative to the size of what the client was sent (its L2 norm, at least "
+        "1); a larger one is rejected. 1000 by default catches a scaled or corrupted upload long before its "
+        "aggregate overflows; None: no relative bound.", above=0, note="or null: no bound", resumable=True)
+    allow_dropped_callbacks: bool = setting(
+        False, "Let a resumed run go on without a callback of the checkpoint's run that reports on the whole run in "
+        "``results.json`` (the privacy callbacks). False (the default) refuses such a resume: its next rounds would "
+        "run without it (for differential privacy: released without noise) while the results would lose what it "
+        "reported. True continues, the drop recorded in ``config.json`` (``resumed``) and ``results.json`` "
+        "(``dropped_callbacks``, and a note in the callback's section: its figures, an epsilon say, cover only the "
+        "rounds it ran).", resumable=True)
+    threads: int | None = setting(
+        None, "Intra-op CPU threads of PyTorch in this process (``torch.set_num_threads``, set when the run is set "
+        "up, for each of its processes). CPU kernels split their sums by thread, so a model trained on the CPU "
+        "gives bit-identical results on other machines, core counts and launchers only at the same thread count: "
+        "set it (1 is the surest, and the fastest for tiny models) to pin them. None, the default, leaves PyTorch's "
+        "own choice (``OMP_NUM_THREADS`` or the core count; Lightning divides the cores among the processes it "
+        "launches). The generated data sets and splits never depend on it.", low=1,
+        note="or null: PyTorch's default", resumable=True)
+    cache_features: Literal["off", "memory", "disk"] = setting(
+        "off", "``off`` (the default) runs the module's feature extractor (``backbone``) at every pass; ``memory`` "
+        "computes a frozen extractor's features once per sample, at their first use, and trains and evaluates the "
+        "head from them (head-only methods: linear probing, a frozen backbone under FedAvg, FedPer, FedRep...); "
+        "``disk`` also keeps them in ``out_dir/feature_cache``, where a resumed run reads them back. The results "
+        "equal those of ``off`` to float rounding (see :mod:`fedlit.engine.speedups.features`); where the "
+        "extractor trains or is random (LoRA, dropout) or the train inputs are augmented, the run warns and goes on "
+        "without the cache.", resumable=True)
+    fused_clients: int = setting(
+        1, "Clients trained together, K at a time, in one forward and backward pass through the shared frozen "
+        "backbone (each sample through its own client's LoRA and head, each client's optimizer stepping its own "
+        "tensors); 1, the default, trains them one after the other. The result is that of sequential turns to "
+        "floating-point rounding; a run where it could not be (a strategy not marked ``fusable``, BatchNorm in "
+        "train mode, dropout, per-step callback hooks...) is refused when it is set up, naming the cause. See "
+        ":mod:`fedlit.engine.speedups.fused`.", low=1, integer=True,
+        note="1: one client at a time", resumable=True)
+    reuse_evaluations: bool = setting(
+        True, "Give a client the metrics of its last evaluation again when nothing that evaluation read has changed "
+        "since (what the server sends it, its stored tensors and state, the frozen buffers): the clients a sampled "
+        "round did not train, under a strategy that left what it sends them unchanged. True by default; the "
+        "metrics are those a new evaluation would compute. Runs where an input could be missed "
+        "(``on_client_evaluate_start`` hooks, fine-tuning before evaluation, several processes) evaluate every "
+        "client anyway. See :mod:`fedlit.engine.speedups.reuse`.", resumable=True)
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
@@ -145,47 +169,18 @@ class Settings:
     @staticmethod
     def problems(values: dict[str, Any], metrics: Collection[str] = (), default_metric: str | None = None,
                  owner: str = "the module") -> list[str]:
-        """Every problem of the settings ``values`` (all fields), each naming the option as in a recipe; with the
-        module's ``metrics`` and ``default_metric`` (``owner``: the module's class name), also those of
+        """Every problem of the settings ``values`` (all fields), each naming the option as in a recipe: the bounds
+        and choices declared with each :func:`setting`, then what one bound cannot say; with the module's
+        ``metrics`` and ``default_metric`` (``owner``: the module's class name), also those of
         ``selection_metric``."""
-        problems = []
-        for key, low in (("rounds", 1), ("local_epochs", 1), ("eval_every", 1), ("checkpoint_every", 1),
-                         ("min_clients", 1), ("num_nodes", 1)):
-            if values[key] < low:
-                problems.append(f"federation.{key}={values[key]} must be >= {low}")
-        if seed_problem(values["seed"]) is not None:
-            problems.append(seed_problem(values["seed"]))
-        if values["client_timeout"] is not None and not values["client_timeout"] > 0:
-            problems.append(f"federation.client_timeout={values['client_timeout']} must be > 0 seconds "
-                            "(or null: no limit)")
-        for key in ("max_update_norm", "max_update_ratio"):
-            if values[key] is not None and not values[key] > 0:
-                problems.append(f"federation.{key}={values[key]} must be > 0 (or null: no bound)")
-        if values["threads"] is not None and values["threads"] < 1:
-            problems.append(f"federation.threads={values['threads']} must be >= 1 (or null: PyTorch's default)")
-        if isinstance(values["fused_clients"], bool) or not isinstance(values["fused_clients"], int) \
-                or values["fused_clients"] < 1:
-            problems.append(f"federation.fused_clients={values['fused_clients']!r} must be an integer >= 1 (1: one "
-                            "client at a time)")
-        if values["unseen_finetune_steps"] < 0:
-            problems.append(f"federation.unseen_finetune_steps={values['unseen_finetune_steps']} must be >= 0")
+        problems = [p for f in fields(Settings) if (p := _declared_problem(f, values[f.name])) is not None]
+        if (seed := seed_problem(values["seed"])) is not None:
+            problems.append(seed)
         unseen = values["unseen_clients"]
         if isinstance(unseen, int) and unseen < 0:
             problems.append(f"federation.unseen_clients={unseen} must be >= 0 (a count) or a list of ids")
         if isinstance(unseen, list) and len(set(unseen)) < len(unseen):
             problems.append(f"federation.unseen_clients={unseen} lists a client twice")
-        if values["local_steps"] is not None and values["local_steps"] < 1:
-            problems.append(f"federation.local_steps={values['local_steps']} must be >= 1 "
-                            "(or null for local_epochs)")
-        if values["optimizer_state"] not in ("reset", "persist"):
-            problems.append(f"federation.optimizer_state={values['optimizer_state']!r} is not one of "
-                            "['reset', 'persist']")
-        if values["cache_features"] not in ("off", "memory", "disk"):
-            problems.append(f"federation.cache_features={values['cache_features']!r} is not one of "
-                            "['off', 'memory', 'disk']")
-        if values["on_client_error"] not in ("raise", "skip"):
-            problems.append(f"federation.on_client_error={values['on_client_error']!r} is not one of "
-                            "['raise', 'skip']")
         per_round = values["clients_per_round"]
         if isinstance(per_round, float) and not 0 < per_round <= 1:
             problems.append(f"federation.clients_per_round={per_round}: a fraction must be in (0, 1]")
@@ -228,6 +223,67 @@ class Settings:
     def local(self) -> LocalSettings:
         """What a client's turn reads."""
         return LocalSettings(self.local_epochs, self.local_steps, self.optimizer_state, self.client_timeout)
+
+
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(Settings, globalns={**globals(), "Logger": Logger})
+
+
+def _choices(hint: Any) -> tuple[Any, ...] | None:
+    """The values of a ``Literal`` type, else None."""
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
+def _declared_problem(declared: Field[Any], value: Any) -> str | None:
+    """What is wrong with ``value`` against ``declared``'s :func:`setting` (its choices or its bounds), or None."""
+    name, meta, hint = declared.name, declared.metadata, _HINTS[declared.name]
+    choices = _choices(hint)
+    if choices is not None:
+        return None if value in choices else f"federation.{name}={value!r} is not one of {list(choices)}"
+    low, above = meta["low"], meta["above"]
+    if low is None and above is None or value is None and type(None) in typing.get_args(hint):
+        return None
+    wrong_type = meta["integer"] and (isinstance(value, bool) or not isinstance(value, int))
+    if not wrong_type and value is not None and (value >= low if low is not None else value > above):
+        return None
+    bound = f">= {low}" if low is not None else f"> {above}"
+    kind = "an integer " if meta["integer"] else ""
+    unit = f" {meta['unit']}" if meta["unit"] else ""
+    note = f" ({meta['note']})" if meta["note"] else ""
+    shown = repr(value) if meta["integer"] else value
+    return f"federation.{name}={shown} must be {kind}{bound}{unit}{note}"
+
+
+_HINTS = _hints()
+
+#: Settings of the ``federation`` section that a resumed run may change (declared ``resumable`` by their
+#: :func:`setting`); the others would make it another experiment.
+RESUMABLE = frozenset(f.name for f in fields(Settings) if f.metadata["resumable"])
+
+
+def _docstring() -> str:
+    """:class:`Settings`'s documentation, in the Google style jsonargparse reads for ``--help``."""
+    lines = ["The federated loop's settings (each declared once, by :func:`setting`).", "", "Args:"]
+    for declared in fields(Settings):
+        lines += textwrap.wrap(f"{declared.name}: {declared.metadata['doc']}", width=116, initial_indent="    ",
+                               subsequent_indent="        ", break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
+
+
+Settings.__doc__ = _docstring()
+
+
+def settings_table() -> str:
+    """The Markdown table of the ``federation`` settings in ``docs/runs.md``: name, default, whether a resume may
+    change it, and its help text."""
+    rows = ["| setting | default | on resume | what it does |", "|---|---|---|---|"]
+    for declared in fields(Settings):
+        default = declared.default
+        shown = default if isinstance(default, str) else json.dumps(default)
+        doc = re.sub(r":\w+:`~?([^`]+)`", r"``\1``", declared.metadata["doc"]).replace("``", "`").replace("|", "\\|")
+        change = "may change" if declared.metadata["resumable"] else "fixed"
+        rows.append(f"| `{declared.name}` | `{shown}` | {change} | {doc} |")
+    return "\n".join(rows) + "\n"
 
 
 def seed_problem(seed: Any) -> str | None:

@@ -35,7 +35,7 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.names import table_cell
 
 if TYPE_CHECKING:
-    from fedlit.engine.loop.run import Run
+    from fedlit.engine.records.state import RecordedRun
 
 #: The key of the gains in ``results.json`` (and the prefix of their TensorBoard tags).
 KEY = "gain_over_local"
@@ -59,7 +59,7 @@ def _read_json(path: Path, what: str) -> Any:
                           "Run it to the end again, or give another run.") from err
 
 
-def load(folder: str | Path, run: Run | None = None) -> dict[str, Any]:
+def load(folder: str | Path, run: RecordedRun | None = None) -> dict[str, Any]:
     """The baseline run's ``results.json``, checked: a Local run that finished and, with ``fed`` given (set up),
     one on the same data and seed.
 
@@ -78,7 +78,7 @@ def load(folder: str | Path, run: Run | None = None) -> dict[str, Any]:
                           f"{LOCAL}; the gain over Local needs a run of strategy Local on the same data and seed.")
     if run is not None:
         manifest = _read_json(folder / "manifest.json", "the record of the run's data")
-        check_same_data(manifest, results.get("seed"), run.datamodule.manifest(), run.seed, folder)
+        check_same_data(manifest, results.get("seed"), run.datamodule.manifest(), run.settings.seed, folder)
         problems = differences(results.get(PROTOCOL), protocol(run))
         if problems and run.baseline_compare != "any":
             raise ConfigError(f"{OPTION} {folder} was trained otherwise: " + "; ".join(problems) + ". Give a Local "
@@ -86,7 +86,7 @@ def load(folder: str | Path, run: Run | None = None) -> dict[str, Any]:
     return dict(results)
 
 
-def protocol(run: Run) -> dict[str, Any]:
+def protocol(run: RecordedRun) -> dict[str, Any]:
     """What makes two runs' rounds comparable: rounds, local steps (or epochs), the model (class, backbone, and a
     digest of its tensors' names and shapes), the optimizer and its settings, and the selection metric."""
     module = run.module
@@ -102,7 +102,7 @@ def protocol(run: Run) -> dict[str, Any]:
                   "shapes": hashlib.sha256(shapes.encode()).hexdigest()[:12]},
         "optimizer": {key: getattr(module, attr, None) for key, attr in (
             ("name", "optimizer_name"), ("lr", "lr"), ("momentum", "momentum"), ("weight_decay", "weight_decay"))},
-        "selection_metric": run.history.selection_metric,
+        "selection_metric": run.state.history.selection_metric,
     }
 
 
@@ -124,9 +124,11 @@ def differences(theirs: Mapping[str, Any] | None, ours: Mapping[str, Any]) -> li
     return out
 
 
-def gain(run: Run, clients: Mapping[str, Mapping[str, float]], server_round: int, selection: str) -> dict[str, Any]:
+def gain(run: RecordedRun, clients: Mapping[str, Mapping[str, float]], server_round: int,
+         selection: str) -> dict[str, Any]:
     """:func:`gain_over_local` of ``run`` over its ``baseline_run`` (checked by :func:`load`), with how they were
     compared: ``compare`` (``strict`` or ``any``) and, under ``any``, the ``differences`` that were let through."""
+    assert run.baseline_run is not None  # asked for only with a baseline run
     results = load(run.baseline_run, run)
     out = gain_over_local(clients, server_round, selection, results, run.module.higher_is_better)
     out["compare"] = run.baseline_compare

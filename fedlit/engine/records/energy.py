@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedlit.engine.loop.run import Run
+    from fedlit.engine.records.state import RecordedRun
 
 #: Seconds between two readings.
 INTERVAL = 0.5
@@ -125,7 +125,7 @@ def open_counter(device: Any, rapl_root: str | Path = RAPL_ROOT) -> Any:
     return RaplCounter(rapl_root)
 
 
-def start(run: Run, rapl_root: str | Path = RAPL_ROOT) -> None:
+def start(run: RecordedRun, rapl_root: str | Path = RAPL_ROOT) -> None:
     """Start measuring (at the start of a fit); says ``energy: unavailable`` once when nothing can be read."""
     previous = run.energy
     if previous is not None and previous["meter"] is not None:
@@ -139,14 +139,14 @@ def start(run: Run, rapl_root: str | Path = RAPL_ROOT) -> None:
     run.energy = {"meter": meter, "why": why, "round_start": 0.0}
 
 
-def stop(run: Run) -> None:
+def stop(run: RecordedRun) -> None:
     """Stop the reading thread (at the end of a fit); the total stays readable."""
     energy = run.energy
     if energy is not None and energy["meter"] is not None:
         energy["meter"].stop()
 
 
-def round_kwh(run: Run) -> float | None:
+def round_kwh(run: RecordedRun) -> float | None:
     """The kWh since the previous call (the round's), or None without a meter."""
     energy = run.energy
     if energy is None or energy["meter"] is None:
@@ -156,7 +156,7 @@ def round_kwh(run: Run) -> float | None:
     return kwh
 
 
-def summary(run: Run, earlier_kwh: float = 0.0) -> dict[str, Any]:
+def summary(run: RecordedRun, earlier_kwh: float = 0.0) -> dict[str, Any]:
     """``results.json``'s ``energy``: the kWh of this fit (plus ``earlier_kwh`` of the sessions before a
     resume), where it was read, or why it could not be."""
     energy = run.energy

@@ -40,18 +40,19 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from fedlit.core.checkpoint_io import BEST, LAST
 from fedlit.core.errors import RunDirError
 from fedlit.core.files import write_text_atomic
+from fedlit.core.init_args import hparams_of
 from fedlit.engine.records import energy
 from fedlit.engine.records.history import summarize
 
 if TYPE_CHECKING:
-    from fedlit.engine.loop.run import Run
+    from fedlit.engine.records.state import RecordedRun
 
 CSV_NAME = "metrics.csv"
 CSV_COLUMNS = ("round", "client", "split", "metric", "value")
@@ -86,7 +87,7 @@ def git_state(folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------------------------- run record
-def begin(run: Run, *, resumed: bool) -> None:
+def begin(run: RecordedRun, *, resumed: bool) -> None:
     """At the start of a fit: the run's data files (written by a fit only, an evaluation leaves them alone), its
     start, ``metrics.csv`` (continued at the resumed round) and, on resume, no ``best.ckpt`` from the future. In a
     run over several ranks, rank 0 writes the files (:mod:`fedlit.engine.loop.ranks`)."""
@@ -104,67 +105,72 @@ def begin(run: Run, *, resumed: bool) -> None:
         drop_stale_best(run)
 
 
-def start(run: Run) -> None:
+def start(run: RecordedRun) -> None:
     """Note the start of a fit (the first start of the run is kept across resumes) and the code it runs."""
-    run.timing.setdefault("started", utc_now())
-    run.timing.setdefault("wall_seconds", 0.0)
-    run.timing["session_start"] = time.perf_counter()
-    run.timing["git"] = git_state()
+    run.state.timing.setdefault("started", utc_now())
+    run.state.timing.setdefault("wall_seconds", 0.0)
+    run.state.timing["session_start"] = time.perf_counter()
+    run.state.timing["git"] = git_state()
     energy.start(run)
 
 
-def timing_state(run: Run) -> dict[str, Any]:
+def timing_state(run: RecordedRun) -> dict[str, Any]:
     """For a checkpoint: the first start and the wall time of the run so far (earlier sessions included)."""
-    return {"started": run.timing.get("started"), "wall_seconds": _wall_seconds(run),
-            "energy_kwh": energy.summary(run, run.timing.get("energy_kwh", 0.0))["kwh"]}
+    return {"started": run.state.timing.get("started"), "wall_seconds": _wall_seconds(run),
+            "energy_kwh": energy.summary(run, run.state.timing.get("energy_kwh", 0.0))["kwh"]}
 
 
-def load_timing(run: Run, saved: Mapping[str, Any] | None) -> None:
+def load_timing(run: RecordedRun, saved: Mapping[str, Any] | None) -> None:
     """Restore :func:`timing_state` from a checkpoint."""
     if saved:
-        run.timing.update({"started": saved.get("started"), "wall_seconds": float(saved.get("wall_seconds", 0.0)),
-                           "energy_kwh": float(saved.get("energy_kwh") or 0.0)})
+        run.state.timing.update({"started": saved.get("started"),
+                                 "wall_seconds": float(saved.get("wall_seconds", 0.0)),
+                                 "energy_kwh": float(saved.get("energy_kwh") or 0.0)})
 
 
-def _wall_seconds(run: Run) -> float:
-    session = run.timing.get("session_start")
-    return run.timing.get("wall_seconds", 0.0) + (time.perf_counter() - session if session is not None else 0.0)
+def _wall_seconds(run: RecordedRun) -> float:
+    session = run.state.timing.get("session_start")
+    return run.state.timing.get("wall_seconds", 0.0) + (time.perf_counter() - session if session is not None else 0.0)
 
 
-def describe(run: Run) -> dict[str, Any]:
-    """The run's description in ``results.json``: strategy, seed, versions, times."""
+def describe(run: RecordedRun) -> dict[str, Any]:
+    """The run's description in ``results.json``: strategy (its ``repr``, class and ``hparams()``), the extra
+    callbacks (class and arguments), seed, versions, times."""
     from fedlit.core.version import __version__
 
     cls = type(run.strategy)
     return {
         "strategy": repr(run.strategy),
         "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
-        "seed": run.seed,
+        "strategy_hparams": hparams_of(run.strategy),
+        "callbacks": [{"class": f"{type(c).__module__}.{type(c).__qualname__}", "hparams": hparams_of(c)}
+                      for c in run.callbacks[1:]],
+        "seed": run.settings.seed,
         "fedlit_version": __version__,
-        "git": run.timing.get("git"),
-        "started": run.timing.get("started"),
+        "git": run.state.timing.get("git"),
+        "started": run.state.timing.get("started"),
         "ended": utc_now(),
         "wall_seconds": round(_wall_seconds(run), 3),
-        "energy": energy.summary(run, run.timing.get("energy_kwh", 0.0)),
+        "energy": energy.summary(run, run.state.timing.get("energy_kwh", 0.0)),
         "evaluation_only": _evaluation_only(run),
         "unseen_clients": run.unseen_client_ids,
     }
 
 
-def _evaluation_only(run: Run) -> list[str]:
+def _evaluation_only(run: RecordedRun) -> list[str]:
     """The clients that neither train nor are held out as unseen (one set built, not one per client)."""
     others = set(run.train_client_ids) | set(run.unseen_client_ids)
     return [c for c in run.client_ids if c not in others]
 
 
 # -------------------------------------------------------------------------------------------- images
-def image_writers(run: Run) -> list[Any]:
+def image_writers(run: RecordedRun) -> list[Any]:
     """The experiments of the loggers that take images (TensorBoard's ``SummaryWriter``); empty for the others."""
-    return [logger.experiment for logger in run.fabric.loggers
+    return [cast(Any, logger).experiment for logger in run.fabric.loggers  # Fabric's Logger declares no experiment
             if hasattr(getattr(logger, "experiment", None), "add_image")]
 
 
-def log_validation_images(run: Run, server_round: int, images: Mapping[str, torch.Tensor]) -> None:
+def log_validation_images(run: RecordedRun, server_round: int, images: Mapping[str, torch.Tensor]) -> None:
     """Log each client's validation picture (a (3, H, W) image in [0, 1], from the module's
     ``validation_images``) as ``client/<id>/val/overlay``, beside the client's validation scalars."""
     for writer in image_writers(run):
@@ -173,7 +179,7 @@ def log_validation_images(run: Run, server_round: int, images: Mapping[str, torc
 
 
 # -------------------------------------------------------------------------------------------- metrics.csv
-def open_metrics(run: Run) -> Path:
+def open_metrics(run: RecordedRun) -> Path:
     """Start ``metrics.csv`` (a fresh run), or keep its rows up to the resumed round (a resumed run).
 
     A last line without its newline is a row cut by a kill while it was appended: rows are appended before the
@@ -203,7 +209,7 @@ def open_metrics(run: Run) -> Path:
         warnings.warn(f"{path}: its last line {torn[:80]!r} has no newline (a row cut while it was written, of a "
                       "round after the checkpoint): dropped", stacklevel=3)
     rows = list(csv.reader(io.StringIO(text, newline="")))
-    kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= run.server_round
+    kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= run.state.round
                            and not r[2].startswith(_FINAL_SECTIONS))]
     if len(kept) < len(rows) or torn:
         tmp = path.with_suffix(".csv.tmp")
@@ -233,11 +239,11 @@ def _round_of(row: list[str]) -> int:
         return 0  # a header: kept once, rewritten as the first row
 
 
-def round_rows(run: Run, server_round: int, log: Mapping[str, float]) -> list[tuple[Any, ...]]:
+def round_rows(run: RecordedRun, server_round: int, log: Mapping[str, float]) -> list[tuple[Any, ...]]:
     """The rows of ``server_round``: what the round logged, and the test metrics it recorded (not logged)."""
     rows = [_row(server_round, key, value) for key, value in log.items()]
     for split in ("test", "global/test"):
-        per_client = run.history.rounds.get(server_round, {}).get(split)
+        per_client = run.state.history.rounds.get(server_round, {}).get(split)
         if not per_client:
             continue
         weights = {c: run.datamodule.num_examples(c, "test") for c in per_client}
@@ -265,14 +271,14 @@ def _row(server_round: int, key: str, value: Any) -> tuple[Any, ...]:
     return (server_round, "", _GROUPS.get(group, ""), rest if group in _GROUPS else key, value)
 
 
-def append_round(run: Run, server_round: int, log: Mapping[str, float]) -> None:
+def append_round(run: RecordedRun, server_round: int, log: Mapping[str, float]) -> None:
     """Append the round's rows to ``metrics.csv`` whole and durably (rank 0 only; see :func:`_append`)."""
     if not run.fabric.is_global_zero:
         return
     _append(run.out_dir / CSV_NAME, [(r, c, s, m, _number(v)) for r, c, s, m, v in round_rows(run, server_round, log)])
 
 
-def append_final(run: Run, server_round: int, log: Mapping[str, float]) -> None:
+def append_final(run: RecordedRun, server_round: int, log: Mapping[str, float]) -> None:
     """Append rows the final report computes (the unseen clients) to ``metrics.csv``, if the run has one."""
     path = run.out_dir / CSV_NAME
     if not path.is_file() or not run.fabric.is_global_zero:
@@ -287,17 +293,17 @@ def _number(value: Any) -> Any:
 
 
 # -------------------------------------------------------------------------------------------- best.ckpt
-def best_path(run: Run) -> Path:
+def best_path(run: RecordedRun) -> Path:
     """``out_dir/checkpoints/best.ckpt``."""
     return run.out_dir / "checkpoints" / BEST
 
 
-def is_best(run: Run, server_round: int) -> bool:
+def is_best(run: RecordedRun, server_round: int) -> bool:
     """Whether ``server_round`` has the best mean validation value so far (its state goes to ``best.ckpt``)."""
-    return run.history.best_round() == server_round and "val" in run.history.rounds.get(server_round, {})
+    return run.state.history.best_round() == server_round and "val" in run.state.history.rounds.get(server_round, {})
 
 
-def drop_stale_best(run: Run) -> None:
+def drop_stale_best(run: RecordedRun) -> None:
     """On resume: remove a ``best.ckpt`` written after the resumed checkpoint (its round is run again)."""
     path = best_path(run)
     if not path.is_file():
@@ -306,24 +312,24 @@ def drop_stale_best(run: Run) -> None:
         saved_round = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["server_round"])
     except Exception:  # noqa: BLE001  (an unreadable best.ckpt is as good as none)
         saved_round = None
-    if saved_round is not None and saved_round <= run.server_round:
+    if saved_round is not None and saved_round <= run.state.round:
         return
     with contextlib.suppress(OSError):
         path.unlink()
-    best = run.history.best_round()
+    best = run.state.history.best_round()
     if best is not None:
         warnings.warn(f"{path} was saved at round {saved_round}, after the resumed checkpoint (round "
-                      f"{run.server_round}), and is removed; the best validation round so far ({best}) has no "
+                      f"{run.state.round}), and is removed; the best validation round so far ({best}) has no "
                       "checkpoint, a better round of the resumed run will write one.", stacklevel=3)
 
 
-def checkpoints(run: Run) -> dict[str, Any]:
+def checkpoints(run: RecordedRun) -> dict[str, Any]:
     """``results.json``'s ``checkpoints``: the files, relative to ``out_dir``, and why there is no best one."""
     out: dict[str, Any] = {"last": f"checkpoints/{LAST}"}
     if best_path(run).is_file():
         out["best"] = f"checkpoints/{BEST}"
-        out["best_round"] = run.history.best_round()
-    elif run.history.best_round() is None:
+        out["best_round"] = run.state.history.best_round()
+    elif run.state.history.best_round() is None:
         out["best"] = None
         out["why_no_best"] = "no validation split (or no finite validation value): the best round is not defined"
     else:
@@ -333,7 +339,7 @@ def checkpoints(run: Run) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- evaluations
-def write_evaluation(run: Run, split: str, ckpt_path: str | os.PathLike,
+def write_evaluation(run: RecordedRun, split: str, ckpt_path: str | os.PathLike,
                      result: Mapping[str, Any]) -> Path:
     """Save a checkpoint's evaluation as ``out_dir/evaluations/<split>_<checkpoint name>.json``."""
     from fedlit.core.version import __version__

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from typing_extensions import override
+
 from fedlit.core.errors import RunDirError
 from fedlit.core.processes import pid_alive
 
@@ -91,6 +93,7 @@ class RunDirLock:
                  tb: TracebackType | None) -> None:
         self.release()
 
+    @override
     def __repr__(self) -> str:
         return f"RunDirLock({str(self.out_dir)!r}, held={self.held})"
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from typing_extensions import override
+
 from fedlit.engine.loop.run import Speedup
 from fedlit.engine.speedups import features, reuse
 from fedlit.engine.speedups.fused import FusedExecutor
@@ -28,6 +30,7 @@ __all__ = ["BUILT_IN", "CachedFeatures", "FusedClients", "ReusedEvaluations"]
 class CachedFeatures(Speedup):
     """``federation.cache_features``: the clients' turns read features computed once (:mod:`.features`)."""
 
+    @override
     def configure(self, run: Run) -> None:
         run.client_data = features.feature_data(run)
 
@@ -35,6 +38,7 @@ class CachedFeatures(Speedup):
 class FusedClients(Speedup):
     """``federation.fused_clients`` > 1: the :class:`~.fused.FusedExecutor`, unless an executor was given."""
 
+    @override
     def configure(self, run: Run) -> None:
         if run.executor is None and run.settings.fused_clients > 1:
             run.executor = FusedExecutor(run.settings.fused_clients)
@@ -43,6 +47,7 @@ class FusedClients(Speedup):
 class ReusedEvaluations(Speedup):
     """``federation.reuse_evaluations``: unchanged clients keep their last metrics (:mod:`.reuse`)."""
 
+    @override
     def attach(self, run: Run) -> None:
         if run.settings.reuse_evaluations and not reuse.reuse_problems(run):
             run.evaluation_reuse = reuse.EvaluationReuse()

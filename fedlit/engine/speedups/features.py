@@ -29,15 +29,16 @@ from __future__ import annotations
 import hashlib
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
+from typing_extensions import override
 
 from fedlit.core.checkpoint_io import save_checkpoint
 from fedlit.core.errors import ConfigError
-from fedlit.data.common.datamodule import FederatedDataModule
+from fedlit.data.common.datamodule import FederatedDataModule, SplitName
 from fedlit.data.common.samples import SampleList
 from fedlit.engine.loop.client import batch_statistics_layers
 from fedlit.engine.loop.resume import fingerprint
@@ -64,6 +65,7 @@ def feature_data(run: Run) -> FeatureCache | None:
                       "features at every pass (same results, slower); set federation.cache_features: off to silence "
                       "this.", stacklevel=2)
         return None
+    assert isinstance(run.datamodule, FederatedDataModule)  # cache_problem refuses other data
     return FeatureCache(run.datamodule, run.module, run.fabric, run.out_dir / FOLDER if mode == "disk" else None)
 
 
@@ -151,7 +153,7 @@ class FeatureCache:
         self.data.setup()
 
     def num_examples(self, client_id: str, split: str) -> int:
-        return self.data.num_examples(client_id, split)
+        return self.data.num_examples(client_id, cast(SplitName, split))  # the loop asks for its three splits
 
     def class_counts(self) -> dict[str, dict[str, list[int]]] | None:
         return self.data.class_counts()
@@ -182,7 +184,9 @@ class FeatureCache:
         features, targets = self._features(client_id, split, loader)
         return DataLoader(_FeatureSubset(features, targets), batch_size=loader.batch_size,
                           shuffle=isinstance(sampler, RandomSampler), generator=loader.generator,
-                          drop_last=loader.drop_last, collate_fn=_collate)
+                          drop_last=loader.drop_last,
+                          # torch types collate_fn as taking a list of samples; __getitems__ gives it one tuple.
+                          collate_fn=_collate)  # type: ignore[arg-type]
 
     def _features(self, client_id: str, split: str, loader: DataLoader) -> tuple[Tensor, Tensor]:
         key = (client_id, split)
@@ -204,6 +208,7 @@ class FeatureCache:
         module, fabric = self.module, self.fabric
         precision = fabric.strategy.precision
         name = module.feature_extractor
+        assert name is not None  # cache_problem refuses a module without one
         extractor = getattr(module, name)
         # Its own generator: the run's global random stream stays as the uncached run leaves it.
         reader = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=False,
@@ -235,8 +240,10 @@ class FeatureCache:
     def _path(self, client_id: str, split: str) -> Path:
         """The file of a client's split, named by what its features depend on: the extractor (class, tensors), the
         precision, the split's transform and samples."""
+        assert self.folder is not None  # only a disk cache has files
         if self._fingerprint is None:
             name = self.module.feature_extractor
+            assert name is not None  # cache_problem refuses a module without one
             frozen = {n: t for n, t in self.module.named_tensors("frozen").items() if n.startswith(f"{name}.")}
             self._fingerprint = f"{type(getattr(self.module, name)).__qualname__}:{fingerprint(frozen)}"
         built = self.data.data
@@ -266,6 +273,7 @@ class _FeatureSubset(Dataset):
         rows = torch.as_tensor(positions, dtype=torch.int64)
         return self.features[rows.to(self.features.device)], self.targets[rows]
 
+    @override
     def __getitem__(self, position: int) -> tuple[Tensor, Tensor]:
         return self.features[position], self.targets[position]
 

@@ -1,27 +1,15 @@
 """Fused multi-client training (``federation.fused_clients: K``): K clients of a round train in one forward and one
-backward pass through the shared frozen backbone; their evaluations run K at a time in one forward pass too
-(:mod:`fedlit.engine.speedups.fused_eval`).
+backward pass through the shared frozen backbone; their evaluations run K at a time too
+(:mod:`fedlit.engine.speedups.fused_eval`). What it does for a user, when it is refused and what it costs is told
+once, in ``docs/runs.md`` ("Fused multi-client training").
 
-The round's clients are taken K at a time, in task order. For a group, each client gets its own trainable tensors
-(:class:`~fedlit.engine.speedups.fused_model.ClientParameters`), loaded as in a sequential turn (its personal tensors
-from
-the store, then what the server sent), its own optimizer (the module's ``configure_optimizers``, its stored state,
-the round's learning rate), its own data stream (the loader and random stream of its sequential turn) and its own
-``on_client_fit_start``. Then, at each local step, the clients' batches are concatenated, the frozen layers
-run
-once, each sample goes through its own client's LoRA and head (:mod:`fedlit.engine.speedups.fused_model`), the loss is
-the sum over clients of each client's ``strategy.training_loss`` of its mean loss, one backward pass gives each client
-the gradients of its own loss (their tensors are disjoint), and each client's optimizer steps its own tensors. A
-client whose stream ends (fewer batches) leaves the group; one whose loss is not finite is quarantined as in a
-sequential turn. At the end each client's upload, ``on_client_fit_end``, store entry and optimizer state are made
-exactly as :func:`~fedlit.engine.loop.client.train_client` makes them.
-
-So the result is that of the sequential turns, to floating-point rounding. Where it could not be, the executor
-refuses at set-up, naming the cause: a strategy that has not declared itself ``fusable``, a callback with per-step
-hooks (their calls assume one client at a time), a module other than :class:`~fedlit.tasks.ClassificationModule`
-(its loss is computed per client from one forward pass), BatchNorm in train mode, dropout, trainable tensors
-outside ``nn.Linear`` layers, 16-bit mixed precision's gradient scaler (one scale for all), ``client_timeout``
-(a turn's time is the group's), several processes.
+How: each client of a group gets its own trainable tensors (:class:`~fedlit.engine.speedups.fused_model.
+ClientParameters`), optimizer, data stream and ``on_client_fit_start``, loaded as in its sequential turn; each step
+concatenates the group's batches, runs the frozen layers once, routes each sample through its own client's LoRA and
+head, back-propagates the sum of the clients' ``strategy.training_loss`` (their tensors are disjoint, so each gets
+the gradient of its own loss) and steps each client's optimizer. Uploads, store entries and optimizer states are
+then made as :func:`~fedlit.engine.loop.client.train_client` makes them. :func:`fused_problems` names every reason
+the result could differ from sequential turns, and the executor refuses the run at set-up for any of them.
 """
 
 from __future__ import annotations
@@ -34,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import Callback
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.tensors import first_non_finite
@@ -96,6 +85,7 @@ class FusedExecutor(LocalExecutor):
     def __init__(self, group: int) -> None:
         self.group = group
 
+    @override
     def setup(self, run: Run) -> None:
         """Refuse a run whose clients cannot be trained fused exactly."""
         problems = fused_problems(run)
@@ -103,6 +93,7 @@ class FusedExecutor(LocalExecutor):
             raise ConfigError(f"federation.fused_clients={self.group} cannot give the result of sequential turns: "
                               + "; ".join(problems) + ". Set federation.fused_clients: 1 (the default).")
 
+    @override
     def fit(self, run: Run, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn, in the order given, computed ``group`` clients at a time."""
         results: list[ClientTurn | str] = []
@@ -117,6 +108,7 @@ class FusedExecutor(LocalExecutor):
                                        run.settings.on_client_error)
         return results
 
+    @override
     def evaluate(self, run: Run, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
         """Each task's metrics, in the order given, ``group`` clients' forward passes at a time
         (:mod:`fedlit.engine.speedups.fused_eval`); a task that cannot be fused is evaluated alone, in its place."""
@@ -203,7 +195,11 @@ def train_group(ctxs: list[ClientContext], server_round: int, tasks: list[FitTas
             params.bind(turn.index)
             vars(strategy).update(turn.callback_state)
             end = None if turn.failed else guard(turn, lambda turn=turn: _finish(turn, server_round))
-            results.append(turn.failed if end is None else end)
+            if end is None:
+                assert turn.failed is not None  # guard gives None only for a failed turn
+                results.append(turn.failed)
+            else:
+                results.append(end)
         if turns[-1].rng is not None:
             torch.set_rng_state(turns[-1].rng)
     finally:
@@ -247,6 +243,7 @@ def _batches(ctx: ClientContext, loader: Any) -> Iterator[Any]:
 
 def _next_batch(turn: _Turn) -> None:
     """Draw the client's next batch under its own global random stream (a data transform may read it)."""
+    assert turn.rng is not None and turn.stream is not None  # set by _start
     torch.set_rng_state(turn.rng)
     try:
         batch = next(turn.stream, None)

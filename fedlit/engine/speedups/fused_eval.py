@@ -4,11 +4,10 @@ Evaluating many clients of one frozen backbone one after the other runs many sma
 1,000-client federation may hold a single test sample); fusing runs one pass over the batches of K clients. For a
 group of evaluation tasks, each evaluated model gets its own trainable tensors
 (:class:`~fedlit.engine.speedups.fused_model.ClientParameters`): a client's personalized model (its personal tensors
-from the
-store, what ``configure_evaluate`` sent, then the strategy's ``on_client_evaluate_start``) and, for a strategy with a
-global model, the client's global-model evaluation (its personal tensors and ``global_model_state``), loaded exactly
-as :func:`~fedlit.engine.loop.evaluate.evaluate_client` loads them. Then, split by split, one batch of each model's
-loader at a time is concatenated and run once through the module in eval mode without gradients, each sample
+from the store, what ``configure_evaluate`` sent, then the strategy's ``on_client_evaluate_start``) and, for a strategy
+with a global model, the client's global-model evaluation (its personal tensors and ``global_model_state``), loaded
+exactly as :func:`~fedlit.engine.loop.evaluate.evaluate_client` loads them. Then, split by split, one batch of each
+model's loader at a time is concatenated and run once through the module in eval mode without gradients, each sample
 through its own model's tensors, and each model keeps its logits and targets (not its inputs). Last, each model's
 metrics are computed as a sequential evaluation computes them, from its own logits in its own batch order
 (``reset_metrics``, :meth:`~fedlit.tasks.ClassificationModule.update_metrics` per batch, ``compute_metrics``).
@@ -143,6 +142,7 @@ def _forward_split(module: Any, params: ClientParameters, models: list[_Model], 
 def _metrics(model: _Model) -> dict[str, dict[str, float]]:
     """The model's metrics per split, from its kept logits, as ``validation_step`` would have accumulated them."""
     module, out = model.ctx.module, {}
+    assert isinstance(module, ClassificationModule)  # the executor fuses only such modules (see above)
     for split, outputs in model.outputs.items():
         module.reset_metrics()
         with torch.no_grad(), model.ctx.autocast():

@@ -1,6 +1,5 @@
 """The model side of fused multi-client training (:mod:`fedlit.engine.speedups.fused`): per-client trainable tensors
-on one
-live module, and one forward pass that routes each sample to its own client's tensors.
+on one live module, and one forward pass that routes each sample to its own client's tensors.
 
 Every client of a fused group gets its own ``nn.Parameter`` objects for the module's trainable (shared and
 personal) parameters; the frozen ones stay the live module's, once. :meth:`ClientParameters.bind` points the live
@@ -18,7 +17,8 @@ losses has, for each client's tensors, the gradient of that client's loss alone.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -90,7 +90,11 @@ class ClientParameters:
         self.module = module
         self.names = trainable_names(module)
         self.owners = {n: (module.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2]) for n in self.names}
-        self.live = {n: owner._parameters[leaf] for n, (owner, leaf) in self.owners.items()}
+        self.live: dict[str, nn.Parameter] = {}
+        for n, (owner, leaf) in self.owners.items():
+            param = owner._parameters[leaf]
+            assert param is not None  # named by trainable_names, so a parameter
+            self.live[n] = param
         self.clients: list[dict[str, nn.Parameter]] = [
             {n: nn.Parameter(p.detach().clone()) for n, p in self.live.items()} for _ in range(num_clients)]
 
@@ -113,25 +117,26 @@ class ClientParameters:
     def fused(self, clients: Sequence[int], sizes: Sequence[int]) -> Iterator[None]:
         """Within it, a forward pass of the live module on a batch made of segments of ``sizes`` samples computes
         segment ``i`` with the trainable parameters of client ``clients[i]``."""
-        linears: dict[nn.Linear, str] = {}
+        linears: dict[nn.Module, str] = {}
         for name, (owner, _) in self.owners.items():
             linears.setdefault(owner, name.rpartition(".")[0])
         try:
             for owner, prefix in linears.items():
-                owner.forward = self._linear(owner, prefix, clients, sizes)
+                vars(owner)["forward"] = self._linear(owner, prefix, clients, sizes)  # popped in finally
             yield
         finally:
             for owner in linears:
                 vars(owner).pop("forward", None)
 
-    def _linear(self, owner: nn.Linear, prefix: str, clients: Sequence[int], sizes: Sequence[int]):
+    def _linear(self, owner: nn.Module, prefix: str, clients: Sequence[int],
+                sizes: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor]:
         def per_client(leaf: str) -> list[torch.Tensor | None]:
             name = f"{prefix}.{leaf}"
             if name in self.live:
                 return [self.clients[k][name] for k in clients]
             return [getattr(owner, leaf)] * len(clients)
 
-        weights, biases = per_client("weight"), per_client("bias")
+        weights, biases = cast("list[torch.Tensor]", per_client("weight")), per_client("bias")  # weights: never None
         total = sum(sizes)
 
         def forward(x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +149,7 @@ class ClientParameters:
                 w = torch.stack(weights)
                 out = torch.bmm(x.reshape(k, -1, x.shape[-1]), w.transpose(1, 2))
                 if biases[0] is not None:
-                    out = out + torch.stack(biases).unsqueeze(1)
+                    out = out + torch.stack(cast("list[torch.Tensor]", biases)).unsqueeze(1)  # all or none
                 return out.reshape(total, *rest, w.shape[1])
             parts = x.split(list(sizes))
             return torch.cat([F.linear(p, w, b) for p, w, b in zip(parts, weights, biases, strict=True)])

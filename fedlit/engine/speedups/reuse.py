@@ -62,22 +62,23 @@ class EvaluationReuse:
         memo: dict[tuple[int, int], bytes] = {}
         roles = run.module.parameter_roles()
         frozen = digest({n: b for n, b in run.module.named_buffers() if roles.get(n) == "frozen"}, memo)
+        assert frozen is not None  # a dict of tensors always has a digest
         keys = [None if task.finetune_steps else _task_key(run, task, frozen, memo) for task in tasks]
         stale = [i for i, (task, key) in enumerate(zip(tasks, keys, strict=True))
                  if key is None or self.kept.get(task.client_id, (None,))[0] != key]
+        assert run.executor is not None  # attach() runs after the executor is chosen
         fresh = run.executor.evaluate(run, server_round, [tasks[i] for i in stale])
         results: list[EvaluateResult | None] = [None] * len(tasks)
         for i, result in zip(stale, fresh, strict=True):
             results[i] = result
-            client_id = tasks[i].client_id
-            if keys[i] is None:
+            client_id, key = tasks[i].client_id, keys[i]
+            if key is None:
                 self.kept.pop(client_id, None)
             else:
-                self.kept[client_id] = (keys[i], result)
-        for i, task in enumerate(tasks):
-            if results[i] is None:
-                results[i] = self.kept[task.client_id][1]
-        return results, len(tasks) - len(stale)
+                self.kept[client_id] = (key, result)
+        reused = [result if result is not None else self.kept[task.client_id][1]
+                  for task, result in zip(tasks, results, strict=True)]
+        return reused, len(tasks) - len(stale)
 
 
 def _task_key(run: Run, task: EvaluateTask, frozen: bytes, memo: dict[tuple[int, int], bytes]) -> bytes | None:
@@ -85,7 +86,8 @@ def _task_key(run: Run, task: EvaluateTask, frozen: bytes, memo: dict[tuple[int,
     store = run.store
     parts = [digest(task.received, memo), digest(task.global_state, memo), digest(store.tensors(task.client_id), memo),
              digest(store.client_state(task.client_id)["extra"], memo)]
-    if any(p is None for p in parts):
+    known = [p for p in parts if p is not None]
+    if len(known) < len(parts):
         return None
-    return hashlib.blake2b(b"".join([frozen, *parts, repr((task.splits, task.images)).encode()]),
+    return hashlib.blake2b(b"".join([frozen, *known, repr((task.splits, task.images)).encode()]),
                            digest_size=16).digest()

@@ -54,6 +54,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import RoleRule
@@ -160,6 +161,7 @@ class SamAdapter(SegmentationNetwork):
         self.train_mask_decoder, self.depth_adapters = bool(train_mask_decoder), bool(depth_adapters)
         self.mlp_adapter_scale = float(mlp_adapter_scale)
 
+    @override
     def build(self, out_channels: int) -> SamAdapterNet:
         if out_channels > _NUM_MASK_TOKENS:
             raise ConfigError(f"SamAdapter: model.init_args.num_classes={out_channels} but SAM's mask decoder has "
@@ -231,6 +233,7 @@ class SamAdapterNet(nn.Module):
             rules.append(RoleRule(f"{prefix}mask_decoder.*", "shared"))
         return rules
 
+    @override
     def forward(self, images: Tensor, masks: Tensor | None = None) -> Tensor:
         """(B, C, H, W) -> (B, out_channels, H, W) logits; (B, C, D, H, W) -> (B, out_channels, D, H, W).
         ``masks`` (B, out_channels, H, W) (or (B, out_channels, D, H, W)) are read only by click prompts."""
@@ -281,7 +284,7 @@ class SamAdapterNet(nn.Module):
     def _encode(self, x: Tensor, depth: int | None) -> Tensor:
         encoder = self.image_encoder
         x = encoder.patch_embed(x)
-        x = x + resize_pos_embed(encoder.pos_embed, tuple(x.shape[1:3]))
+        x = x + resize_pos_embed(encoder.pos_embed, (x.shape[1], x.shape[2]))
         for block in encoder.blocks:
             x = block(x, depth)
         return encoder.neck(x.permute(0, 3, 1, 2))

@@ -7,10 +7,14 @@ Segmentation", Medical Image Analysis 2025.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from torch import Tensor, nn
 from torch.nn import functional as F
+from typing_extensions import override
+
+if TYPE_CHECKING:
+    from segment_anything.modeling.image_encoder import Attention, Block
 
 __all__ = ["Adapter", "AdapterBlock"]
 
@@ -26,6 +30,7 @@ class Adapter(nn.Module):
         self.D_fc2 = nn.Linear(hidden, dim)
         self.skip = skip
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         out = self.D_fc2(self.act(self.D_fc1(x)))
         return x + out if self.skip else out
@@ -42,7 +47,7 @@ class AdapterBlock(nn.Module):
         layout: ``fedlit`` or ``reference`` (see :class:`SamAdapter`'s ``adapter_layout``).
     """
 
-    def __init__(self, block: nn.Module, *, depth_adapter: bool = False, mlp_adapter_scale: float = 0.5,
+    def __init__(self, block: Block, *, depth_adapter: bool = False, mlp_adapter_scale: float = 0.5,
                  layout: Literal["fedlit", "reference"] = "fedlit") -> None:
         super().__init__()
         dim = block.norm1.normalized_shape[0]
@@ -62,6 +67,7 @@ class AdapterBlock(nn.Module):
             self.MLP_Adapter = Adapter(dim, skip=False)
         self.mlp_adapter_scale = mlp_adapter_scale
 
+    @override
     def forward(self, x: Tensor, depth: int | None = None) -> Tensor:
         """(N, h, w, C) tokens -> the same shape; ``depth`` = slices per volume (N = volumes * depth) or None."""
         from segment_anything.modeling.image_encoder import window_partition, window_unpartition
@@ -87,7 +93,7 @@ class AdapterBlock(nn.Module):
         return x + self.mlp(normed) + self.mlp_adapter_scale * self.MLP_Adapter(normed)
 
 
-def _attend(attn: nn.Module, tokens: Tensor) -> Tensor:
+def _attend(attn: Attention, tokens: Tensor) -> Tensor:
     """SAM ``Attention``'s projections over (N, L, C) token sequences, without relative positions."""
     n, length, c = tokens.shape
     q, k, v = attn.qkv(tokens).reshape(n, length, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)

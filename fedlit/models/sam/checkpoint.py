@@ -15,12 +15,16 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlit.core.errors import CheckpointError, ConfigError
 from fedlit.models.sam.variants import VARIANTS
+
+if TYPE_CHECKING:
+    from segment_anything.modeling import ImageEncoderViT
 
 __all__ = ["SamLoadReport", "key_prefix_fix", "load_sam_checkpoint", "resize_pos_embed", "resize_rel_pos"]
 
@@ -149,7 +153,8 @@ def load_sam_checkpoint(net: nn.Module, path: str | Path, *, min_loaded: float =
 def _match(net: nn.Module, state: dict[str, Tensor], target: dict[str, Tensor],
            path: Path) -> tuple[SamLoadReport, dict[str, Tensor]]:
     """The report and the tensors to load (resized where needed); raises on a shape no resizing explains."""
-    global_blocks = {f"image_encoder.blocks.{i}.attn." for i, b in enumerate(net.image_encoder.blocks)
+    encoder = cast("ImageEncoderViT", net.image_encoder)  # net is a SamAdapterNet
+    global_blocks = {f"image_encoder.blocks.{i}.attn." for i, b in enumerate(encoder.blocks)
                      if b.window_size == 0}
     report = SamLoadReport(path=path)
     chosen: dict[str, Tensor] = {}
@@ -165,7 +170,7 @@ def _match(net: nn.Module, state: dict[str, Tensor], target: dict[str, Tensor],
             resizable_table = (key.endswith(("rel_pos_h", "rel_pos_w")) and key.removesuffix(key.split(".")[-1])
                                in global_blocks and tensor.ndim == 2 and tensor.shape[1] == want[1])
             if resizable_grid:
-                tensor = resize_pos_embed(tensor.float(), tuple(want[1:3])).to(tensor.dtype)
+                tensor = resize_pos_embed(tensor.float(), (want[1], want[2])).to(tensor.dtype)
             elif resizable_table:
                 tensor = resize_rel_pos(tensor.float(), want[0]).to(tensor.dtype)
             else:
@@ -208,7 +213,8 @@ def _check_encoder_share(report: SamLoadReport, target: dict[str, Tensor], min_l
 
 
 def _refuse_shapes(net: nn.Module, state: dict[str, Tensor], mismatches: list[str], path: Path) -> None:
-    width, depth = net.image_encoder.pos_embed.shape[-1], len(net.image_encoder.blocks)
+    encoder = cast("ImageEncoderViT", net.image_encoder)  # net is a SamAdapterNet
+    width, depth = encoder.pos_embed.shape[-1], len(encoder.blocks)
     variant = next((name for name, v in VARIANTS.items() if (v.width, v.depth) == (width, depth)), "?")
     embed = state.get("image_encoder.patch_embed.proj.weight")
     guess = next((name for name, v in VARIANTS.items() if embed is not None and v.width == embed.shape[0]), None)

@@ -8,10 +8,13 @@ than ``image_size`` are prompted at the same relative place.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from segment_anything.modeling import PromptEncoder
 
 from fedlit.core.errors import DataError
 
@@ -38,7 +41,7 @@ def draw_clicks(masks: Tensor) -> tuple[Tensor, Tensor]:
     return points, has_foreground.long()
 
 
-def click_embedding(prompts: nn.Module, points: Tensor, labels: Tensor, size: tuple[int, int]) -> Tensor:
+def click_embedding(prompts: PromptEncoder, points: Tensor, labels: Tensor, size: tuple[int, int]) -> Tensor:
     """SAM's ``PromptEncoder._embed_points(points, labels, pad=True)`` for one (x, y) click per image in an image of
     ``size`` (H, W): the click's embedding and SAM's padding point, (N, 2, embed_dim)."""
     weight = prompts.not_a_point_embed.weight
@@ -51,7 +54,7 @@ def click_embedding(prompts: nn.Module, points: Tensor, labels: Tensor, size: tu
     return torch.cat([embedding, padding], dim=1)
 
 
-def sparse_prompt(prompts: nn.Module, kind: str, n: int, size: tuple[int, int],
+def sparse_prompt(prompts: PromptEncoder, kind: str, n: int, size: tuple[int, int],
                   masks: Tensor | None = None) -> Tensor:
     """The (N, tokens, embed_dim) sparse embeddings of ``kind`` for ``n`` images of ``size`` (H, W): no token
     (``none``), the two corners of the box (0, 0, W - 1, H - 1) (``box``) or a click from ``masks`` (``click``)."""

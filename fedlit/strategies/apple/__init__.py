@@ -73,12 +73,15 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, ServerContext, StepOutput
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 from fedlit.strategies.apple.equations import (
     apple_download_choice,
     apple_mix,
@@ -152,6 +155,7 @@ class APPLE(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def setup_server_state(self) -> None:
         """Every core starts at the initial shared tensors; ``p0`` from the class counts (uniform without them)
         until :meth:`on_fit_start` reads the clients' training sizes."""
@@ -160,17 +164,18 @@ class APPLE(Strategy):
         counts = [float(sum(self.class_counts[c])) if self.class_counts else 1.0 for c in self.client_ids]
         self.p0 = normalized_weights(counts).to(torch.float64)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any = None) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule | None = None) -> None:
         """``p0 = n_j / n`` over the clients that train; R, the federation's rounds, for ``R_d``; under
         ``core_init: own``, in a fresh run, every client's initial core (a resumed run has them from the
         checkpoint) and ``global_state``, their ``p0`` mix."""
-        self.rounds = int(trainer.rounds)
+        self.rounds = int(trainer.settings.rounds)
         sizes = [float(trainer.num_examples(c, "train")) for c in self.client_ids]
         self.p0 = normalized_weights(sizes).to(torch.float64)
         if self.core_init == "own" and pl_module is not None and not self.starts and not self.cores:
             self._draw_starts(trainer, pl_module)
 
-    def _draw_starts(self, trainer: Any, pl_module: Any) -> None:
+    def _draw_starts(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         names = self.shared_parameter_names()
         kept: list[str] = []
         for client_id in self.client_ids:
@@ -199,10 +204,12 @@ class APPLE(Strategy):
     def _limited(self) -> bool:
         return self.max_downloads is not None and self.max_downloads + 1 < len(self.client_ids)
 
+    @override
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The client's own core (the initial shared tensors before it first uploads one)."""
         return dict(self._core(client_id))
 
+    @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """``p0`` and the other clients' cores (shared parameters): all, or the ones the client asked for."""
         names = self.shared_parameter_names()
@@ -217,20 +224,24 @@ class APPLE(Strategy):
         # what it receives, not from the server's ``client_ids``.
         return {"p0": self.p0.to(torch.float32), "cores": cores, "clients": list(self.client_ids)}
 
+    @override
     def configure_evaluate(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """The client's own core (its buffers; the client puts its personalized model over the parameters in
         :meth:`on_client_evaluate_start`); ``sum_j p0_j theta_c,j`` for a client without a core of its own."""
         return dict(self.cores[client_id]) if client_id in self.cores else dict(self.global_state)
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
         """The FedAvg-style model ``sum_j p0_j theta_c,j`` (``global_state``), evaluated beside each client's
         personalized mix."""
         return dict(self.global_state)
 
+    @override
     def expected_upload_extras(self, client_id: str) -> dict[str, Any]:
         """The indices of the M cores requested for the next turn, under a bandwidth limit."""
-        return {"request": torch.zeros(self.max_downloads, dtype=torch.int64)} if self._limited() else {}
+        return {"request": torch.zeros(cast(int, self.max_downloads), dtype=torch.int64)} if self._limited() else {}
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Keep each uploaded core (and request); ``global_state = sum_j p0_j theta_c,j``."""
         if not updates:
@@ -242,15 +253,15 @@ class APPLE(Strategy):
                                             for n, t in update.state.items()}
             if "request" in update.extras:
                 self.requests[update.client_id] = [int(j) for j in update.extras["request"].tolist()]
-        states = [self._core(c) for c in self.client_ids]
-        self.global_state = weighted_average(states, self.p0.tolist())
-        return dict(self.global_state)
+        return weighted_average([self._core(c) for c in self.client_ids], self.p0.tolist())
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Server state plus every core, the initial tensors, ``p0`` and the requests (exact resume)."""
         return {**super().state_dict(), "initial": self.initial, "starts": self.starts, "cores": self.cores,
                 "p0": self.p0, "requests": self.requests}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
@@ -261,7 +272,8 @@ class APPLE(Strategy):
         self.requests = {c: list(r) for c, r in state_dict["requests"].items()}
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: Any, server_round: int, client_id: str, received_extras: dict[str, Any],
+    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
+                            received_extras: dict[str, Any],
                             client_state: dict[str, Any]) -> None:
         """Gather the N cores (own: live; others: received or, under a bandwidth limit, last downloaded), make
         ``p_i`` a leaf to train (``p0`` the first time) and its optimizer."""
@@ -291,26 +303,31 @@ class APPLE(Strategy):
         turn = self._turn
         return {n: apple_mix(turn["p"], cores) for n, cores in turn["cores"].items()}
 
-    def client_forward(self, pl_module: Any) -> contextlib.AbstractContextManager[Any]:
+    @override
+    def client_forward(self, pl_module: FederatedModule) -> contextlib.AbstractContextManager[Any]:
         """Run the step with every shared parameter replaced by the mix."""
         if not self._turn:
             return contextlib.nullcontext()
         return swapped_parameters(pl_module, self.personalized())
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """``loss + coef(r) ||p_i - p0||^2``."""
         turn = self._turn
         if not turn or turn["coef"] == 0:
             return loss
         return loss + apple_proximal(turn["p"], turn["p0"], turn["coef"]).to(loss.dtype)
 
-    def on_before_optimizer_step(self, client: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, client: ClientContext) -> None:
         """Unscale ``p_i``'s gradient under 16-bit mixed precision (the loop unscales the module's only)."""
         turn = self._turn
         scaler = client.scaler
         if turn and turn["p"].grad is not None and scaler is not None:
             turn["p"].grad.div_(scaler.get_scale())
 
+    @override
     def on_before_zero_grad(self, stepped: bool) -> None:
         """Step ``p_i`` when the module's optimizer stepped (the same gradients), then clear its gradient."""
         turn = self._turn
@@ -321,7 +338,7 @@ class APPLE(Strategy):
         turn["p"].grad = None
 
     def on_client_fit_end(self, server_round: int, client_id: str, update: ClientUpdate,
-                          client_state: dict[str, Any], client: Any) -> None:
+                          client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep ``p_i`` and the personalized model on the client; under a bandwidth limit draw and upload the
         indices of the cores to download next turn."""
         turn = self._turn
@@ -340,12 +357,13 @@ class APPLE(Strategy):
                 if not turn["first"]:  # the first turn's download is the initial cores
                     touched[turn["clients"].index(j)] = True
             generator = torch.Generator().manual_seed(client.derive_seed("apple", server_round, client_id))
-            request = apple_download_choice(p, turn["own"], touched, self.max_downloads,
+            request = apple_download_choice(p, turn["own"], touched, cast(int, self.max_downloads),
                                               server_round, generator, lamb=self.lamb, thresh=self.thresh)
             update.extras["request"] = torch.tensor(request, dtype=torch.int64)
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:
         """Put the client's personalized model over the shared parameters (before its first turn: as sent)."""
         model = client_state.get("model")
         if model is None:
@@ -354,8 +372,3 @@ class APPLE(Strategy):
         with torch.no_grad():
             for name, tensor in model.items():
                 live[name].copy_(tensor)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"mu": self.mu, "lr_p": self.lr_p, "p_momentum": self.p_momentum, "schedule": self.schedule,
-                "eps": self.eps, "decay_rounds": self.decay_rounds, "max_downloads": self.max_downloads,
-                "lamb": self.lamb, "thresh": self.thresh, "core_init": self.core_init}

@@ -26,7 +26,8 @@ def swapped_parameters(module: nn.Module, tensors: Mapping[str, Tensor]) -> Iter
             prefix, _, attr = name.rpartition(".")
             owner = module.get_submodule(prefix) if prefix else module
             replaced.append((owner, attr, owner._parameters[attr]))
-            owner._parameters[attr] = tensor
+            # a computed tensor stands in for the parameter while swapped (as torch.func.functional_call does)
+            owner._parameters[attr] = tensor  # type: ignore[assignment]
         yield
     finally:
         for owner, attr, original in reversed(replaced):

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
+from typing_extensions import override
 
 from fedlit.core.errors import ConfigError
 from fedlit.strategies.common.aggregate import coordinate_median, krum_select, trimmed_mean, weighted_average
@@ -58,6 +59,7 @@ class Aggregator(abc.ABC):
         """Hyperparameters shown by ``repr``."""
         return {}
 
+    @override
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.hparams().items())
         return f"{type(self).__name__}({args})"
@@ -66,6 +68,7 @@ class Aggregator(abc.ABC):
 class WeightedMeanAggregator(Aggregator):
     """``sum_k w_k x_k / sum_k w_k`` per tensor (FedAvg's rule, the default)."""
 
+    @override
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
         return weighted_average(states, weights)
 
@@ -73,6 +76,7 @@ class WeightedMeanAggregator(Aggregator):
 class MedianAggregator(Aggregator):
     """Coordinate-wise median; ignores the weights (as Flower's FedMedian does)."""
 
+    @override
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
         return coordinate_median(states)
 
@@ -129,10 +133,12 @@ class TrimmedMeanAggregator(Aggregator):
         self.beta = beta
         self.option = f"{OPTION}.beta"  # how warnings name beta (FedTrimmedAvg's is strategy.init_args.beta)
 
+    @override
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
         warn_if_trims_nothing(self.beta, len(states), self.option)
         return trimmed_mean(states, self.beta)
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {"beta": self.beta}
 
@@ -152,6 +158,7 @@ class KrumAggregator(Aggregator):
         self.num_malicious = num_malicious
         self.num_selected = num_selected
 
+    @override
     def __call__(self, states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
         n = len(states)
         if n <= 2 * self.num_malicious + 2:
@@ -166,5 +173,6 @@ class KrumAggregator(Aggregator):
             return {k: t.detach().clone() for k, t in states[chosen[0]].items()}
         return weighted_average([states[i] for i in chosen], [weights[i] for i in chosen])
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {"num_malicious": self.num_malicious, "num_selected": self.num_selected}

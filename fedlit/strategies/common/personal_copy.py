@@ -12,13 +12,16 @@ module for evaluation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
+from typing_extensions import override
 
+from fedlit.core.contexts import ClientContext
 from fedlit.core.errors import ConfigError
+from fedlit.module import FederatedModule
 
 
 class MethodCall(nn.Module):
@@ -29,6 +32,7 @@ class MethodCall(nn.Module):
         super().__init__()
         self.module, self.method = module, method
 
+    @override
     def forward(self, *args: Any) -> Any:
         return getattr(self.module, self.method)(*args)
 
@@ -45,7 +49,8 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
     return obj
 
 
-def personal_copy(pl_module: Any, stored: Mapping[str, Tensor] | None = None) -> tuple[dict[str, Tensor], list[str]]:
+def personal_copy(pl_module: FederatedModule, stored: Mapping[str, Tensor] | None = None) -> tuple[dict[str, Tensor],
+                  list[str]]:
     """A copy of the module's shared and personal tensors (``stored``'s values where given, else the live ones), on
     the live tensors' devices and dtypes, and the names of the trainable ones (in model order), which are leaves
     that require gradients."""
@@ -59,16 +64,16 @@ def personal_copy(pl_module: Any, stored: Mapping[str, Tensor] | None = None) ->
     return copy, [n for n in live if n in trainable]
 
 
-def functional_loss(step: MethodCall, tensors: Mapping[str, Tensor], batch: Any, client: Any) -> Tensor:
+def functional_loss(step: MethodCall, tensors: Mapping[str, Tensor], batch: Any, client: ClientContext) -> Tensor:
     """The loss of ``step`` (a :class:`MethodCall` of ``training_step``) on ``batch`` with ``tensors`` in place of
     the module's, under the run's precision (``client``: the turn's ``ClientContext``)."""
     with client.autocast():
         out = functional_call(step, {f"module.{n}": t for n, t in tensors.items()}, (batch, 0))
     out = client.convert_output(out)
-    return out["loss"] if isinstance(out, Mapping) else out
+    return cast(Tensor, out["loss"] if isinstance(out, Mapping) else out)  # training_step gives a loss
 
 
-def mirror_optimizer(pl_module: Any, inner: torch.optim.Optimizer, tensors: Mapping[str, Tensor],
+def mirror_optimizer(pl_module: FederatedModule, inner: torch.optim.Optimizer, tensors: Mapping[str, Tensor],
                      state: dict[str, Any] | None, owner: str) -> torch.optim.Optimizer:
     """An optimizer of ``tensors`` like ``inner`` (the loop's, over the module's parameters): same class, the same
     parameter groups and hyperparameters, each module parameter replaced by the tensor of its name; ``state``
@@ -107,7 +112,7 @@ def unscale_gradients(tensors: Mapping[str, Tensor], names: list[str], scaler: A
             grad.div_(scaler.get_scale())
 
 
-def load_into(pl_module: Any, tensors: Mapping[str, Tensor]) -> None:
+def load_into(pl_module: FederatedModule, tensors: Mapping[str, Tensor]) -> None:
     """Copy ``tensors`` (shared and personal tensors by name) into the live module, in place."""
     live = pl_module.named_tensors("shared", "personal")
     with torch.no_grad():
@@ -115,7 +120,8 @@ def load_into(pl_module: Any, tensors: Mapping[str, Tensor]) -> None:
             live[name].copy_(tensor)
 
 
-def step_copy(turn: dict[str, Any], key: str, pl_module: Any, optimizer: Any, stepped: bool, owner: str) -> None:
+def step_copy(turn: dict[str, Any], key: str, pl_module: FederatedModule, optimizer: Any, stepped: bool,
+              owner: str) -> None:
     """After the loop's step, step the copy ``turn[key]`` with its mirror optimizer (built on first use from
     ``turn["optimizer_state"]``, kept in ``turn["optimizer"]``; not on a step the gradient scaler skipped), then drop
     its gradients. ``owner`` names the strategy in errors."""
@@ -130,7 +136,7 @@ def step_copy(turn: dict[str, Any], key: str, pl_module: Any, optimizer: Any, st
         tensors[name].grad = None
 
 
-def keep_copy(turn: dict[str, Any], key: str, client_state: dict[str, Any], client: Any) -> None:
+def keep_copy(turn: dict[str, Any], key: str, client_state: dict[str, Any], client: ClientContext) -> None:
     """Store the copy ``turn[key]`` in ``client_state[key]`` (on the store's device) and, under
     ``optimizer_state: persist``, its mirror optimizer's state."""
     device = client.store.device

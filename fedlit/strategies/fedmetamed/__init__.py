@@ -20,8 +20,7 @@ round's clients i, with ``L_t`` the round's ratio:
 Client i receives its own ``W'_i`` as its deputy. Collaborative transfer (the paper's Retrieve / Reciprocate /
 Refine, the code's Recover / Exchange / Sublimate; ``DET``): before each local epoch, macro-F1 of both models
 picks the stage (:func:`~fedlit.strategies.fedmetamed.equations.prr_stage`): the first epoch of a round is Retrieve;
-then
-Retrieve while ``F1_d < alpha1 F1_p``, Reciprocate after Retrieve or while ``F1_d < alpha2 F1_p``, Refine
+then Retrieve while ``F1_d < alpha1 F1_p``, Reciprocate after Retrieve or while ``F1_d < alpha2 F1_p``, Refine
 otherwise (stages fall back when the deputy drops, as in the code). Each batch goes through both models; with
 ``KL(teacher || student)`` batch-mean, no temperature, the teacher detached
 (:func:`~fedlit.strategies.fedmetamed.equations.prr_losses`):
@@ -78,9 +77,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
+from torch.optim import Optimizer
+from typing_extensions import override
 
+from fedlit.core.contexts import Batch, ClientContext, ServerContext, StepOutput
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.roles import ParameterRoles
+from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import client_weights, weighted_average
 from fedlit.strategies.fedmetamed import equations as F
@@ -94,6 +97,7 @@ class _Method(nn.Module):
         super().__init__()
         self.module, self.method = module, method
 
+    @override
     def forward(self, *args: Any) -> Any:
         return getattr(self.module, self.method)(*args)
 
@@ -176,10 +180,12 @@ class FedMetaMed(Strategy):
         self._turn: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ server
+    @override
     def configure_roles(self, roles: ParameterRoles) -> ParameterRoles:
         """Normalization parameters and buffers that train become ``personal`` (FedBN), in both models."""
         return roles.replace(lambda name, role: roles.is_norm(name) and role != "frozen", "personal")
 
+    @override
     def setup_server_state(self) -> None:
         """The shared 2-D and 4-D floating parameters go through the Fourier mix; no client has a mix yet."""
         self.fourier_names = [n for n in self.shared_parameter_names() if self.global_state[n].is_floating_point()
@@ -194,6 +200,7 @@ class FedMetaMed(Strategy):
                               "strategy.init_args.schedule_rounds (a federation sets it at fit start).")
         return F.fourier_ratio(server_round, rounds, self.l_start, self.l_end)
 
+    @override
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
         """Client i's own Fourier mix of its last round; before it has one, ``global_state``."""
         return dict(self.mixes.get(client_id, self.global_state))
@@ -202,11 +209,13 @@ class FedMetaMed(Strategy):
         """The shared tensors of ``client_id``'s deputy as its next turn starts (for a global evaluation)."""
         return self.configure_client(0, client_id)
 
+    @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor] | None:
         """The client's deputy (what the server's aggregation gives it), evaluated beside its personal model; None
         with ``evaluate: deputy``, where the two evaluations would be the same."""
         return self.deputy_state(client_id) if self.evaluate == "personal" else None
 
+    @override
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Tensor]:
         """Cumulative Fourier Aggregation: one mix per client of the round; ``global_state`` becomes the round's
         mean of every shared tensor, which clients that have not trained yet receive."""
@@ -228,22 +237,24 @@ class FedMetaMed(Strategy):
 
         for update, mix in zip(updates, mixes, strict=True):
             self.mixes[update.client_id] = on_server(mix)
-        self.global_state.update(on_server(mean))
-        return dict(self.global_state)
+        return {**self.global_state, **on_server(mean)}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus every client's mix."""
         return {**super().state_dict(), "mixes": self.mixes}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state_dict)
         self.mixes = {c: dict(s) for c, s in state_dict["mixes"].items()}
 
     # ------------------------------------------------------------------------------------------ client
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
         """Take ``R`` from the federation; refuse a gradient scaler and a module without macro-F1."""
-        self._fit_rounds = trainer.rounds
+        self._fit_rounds = trainer.settings.rounds
         if trainer.scaler is not None:
             raise ConfigError("FedMetaMed steps its personal model outside the gradient scaler of 16-bit mixed "
                               "precision: use federation.precision bf16-mixed or 32-true.")
@@ -251,7 +262,8 @@ class FedMetaMed(Strategy):
             raise ConfigError(f"FedMetaMed picks its stages from macro-F1, but {type(pl_module).__name__} reports "
                               f"{sorted(pl_module.higher_is_better)}: use fedlit.tasks.ClassificationModule.")
 
-    def on_client_fit_start(self, pl_module: Any, client_id: str, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_start(self, pl_module: FederatedModule, client_id: str, client_state: dict[str, Any],
+                            client: ClientContext) -> None:
         """Take the personal model (a copy of the deputy at the client's first turn) and the stage."""
         self._fit_rounds = client.rounds
         live = pl_module.named_tensors("shared", "personal")
@@ -272,7 +284,7 @@ class FedMetaMed(Strategy):
     def _prefixed(self) -> dict[str, Tensor]:
         return {f"module.{n}": t for n, t in self._turn["personal"].items()}
 
-    def _macro_f1(self, pl_module: Any, loader: Any, personal: bool) -> float:
+    def _macro_f1(self, pl_module: FederatedModule, loader: Any, personal: bool) -> float:
         client = self._turn["client"]
         step = _Method(pl_module, "validation_step")
         pl_module.eval()
@@ -299,7 +311,8 @@ class FedMetaMed(Strategy):
                             "give the clients a validation split or set strategy.init_args.f1_split: train.")
         return loader
 
-    def on_train_epoch_start(self, pl_module: Any) -> None:
+    @override
+    def on_train_epoch_start(self, pl_module: FederatedModule) -> None:
         """Pick the epoch's stage from macro-F1 of the deputy and the personal model."""
         turn = self._turn
         if not turn:
@@ -315,7 +328,9 @@ class FedMetaMed(Strategy):
             turn["stage"] = F.prr_stage(turn["stage"], f1_deputy, f1_personal, self.alpha1, self.alpha2)
         turn["stages"].append(turn["stage"])
 
-    def training_loss(self, pl_module: Any, loss: Tensor, batch: Any, outputs: Any = None) -> Tensor:
+    @override
+    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
+                      outputs: StepOutput = None) -> Tensor:
         """The deputy's and the personal model's losses of the stage, summed (gradients stay apart)."""
         turn = self._turn
         if not turn:
@@ -331,7 +346,8 @@ class FedMetaMed(Strategy):
                                         _two_class(outputs["logits"]))
         return deputy + personal
 
-    def on_before_optimizer_step(self, pl_module: Any, optimizer: Any) -> None:
+    @override
+    def on_before_optimizer_step(self, pl_module: FederatedModule, optimizer: Optimizer) -> None:
         """Step the personal model with its own optimizer (a mirror of the loop's, this step's hyperparameters)."""
         turn = self._turn
         if not turn:
@@ -344,7 +360,7 @@ class FedMetaMed(Strategy):
         turn["optimizer"].step()
         turn["optimizer"].zero_grad(set_to_none=True)
 
-    def _mirror(self, pl_module: Any, inner: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def _mirror(self, pl_module: FederatedModule, inner: torch.optim.Optimizer) -> torch.optim.Optimizer:
         personal = self._turn["personal"]
         names = {id(p): n for n, p in pl_module.named_parameters()}
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [personal[names[id(p)]]
@@ -360,7 +376,7 @@ class FedMetaMed(Strategy):
             mirror.load_state_dict(self._turn["optimizer_state"])
         return mirror
 
-    def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any], client: Any) -> None:
+    def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep the personal model, the stage (and the personal optimizer's state under ``persist``)."""
         turn = self._turn
         if not turn:
@@ -374,7 +390,9 @@ class FedMetaMed(Strategy):
             client_state["optimizer"] = _to(turn["optimizer"].state_dict(), device)
         self._turn = {}
 
-    def on_client_evaluate_start(self, pl_module: Any, client_id: str, client_state: dict[str, Any]) -> None:
+    @override
+    def on_client_evaluate_start(self, pl_module: FederatedModule, client_id: str, client_state: dict[str,
+                                 Any]) -> None:
         """Put the client's personal model into the live module (``evaluate="personal"``, once it has one)."""
         if self.evaluate == "deputy" or "personal" not in client_state:
             return
@@ -382,8 +400,3 @@ class FedMetaMed(Strategy):
         with torch.no_grad():
             for name, tensor in client_state["personal"].items():
                 live[name].copy_(tensor)
-
-    def hparams(self) -> dict[str, Any]:
-        return {"l_start": self.l_start, "l_end": self.l_end, "schedule_rounds": self.schedule_rounds,
-                "alpha1": self.alpha1, "alpha2": self.alpha2, "f1_split": self.f1_split,
-                "weighting": self.weighting, "reset_stage": self.reset_stage, "evaluate": self.evaluate}
