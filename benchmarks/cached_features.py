@@ -40,19 +40,32 @@ def run(mode: str, args: argparse.Namespace) -> tuple[list[float], dict]:
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the randomly initialized backbone's note
-        backbone = TimmBackbone(name="vit_small_patch16_224", model_args={"img_size": args.image_size,
-                                                                           "in_chans": 1})
+        backbone = TimmBackbone(name="vit_small_patch16_224", model_args={"img_size": args.image_size, "in_chans": 1})
         module = ClassificationModule(backbone=backbone, num_classes=3, lr=0.05, momentum=0.9)
-    data = SyntheticImages(num_clients=10, samples_per_client=args.samples, image_size=args.image_size,
-                           batch_size=32, seed=0)
+    data = SyntheticImages(
+        num_clients=10, samples_per_client=args.samples, image_size=args.image_size, batch_size=32, seed=0
+    )
     with tempfile.TemporaryDirectory() as out:
-        federation = Federation(module, data, FedAvg(), rounds=args.rounds, out_dir=out, progress_bar=False,
-                                accelerator="cpu", cache_features=mode, threads=args.threads, loggers=[])
+        federation = Federation(
+            module,
+            data,
+            FedAvg(),
+            rounds=args.rounds,
+            out_dir=out,
+            progress_bar=False,
+            accelerator="cpu",
+            cache_features=mode,
+            threads=args.threads,
+            loggers=[],
+        )
         with contextlib.redirect_stdout(io.StringIO()):  # the run's tables
             results = federation.fit()
         with open(Path(out) / "metrics.csv", newline="") as f:
-            seconds = [float(row["value"]) for row in csv.DictReader(f)
-                       if row["split"] == "system" and row["metric"] == "round_seconds"]
+            seconds = [
+                float(row["value"])
+                for row in csv.DictReader(f)
+                if row["split"] == "system" and row["metric"] == "round_seconds"
+            ]
     return seconds, results
 
 
@@ -68,8 +81,10 @@ def main() -> None:
         start = time.perf_counter()
         seconds, results[mode] = run(mode, args)
         rows[mode] = (seconds[0], statistics.median(seconds[1:]), time.perf_counter() - start)
-    print(f"load average {os.getloadavg()[0]:.1f}; torch threads {torch.get_num_threads()}; 10 clients x "
-          f"{args.samples} samples, {args.image_size}px, {args.rounds} rounds")
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; torch threads {torch.get_num_threads()}; 10 clients x "
+        f"{args.samples} samples, {args.image_size}px, {args.rounds} rounds"
+    )
     print(f"{'cache_features':>14} {'round 1 (s)':>12} {'later rounds (s, median)':>25} {'whole run (s)':>14}")
     for mode, (first, later, whole) in rows.items():
         print(f"{mode:>14} {first:12.2f} {later:25.3f} {whole:14.1f}")

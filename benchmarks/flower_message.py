@@ -43,6 +43,7 @@ def child(kind: str, blob_file: str) -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     import fedlit.flower.client as client
+
     t["a"] = time.perf_counter()
     # ---- recv: the SuperNode's task input, inflated as in flwr.supernode.runtime.run_clientapp.pull_task_input
     blob = pickle.loads(Path(blob_file).read_bytes())[kind]
@@ -60,6 +61,7 @@ def child(kind: str, blob_file: str) -> None:
         out = snapshots_of(ctx)
         t["built"] = time.perf_counter()
         return out
+
     client.snapshots_of = timed_snapshots_of
     # ---- (b)+(c): the real ClientApp call, as run_clientapp does it
     t["call"] = time.perf_counter()
@@ -68,10 +70,21 @@ def child(kind: str, blob_file: str) -> None:
     records = reply.content.config_records
     assert not reply.has_error() and "error" not in records, reply.content
     steps = (client.codec.get_tree(reply.content, "metrics") or {}).get("steps") if kind == "train" else None
-    print(OUT + json.dumps({"a": t["a"] - t["start"], "recv": t["recv"] - t["a"], "b": t["built"] - t["call"],
-                            "c": t["done"] - t["built"], "t_start": t["start"], "t_done": time.perf_counter(),
-                            "check": {"steps": steps, "examples": (records.get("turn") or records["query"])[
-                                "num-examples"]}}), flush=True)  # exit: from t_done until the process is gone
+    print(
+        OUT
+        + json.dumps(
+            {
+                "a": t["a"] - t["start"],
+                "recv": t["recv"] - t["a"],
+                "b": t["built"] - t["call"],
+                "c": t["done"] - t["built"],
+                "t_start": t["start"],
+                "t_done": time.perf_counter(),
+                "check": {"steps": steps, "examples": (records.get("turn") or records["query"])["num-examples"]},
+            }
+        ),
+        flush=True,
+    )  # exit: from t_done until the process is gone
 
 
 def prepare_messages(path: Path) -> None:
@@ -87,14 +100,18 @@ def prepare_messages(path: Path) -> None:
     from fedlit.flower.app import write_app
     from fedlit.flower.client import handle_message
     from fedlit.flower.server import run_server
+
     print("fedlit from", fedlit.__file__, "| torch threads:", torch.get_num_threads(), flush=True)
-    toml = write_app(Path(fedlit.__file__).parents[1] / "recipes/quickstart.yaml", path.parent / "app",
-                     overrides=OVERRIDES)  # the server's run folder: <tmp>/app/run
+    toml = write_app(
+        Path(fedlit.__file__).parents[1] / "recipes/quickstart.yaml", path.parent / "app", overrides=OVERRIDES
+    )  # the server's run folder: <tmp>/app/run
     run_config = tomllib.loads(toml.read_text())["tool"]["flwr"]["app"]["config"]
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 0, RUN_ID, 0  # a ServerApp process
     nodes = {NODE_ID: CLIENT, NODE_ID + 1: "site_1"}
-    contexts = {n: Context(run_id=RUN_ID, node_id=n, node_config={"client-id": c}, state=RecordDict(),
-                           run_config=run_config) for n, c in nodes.items()}
+    contexts = {
+        n: Context(run_id=RUN_ID, node_id=n, node_config={"client-id": c}, state=RecordDict(), run_config=run_config)
+        for n, c in nodes.items()
+    }
     sent: dict[str, tuple[str, RecordDict]] = {}
     Captured = type("Captured", (Exception,), {})  # stops the server once its round-1 train message is captured
 
@@ -109,10 +126,14 @@ def prepare_messages(path: Path) -> None:
     out = {}
     for kind, (group, content) in sent.items():
         msg = Message(content, NODE_ID, kind, group_id=group)
-        ctx = Context(run_id=RUN_ID, node_id=NODE_ID, node_config={"client-id": CLIENT}, state=RecordDict(),
-                      run_config=run_config)  # what the SuperNode holds before the node's first message
-        out[kind] = {"tree": get_object_tree(msg).SerializeToString(), "context": context_to_proto(ctx)
-                     .SerializeToString(), "objects": {o: v.deflate() for o, v in get_all_nested_objects(msg).items()}}
+        ctx = Context(
+            run_id=RUN_ID, node_id=NODE_ID, node_config={"client-id": CLIENT}, state=RecordDict(), run_config=run_config
+        )  # what the SuperNode holds before the node's first message
+        out[kind] = {
+            "tree": get_object_tree(msg).SerializeToString(),
+            "context": context_to_proto(ctx).SerializeToString(),
+            "objects": {o: v.deflate() for o, v in get_all_nested_objects(msg).items()},
+        }
     path.write_bytes(pickle.dumps(out))
 
 
@@ -133,7 +154,7 @@ def run_child(kind: str, blob_file: Path) -> dict:
     line = [x for x in proc.stdout.splitlines() if x.startswith(OUT)]
     if proc.returncode or not line:
         sys.exit(f"child {kind} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    row = {**json.loads(line[-1][len(OUT):]), "d": d}  # perf_counter is CLOCK_MONOTONIC: one clock for both
+    row = {**json.loads(line[-1][len(OUT) :]), "d": d}  # perf_counter is CLOCK_MONOTONIC: one clock for both
     own = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
     return {**row, "up": row["t_start"] - t0, "exit": t0 + d - row["t_done"], "noise": b1 - b0 - own, "cpu": own}
 

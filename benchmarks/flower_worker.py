@@ -56,34 +56,79 @@ def deploy(folder: Path, node_extra: str) -> dict:
     from fedlit.flower.app import write_app
 
     folder.mkdir(parents=True)
-    app = write_app(ROOT / "recipes" / "quickstart.yaml", folder / "app", overrides=OVERRIDES,
-                    out_dir=str(folder / "run"), client_ids=",".join(CLIENTS), connect_timeout=300.0).parent
+    app = write_app(
+        ROOT / "recipes" / "quickstart.yaml",
+        folder / "app",
+        overrides=OVERRIDES,
+        out_dir=str(folder / "run"),
+        client_ids=",".join(CLIENTS),
+        connect_timeout=300.0,
+    ).parent
     home = folder / "flwr_home"
     home.mkdir()
     port = _free_port()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\n'
-                                      f'address = "127.0.0.1:{port}"\ninsecure = true\n')
-    env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"}
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
+        "OMP_NUM_THREADS": "1",
+    }
     processes, events = [], {c: [] for c in CLIENTS}
     try:
-        processes.append(subprocess.Popen([str(BIN / "flower-superlink"), "--insecure", "--port", str(port),
-                                           "--disable-runtime-dependency-installation"], env=env, cwd=folder,
-                                          stdout=open(folder / "superlink.log", "w"), stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+        processes.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "flower-superlink"),
+                    "--insecure",
+                    "--port",
+                    str(port),
+                    "--disable-runtime-dependency-installation",
+                ],
+                env=env,
+                cwd=folder,
+                stdout=open(folder / "superlink.log", "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         for client in CLIENTS:
-            node = subprocess.Popen([str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                                     "--port", str(_free_port()), "--node-config", f"client-id='{client}'{node_extra}"],
-                                    env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True)
+            node = subprocess.Popen(
+                [
+                    str(BIN / "flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--port",
+                    str(_free_port()),
+                    "--node-config",
+                    f"client-id='{client}'{node_extra}",
+                ],
+                env=env,
+                cwd=folder,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
             processes.append(node)
-            threading.Thread(target=_stamp, args=(node.stdout, folder / f"{client}.log", events[client]),
-                             daemon=True).start()
+            threading.Thread(
+                target=_stamp, args=(node.stdout, folder / f"{client}.log", events[client]), daemon=True
+            ).start()
         time.sleep(5)
         started = time.monotonic()
-        done = subprocess.run([str(BIN / "flwr"), "run", str(app), "bench", "--stream"], env=env, cwd=folder,
-                              capture_output=True, text=True, timeout=3000)
+        done = subprocess.run(
+            [str(BIN / "flwr"), "run", str(app), "bench", "--stream"],
+            env=env,
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=3000,
+        )
         wall = time.monotonic() - started
         if done.returncode != 0 or not (folder / "run" / "results.json").is_file():
             raise SystemExit(f"flwr run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -115,8 +160,9 @@ def _import_seconds(module: str, repeat: int = 3) -> float:
     times = []
     for _ in range(repeat):
         started = time.monotonic()
-        subprocess.run([sys.executable, "-c", f"import {module}"], check=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+        subprocess.run(
+            [sys.executable, "-c", f"import {module}"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
         times.append(time.monotonic() - started)
     return statistics.median(times)
 
@@ -132,19 +178,35 @@ def forwarding(repeat: int = 5) -> tuple[float, float]:
 
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 7, 0, 0
     with tempfile.TemporaryDirectory(prefix="fw", dir="/tmp") as tmp:
-        shared = prepare(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), *OVERRIDES.split(),
-                          "--out_dir", f"{tmp}/probe"]).federation
+        shared = prepare(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                *OVERRIDES.split(),
+                "--out_dir",
+                f"{tmp}/probe",
+            ]
+        ).federation
         shared.setup()
         received = {n: t.detach().clone() for n, t in shared.module.named_tensors("shared").items()}
         content = RecordDict({"task": ConfigRecord({"client-id": "site_0", "round": 1, "checkpointed": 0})})
         for name, tree in (("received", received), ("extras", {}), ("schedule", None)):
             codec.put_tree(content, name, tree)
-        run_config = {"recipe": (ROOT / "recipes" / "quickstart.yaml").read_text(), "overrides": OVERRIDES,
-                      "out-dir": f"{tmp}/run"}
+        run_config = {
+            "recipe": (ROOT / "recipes" / "quickstart.yaml").read_text(),
+            "overrides": OVERRIDES,
+            "out-dir": f"{tmp}/run",
+        }
 
         def context() -> Context:
-            return Context(run_id=7, node_id=101, node_config={"client-id": "site_0", "worker-idle-s": 60},
-                           state=RecordDict(), run_config=run_config)
+            return Context(
+                run_id=7,
+                node_id=101,
+                node_config={"client-id": "site_0", "worker-idle-s": 60},
+                state=RecordDict(),
+                run_config=run_config,
+            )
 
         msg = Message(content, 101, "train", group_id="1")
         runtime = client.runtime_from_context(context(), Path(tmp))
@@ -167,8 +229,11 @@ def forwarding(repeat: int = 5) -> tuple[float, float]:
 
 
 def main() -> None:
-    print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f} on {os.cpu_count()} "
-          "CPUs (1, 5, 15 min)", flush=True)
+    print(
+        f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f} on {os.cpu_count()} "
+        "CPUs (1, 5, 15 min)",
+        flush=True,
+    )
     results = {}
     with tempfile.TemporaryDirectory(prefix="fedlit-bench-") as tmp:
         for name, extra in (("per-message process (worker=false)", " worker=false"), ("node worker", "")):
@@ -184,16 +249,19 @@ def main() -> None:
         per_node = list(result["messages"].values())
         firsts = [pairs[0][1] for pairs in per_node if pairs]
         later = [t for pairs in per_node for _, t in pairs[1:]]
-        print(f"| {name} | {result['wall']:.1f} | {len(per_node[0])} | {statistics.median(firsts):.1f} | "
-              f"{statistics.median(later):.1f}, {max(later):.1f} |")
+        print(
+            f"| {name} | {result['wall']:.1f} | {len(per_node[0])} | {statistics.median(firsts):.1f} | "
+            f"{statistics.median(later):.1f}, {max(later):.1f} |"
+        )
     for name, result in results.items():
         for client, pairs in result["messages"].items():
             print(f"{name} {client}: " + ", ".join(f"{t} {s:.1f}" for t, s in pairs))
 
-
     print("\nimport in a fresh interpreter, median s: " + ", ".join(f"{m} {t:.2f}" for m, t in imports.items()))
-    print(f"round-1 train of site_0, median s: kept client in this process {inline:.3f}, through the thin app to a "
-          f"warm worker {forwarded:.3f} (forwarding adds {forwarded - inline:.3f})")
+    print(
+        f"round-1 train of site_0, median s: kept client in this process {inline:.3f}, through the thin app to a "
+        f"warm worker {forwarded:.3f} (forwarding adds {forwarded - inline:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -50,19 +50,41 @@ def one(fused: int, clients: int, rounds: int) -> dict[str, float]:
     """Train ``rounds`` rounds with ``fused_clients=fused`` in this process."""
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    backbone = TimmBackbone(name="vit_small_patch16_224", lora=LoRA(r=8, alpha=16),
-                            model_args={"img_size": 64, "in_chans": 1})
-    module = ClassificationModule(backbone=backbone, num_classes=3, lr=0.01, momentum=0.9,
-                                  roles=[RoleRule("backbone.*lora_*", "shared")])
-    data = SyntheticImages(num_clients=clients, samples_per_client=40, image_size=64, seed=0, batch_size=16,
-                           split_fractions=(0.8, 0.1, 0.1))
+    backbone = TimmBackbone(
+        name="vit_small_patch16_224", lora=LoRA(r=8, alpha=16), model_args={"img_size": 64, "in_chans": 1}
+    )
+    module = ClassificationModule(
+        backbone=backbone, num_classes=3, lr=0.01, momentum=0.9, roles=[RoleRule("backbone.*lora_*", "shared")]
+    )
+    data = SyntheticImages(
+        num_clients=clients,
+        samples_per_client=40,
+        image_size=64,
+        seed=0,
+        batch_size=16,
+        split_fractions=(0.8, 0.1, 0.1),
+    )
     clock = RoundClock()
-    federation = Federation(module, data, FedPer(), rounds=rounds, out_dir=tempfile.mkdtemp(), progress_bar=False,
-                            accelerator="cpu", eval_every=rounds, fused_clients=fused, callbacks=[clock])
+    federation = Federation(
+        module,
+        data,
+        FedPer(),
+        rounds=rounds,
+        out_dir=tempfile.mkdtemp(),
+        progress_bar=False,
+        accelerator="cpu",
+        eval_every=rounds,
+        fused_clients=fused,
+        callbacks=[clock],
+    )
     federation.fit()
     later = clock.seconds[1:] or clock.seconds
-    return {"fused_clients": fused, "round_s": sum(later) / len(later), "rounds_s": clock.seconds,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "fused_clients": fused,
+        "round_s": sum(later) / len(later),
+        "rounds_s": clock.seconds,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def main() -> None:
@@ -80,13 +102,29 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---|", flush=True)
     base = None
     for fused in args.fused:  # each row as soon as it is measured
-        out = subprocess.run([sys.executable, __file__, "--child", str(fused), "--clients", str(args.clients),
-                              "--rounds", str(args.rounds)], check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                str(fused),
+                "--clients",
+                str(args.clients),
+                "--rounds",
+                str(args.rounds),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         base = base or r
-        print(f"| {r['fused_clients']} | {r['round_s']:.2f} | {base['round_s'] / r['round_s']:.2f}x | "
-              f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x | "
-              f"{', '.join(f'{s:.2f}' for s in r['rounds_s'])} |", flush=True)
+        print(
+            f"| {r['fused_clients']} | {r['round_s']:.2f} | {base['round_s'] / r['round_s']:.2f}x | "
+            f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x | "
+            f"{', '.join(f'{s:.2f}' for s in r['rounds_s'])} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ def overhead(rounds: int, clients: int, repeats: int = 3) -> dict[str, float]:
     """
     torch.manual_seed(0)
     data = SyntheticImages(num_clients=clients, samples_per_client=400, image_size=16, seed=0, batch_size=32)
-    module = ClassificationModule(backbone=SmallCNN(width=16), num_classes=3,
-                                  roles=[RoleRule("backbone.*", "shared")], lr=0.05, momentum=0.9)
+    module = ClassificationModule(
+        backbone=SmallCNN(width=16), num_classes=3, roles=[RoleRule("backbone.*", "shared")], lr=0.05, momentum=0.9
+    )
     out = tempfile.mkdtemp()
     federation = Federation(module, data, FedAvg(), rounds=rounds, out_dir=out, progress_bar=False)
     federation.setup()
@@ -87,10 +88,15 @@ def overhead(rounds: int, clients: int, repeats: int = 3) -> dict[str, float]:
 
 def _vit_lora() -> ClassificationModule:
     """ViT-Small (frozen, randomly initialized, 32x32 grey inputs) + LoRA r=8 shared + a personal 3-class head."""
-    backbone = TimmBackbone(name="vit_small_patch16_224", lora=LoRA(r=8, alpha=16),
-                            model_args={"img_size": 32, "in_chans": 1})
-    return ClassificationModule(backbone=backbone, num_classes=3, lr=0.01,
-                                roles=[RoleRule("backbone.*lora_*", "shared"), RoleRule("head.*", "personal")])
+    backbone = TimmBackbone(
+        name="vit_small_patch16_224", lora=LoRA(r=8, alpha=16), model_args={"img_size": 32, "in_chans": 1}
+    )
+    return ClassificationModule(
+        backbone=backbone,
+        num_classes=3,
+        lr=0.01,
+        roles=[RoleRule("backbone.*lora_*", "shared"), RoleRule("head.*", "personal")],
+    )
 
 
 def _one_round(module, data, strategy, out: str) -> tuple[Federation, list]:
@@ -107,11 +113,13 @@ def _rss_and_store(federation: Federation, module) -> dict[str, float]:
     import resource
 
     frozen = sum(t.numel() * t.element_size() for t in module.named_tensors("frozen").values())
-    return {"clients": len(federation.client_ids),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "store_mb": federation.store.nbytes() / 2**20,
-            "client_state_mb": federation.store.nbytes(federation.client_ids[0]) / 2**20,
-            "backbone_mb": frozen / 2**20}
+    return {
+        "clients": len(federation.client_ids),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "store_mb": federation.store.nbytes() / 2**20,
+        "client_state_mb": federation.store.nbytes(federation.client_ids[0]) / 2**20,
+        "backbone_mb": frozen / 2**20,
+    }
 
 
 def memory(num_clients: int) -> dict[str, float]:
@@ -157,8 +165,10 @@ def memory_personalized(strategy_name: str, num_clients: int) -> dict[str, float
         federation, turns = _one_round(module, data, strategy, out)
         shared, personal = module.named_tensors("shared"), module.named_tensors("personal")
         if not shared or not all("lora_" in n for n in shared) or not all(n.startswith("head.") for n in personal):
-            raise RuntimeError(f"expected shared LoRA and a personal head, got shared {sorted(shared)[:3]}..., "
-                               f"personal {sorted(personal)}")
+            raise RuntimeError(
+                f"expected shared LoRA and a personal head, got shared {sorted(shared)[:3]}..., "
+                f"personal {sorted(personal)}"
+            )
         first, download = data.client_ids[0], turns[0].download_bytes
         extra = federation.store.state_dict()["extra"]
         server = getattr(strategy, server_attr)
@@ -168,18 +178,22 @@ def memory_personalized(strategy_name: str, num_clients: int) -> dict[str, float
         upload = turns[0].update.state
         del turns
         gc.collect()
-        return {"clients": num_clients, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "live_tensors_mb": _unique_nbytes([o for o in gc.get_objects() if isinstance(o, torch.Tensor)]) / 2**20,
-                "store_mb": federation.store.nbytes() / 2**20,
-                "strategy_states_mb": _unique_nbytes(extra) / 2**20,
-                "server_states_mb": _unique_nbytes(server) / 2**20,
-                "store_entry_mb": federation.store.nbytes(first) / 2**20,
-                "strategy_state_mb": _unique_nbytes(extra.get(first, {})) / 2**20,
-                "server_share_mb": _unique_nbytes(server[first]) / 2**20,
-                # what of the upload the server does not keep as it is (alive until aggregation only)
-                "upload_dropped_mb": (_unique_nbytes([upload, server[first]]) - _unique_nbytes(server[first])) / 2**20,
-                "download_mb": download / 2**20, "shared_mb": _unique_nbytes(shared) / 2**20,
-                "backbone_mb": _unique_nbytes(frozen) / 2**20}
+        return {
+            "clients": num_clients,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "live_tensors_mb": _unique_nbytes([o for o in gc.get_objects() if isinstance(o, torch.Tensor)]) / 2**20,
+            "store_mb": federation.store.nbytes() / 2**20,
+            "strategy_states_mb": _unique_nbytes(extra) / 2**20,
+            "server_states_mb": _unique_nbytes(server) / 2**20,
+            "store_entry_mb": federation.store.nbytes(first) / 2**20,
+            "strategy_state_mb": _unique_nbytes(extra.get(first, {})) / 2**20,
+            "server_share_mb": _unique_nbytes(server[first]) / 2**20,
+            # what of the upload the server does not keep as it is (alive until aggregation only)
+            "upload_dropped_mb": (_unique_nbytes([upload, server[first]]) - _unique_nbytes(server[first])) / 2**20,
+            "download_mb": download / 2**20,
+            "shared_mb": _unique_nbytes(shared) / 2**20,
+            "backbone_mb": _unique_nbytes(frozen) / 2**20,
+        }
 
 
 def _unique_nbytes(obj: object) -> int:
@@ -200,34 +214,46 @@ def _unique_nbytes(obj: object) -> int:
 def _memory_table(kind: str, counts: tuple[int, ...], title: str) -> None:
     rows = []
     for n in counts:
-        out = subprocess.run([sys.executable, __file__, f"--memory-child{kind}", str(n)], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, f"--memory-child{kind}", str(n)], capture_output=True, text=True, check=True
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(title)
     personalized = "server_states_mb" in rows[0]
     extra = " | live tensors MB | strategy states MB | server per-client MB" if personalized else ""
     print(f"    clients | peak RSS MB | client store MB{extra}")
     for row in rows:
-        extra = (f"{row['store_mb']:15.2f} | {row['live_tensors_mb']:15.1f} | {row['strategy_states_mb']:18.2f} | "
-                 f"{row['server_states_mb']:.2f}" if personalized else f"{row['store_mb']:.2f}")
+        extra = (
+            f"{row['store_mb']:15.2f} | {row['live_tensors_mb']:15.1f} | {row['strategy_states_mb']:18.2f} | "
+            f"{row['server_states_mb']:.2f}"
+            if personalized
+            else f"{row['store_mb']:.2f}"
+        )
         print(f"    {row['clients']:7d} | {row['peak_rss_mb']:11.1f} | {extra}")
     first, last = rows[0], rows[-1]
     added = last["clients"] - first["clients"]
     per_client = (last["peak_rss_mb"] - first["peak_rss_mb"]) / added
     span = f"({first['clients']} -> {last['clients']} clients)"
     if not personalized:
-        print(f"    memory per added client: {per_client:.2f} MB measured {span}; one client's stored state "
-              f"{first['client_state_mb']:.2f} MB; a backbone copy would be {first['backbone_mb']:.1f} MB")
+        print(
+            f"    memory per added client: {per_client:.2f} MB measured {span}; one client's stored state "
+            f"{first['client_state_mb']:.2f} MB; a backbone copy would be {first['backbone_mb']:.1f} MB"
+        )
         return
     own = last["store_entry_mb"] + last["strategy_state_mb"] + last["server_share_mb"]
     tensors = (last["live_tensors_mb"] - first["live_tensors_mb"]) / added
-    print(f"    memory per added client {span}: {per_client:.2f} MB of peak RSS, {tensors:.2f} MB of live tensors; "
-          f"the client's own tensors {own:.2f} MB (store entry {last['store_entry_mb']:.3f} + strategy state "
-          f"{last['strategy_state_mb']:.3f} + server share {last['server_share_mb']:.3f}) and its upload until "
-          f"aggregation {last['upload_dropped_mb']:.2f} MB more (0 when the server keeps it as it is); shared "
-          f"tensors {last['shared_mb']:.2f} MB; a backbone copy would be {last['backbone_mb']:.1f} MB")
-    print("    download per client and round: " + ", ".join(f"{r['download_mb']:.2f} MB ({r['clients']} clients)"
-                                                         for r in rows))
+    print(
+        f"    memory per added client {span}: {per_client:.2f} MB of peak RSS, {tensors:.2f} MB of live tensors; "
+        f"the client's own tensors {own:.2f} MB (store entry {last['store_entry_mb']:.3f} + strategy state "
+        f"{last['strategy_state_mb']:.3f} + server share {last['server_share_mb']:.3f}) and its upload until "
+        f"aggregation {last['upload_dropped_mb']:.2f} MB more (0 when the server keeps it as it is); shared "
+        f"tensors {last['shared_mb']:.2f} MB; a backbone copy would be {last['backbone_mb']:.1f} MB"
+    )
+    print(
+        "    download per client and round: "
+        + ", ".join(f"{r['download_mb']:.2f} MB ({r['clients']} clients)" for r in rows)
+    )
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -236,8 +262,9 @@ def main() -> None:
     for name in ("apple", "fedmetamed"):
         parser.add_argument(f"--memory-child-{name}", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--skip-sam", action="store_true", help="Leave out (c), the Medical-SAM-Adapter table.")
-    parser.add_argument("--skip-personalized", action="store_true",
-                        help="Leave out (d), the APPLE and FedMetaMed tables.")
+    parser.add_argument(
+        "--skip-personalized", action="store_true", help="Leave out (d), the APPLE and FedMetaMed tables."
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
@@ -254,18 +281,26 @@ def main() -> None:
 
     a = overhead(args.rounds, args.clients)
     print(f"(a) local training, {args.rounds} rounds x {args.clients} clients, SmallCNN on 16x16 synthetic images:")
-    print(f"    federation {a['federation_s']:.2f} s, plain Fabric loop {a['plain_fabric_s']:.2f} s, "
-          f"ratio {a['ratio']:.2f}")
+    print(
+        f"    federation {a['federation_s']:.2f} s, plain Fabric loop {a['plain_fabric_s']:.2f} s, "
+        f"ratio {a['ratio']:.2f}"
+    )
 
-    _memory_table("", (2, 8, 32),
-                  "(b) one round, ViT-Small (frozen, 22M params) + LoRA r=8 shared + personal head, CPU:")
+    _memory_table(
+        "", (2, 8, 32), "(b) one round, ViT-Small (frozen, 22M params) + LoRA r=8 shared + personal head, CPU:"
+    )
     if not args.skip_sam:
-        _memory_table("-sam", (2, 6, 12), "(c) one FedSCA round (L = 1), Medical-SAM-Adapter ViT-B (frozen encoder, 24 "
-                      "adapters + mask decoder trained), 64-pixel inputs, CPU:")
+        _memory_table(
+            "-sam",
+            (2, 6, 12),
+            "(c) one FedSCA round (L = 1), Medical-SAM-Adapter ViT-B (frozen encoder, 24 "
+            "adapters + mask decoder trained), 64-pixel inputs, CPU:",
+        )
     if not args.skip_personalized:
         for name, title in (("apple", "APPLE"), ("fedmetamed", "FedMetaMed")):
-            _memory_table(f"-{name}", (2, 10, 20), f"(d) one {title} round, the model of (b) (LoRA shared, head "
-                          "personal), CPU:")
+            _memory_table(
+                f"-{name}", (2, 10, 20), f"(d) one {title} round, the model of (b) (LoRA shared, head personal), CPU:"
+            )
 
 
 if __name__ == "__main__":

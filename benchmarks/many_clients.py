@@ -68,21 +68,36 @@ class _RoundClock(Callback):
 
 
 def _module() -> ClassificationModule:
-    return ClassificationModule(backbone=SmallCNN(width=8), num_classes=3, lr=0.05,
-                                roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")])
+    return ClassificationModule(
+        backbone=SmallCNN(width=8),
+        num_classes=3,
+        lr=0.05,
+        roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")],
+    )
 
 
 def federated(args: argparse.Namespace, out: str) -> tuple[_RoundClock, SyntheticImages, float]:
     torch.manual_seed(0)
-    data = SyntheticImages(num_clients=args.clients, samples_per_client=args.samples, image_size=16, seed=0,
-                           batch_size=args.batch_size)
+    data = SyntheticImages(
+        num_clients=args.clients, samples_per_client=args.samples, image_size=16, seed=0, batch_size=args.batch_size
+    )
     profiler = cProfile.Profile() if args.profile else None
     clock = _RoundClock(data, args.rounds, profiler)
-    federation = Federation(_module(), data, FedAvg(), rounds=args.rounds, local_steps=1,
-                            clients_per_round=args.fraction, eval_every=args.eval_every or args.rounds + 1,
-                            checkpoint_every=args.checkpoint_every, accelerator="cpu", threads=args.threads,
-                            progress_bar=False,
-                            callbacks=[clock], out_dir=out)
+    federation = Federation(
+        _module(),
+        data,
+        FedAvg(),
+        rounds=args.rounds,
+        local_steps=1,
+        clients_per_round=args.fraction,
+        eval_every=args.eval_every or args.rounds + 1,
+        checkpoint_every=args.checkpoint_every,
+        accelerator="cpu",
+        threads=args.threads,
+        progress_bar=False,
+        callbacks=[clock],
+        out_dir=out,
+    )
     start = time.perf_counter()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -154,15 +169,23 @@ def main() -> None:
     floors = clock.floor_seconds[1:] or clock.floor_seconds
     fed, base = statistics.median(rounds), statistics.median(floors)
     sampled = len(clock.selected[-1])
-    print(f"N={args.clients} fraction={args.fraction} ({sampled} clients/round), {args.rounds} rounds, "
-          f"fit() {total:.2f} s in all")
-    print(f"federation: {fed:.3f} s/round, {fed / sampled * 1000:.2f} ms per sampled client (fastest round "
-          f"{min(rounds):.3f} s)")
-    print(f"plain PyTorch floor: {base:.3f} s/round, {base / sampled * 1000:.2f} ms per sampled client (fastest "
-          f"round {min(floors):.3f} s)")
+    print(
+        f"N={args.clients} fraction={args.fraction} ({sampled} clients/round), {args.rounds} rounds, "
+        f"fit() {total:.2f} s in all"
+    )
+    print(
+        f"federation: {fed:.3f} s/round, {fed / sampled * 1000:.2f} ms per sampled client (fastest round "
+        f"{min(rounds):.3f} s)"
+    )
+    print(
+        f"plain PyTorch floor: {base:.3f} s/round, {base / sampled * 1000:.2f} ms per sampled client (fastest "
+        f"round {min(floors):.3f} s)"
+    )
     # The fastest rounds' ratio is the steadier one on a loaded machine (other processes only add time).
-    print(f"ratio {fed / base:.2f} (medians), {min(rounds) / min(floors):.2f} (fastest rounds); peak RSS "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(
+        f"ratio {fed / base:.2f} (medians), {min(rounds) / min(floors):.2f} (fastest rounds); peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -29,14 +29,36 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "personalized_partitions"
-METHODS = ("local", "fedavg", "fedavg_ft", "fedbn", "fedper", "lg_fedavg", "fedrep", "fedbabu", "apfl", "fedala",
-           "ditto", "pfedme", "perfedavg", "fedrod", "fedfomo", "feddbe", "fml", "ida", "apple", "pgfed", "pgfedmo",
-           "fedmetamed", "metafed")
+METHODS = (
+    "local",
+    "fedavg",
+    "fedavg_ft",
+    "fedbn",
+    "fedper",
+    "lg_fedavg",
+    "fedrep",
+    "fedbabu",
+    "apfl",
+    "fedala",
+    "ditto",
+    "pfedme",
+    "perfedavg",
+    "fedrod",
+    "fedfomo",
+    "feddbe",
+    "fml",
+    "ida",
+    "apple",
+    "pgfed",
+    "pgfedmo",
+    "fedmetamed",
+    "metafed",
+)
 #: The methods of ``--setting frozen`` (recipes ``frozen_<method>.yaml``).
 FROZEN_METHODS = ("local", "fedavg", "fedavg_ft", "apple", "pgfed", "epfl", "fedmetamed")
 SKIPPED = {
     "EPFL": "mixes LoRA adapters, and SmallCNN has no LoRA option; it runs with --setting frozen (a frozen "
-            "pretrained ViT with LoRA, where every method runs on that model)",
+    "pretrained ViT with LoRA, where every method runs on that model)",
 }
 FROZEN_SKIPPED = {
     "FedBN": "the frozen ViT's normalization layers (LayerNorm) do not train, so FedBN would be FedAvg",
@@ -47,26 +69,48 @@ FROZEN_SKIPPED = {
 def recipe_args(method: str, setting: str | None, checkpoint: Path | None = None) -> list[str]:
     """The ``--config`` arguments of one method in one setting (and the pretrained checkpoint, if any)."""
     if setting == "frozen":
-        return ["--config", str(RECIPES / "frozen_base.yaml"), "--config", str(RECIPES / f"frozen_{method}.yaml"),
-                *([f"--model.init_args.backbone.init_args.checkpoint_path={checkpoint}"] if checkpoint else [])]
-    return ["--config", str(RECIPES / "synthetic_base.yaml"), "--config", str(RECIPES / f"synthetic_{method}.yaml"),
-            *(["--config", str(RECIPES / f"synthetic_{setting}.yaml")] if setting else [])]
+        return [
+            "--config",
+            str(RECIPES / "frozen_base.yaml"),
+            "--config",
+            str(RECIPES / f"frozen_{method}.yaml"),
+            *([f"--model.init_args.backbone.init_args.checkpoint_path={checkpoint}"] if checkpoint else []),
+        ]
+    return [
+        "--config",
+        str(RECIPES / "synthetic_base.yaml"),
+        "--config",
+        str(RECIPES / f"synthetic_{method}.yaml"),
+        *(["--config", str(RECIPES / f"synthetic_{setting}.yaml")] if setting else []),
+    ]
 
 
-def run_method(method: str, out: Path, seeds: list[str], setting: str | None = None,
-               checkpoint: Path | None = None) -> float:
+def run_method(
+    method: str, out: Path, seeds: list[str], setting: str | None = None, checkpoint: Path | None = None
+) -> float:
     """``fedlit fit`` of one method over the seeds (skipped when every seed finished); returns its seconds."""
     if len(list((out / method).rglob("results.json"))) >= len(seeds):
         print(f"{method}: done already, not run again", flush=True)
         return 0.0
     start = time.perf_counter()
-    command = [sys.executable, "-m", "fedlit", "fit", *recipe_args(method, setting, checkpoint),
-               "--out_dir", str(out / method), "--seeds", *seeds]
+    command = [
+        sys.executable,
+        "-m",
+        "fedlit",
+        "fit",
+        *recipe_args(method, setting, checkpoint),
+        "--out_dir",
+        str(out / method),
+        "--seeds",
+        *seeds,
+    ]
     with (out / f"{method}.log").open("w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
     seconds = time.perf_counter() - start
-    print(f"{method}: {'ok' if code == 0 else f'FAILED (exit {code}, see {out / method}.log)'} in {seconds:.0f} s",
-          flush=True)
+    print(
+        f"{method}: {'ok' if code == 0 else f'FAILED (exit {code}, see {out / method}.log)'} in {seconds:.0f} s",
+        flush=True,
+    )
     return seconds
 
 
@@ -74,11 +118,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench_out/personalized_synthetic", help="Folder of the runs and report.")
     parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"])
-    parser.add_argument("--methods", nargs="+", choices=sorted({*METHODS, *FROZEN_METHODS}),
-                        help=f"Default: {' '.join(METHODS)}; with --setting frozen: {' '.join(FROZEN_METHODS)}.")
-    parser.add_argument("--setting", choices=["scarce", "frozen"], help="scarce: a data overlay given last "
-                        "(synthetic_scarce.yaml: 40 train images per site instead of 160); frozen: the frozen_*.yaml "
-                        "recipes (a frozen pretrained ViT, LoRA and the head train), after pretraining the ViT.")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=sorted({*METHODS, *FROZEN_METHODS}),
+        help=f"Default: {' '.join(METHODS)}; with --setting frozen: {' '.join(FROZEN_METHODS)}.",
+    )
+    parser.add_argument(
+        "--setting",
+        choices=["scarce", "frozen"],
+        help="scarce: a data overlay given last "
+        "(synthetic_scarce.yaml: 40 train images per site instead of 160); frozen: the frozen_*.yaml "
+        "recipes (a frozen pretrained ViT, LoRA and the head train), after pretraining the ViT.",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="Methods run at a time (default 1).")
     args = parser.parse_args()
     frozen = args.setting == "frozen"
@@ -94,15 +146,31 @@ def main() -> None:
     start = time.perf_counter()
     checkpoint = out / "pretrained_vit.pt" if frozen else None
     if checkpoint is not None and not checkpoint.is_file():
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "synthetic_pretrain.py"), "--out", str(checkpoint)],
-                       cwd=ROOT, check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "synthetic_pretrain.py"), "--out", str(checkpoint)],
+            cwd=ROOT,
+            check=True,
+        )
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda m: run_method(m, out, args.seeds, args.setting, checkpoint), args.methods))
     print(f"all methods: {time.perf_counter() - start:.0f} s wall-clock", flush=True)
-    subprocess.run([sys.executable, "-m", "fedlit", "report", *(str(out / m) for m in args.methods
-                                                                 if (out / m).is_dir()),
-                    "--out", str(out / "report"), "--metric", "balanced_accuracy", "--vector", "none"],
-                   cwd=ROOT, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedlit",
+            "report",
+            *(str(out / m) for m in args.methods if (out / m).is_dir()),
+            "--out",
+            str(out / "report"),
+            "--metric",
+            "balanced_accuracy",
+            "--vector",
+            "none",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
 
 
 if __name__ == "__main__":

@@ -36,14 +36,32 @@ from fedlit.tasks import ClassificationModule
 def run(args: argparse.Namespace, reuse: bool, out: Path) -> tuple[dict, list[float], list[float]]:
     """The run's history, its evaluation seconds per round and its reused clients per round."""
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=SmallCNN(width=8), num_classes=3, lr=0.05,
-                                  roles=[RoleRule("backbone.*", "shared")])
-    data = SyntheticImages(num_clients=args.clients, samples_per_client=args.samples, image_size=16, seed=0,
-                           batch_size=args.batch_size, split_fractions=(0.6, 0.2, 0.2))
-    federation = Federation(module, data, Local(), rounds=args.rounds, local_steps=1,
-                            clients_per_round=args.fraction, eval_every=1, checkpoint_every=args.rounds + 1,
-                            accelerator="cpu", threads=args.threads, progress_bar=False, out_dir=out,
-                            reuse_evaluations=reuse)
+    module = ClassificationModule(
+        backbone=SmallCNN(width=8), num_classes=3, lr=0.05, roles=[RoleRule("backbone.*", "shared")]
+    )
+    data = SyntheticImages(
+        num_clients=args.clients,
+        samples_per_client=args.samples,
+        image_size=16,
+        seed=0,
+        batch_size=args.batch_size,
+        split_fractions=(0.6, 0.2, 0.2),
+    )
+    federation = Federation(
+        module,
+        data,
+        Local(),
+        rounds=args.rounds,
+        local_steps=1,
+        clients_per_round=args.fraction,
+        eval_every=1,
+        checkpoint_every=args.rounds + 1,
+        accelerator="cpu",
+        threads=args.threads,
+        progress_bar=False,
+        out_dir=out,
+        reuse_evaluations=reuse,
+    )
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         federation.fit()
@@ -89,11 +107,15 @@ def main() -> None:
                 histories[reuse] = history
                 reused = counts if reuse else reused
     off, on = min(per_round[False]), min(per_round[True])
-    print(f"N={args.clients}, {args.fraction:g} of the clients a round, Local, every client evaluated every round, "
-          f"{args.rounds} rounds (fastest of {args.repeats} runs each)")
+    print(
+        f"N={args.clients}, {args.fraction:g} of the clients a round, Local, every client evaluated every round, "
+        f"{args.rounds} rounds (fastest of {args.repeats} runs each)"
+    )
     print(f"reuse_evaluations off: {off:.3f} s of evaluation a round")
-    print(f"reuse_evaluations on:  {on:.3f} s of evaluation a round ({off / on:.1f}x less); clients reused per "
-          f"round: {', '.join(f'{c:.0f}' for c in reused)}")
+    print(
+        f"reuse_evaluations on:  {on:.3f} s of evaluation a round ({off / on:.1f}x less); clients reused per "
+        f"round: {', '.join(f'{c:.0f}' for c in reused)}"
+    )
     print(f"same metrics for every client and round: {same(histories[True], histories[False])}")
 
 

@@ -50,11 +50,14 @@ def timed(command: list[str], repeats: int, cwd: Path) -> list[float]:
 def slowest_imports(top: int, cwd: Path) -> list[tuple[float, str]]:
     """The ``top`` packages with the largest cumulative import time (seconds, name) while building the quickstart's
     objects; a package imported inside another one is listed under its own name too."""
-    code = (f"import fedlit.cli; fedlit.cli.prepare(['fit', '--config', {str(QUICKSTART)!r}, "
-            f"'--out_dir', {str(cwd / 'importtime')!r}])")
+    code = (
+        f"import fedlit.cli; fedlit.cli.prepare(['fit', '--config', {str(QUICKSTART)!r}, "
+        f"'--out_dir', {str(cwd / 'importtime')!r}])"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=cwd, env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], cwd=cwd, env=env, capture_output=True, text=True
+    )
     rows = []
     for line in done.stderr.splitlines():
         parts = line.split("|")
@@ -87,16 +90,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if not args.no_run:
-            run = [*fedlit, "fit", "--config", str(QUICKSTART), "--federation.rounds", "1",
-                   "--federation.progress_bar", "false", "--out_dir", str(work / "quickstart")]
+            run = [
+                *fedlit,
+                "fit",
+                "--config",
+                str(QUICKSTART),
+                "--federation.rounds",
+                "1",
+                "--federation.progress_bar",
+                "false",
+                "--out_dir",
+                str(work / "quickstart"),
+            ]
             clean = f" >/dev/null && rm -rf {work / 'quickstart'}"
             rows.append(("quickstart, 1 round", ["sh", "-c", " ".join(run) + clean]))
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
         print(f"{'command':<26} {'median s':>9} {'min s':>7} {'max s':>7}")
         for label, command in rows:
             seconds = timed(command, args.repeats, work)
-            print(f"{label:<26} {statistics.median(seconds):9.2f} {min(seconds):7.2f} {max(seconds):7.2f}",
-                  flush=True)
+            print(f"{label:<26} {statistics.median(seconds):9.2f} {min(seconds):7.2f} {max(seconds):7.2f}", flush=True)
         print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if args.top:
             print("\nslowest packages imported while building the quickstart (cumulative seconds, one run):")

@@ -25,8 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "recipes" / "personalized_partitions" / "frozen_base.yaml"
 
 
-def pretrain(out: Path, *, steps: int = 1000, seed: int = 1000, sites: int = 8, per_site: int = 500,
-             batch_size: int = 64, lr: float = 1e-3) -> dict[str, float]:
+def pretrain(
+    out: Path,
+    *,
+    steps: int = 1000,
+    seed: int = 1000,
+    sites: int = 8,
+    per_site: int = 500,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+) -> dict[str, float]:
     """Train the backbone and a head for ``steps`` AdamW steps, save the backbone to ``out``; returns the
     training seconds and the accuracy on held-out images of the same public distribution."""
     spec = yaml.safe_load(BASE.read_text())["model"]["init_args"]
@@ -36,8 +44,9 @@ def pretrain(out: Path, *, steps: int = 1000, seed: int = 1000, sites: int = 8, 
         warnings.simplefilter("ignore", UserWarning)
         backbone = TimmBackbone(name=backbone_args["name"], model_args=backbone_args["model_args"]).build()
     model = nn.Sequential(backbone, nn.Linear(backbone.num_features, spec["num_classes"]))
-    data = SyntheticImages(num_clients=sites, samples_per_client=per_site, num_classes=spec["num_classes"],
-                           image_size=16, seed=seed).build()
+    data = SyntheticImages(
+        num_clients=sites, samples_per_client=per_site, num_classes=spec["num_classes"], image_size=16, seed=seed
+    ).build()
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(data.targets), generator=generator)
     held_out, train = order[:500], order[500:]
@@ -67,8 +76,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = pretrain(Path(args.out), steps=args.steps, seed=args.seed)
-    print(f"pretrained {args.out}: {args.steps} steps in {result['seconds']:.0f} s, held-out accuracy "
-          f"{result['held_out_accuracy']:.3f}", flush=True)
+    print(
+        f"pretrained {args.out}: {args.steps} steps in {result['seconds']:.0f} s, held-out accuracy "
+        f"{result['held_out_accuracy']:.3f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -22,18 +22,38 @@ from fedlit.module import FederatedModule
 
 #: The hooks the federated loop calls on the strategy and the callbacks (``hooks.call("...")`` in
 #: :mod:`fedlit.engine` and :mod:`fedlit.flower`; see docs/concepts.md, "The loop"). The one list of them.
-LOOP_HOOKS = frozenset({
-    "on_fit_start", "on_round_start", "on_client_fit_start", "on_train_epoch_start", "on_train_batch_start",
-    "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
-    "on_train_batch_end", "on_train_epoch_end", "on_client_fit_end", "on_before_aggregate", "on_after_aggregate",
-    "on_round_end",
-    "on_fit_end", "on_client_evaluate_start",
-})
+LOOP_HOOKS = frozenset(
+    {
+        "on_fit_start",
+        "on_round_start",
+        "on_client_fit_start",
+        "on_train_epoch_start",
+        "on_train_batch_start",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_train_batch_end",
+        "on_train_epoch_end",
+        "on_client_fit_end",
+        "on_before_aggregate",
+        "on_after_aggregate",
+        "on_round_end",
+        "on_fit_end",
+        "on_client_evaluate_start",
+    }
+)
 
 #: The Strategy API's methods named like hooks, which the loop calls on the strategy directly.
-STRATEGY_HOOKS = frozenset({
-    "configure_roles", "configure_client", "configure_client_extras", "configure_evaluate", "configure_eval_finetune",
-})
+STRATEGY_HOOKS = frozenset(
+    {
+        "configure_roles",
+        "configure_client",
+        "configure_client_extras",
+        "configure_evaluate",
+        "configure_eval_finetune",
+    }
+)
 
 #: The LightningModule methods named like hooks that fedlit's loop calls on the module (it calls no ``on_*`` one:
 #: hooks go to the strategy and the callbacks).
@@ -45,11 +65,11 @@ HOOK_PREFIXES = ("on_", "configure_")
 # What to use instead of Lightning's Trainer-only callbacks (matched by class name along the MRO).
 _INSTEAD = {
     "EarlyStopping": "fedlit.callbacks.EarlyStopping (patience counted in evaluated rounds on the mean "
-                     "validation metric)",
+    "validation metric)",
     "ModelCheckpoint": "the loop's own checkpoints (checkpoints/last.ckpt every federation.checkpoint_every "
-                       "rounds; the best round is reported from the evaluation history)",
+    "rounds; the best round is reported from the evaluation history)",
     "LearningRateMonitor": "nothing: a round-interval schedule's rate is logged as server/train/lr (see "
-                           "model.init_args.lr_scheduler)",
+    "model.init_args.lr_scheduler)",
 }
 
 # The loop's equivalent of Lightning hooks it does not call, where there is an obvious one: (hook, why).
@@ -71,8 +91,17 @@ _HOOK_INSTEAD = {
 }
 
 # Words of misspelt hooks that mean another word of the loop's hooks.
-_SYNONYMS = {"begin": "start", "starts": "start", "started": "start", "finish": "end", "ends": "end",
-             "ended": "end", "stop": "end", "pre": "before", "post": "after"}
+_SYNONYMS = {
+    "begin": "start",
+    "starts": "start",
+    "started": "start",
+    "finish": "end",
+    "ends": "end",
+    "ended": "end",
+    "stop": "end",
+    "pre": "before",
+    "post": "after",
+}
 
 # Classes whose methods are Lightning's own defaults, never the user's: not checked.
 _LIGHTNING_BASES = frozenset({*Callback.__mro__, *LightningModule.__mro__})
@@ -84,8 +113,11 @@ def _defined_hooks(obj: Any) -> list[str]:
     names: set[str] = set()
     for cls in type(obj).__mro__:
         if cls not in _LIGHTNING_BASES:
-            names |= {n for n, v in vars(cls).items() if n.startswith(HOOK_PREFIXES)
-                      and (callable(v) or isinstance(v, staticmethod | classmethod))}
+            names |= {
+                n
+                for n, v in vars(cls).items()
+                if n.startswith(HOOK_PREFIXES) and (callable(v) or isinstance(v, staticmethod | classmethod))
+            }
     return sorted(names)
 
 
@@ -131,9 +163,11 @@ def _hook_problems(label: str, obj: Any, allowed: frozenset[str], on_module: boo
     problems = []
     for hook in (h for h in _defined_hooks(obj) if h not in allowed):
         if _is_lightning_hook(hook):
-            problems.append(f"{label} defines {hook}, a Lightning hook that fedlit's loop does not call"
-                            f"{' on the module' if on_module else ''} (it would do nothing). Use "
-                            f"{_instead(hook, on_module)} instead")
+            problems.append(
+                f"{label} defines {hook}, a Lightning hook that fedlit's loop does not call"
+                f"{' on the module' if on_module else ''} (it would do nothing). Use "
+                f"{_instead(hook, on_module)} instead"
+            )
         else:
             problems.append(_misspelt(label, hook, allowed, on_module))
     return problems
@@ -164,14 +198,22 @@ def check_callbacks(callbacks: list[Any], *, strategy: Any = None, module: Any =
         hooks = trainer_only_hooks(callback)
         problems += [_misspelt(label, h, LOOP_HOOKS) for h in hooks if not _is_lightning_hook(h)]
         hooks = [h for h in hooks if _is_lightning_hook(h)]
-        known = next((_INSTEAD[c.__name__] for c in cls.__mro__
-                      if c.__name__ in _INSTEAD and c.__module__.startswith(("lightning", "pytorch_lightning"))),
-                     None)
+        known = next(
+            (
+                _INSTEAD[c.__name__]
+                for c in cls.__mro__
+                if c.__name__ in _INSTEAD and c.__module__.startswith(("lightning", "pytorch_lightning"))
+            ),
+            None,
+        )
         if not hooks and known is None:
             continue
         relies = f"relies on {', '.join(hooks)}" if hooks else "is written for Lightning's Trainer"
-        instead = known or ("a callback that implements the loop's hooks instead: " + ", ".join(sorted(LOOP_HOOKS))
-                            + "".join(f" (for {h}: {_instead(h)})" for h in hooks if h in _HOOK_INSTEAD))
+        instead = known or (
+            "a callback that implements the loop's hooks instead: "
+            + ", ".join(sorted(LOOP_HOOKS))
+            + "".join(f" (for {h}: {_instead(h)})" for h in hooks if h in _HOOK_INSTEAD)
+        )
         problems.append(f"{label} {relies}, which the federated loop never calls (it would do nothing). Use {instead}")
     if module is not None:
         problems += _hook_problems("model", module, MODULE_HOOKS, on_module=True)
@@ -219,26 +261,32 @@ class EarlyStopping(Callback):
         if known and metric not in known:
             raise ConfigError(f"EarlyStopping: metric={metric!r} is not one of {sorted(known)}.")
         if not any(trainer.num_examples(c, "val") for c in trainer.client_ids):
-            raise ConfigError("EarlyStopping watches the mean validation metric, but no client has a validation "
-                              "split. Give the clients one (data.init_args) or remove the callback.")
+            raise ConfigError(
+                "EarlyStopping watches the mean validation metric, but no client has a validation "
+                "split. Give the clients one (data.init_args) or remove the callback."
+            )
         if self.wait >= self.patience:  # restored from a run that had stopped
             self._stop(trainer, metric)
 
-    def on_round_end(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int, metrics: dict[str,
-                     float]) -> None:
+    def on_round_end(
+        self, trainer: ServerContext, pl_module: FederatedModule, server_round: int, metrics: dict[str, float]
+    ) -> None:
         """Count this round if it was evaluated; stop the run after ``patience`` rounds without improvement."""
         if not metrics:
             return
         metric = self._metric(trainer)
         key = f"server/val/{metric}_mean"
         if key not in metrics:
-            raise ConfigError(f"EarlyStopping: round {server_round} has no {key} to watch (the data has no "
-                              "validation split, or no client has a value). Give the clients a validation split "
-                              "or remove the callback.")
+            raise ConfigError(
+                f"EarlyStopping: round {server_round} has no {key} to watch (the data has no "
+                "validation split, or no client has a value). Give the clients a validation split "
+                "or remove the callback."
+            )
         value = float(metrics[key])
         higher = pl_module.higher_is_better.get(metric, True)
         improved = math.isfinite(value) and (
-            self.best is None or (value - self.best if higher else self.best - value) > self.min_delta)
+            self.best is None or (value - self.best if higher else self.best - value) > self.min_delta
+        )
         if improved:
             self.best, self.best_round, self.wait = value, server_round, 0
         else:
@@ -251,8 +299,10 @@ class EarlyStopping(Callback):
 
     def _stop(self, trainer: ServerContext, metric: str) -> None:
         best = "none finite" if self.best is None else f"best {self.best:.6g} at round {self.best_round}"
-        trainer.request_stop(f"EarlyStopping: mean validation {metric} did not improve by more than "
-                             f"{self.min_delta:g} for {self.wait} evaluated rounds ({best})")
+        trainer.request_stop(
+            f"EarlyStopping: mean validation {metric} did not improve by more than "
+            f"{self.min_delta:g} for {self.wait} evaluated rounds ({best})"
+        )
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -34,24 +34,51 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fit": ("Run a federated experiment (resume with --ckpt_path last).", "fedlit.commands.fit", "prepare"),
     "validate": ("Evaluate a checkpoint on every client's validation split.", "fedlit.commands.fit", "prepare"),
     "test": ("Evaluate a checkpoint on every client's test split.", "fedlit.commands.fit", "prepare"),
-    "export": ("Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
-               "fedlit.commands.export", "command"),
-    "cost": ("Print the parameters per role and the bytes a run would communicate, before training (no data read).",
-             "fedlit.commands.cost", "command"),
-    "partition": ("Build a recipe's data only: print each client's samples per split and class, plot them.",
-                  "fedlit.commands.partition_summary", "command"),
-    "grid": ("Run every method of a grid file on every data set over its seeds (a benchmark table's runs).",
-             "fedlit.commands.grid", "main"),
-    "report": ("Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
-               "fedlit.commands.report", "main"),
-    "flower-app": ("Write a Flower app folder that deploys a recipe on a SuperLink and SuperNodes (`flwr run`).",
-                   "fedlit.flower.app", "main"),
-    "certs": ("Make a Flower deployment's TLS certificates (CA, SuperLink) and SuperNode key pairs.",
-              "fedlit.flower.certs", "main"),
-    "node-state": ("List (and with --delete remove) the runs a SuperNode keeps in its state-dir.",
-                   "fedlit.flower.node_state", "main"),
-    "recipes": ("List the recipes that ship with fedlit, or copy some into a folder (default recipes/).",
-                "fedlit.commands.recipes", "main"),
+    "export": (
+        "Write each client's personalized tensors of a run (safetensors, and a peft adapter with LoRA).",
+        "fedlit.commands.export",
+        "command",
+    ),
+    "cost": (
+        "Print the parameters per role and the bytes a run would communicate, before training (no data read).",
+        "fedlit.commands.cost",
+        "command",
+    ),
+    "partition": (
+        "Build a recipe's data only: print each client's samples per split and class, plot them.",
+        "fedlit.commands.partition_summary",
+        "command",
+    ),
+    "grid": (
+        "Run every method of a grid file on every data set over its seeds (a benchmark table's runs).",
+        "fedlit.commands.grid",
+        "main",
+    ),
+    "report": (
+        "Compare finished runs (seeds grouped by method): tables, curves and costs in report.md and .html.",
+        "fedlit.commands.report",
+        "main",
+    ),
+    "flower-app": (
+        "Write a Flower app folder that deploys a recipe on a SuperLink and SuperNodes (`flwr run`).",
+        "fedlit.flower.app",
+        "main",
+    ),
+    "certs": (
+        "Make a Flower deployment's TLS certificates (CA, SuperLink) and SuperNode key pairs.",
+        "fedlit.flower.certs",
+        "main",
+    ),
+    "node-state": (
+        "List (and with --delete remove) the runs a SuperNode keeps in its state-dir.",
+        "fedlit.flower.node_state",
+        "main",
+    ),
+    "recipes": (
+        "List the recipes that ship with fedlit, or copy some into a folder (default recipes/).",
+        "fedlit.commands.recipes",
+        "main",
+    ),
 }
 #: Commands that parse their own arguments (those after the subcommand) when run.
 _OWN_PARSER = ("grid", "report", "flower-app", "certs", "node-state", "recipes")
@@ -63,10 +90,12 @@ def _summary(argv: list[str]) -> NoReturn:
 
     from fedlit.core.version import __version__
 
-    parser = ArgumentParser(prog="fedlit", description="Personalized federated fine-tuning of medical models.",
-                            exit_on_error=False)
-    parser.add_argument("--version", action="version", version=f"fedlit {__version__}",
-                        help="Print the version and exit.")
+    parser = ArgumentParser(
+        prog="fedlit", description="Personalized federated fine-tuning of medical models.", exit_on_error=False
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"fedlit {__version__}", help="Print the version and exit."
+    )
     subcommands = parser.add_subcommands(dest="subcommand")
     for name, (help_text, _, _) in COMMANDS.items():
         subcommands.add_subcommand(name, ArgumentParser(description=help_text, exit_on_error=False), help=help_text)

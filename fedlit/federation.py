@@ -52,22 +52,38 @@ class Federation(Run):
             :class:`~fedlit.engine.loop.settings.Settings`; an unknown name is refused with the closest one.
     """
 
-    def __init__(self, module: FederatedModule, datamodule: DataSource, strategy: Strategy, *,
-                 settings: Settings | None = None, callbacks: list[Callback] | None = None,
-                 out_dir: str | Path = "runs/fedlit", config: dict[str, Any] | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        module: FederatedModule,
+        datamodule: DataSource,
+        strategy: Strategy,
+        *,
+        settings: Settings | None = None,
+        callbacks: list[Callback] | None = None,
+        out_dir: str | Path = "runs/fedlit",
+        config: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
         metrics = (module.higher_is_better, module.default_selection_metric, type(module).__name__)
         if settings is None:
             settings = Settings.from_options(options, *metrics)
         elif options:
             settings = Settings.from_options(vars(settings) | options, *metrics)
-        super().__init__(module, datamodule, strategy, settings, callbacks=callbacks, out_dir=out_dir, config=config,
-                         speedups=speedups.BUILT_IN)
+        super().__init__(
+            module,
+            datamodule,
+            strategy,
+            settings,
+            callbacks=callbacks,
+            out_dir=out_dir,
+            config=config,
+            speedups=speedups.BUILT_IN,
+        )
 
     def setup(self, ckpt_path: str | Path | None = None) -> None:
         """Prepare data, roles, the live module, the store and the strategy; resume from ``ckpt_path``
         (:func:`fedlit.engine.loop.lifecycle.setup`)."""
-        lifecycle.setup(self,
-        ckpt_path)
+        lifecycle.setup(self, ckpt_path)
 
     def launch(self) -> None:
         """Start the run's processes when it spans several devices or nodes
@@ -92,13 +108,22 @@ class Federation(Run):
 
     def fit_client(self, server_round: int, client_id: str) -> ClientTurn:
         """Train one client for one round with what the strategy sends it."""
-        return train_client(self.client_context(client_id), server_round,
-                            self.strategy.configure_client(server_round, client_id),
-                            self.strategy.configure_client_extras(server_round, client_id))
+        return train_client(
+            self.client_context(client_id),
+            server_round,
+            self.strategy.configure_client(server_round, client_id),
+            self.strategy.configure_client_extras(server_round, client_id),
+        )
 
     def evaluate_client(self, server_round: int, client_id: str, split: str) -> dict[str, float]:
         """Metrics of ``client_id`` on ``split`` with its personal tensors and what the strategy gives it."""
         received = self.strategy.configure_evaluate(server_round, client_id)
-        metrics, _ = evaluate_client(self.client_context(client_id), server_round, (split,), received,
-                                     personalized=True, finetune_steps=self.strategy.eval_finetune_steps)
+        metrics, _ = evaluate_client(
+            self.client_context(client_id),
+            server_round,
+            (split,),
+            received,
+            personalized=True,
+            finetune_steps=self.strategy.eval_finetune_steps,
+        )
         return metrics.get(split, {})

@@ -242,8 +242,9 @@ class FederatedModule(LightningModule):
                 optimizer = torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
             else:
                 optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        scheduler = _build("model.init_args.lr_scheduler", self.lr_scheduler_factory, optimizer,
-                           torch.optim.lr_scheduler.LRScheduler)
+        scheduler = _build(
+            "model.init_args.lr_scheduler", self.lr_scheduler_factory, optimizer, torch.optim.lr_scheduler.LRScheduler
+        )
         if scheduler is None:
             return optimizer
         interval = self.lr_scheduler_interval
@@ -273,26 +274,38 @@ class FederatedModule(LightningModule):
         return {}
 
 
-def _check_optimization(optimizer: Any, lr: float, momentum: float, weight_decay: float, lr_scheduler: Any,
-                        interval: str) -> list[str]:
+def _check_optimization(
+    optimizer: Any, lr: float, momentum: float, weight_decay: float, lr_scheduler: Any, interval: str
+) -> list[str]:
     """The problems of the optimizer settings, as the recipe spells them."""
     problems = []
     if isinstance(optimizer, str):
         if optimizer not in ("sgd", "adam", "adamw"):
-            problems.append(f"model.init_args.optimizer={optimizer!r} is not one of ['sgd', 'adam', 'adamw'] (or "
-                            "give a torch.optim class as class_path + init_args)")
+            problems.append(
+                f"model.init_args.optimizer={optimizer!r} is not one of ['sgd', 'adam', 'adamw'] (or "
+                "give a torch.optim class as class_path + init_args)"
+            )
     elif not callable(optimizer):
-        problems.append(f"model.init_args.optimizer={optimizer!r} is neither a shorthand nor a callable that builds "
-                        "an optimizer from the parameters")
+        problems.append(
+            f"model.init_args.optimizer={optimizer!r} is neither a shorthand nor a callable that builds "
+            "an optimizer from the parameters"
+        )
     else:
-        given = [f"{k}={v}" for k, v, default in (("lr", lr, 0.01), ("momentum", momentum, 0.0),
-                                                   ("weight_decay", weight_decay, 0.0)) if v != default]
+        given = [
+            f"{k}={v}"
+            for k, v, default in (("lr", lr, 0.01), ("momentum", momentum, 0.0), ("weight_decay", weight_decay, 0.0))
+            if v != default
+        ]
         if given:
-            problems.append(f"model.init_args.{', '.join(given)} only apply to the shorthands sgd/adam/adamw: with "
-                            "a class_path optimizer, give them in model.init_args.optimizer.init_args")
+            problems.append(
+                f"model.init_args.{', '.join(given)} only apply to the shorthands sgd/adam/adamw: with "
+                "a class_path optimizer, give them in model.init_args.optimizer.init_args"
+            )
     if lr_scheduler is not None and not callable(lr_scheduler):
-        problems.append(f"model.init_args.lr_scheduler={lr_scheduler!r} is not a callable that builds a scheduler "
-                        "from the optimizer")
+        problems.append(
+            f"model.init_args.lr_scheduler={lr_scheduler!r} is not a callable that builds a scheduler "
+            "from the optimizer"
+        )
     if interval not in ("round", "step"):
         problems.append(f"model.init_args.lr_scheduler_interval={interval!r} is not one of ['round', 'step']")
     return problems
@@ -308,6 +321,8 @@ def _build(key: str, factory: Any, arg: Any, kind: type) -> Any:
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{key}: building it failed: {type(err).__name__}: {err}. Fix its init_args.") from err
     if not isinstance(built, kind):
-        raise ConfigError(f"{key} built a {type(built).__name__} ({name}), not a {kind.__module__}.{kind.__name__}: "
-                          "give such a class as class_path.")
+        raise ConfigError(
+            f"{key} built a {type(built).__name__} ({name}), not a {kind.__module__}.{kind.__name__}: "
+            "give such a class as class_path."
+        )
     return built

@@ -10,8 +10,14 @@ import json
 import sys
 from pathlib import Path
 
-STRATEGIES = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedadam": "FedAdam", "fedyogi": "FedYogi",
-              "fedadagrad": "FedAdagrad", "scaffold": "SCAFFOLD"}
+STRATEGIES = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+    "scaffold": "SCAFFOLD",
+}
 HOSPITALS = ["cleveland", "hungarian", "switzerland", "va"]
 
 
@@ -24,8 +30,10 @@ def main(root: Path) -> None:
         last, comm, summary = results["last"], results["comm"], results["last"]["summary"]
         clients = last["clients"]
         cells = " | ".join(f"{clients[h]['accuracy']:.3f} / {clients[h]['auroc']:.3f}" for h in HOSPITALS)
-        print(f"| {name} | {cells} | {summary['accuracy_mean']:.3f} | {summary['accuracy_worst']:.3f} | "
-              f"{summary['auroc_mean']:.3f} | {comm['upload_bytes'] + comm['download_bytes']:,} |")
+        print(
+            f"| {name} | {cells} | {summary['accuracy_mean']:.3f} | {summary['accuracy_worst']:.3f} | "
+            f"{summary['auroc_mean']:.3f} | {comm['upload_bytes'] + comm['download_bytes']:,} |"
+        )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,15 @@ class TinyMLP(Backbone):
 class TinyTabular(FederatedDataModule):
     """3 clients whose features are shifted and whose labels depend on them (classes 0..2)."""
 
-    def __init__(self, *, num_clients: int = 3, samples: int = 30, batch_size: int = 8, seed: int = 0,
-                 names: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        num_clients: int = 3,
+        samples: int = 30,
+        batch_size: int = 8,
+        seed: int = 0,
+        names: list[str] | None = None,
+    ) -> None:
         super().__init__(batch_size=batch_size, seed=seed)
         self.names = list(names) if names else [f"c{k}" for k in range(num_clients)]  # the client ids
         self.num_clients, self.samples = len(self.names), samples
@@ -59,13 +66,21 @@ class TinyTabular(FederatedDataModule):
             targets.append(y)
             idx = np.arange(start, start + self.samples)
             n_train, n_val = int(0.5 * self.samples), int(0.25 * self.samples)
-            splits[self.names[k]] = {"train": idx[:n_train], "val": idx[n_train:n_train + n_val],
-                               "test": idx[n_train + n_val:]}
+            splits[self.names[k]] = {
+                "train": idx[:n_train],
+                "val": idx[n_train : n_train + n_val],
+                "test": idx[n_train + n_val :],
+            }
             start += self.samples
-        return PartitionedData(name="tiny", task="multiclass", num_classes=3,
-                               inputs=torch.from_numpy(np.concatenate(inputs)),
-                               targets=torch.from_numpy(np.concatenate(targets)), splits=splits,
-                               partitioner="natural")
+        return PartitionedData(
+            name="tiny",
+            task="multiclass",
+            num_classes=3,
+            inputs=torch.from_numpy(np.concatenate(inputs)),
+            targets=torch.from_numpy(np.concatenate(targets)),
+            splits=splits,
+            partitioner="natural",
+        )
 
 
 def make_federation(out_dir, strategy, rounds=2, roles=None, seed=0, num_clients=3, names=None, **kwargs):
@@ -76,12 +91,23 @@ def make_federation(out_dir, strategy, rounds=2, roles=None, seed=0, num_clients
 
     torch.manual_seed(seed)
     module = ClassificationModule(
-        backbone=TinyMLP(), num_classes=3, lr=0.1, momentum=0.9,
+        backbone=TinyMLP(),
+        num_classes=3,
+        lr=0.1,
+        momentum=0.9,
         roles=roles if roles is not None else [RoleRule("backbone.*", "shared")],
     )
     kwargs.setdefault("accelerator", "cpu")  # the pinned values are CPU values, also on a machine with a GPU
-    return Federation(module, TinyTabular(num_clients=num_clients, names=names), strategy, rounds=rounds,
-                      out_dir=out_dir, progress_bar=False, seed=seed, **kwargs)
+    return Federation(
+        module,
+        TinyTabular(num_clients=num_clients, names=names),
+        strategy,
+        rounds=rounds,
+        out_dir=out_dir,
+        progress_bar=False,
+        seed=seed,
+        **kwargs,
+    )
 
 
 def assert_resume_is_exact(tmp_path, strategy_factory, **kwargs):
@@ -104,7 +130,8 @@ def assert_resume_is_exact(tmp_path, strategy_factory, **kwargs):
         assert straight.state.comm == second.state.comm
     else:  # the 2-round leg evaluated its last round (round 2), which the straight run skipped
         assert {k: v for k, v in straight.state.comm.items() if not k.startswith("eval")} == {
-            k: v for k, v in second.state.comm.items() if not k.startswith("eval")}
+            k: v for k, v in second.state.comm.items() if not k.startswith("eval")
+        }
     return straight, second
 
 

@@ -36,13 +36,19 @@ class LoopHooksOnly(Callback):
         pass
 
 
-@pytest.mark.parametrize("callback, hooks, instead", [
-    (LightningEarlyStopping(monitor="val_loss"), "on_validation_end", "fedlit.callbacks.EarlyStopping"),
-    (ModelCheckpoint(), "on_validation_end", "checkpoint_every"),
-    (LearningRateMonitor(), "on_train_start", "model.init_args.lr"),
-    (OnValidationEnd(), "relies on on_validation_end,",
-     "implements the loop's hooks instead: on_after_aggregate, on_after_backward"),
-])
+@pytest.mark.parametrize(
+    "callback, hooks, instead",
+    [
+        (LightningEarlyStopping(monitor="val_loss"), "on_validation_end", "fedlit.callbacks.EarlyStopping"),
+        (ModelCheckpoint(), "on_validation_end", "checkpoint_every"),
+        (LearningRateMonitor(), "on_train_start", "model.init_args.lr"),
+        (
+            OnValidationEnd(),
+            "relies on on_validation_end,",
+            "implements the loop's hooks instead: on_after_aggregate, on_after_backward",
+        ),
+    ],
+)
 def test_trainer_only_callbacks_are_refused_naming_hooks_and_the_replacement(tmp_path, callback, hooks, instead):
     with pytest.raises(ConfigError) as err:
         _federation(tmp_path, callbacks=[LoopHooksOnly(), callback])
@@ -121,10 +127,12 @@ class LinearOnly(Backbone):
 
 def _federation(out_dir, rounds=2, **kwargs) -> Federation:
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=LinearOnly(), num_classes=3, lr=1e-12,
-                                  roles=[RoleRule("backbone.*", "shared")])
-    return Federation(module, TinyTabular(), Local(), rounds=rounds, out_dir=out_dir, progress_bar=False,
-                      checkpoint_every=4, **kwargs)
+    module = ClassificationModule(
+        backbone=LinearOnly(), num_classes=3, lr=1e-12, roles=[RoleRule("backbone.*", "shared")]
+    )
+    return Federation(
+        module, TinyTabular(), Local(), rounds=rounds, out_dir=out_dir, progress_bar=False, checkpoint_every=4, **kwargs
+    )
 
 
 def test_the_cli_builds_early_stopping_from_a_recipe_and_refuses_trainer_callbacks(tmp_path, capsys):

@@ -31,9 +31,17 @@ def test_two_rounds_fedavg_writes_results_checkpoint_and_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     tags = set(events.Tags()["scalars"])
     assert "data/class_counts/text_summary" in events.Tags()["tensors"]
-    assert {"client/c0/val/accuracy", "server/val/accuracy_mean", "server/val/auroc_worst",
-            "comm/upload_bytes", "comm/download_bytes_cumulative", "client/c2/train/loss",
-            "system/peak_memory_mb", "server/test/accuracy_mean", "client/c1/test/f1"} <= tags
+    assert {
+        "client/c0/val/accuracy",
+        "server/val/accuracy_mean",
+        "server/val/auroc_worst",
+        "comm/upload_bytes",
+        "comm/download_bytes_cumulative",
+        "client/c2/train/loss",
+        "system/peak_memory_mb",
+        "server/test/accuracy_mean",
+        "client/c1/test/f1",
+    } <= tags
     # nothing is shown per round on test: only the final value at the last round
     assert [e.step for e in events.Scalars("server/test/accuracy_mean")] == [2]
     # pinned loss curve of this 2-round run (seed 0): changes only if the loop's math changes. The tolerance is
@@ -43,18 +51,19 @@ def test_two_rounds_fedavg_writes_results_checkpoint_and_tensorboard(tmp_path):
 
 
 def test_client_ids_with_spaces_and_signs_train_and_are_logged_as_they_are(tmp_path):
-    names = ["site a 50%", "$x_1$ Zürich", "a|b, \"c\""]  # data, not markup: kept and escaped where drawn
+    names = ["site a 50%", "$x_1$ Zürich", 'a|b, "c"']  # data, not markup: kept and escaped where drawn
     federation = make(tmp_path, FedAvg(), rounds=1, names=names)
     results = federation.fit()
     assert list(results["last"]["clients"]) == names and all(
-        math.isfinite(v["accuracy"]) for v in results["last"]["clients"].values())
+        math.isfinite(v["accuracy"]) for v in results["last"]["clients"].values()
+    )
     tags = set(EventAccumulator(str(tmp_path / "tensorboard")).Reload().Tags()["scalars"])
     assert {f"client/{c}/{s}" for c in names for s in ("train/loss", "val/accuracy")} <= tags
     with open(tmp_path / "metrics.csv", newline="") as file:
         rows = list(csv.reader(file))
     assert {r[1] for r in rows[1:] if r[2] == "train" and r[3] == "loss"} == set(names)
     table = (tmp_path / "results.md").read_text()
-    assert "| site a 50% | " in table and "| a\\|b, \"c\" | " in table  # the | escaped: one cell
+    assert "| site a 50% | " in table and '| a\\|b, "c" | ' in table  # the | escaped: one cell
 
 
 def test_communication_is_counted_from_the_exchanged_tensors(tmp_path):
@@ -64,8 +73,11 @@ def test_communication_is_counted_from_the_exchanged_tensors(tmp_path):
     per_client = sum(t.numel() * t.element_size() for t in shared.values())
     # 3 clients x 2 rounds, up and down, every shared tensor (BN running stats included)
     # evaluation: each of the 3 clients downloads the shared tensors once per evaluated round (2 rounds)
-    assert federation.state.comm == {"upload_bytes": 6 * per_client, "download_bytes": 6 * per_client,
-                               "eval_download_bytes": 6 * per_client}
+    assert federation.state.comm == {
+        "upload_bytes": 6 * per_client,
+        "download_bytes": 6 * per_client,
+        "eval_download_bytes": 6 * per_client,
+    }
     assert "backbone.1.running_mean" in shared
 
 
@@ -79,8 +91,13 @@ def test_local_communicates_nothing_and_fedbn_keeps_norms_personal(tmp_path):
     bn = [fedbn.store.tensors(c)["backbone.1.running_mean"] for c in ("c0", "c1", "c2")]
     assert not torch.equal(bn[0], bn[1])  # each client keeps its own statistics
     # the store keeps what is personal (the BatchNorm layer) and no copy of a shared tensor
-    assert set(fedbn.store.tensors("c0")) == {"backbone.1.weight", "backbone.1.bias", "backbone.1.running_mean",
-                                              "backbone.1.running_var", "backbone.1.num_batches_tracked"}
+    assert set(fedbn.store.tensors("c0")) == {
+        "backbone.1.weight",
+        "backbone.1.bias",
+        "backbone.1.running_mean",
+        "backbone.1.running_var",
+        "backbone.1.num_batches_tracked",
+    }
 
 
 def test_frozen_backbone_is_untouched_and_not_stored(tmp_path):
@@ -129,11 +146,14 @@ def test_hooks_are_called_with_keyword_arguments_in_order(tmp_path):
     assert len(recorder.calls[-1][1]) == 2
 
 
-@pytest.mark.parametrize("strategy_factory, kwargs", [
-    (lambda: FedAvg(), {"optimizer_state": "persist"}),
-    (lambda: FedProx(mu=0.1), {"clients_per_round": 0.67}),
-    (lambda: FedBN(), {"eval_every": 3}),
-])
+@pytest.mark.parametrize(
+    "strategy_factory, kwargs",
+    [
+        (lambda: FedAvg(), {"optimizer_state": "persist"}),
+        (lambda: FedProx(mu=0.1), {"clients_per_round": 0.67}),
+        (lambda: FedBN(), {"eval_every": 3}),
+    ],
+)
 def test_resume_gives_identical_final_metrics_and_states(tmp_path, strategy_factory, kwargs):
     assert_resume_is_exact(tmp_path, strategy_factory, **kwargs)
 
@@ -176,8 +196,15 @@ def test_hooks_see_unscaled_gradients_under_16_bit_mixed_precision(tmp_path):
     norms = {}
     for precision in ("32-true", "16-mixed"):
         recorder = GradNorms()
-        make(tmp_path / precision, FedAvg(), rounds=1, local_steps=1, callbacks=[recorder], accelerator="cuda",
-             precision=precision).fit()
+        make(
+            tmp_path / precision,
+            FedAvg(),
+            rounds=1,
+            local_steps=1,
+            callbacks=[recorder],
+            accelerator="cuda",
+            precision=precision,
+        ).fit()
         norms[precision] = recorder.norms[0]
     assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=0.05)  # not multiplied by the 2**16 scale
 

@@ -39,16 +39,19 @@ def test_the_old_math_module_finds_each_function_in_its_new_home_with_a_warning(
         old.not_a_function  # noqa: B018
 
 
-@pytest.mark.parametrize(("old", "new"), [
-    ("fedlit.engine.rounds", "fedlit.engine.loop.rounds"),
-    ("fedlit.engine.record", "fedlit.engine.records.record"),
-    ("fedlit.engine.fused", "fedlit.engine.speedups.fused"),
-    ("fedlit.strategies.aggregate", "fedlit.strategies.common.aggregate"),
-    ("fedlit.strategies.apple_math", "fedlit.strategies.apple.equations"),
-    ("fedlit.models.sam_adapter", "fedlit.models.sam.adapter"),
-    ("fedlit.commands.report_runs", "fedlit.commands.report.runs"),
-    ("fedlit.data.datamodule", "fedlit.data.common.datamodule"),
-])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("fedlit.engine.rounds", "fedlit.engine.loop.rounds"),
+        ("fedlit.engine.record", "fedlit.engine.records.record"),
+        ("fedlit.engine.fused", "fedlit.engine.speedups.fused"),
+        ("fedlit.strategies.aggregate", "fedlit.strategies.common.aggregate"),
+        ("fedlit.strategies.apple_math", "fedlit.strategies.apple.equations"),
+        ("fedlit.models.sam_adapter", "fedlit.models.sam.adapter"),
+        ("fedlit.commands.report_runs", "fedlit.commands.report.runs"),
+        ("fedlit.data.datamodule", "fedlit.data.common.datamodule"),
+    ],
+)
 def test_a_moved_module_s_old_path_warns_and_gives_the_new_module(old, new):
     import importlib
     import sys

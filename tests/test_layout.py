@@ -25,32 +25,43 @@ from tests.children import run_child
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedlit"
 TESTS = ROOT / "tests"
-MAX_LINES = 400
+# 400 lines in the compact style the code had before `ruff format`; the formatter spreads the same code over about
+# 17 % more lines (32.8k -> 38.2k), so the same limit reads 470.
+MAX_LINES = 470
 
 #: Files allowed over MAX_LINES, path relative to the repository -> why. Remove an entry once its file is split.
 ALLOWED_LONG: dict[str, str] = {}
 
 
 def _line_counts() -> dict[str, int]:
-    return {path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
-            for path in sorted(PACKAGE.rglob("*.py"))}
+    return {
+        path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
 
 
 def test_no_module_is_over_the_line_limit() -> None:
     long = {path: n for path, n in _line_counts().items() if n > MAX_LINES and path not in ALLOWED_LONG}
     assert not long, (
-        f"over {MAX_LINES} lines: " + ", ".join(f"{path} ({n} lines)" for path, n in long.items())
+        f"over {MAX_LINES} lines: "
+        + ", ".join(f"{path} ({n} lines)" for path, n in long.items())
         + f". Split each into modules of one topic, or add it to ALLOWED_LONG in {Path(__file__).name} with the "
-        "reason it is one piece by nature (one model, one data set).")
+        "reason it is one piece by nature (one model, one data set)."
+    )
 
 
 def test_allowed_long_files_are_still_long() -> None:
     counts = _line_counts()
-    stale = [f"{path} ({'no longer exists' if path not in counts else f'{counts[path]} lines now'})"
-             for path in ALLOWED_LONG if counts.get(path, 0) <= MAX_LINES]
+    stale = [
+        f"{path} ({'no longer exists' if path not in counts else f'{counts[path]} lines now'})"
+        for path in ALLOWED_LONG
+        if counts.get(path, 0) <= MAX_LINES
+    ]
     assert not stale, (
-        f"allowed over {MAX_LINES} lines but not over them: " + ", ".join(stale)
-        + f". Remove these entries from ALLOWED_LONG in {Path(__file__).name}.")
+        f"allowed over {MAX_LINES} lines but not over them: "
+        + ", ".join(stale)
+        + f". Remove these entries from ALLOWED_LONG in {Path(__file__).name}."
+    )
 
 
 # Run in a fresh interpreter: for every module, the fedlit modules imported so far are forgotten first, so each
@@ -96,8 +107,11 @@ def _lint_imports() -> Path | None:
     return executable if executable.exists() else None
 
 
-@pytest.mark.skipif(_lint_imports() is None, reason="import-linter is not installed (a dev dependency: "
-                    "pip install -e '.[dev]'); the layer and no-circle contracts are not checked")
+@pytest.mark.skipif(
+    _lint_imports() is None,
+    reason="import-linter is not installed (a dev dependency: "
+    "pip install -e '.[dev]'); the layer and no-circle contracts are not checked",
+)
 def test_import_contracts_are_kept() -> None:
     # lint-imports reads [tool.importlinter] from pyproject.toml in its working directory and imports nothing.
     # It finds fedlit on sys.path: this checkout first, not an installed copy of another one.
@@ -125,30 +139,49 @@ def _shared_test_names(tests: Path) -> dict[str, list[str]]:
 def _unmirrored_folders(tests: Path, package: Path) -> list[str]:
     """Folders of ``tests`` holding Python files that are neither a folder of ``package`` nor under an allowed one."""
     folders = {path.parent.relative_to(tests) for path in tests.rglob("*.py")} - {Path(".")}
-    return sorted(folder.as_posix() for folder in folders
-                  if folder.parts[0] not in TEST_FOLDERS_OF_NO_PACKAGE and not (package / folder).is_dir())
+    return sorted(
+        folder.as_posix()
+        for folder in folders
+        if folder.parts[0] not in TEST_FOLDERS_OF_NO_PACKAGE and not (package / folder).is_dir()
+    )
 
 
 def test_no_two_test_files_share_a_name() -> None:
     shared = _shared_test_names(TESTS)
-    assert not shared, ("test files that share a name (rename each after what it tests): "
-                        + "; ".join(f"{name}: {', '.join(where)}" for name, where in shared.items()))
+    assert not shared, "test files that share a name (rename each after what it tests): " + "; ".join(
+        f"{name}: {', '.join(where)}" for name, where in shared.items()
+    )
 
 
 def test_every_test_folder_is_a_folder_of_fedlit() -> None:
     stray = _unmirrored_folders(TESTS, PACKAGE)
-    assert not stray, (f"tests/ folders with no fedlit/ folder of the same path: {stray}. Move their files to the "
-                       f"folder of the module they test, or add the folder to TEST_FOLDERS_OF_NO_PACKAGE in "
-                       f"{Path(__file__).name}.")
+    assert not stray, (
+        f"tests/ folders with no fedlit/ folder of the same path: {stray}. Move their files to the "
+        f"folder of the module they test, or add the folder to TEST_FOLDERS_OF_NO_PACKAGE in "
+        f"{Path(__file__).name}."
+    )
 
 
 def test_the_layout_checks_find_a_shared_name_and_a_stray_folder(tmp_path: Path) -> None:
     package, tests = tmp_path / "pkg", tmp_path / "tests"
-    for folder in ("pkg/core", "pkg/engine/loop", "tests/core", "tests/engine/loop", "tests/engine/speedups",
-                   "tests/integration/deep", "tests/core/__pycache__"):
+    for folder in (
+        "pkg/core",
+        "pkg/engine/loop",
+        "tests/core",
+        "tests/engine/loop",
+        "tests/engine/speedups",
+        "tests/integration/deep",
+        "tests/core/__pycache__",
+    ):
         (tmp_path / folder).mkdir(parents=True)
-    for name in ("core/test_a.py", "engine/loop/test_a.py", "engine/loop/test_b.py", "engine/speedups/helpers.py",
-                 "integration/deep/test_c.py", "test_d.py"):
+    for name in (
+        "core/test_a.py",
+        "engine/loop/test_a.py",
+        "engine/loop/test_b.py",
+        "engine/speedups/helpers.py",
+        "integration/deep/test_c.py",
+        "test_d.py",
+    ):
         (tests / name).write_text("", encoding="utf-8")
     (tests / "core" / "__pycache__" / "test_b.cpython-310.pyc").write_bytes(b"")
     assert _shared_test_names(tests) == {"test_a.py": ["core/test_a.py", "engine/loop/test_a.py"]}

@@ -13,8 +13,9 @@ from tests.conftest import TinyMLP, make_federation
 
 def _module() -> ClassificationModule:
     torch.manual_seed(0)
-    return ClassificationModule(backbone=TinyMLP(), num_classes=3,
-                                roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")])
+    return ClassificationModule(
+        backbone=TinyMLP(), num_classes=3, roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")]
+    )
 
 
 def test_named_tensors_are_the_live_tensors_of_each_role():

@@ -81,17 +81,39 @@ def overrides(task: str, clients: int, args: argparse.Namespace) -> list[str]:
     """The ``fedlit fit`` overrides of one (task, N): the same for every system."""
     rounds = ["--federation.rounds", str(args.rounds)]
     if task == "heart":
-        return ["--data.init_args.root", str(args.heart_root), *rounds, "--federation.threads", "2",
-                "--federation.eval_every", "1000", "--federation.checkpoint_every", "1000",
-                "--federation.progress_bar", "false"]
+        return [
+            "--data.init_args.root",
+            str(args.heart_root),
+            *rounds,
+            "--federation.threads",
+            "2",
+            "--federation.eval_every",
+            "1000",
+            "--federation.checkpoint_every",
+            "1000",
+            "--federation.progress_bar",
+            "false",
+        ]
     sized = ["--data.init_args.num_clients", str(clients), *rounds]
     if clients >= SAMPLED_FROM:
         # 16 train samples and 1 test sample each: fedlit's final test of every client stays short
-        sized += ["--data.init_args.samples_per_client", "17", "--data.init_args.split_fractions", "[0.94, 0, 0.06]",
-                  "--federation.clients_per_round", "0.1", "--federation.local_steps", "1"]
+        sized += [
+            "--data.init_args.samples_per_client",
+            "17",
+            "--data.init_args.split_fractions",
+            "[0.94, 0, 0.06]",
+            "--federation.clients_per_round",
+            "0.1",
+            "--federation.local_steps",
+            "1",
+        ]
     if args.quick:
-        sized += ["--data.init_args.samples_per_client", "20",
-                  "--model.init_args.backbone.init_args.model_args", TINY_VIT]
+        sized += [
+            "--data.init_args.samples_per_client",
+            "20",
+            "--model.init_args.backbone.init_args.model_args",
+            TINY_VIT,
+        ]
     return sized
 
 
@@ -124,10 +146,12 @@ def fedlit_rounds(out: Path) -> tuple[list[float], float]:
 
 def measure_one(system: str, recipe: Path, extra: list[str], args: argparse.Namespace, work: Path) -> measure.Measured:
     out = Path(tempfile.mkdtemp(prefix="run-", dir=work))
-    env = {**os.environ, "OMP_NUM_THREADS": "2",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = measure.run(command(system, recipe, extra, out / "run"), env=env, cwd=str(work),
-                         timeout=args.timeout)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "2",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    result = measure.run(command(system, recipe, extra, out / "run"), env=env, cwd=str(work), timeout=args.timeout)
     if result.ok and system.startswith("fedlit"):
         result.round_seconds, result.eval_seconds = fedlit_rounds(out / "run")
     return result
@@ -174,11 +198,14 @@ def run_all(args: argparse.Namespace) -> list[Row]:
                         row.note = _failure(system, result)
                         print(f"{task} N={n} {system}: {row.note}", flush=True)
                         continue
-                    print(f"{task} N={n} {system}: {result.wall_s:.1f} s, rounds "
-                          f"{', '.join(f'{s:.2f}' for s in result.round_seconds)} s, peak {result.peak_mib:.0f} MiB "
-                          f"{result.memory_kind}"
-                          + ("" if result.eval_seconds is None else f", evaluations {result.eval_seconds:.2f} s")
-                          + f" (load {os.getloadavg()[0]:.1f})", flush=True)
+                    print(
+                        f"{task} N={n} {system}: {result.wall_s:.1f} s, rounds "
+                        f"{', '.join(f'{s:.2f}' for s in result.round_seconds)} s, peak {result.peak_mib:.0f} MiB "
+                        f"{result.memory_kind}"
+                        + ("" if result.eval_seconds is None else f", evaluations {result.eval_seconds:.2f} s")
+                        + f" (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
             rows.extend(group.values())
     return rows
 
@@ -190,11 +217,14 @@ def _failure(system: str, result: measure.Measured) -> str:
 
 
 def table(rows: list[Row], rounds: int) -> list[str]:
-    lines = [f"| task | N | system | s / round | x floor | peak MiB | x floor | {rounds}-round run s | x floor |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| task | N | system | s / round | x floor | peak MiB | x floor | {rounds}-round run s | x floor |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
-        floor = next((r for r in rows if r.task == row.task and r.clients == row.clients and r.system == "floor"
-                      and r.ok), None)
+        floor = next(
+            (r for r in rows if r.task == row.task and r.clients == row.clients and r.system == "floor" and r.ok), None
+        )
         if not row.ok:
             lines.append(f"| {row.task} | {row.clients} | {row.system} | {row.note or 'not run'} | | | | | |")
             continue
@@ -202,10 +232,12 @@ def table(rows: list[Row], rounds: int) -> list[str]:
         def ratio(value: float, base: float | None) -> str:
             return f"{value / base:.2f}" if base else "-"
 
-        lines.append(f"| {row.task} | {row.clients} | {row.system} | {row.per_round:.2f} | "
-                     f"{ratio(row.per_round, floor and floor.per_round)} | {row.peak:.0f} | "
-                     f"{ratio(row.peak, floor and floor.peak)} | {row.wall:.1f} | "
-                     f"{ratio(row.wall, floor and floor.wall)} |")
+        lines.append(
+            f"| {row.task} | {row.clients} | {row.system} | {row.per_round:.2f} | "
+            f"{ratio(row.per_round, floor and floor.per_round)} | {row.peak:.0f} | "
+            f"{ratio(row.peak, floor and floor.peak)} | {row.wall:.1f} | "
+            f"{ratio(row.wall, floor and floor.wall)} |"
+        )
     return lines
 
 
@@ -219,43 +251,64 @@ def goals(rows: list[Row], args: argparse.Namespace) -> list[str]:
     if floor and fused:
         best = min(fused, key=lambda r: r.per_round)
         speed, memory = floor.per_round / best.per_round, best.peak / floor.peak
-        lines.append(f"- N = 20, fused at least 1.5x faster per round than the floor, memory at most 1.1x: "
-                     f"{'pass' if speed >= 1.5 and memory <= 1.1 else 'miss'} (fastest: "
-                     f"{best.system.removeprefix('fedlit ')}, {speed:.2f}x faster, {memory:.2f}x the memory)")
+        lines.append(
+            f"- N = 20, fused at least 1.5x faster per round than the floor, memory at most 1.1x: "
+            f"{'pass' if speed >= 1.5 and memory <= 1.1 else 'miss'} (fastest: "
+            f"{best.system.removeprefix('fedlit ')}, {speed:.2f}x faster, {memory:.2f}x the memory)"
+        )
     else:
         why = next((r.note for r in rows if r.clients == 20 and r.system.startswith("fedlit fused") and r.note), "")
-        lines.append("- N = 20, fused at least 1.5x faster per round than the floor: not measured"
-                     + (f" ({why})" if why else ""))
+        lines.append(
+            "- N = 20, fused at least 1.5x faster per round than the floor: not measured" + (f" ({why})" if why else "")
+        )
     floor, fed = find("vit", SAMPLED_FROM, "floor"), find("vit", SAMPLED_FROM, "fedlit")
     if floor and fed:
         slower, gib = fed.per_round / floor.per_round, fed.peak / 1024
         verdict = "pass" if slower <= 1.2 and gib < 2 else "miss"
-        lines.append(f"- N = 1,000 sampled, a round at most 1.2x the floor and the process under 2 GiB: {verdict} "
-                     f"({slower:.2f}x, {gib:.2f} GiB)")
+        lines.append(
+            f"- N = 1,000 sampled, a round at most 1.2x the floor and the process under 2 GiB: {verdict} "
+            f"({slower:.2f}x, {gib:.2f} GiB)"
+        )
     else:
         lines.append("- N = 1,000 sampled, a round at most 1.2x the floor and under 2 GiB: not measured")
     flower, fed = find("vit", 2, "flower"), find("vit", 2, "fedlit")
     if flower and fed:
         faster = flower.wall / fed.wall
-        lines.append(f"- 2 clients, {args.rounds} rounds, start to finish at least 3x faster than Flower's "
-                     f"simulation: {'pass' if faster >= 3 else 'miss'} ({faster:.2f}x)"
-                     + ("" if args.rounds == 4 else " (the goal is for 4 rounds)"))
+        lines.append(
+            f"- 2 clients, {args.rounds} rounds, start to finish at least 3x faster than Flower's "
+            f"simulation: {'pass' if faster >= 3 else 'miss'} ({faster:.2f}x)"
+            + ("" if args.rounds == 4 else " (the goal is for 4 rounds)")
+        )
     else:
         lines.append("- 2 clients, 4 rounds, at least 3x faster than Flower's simulation: not measured")
     floor, fed = find("heart", 4, "floor"), find("heart", 4, "fedlit")
     if floor and fed:
         steps = 4 * 100
-        lines.append(f"- heart: fedlit's cost per local step over the floor: "
-                     f"{(fed.per_round - floor.per_round) / steps * 1e3:.2f} ms ({steps} steps a round; the floor's "
-                     f"step {floor.per_round / steps * 1e3:.2f} ms)")
+        lines.append(
+            f"- heart: fedlit's cost per local step over the floor: "
+            f"{(fed.per_round - floor.per_round) / steps * 1e3:.2f} ms ({steps} steps a round; the floor's "
+            f"step {floor.per_round / steps * 1e3:.2f} ms)"
+        )
     return lines
 
 
 def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").is_file() else "unknown"
-    return (f"{model}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.1f} GiB RAM, "
-            f"Python {sys.version.split()[0]}")
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown CPU",
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else "unknown"
+    )
+    return (
+        f"{model}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.1f} GiB RAM, "
+        f"Python {sys.version.split()[0]}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,24 +316,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[2, 20, 100, 1000], help="Client counts N (vit).")
     parser.add_argument("--rounds", type=int, default=4, help="Rounds of every run.")
     parser.add_argument("--repeats", type=int, default=1, help="Runs of each system (the fastest is reported).")
-    parser.add_argument("--systems", nargs="+", default=["floor", "fedlit", "flower"],
-                        choices=["floor", "fedlit", "flower"])
+    parser.add_argument(
+        "--systems", nargs="+", default=["floor", "fedlit", "flower"], choices=["floor", "fedlit", "flower"]
+    )
     parser.add_argument("--task", nargs="+", default=["vit", "heart"], choices=["vit", "heart"])
-    parser.add_argument("--fused", type=int, nargs="*", default=[],
-                        help="Also run fedlit with --federation.fused_clients K, a row for each K given.")
+    parser.add_argument(
+        "--fused",
+        type=int,
+        nargs="*",
+        default=[],
+        help="Also run fedlit with --federation.fused_clients K, a row for each K given.",
+    )
     parser.add_argument("--skip-flower-above", type=int, default=20, help="No Flower run above this N.")
     parser.add_argument("--heart-root", type=Path, default=ROOT.parent / "shared" / "data" / "heart_disease")
     parser.add_argument("--timeout", type=float, default=7200, help="Seconds one run may take.")
-    parser.add_argument("--quick", action="store_true",
-                        help="A smoke run: N = 2, 2 rounds, 16 samples, a one-block ViT (figures mean nothing).")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A smoke run: N = 2, 2 rounds, 16 samples, a one-block ViT (figures mean nothing).",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.rounds = [2], 2
     started = time.perf_counter()
     print(f"machine: {machine()}; load {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1, 5, 15 min)", flush=True)
     rows = run_all(args)
-    print(f"\nload after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-          f"benchmark wall time {time.perf_counter() - started:.0f} s")
+    print(
+        f"\nload after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+        f"benchmark wall time {time.perf_counter() - started:.0f} s"
+    )
     kind = next((r.runs[0].memory_kind for r in rows if r.ok), "PSS")
     print(f"(memory: peak {kind} of the process tree; seconds per round: training + aggregation)\n")
     print("\n".join(table(rows, args.rounds)))

@@ -57,8 +57,10 @@ def _apps() -> tuple[Any, Any]:
                 tensor.copy_(received[name])
         examples = workload.local_train(objects, client_id, int(msg.content["config"]["server-round"]))
         state = {n: t.detach().clone() for n, t in trainable.items()}
-        return Message(RecordDict({"arrays": ArrayRecord(state),
-                                   "metrics": MetricRecord({"num-examples": examples})}), reply_to=msg)
+        return Message(
+            RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord({"num-examples": examples})}),
+            reply_to=msg,
+        )
 
     class TimedFedAvg(FedAvg):
         def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Grid) -> Any:
@@ -83,8 +85,13 @@ def _apps() -> tuple[Any, Any]:
         fraction = 1.0 if per_round is None else per_round if isinstance(per_round, float) else per_round / clients
         # min_train_nodes: Flower's FedAvg takes its fraction of the nodes connected when the round starts, before
         # it waits for min_available_nodes; in a simulation some have not registered yet (it sampled 1 of 20 here)
-        strategy = TimedFedAvg(fraction_train=fraction, min_train_nodes=workload.num_clients(objects),
-                               fraction_evaluate=0.0, min_evaluate_nodes=0, min_available_nodes=clients)
+        strategy = TimedFedAvg(
+            fraction_train=fraction,
+            min_train_nodes=workload.num_clients(objects),
+            fraction_evaluate=0.0,
+            min_evaluate_nodes=0,
+            min_available_nodes=clients,
+        )
         initial = {n: t.detach().clone() for n, t in objects.trainable.items()}
         strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=settings.rounds)
 
@@ -98,17 +105,28 @@ def main(argv: list[str]) -> None:
     objects = _built()
     threads = objects.settings.threads or 2
     server_app, client_app = _apps()
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=len(objects.data.train_client_ids),
-                   backend_config={"client_resources": {"num_cpus": threads, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": threads, "num_gpus": 0, "log_to_driver": False}})
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=len(objects.data.train_client_ids),
+        backend_config={
+            "client_resources": {"num_cpus": threads, "num_gpus": 0.0},
+            "init_args": {"num_cpus": threads, "num_gpus": 0, "log_to_driver": False},
+        },
+    )
     starts = [t for kind, t in _stamps if kind == "configure"]
     ends = [t for kind, t in _stamps if kind == "aggregate"]
     expected = workload.num_clients(objects)
     if any(n != expected for n in _replies):
-        raise SystemExit(f"Flower aggregated {_replies} clients' replies in its rounds, expected {expected} each: "
-                         "a ClientApp failed (see Ray's log)")
-    print(json.dumps({"round_seconds": [end - start for start, end in zip(starts, ends, strict=True)],
-                      "clients": _replies}))
+        raise SystemExit(
+            f"Flower aggregated {_replies} clients' replies in its rounds, expected {expected} each: "
+            "a ClientApp failed (see Ray's log)"
+        )
+    print(
+        json.dumps(
+            {"round_seconds": [end - start for start, end in zip(starts, ends, strict=True)], "clients": _replies}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ def run(command: list[str], *, env: dict[str, str], cwd: str, timeout: float, in
     of output that has them (the floor and Flower print them; fedlit's come from its ``metrics.csv``)."""
     peak, kind, stop = [0.0], ["PSS"], threading.Event()
     start = time.perf_counter()
-    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     watched = psutil.Process(process.pid)
 
     def sample() -> None:
@@ -81,15 +82,17 @@ def run(command: list[str], *, env: dict[str, str], cwd: str, timeout: float, in
         sampler.join()
         _kill_group(process)  # what the run left behind in its session (Ray's daemons)
     if process.returncode != 0:
-        return Measured(ok=False, error=output.strip().splitlines()[-1] if output.strip() else "no output",
-                        output=output)
+        return Measured(
+            ok=False, error=output.strip().splitlines()[-1] if output.strip() else "no output", output=output
+        )
     rounds = []
     for line in reversed(output.splitlines()):
         if line.startswith("{") and "round_seconds" in line:
             rounds = json.loads(line)["round_seconds"]
             break
-    return Measured(ok=True, wall_s=wall, peak_mib=peak[0] / 2**20, memory_kind=kind[0], round_seconds=rounds,
-                    output=output)
+    return Measured(
+        ok=True, wall_s=wall, peak_mib=peak[0] / 2**20, memory_kind=kind[0], round_seconds=rounds, output=output
+    )
 
 
 def _kill_group(process: subprocess.Popen) -> None:

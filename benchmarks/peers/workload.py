@@ -81,4 +81,4 @@ def selected(objects: Objects, server_round: int) -> list[str]:
     """The clients of ``server_round``: all, or ``federation.clients_per_round`` of them drawn at random."""
     clients = objects.data.train_client_ids
     order = torch.randperm(len(clients), generator=torch.Generator().manual_seed(server_round))
-    return [clients[i] for i in sorted(order[:num_clients(objects)].tolist())]
+    return [clients[i] for i in sorted(order[: num_clients(objects)].tolist())]

@@ -20,11 +20,17 @@ __all__ = ["HELP", "CostJob", "add_arguments", "command", "estimate_costs", "for
 
 def add_arguments(parser: ArgumentParser) -> None:
     """``--compare`` and ``--format``."""
-    parser.add_argument("--compare", type=str, default=None, nargs="+",
-                        help="Other strategies to compare (short names or import paths, default arguments), "
-                             "e.g. --compare FedAvg FedProx.")
-    parser.add_argument("--format", type=Literal["table", "json"], default="table",
-                        help="`table` (readable) or `json`.")
+    parser.add_argument(
+        "--compare",
+        type=str,
+        default=None,
+        nargs="+",
+        help="Other strategies to compare (short names or import paths, default arguments), "
+        "e.g. --compare FedAvg FedProx.",
+    )
+    parser.add_argument(
+        "--format", type=Literal["table", "json"], default="table", help="`table` (readable) or `json`."
+    )
 
 
 HELP = "Print the parameters per role and the bytes a run would communicate, before training (no data read)."

@@ -75,8 +75,10 @@ def checkpoint_of(run_dir: str | Path, ckpt_path: str | Path = "last") -> Path:
         if str(ckpt_path) == "best":
             fix = "Export --ckpt_path last (best.ckpt is saved only by runs with a validation split)"
         else:
-            fix = (f"Give --run the folder of a run that saved a checkpoint (`fedlit fit ... --out_dir {run_dir}` "
-                   "writes checkpoints/last.ckpt after each round), or --ckpt_path with the path of a .ckpt file")
+            fix = (
+                f"Give --run the folder of a run that saved a checkpoint (`fedlit fit ... --out_dir {run_dir}` "
+                "writes checkpoints/last.ckpt after each round), or --ckpt_path with the path of a .ckpt file"
+            )
         raise CheckpointError(f"{option}: no checkpoint at {path}. {fix}.")
     return path
 
@@ -107,9 +109,22 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path, imports: Iterable[str] 
         recipe = Path(tmp) / "config.json"
         recipe.write_text(json.dumps(config))
         # on the CPU whatever the run used (the accelerator may change on resume too): nothing is computed
-        job = fit.prepare(["test", "--config", str(recipe), "--out_dir", str(run_dir), "--ckpt_path", str(ckpt_path),
-                           "--federation.accelerator", "cpu", "--federation.devices", "1",
-                           *[arg for entry in imports for arg in ("--import", str(entry))]])
+        job = fit.prepare(
+            [
+                "test",
+                "--config",
+                str(recipe),
+                "--out_dir",
+                str(run_dir),
+                "--ckpt_path",
+                str(ckpt_path),
+                "--federation.accelerator",
+                "cpu",
+                "--federation.devices",
+                "1",
+                *[arg for entry in imports for arg in ("--import", str(entry))],
+            ]
+        )
     assert isinstance(job, fit.FitJob)  # only `fit --dry_run` gives a CostJob
     fed = job.federation
     fed.settings.progress_bar = False
@@ -117,8 +132,15 @@ def load_run(run_dir: str | Path, ckpt_path: str | Path, imports: Iterable[str] 
     return fed
 
 
-def export_run(run_dir: str | Path, *, ckpt_path: str | Path = "last", clients: Iterable[str] | None = None,
-               out: str | Path | None = None, full: bool = True, imports: Iterable[str] = ()) -> dict[str, Path]:
+def export_run(
+    run_dir: str | Path,
+    *,
+    ckpt_path: str | Path = "last",
+    clients: Iterable[str] | None = None,
+    out: str | Path | None = None,
+    full: bool = True,
+    imports: Iterable[str] = (),
+) -> dict[str, Path]:
     """Export every client (or ``clients``) of the run in ``run_dir`` into ``out`` (default ``run_dir/export``),
     from its ``last`` or ``best`` checkpoint or the file ``ckpt_path`` (``imports``: as for :func:`load_run`).
 
@@ -127,12 +149,19 @@ def export_run(run_dir: str | Path, *, ckpt_path: str | Path = "last", clients: 
     """
     path = checkpoint_of(run_dir, ckpt_path)
     fed = load_run(run_dir, path, imports)
-    return export_federation(fed, Path(out) if out is not None else Path(run_dir) / "export", clients,
-                             checkpoint=path, full=full)
+    return export_federation(
+        fed, Path(out) if out is not None else Path(run_dir) / "export", clients, checkpoint=path, full=full
+    )
 
 
-def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] | None = None, *,
-                      checkpoint: str | Path | None = None, full: bool = True) -> dict[str, Path]:
+def export_federation(
+    fed: Federation,
+    out: str | Path,
+    clients: Iterable[str] | None = None,
+    *,
+    checkpoint: str | Path | None = None,
+    full: bool = True,
+) -> dict[str, Path]:
     """Write each client's evaluation tensors (see the module docstring) from a set-up :class:`Federation`.
 
     Args:
@@ -152,13 +181,15 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     from fedlit.engine.loop.client import load_client
 
     if not fed.state.identity:  # set by setup(): before it, the store and the strategy hold nothing of the run
-        raise ConfigError("export_federation needs a federation after fit() or setup(ckpt_path=...); this one has "
-                          "not been set up.")
+        raise ConfigError(
+            "export_federation needs a federation after fit() or setup(ckpt_path=...); this one has not been set up."
+        )
     wanted = list(fed.client_ids if clients is None else clients)
     unknown = [c for c in wanted if c not in fed.client_ids]
     if unknown:
-        raise ConfigError(f"--clients: {unknown} are not clients of this run; its clients are "
-                          f"{', '.join(fed.client_ids)}.")
+        raise ConfigError(
+            f"--clients: {unknown} are not clients of this run; its clients are {', '.join(fed.client_ids)}."
+        )
     folders = _client_folders(Path(out), wanted)
     roles = fed.module.parameter_roles()
     buffers = {n for n, _ in fed.module.named_buffers()}
@@ -167,8 +198,13 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
     for client_id in wanted:
         ctx = fed.client_context(client_id)
         load_client(ctx, fed.strategy.configure_evaluate(fed.state.round, client_id))
-        ctx.hooks.call("on_client_evaluate_start", client_states=ctx.store, **ctx.hook_args(),
-                       server_round=fed.state.round, client_id=client_id)  # the model it evaluates
+        ctx.hooks.call(
+            "on_client_evaluate_start",
+            client_states=ctx.store,
+            **ctx.hook_args(),
+            server_round=fed.state.round,
+            client_id=client_id,
+        )  # the model it evaluates
         live = fed.module.named_tensors("shared", "personal")
         tensors = {n: t.detach().cpu().contiguous().clone() for n, t in live.items()}
         folder = folders[client_id]
@@ -183,8 +219,9 @@ def export_federation(fed: Federation, out: str | Path, clients: Iterable[str] |
             "roles": {n: roles[n] for n in tensors},
             "buffers": sorted(n for n in tensors if n in buffers),
             "frozen_fingerprint": fed.state.identity.get("frozen_fingerprint"),
-            "metrics": {split: _finite(values[client_id]) for split, values in evaluated.items()
-                        if client_id in values},
+            "metrics": {
+                split: _finite(values[client_id]) for split, values in evaluated.items() if client_id in values
+            },
         }
         adapters = _peft_modules(fed.module)
         if adapters:
@@ -201,11 +238,16 @@ def _client_folders(out: Path, client_ids: list[str]) -> dict[str, Path]:
     check_client_ids(client_ids, "fedlit export: the federation's clients")
     root = out.resolve()
     folders = {c: out / c for c in client_ids}
-    outside = [f"{c!r} -> {f.resolve()}" for c, f in folders.items()
-               if f.resolve() == root or not f.resolve().is_relative_to(root)]
+    outside = [
+        f"{c!r} -> {f.resolve()}"
+        for c, f in folders.items()
+        if f.resolve() == root or not f.resolve().is_relative_to(root)
+    ]
     if outside:
-        raise DataError(f"export --out {out}: the folders of clients {', '.join(outside)} are not inside {root} "
-                        "(a symbolic link?); nothing was written. Remove the links, or export into a new folder.")
+        raise DataError(
+            f"export --out {out}: the folders of clients {', '.join(outside)} are not inside {root} "
+            "(a symbolic link?); nothing was written. Remove the links, or export into a new folder."
+        )
     return folders
 
 
@@ -229,18 +271,25 @@ def load_export(folder: str | Path, module: nn.Module) -> dict[str, Any]:
     folder = Path(folder)
     weights = folder if folder.suffix == ".safetensors" else folder / WEIGHTS
     if not weights.is_file():
-        raise CheckpointError(f"{weights}: no exported model. Give a folder written by `fedlit export` "
-                              "(<run>/export/<client_id>).")
+        raise CheckpointError(
+            f"{weights}: no exported model. Give a folder written by `fedlit export` (<run>/export/<client_id>)."
+        )
     exported = load_file(weights)
     own = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     missing = [n for n in exported if n not in own]
-    wrong = [f"{n} {list(t.shape)} in the export, {list(own[n].shape)} in the module"
-             for n, t in exported.items() if n in own and own[n].shape != t.shape]
+    wrong = [
+        f"{n} {list(t.shape)} in the export, {list(own[n].shape)} in the module"
+        for n, t in exported.items()
+        if n in own and own[n].shape != t.shape
+    ]
     if missing or wrong:
-        problems = ([f"{len(missing)} exported tensors are not in the module ({', '.join(missing[:3])})"] if missing
-                    else []) + ([f"{len(wrong)} tensors differ in shape ({'; '.join(wrong[:3])})"] if wrong else [])
-        raise CheckpointError(f"{weights} does not fit {type(module).__name__}: " + "; ".join(problems) + ". Build "
-                              "the module with the model section of the run's recipe (export.json's `model`).")
+        problems = (
+            [f"{len(missing)} exported tensors are not in the module ({', '.join(missing[:3])})"] if missing else []
+        ) + ([f"{len(wrong)} tensors differ in shape ({'; '.join(wrong[:3])})"] if wrong else [])
+        raise CheckpointError(
+            f"{weights} does not fit {type(module).__name__}: " + "; ".join(problems) + ". Build "
+            "the module with the model section of the run's recipe (export.json's `model`)."
+        )
     with torch.no_grad():
         for name, tensor in exported.items():
             own[name].copy_(tensor)
@@ -250,8 +299,11 @@ def load_export(folder: str | Path, module: nn.Module) -> dict[str, Any]:
 
 def _peft_modules(module: nn.Module) -> dict[str, nn.Module]:
     """The sub-modules peft injected LoRA into (they carry peft's ``peft_config``), by qualified name."""
-    return {name: m for name, m in module.named_modules()
-            if isinstance(getattr(m, "peft_config", None), Mapping) and ADAPTER_NAME in m.peft_config}
+    return {
+        name: m
+        for name, m in module.named_modules()
+        if isinstance(getattr(m, "peft_config", None), Mapping) and ADAPTER_NAME in m.peft_config
+    }
 
 
 def _save_adapters(adapters: Mapping[str, nn.Module], folder: Path, exported: set[str]) -> dict[str, Any]:
@@ -265,8 +317,11 @@ def _save_adapters(adapters: Mapping[str, nn.Module], folder: Path, exported: se
         target = folder / (ADAPTER if len(adapters) == 1 else f"{ADAPTER}_{prefix.replace('.', '_')}")
         target.mkdir(parents=True, exist_ok=True)
         state = get_peft_model_state_dict(module, adapter_name=ADAPTER_NAME)
-        save_file({f"base_model.model.{k}": v.detach().cpu().contiguous().clone() for k, v in state.items()},
-                  target / "adapter_model.safetensors", metadata={"format": "pt"})
+        save_file(
+            {f"base_model.model.{k}": v.detach().cpu().contiguous().clone() for k, v in state.items()},
+            target / "adapter_model.safetensors",
+            metadata={"format": "pt"},
+        )
         peft_config = cast("dict[str, Any]", module.peft_config)  # set on the module by peft's injection
         peft_config[ADAPTER_NAME].save_pretrained(target)
         info["folders"][target.name] = {"module": prefix, "tensors": len(state)}
@@ -287,8 +342,11 @@ def _save_inference(fed: Federation, client_id: str, folder: Path, full: bool) -
         try:
             state = merged_state_dict(fed.module)
         except TypeError as err:  # LoRA on a convolution: the other files are still written
-            warnings.warn(f"fedlit export: {client_id}: no {INFERENCE} ({err}); load model.safetensors and the "
-                          "adapter instead.", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"fedlit export: {client_id}: no {INFERENCE} ({err}); load model.safetensors and the adapter instead.",
+                UserWarning,
+                stacklevel=3,
+            )
             info["why_no_weights"] = str(err)
         else:
             save_file(state, folder / INFERENCE, metadata={"format": "pt"})
@@ -308,18 +366,32 @@ HELP = "Write each client's personalized tensors of a run (safetensors, and a pe
 def parser(name: str = "export") -> ArgumentParser:
     parser = ArgumentParser(description=HELP, exit_on_error=False)
     parser.add_argument("--run", type=str, required=True, help="The run folder (the out_dir of `fedlit fit`).")
-    parser.add_argument("--ckpt_path", type=str, default="last",
-                        help="`last` (checkpoints/last.ckpt), `best` (checkpoints/best.ckpt) or a .ckpt file.")
-    parser.add_argument("--clients", type=str | None, default=None,
-                        help="Comma-separated client ids to export (default: every client).")
+    parser.add_argument(
+        "--ckpt_path",
+        type=str,
+        default="last",
+        help="`last` (checkpoints/last.ckpt), `best` (checkpoints/best.ckpt) or a .ckpt file.",
+    )
+    parser.add_argument(
+        "--clients", type=str | None, default=None, help="Comma-separated client ids to export (default: every client)."
+    )
     parser.add_argument("--out", type=str | None, default=None, help="Output folder (default: <run>/export).")
-    parser.add_argument("--import", type=str | None, default=None, dest="import_",
-                        help="A module or .py file (relative to the current folder) to import before the run is "
-                             "rebuilt, for classes of your own the run's recorded imports do not find; repeat it "
-                             "for more. A run's recipe `imports:` are recorded in its config.json and need none.")
-    parser.add_argument("--full", type=bool, default=True,
-                        help="Also write inference.safetensors per client: the whole model, LoRA merged, frozen "
-                        "tensors included (as large as the model); `--full false` skips it.")
+    parser.add_argument(
+        "--import",
+        type=str | None,
+        default=None,
+        dest="import_",
+        help="A module or .py file (relative to the current folder) to import before the run is "
+        "rebuilt, for classes of your own the run's recorded imports do not find; repeat it "
+        "for more. A run's recipe `imports:` are recorded in its config.json and need none.",
+    )
+    parser.add_argument(
+        "--full",
+        type=bool,
+        default=True,
+        help="Also write inference.safetensors per client: the whole model, LoRA merged, frozen "
+        "tensors included (as large as the model); `--full false` skips it.",
+    )
     return parser
 
 
@@ -334,10 +406,12 @@ class ExportJob:
     full: bool = True
 
     def __call__(self) -> dict[str, Path]:
-        written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint,
-                                    full=self.full)
-        print(f"fedlit export: round {self.federation.state.round} of {self.checkpoint}, {len(written)} clients "
-              f"-> {self.out}", flush=True)
+        written = export_federation(self.federation, self.out, self.clients, checkpoint=self.checkpoint, full=self.full)
+        print(
+            f"fedlit export: round {self.federation.state.round} of {self.checkpoint}, {len(written)} clients "
+            f"-> {self.out}",
+            flush=True,
+        )
         return written
 
 

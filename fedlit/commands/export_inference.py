@@ -33,7 +33,8 @@ def _adapted(module: nn.Module) -> dict[str, nn.Module]:
         if any(name.startswith(f"{outer}.") for outer in found):
             continue
         if isinstance(getattr(layer, "base_layer", None), nn.Module) and any(
-                n.startswith("lora_") for n, _ in layer.named_parameters()):
+            n.startswith("lora_") for n, _ in layer.named_parameters()
+        ):
             found[name] = layer
     return found
 
@@ -63,9 +64,9 @@ def merged_state_dict(module: nn.Module) -> dict[str, Tensor]:
         prefix = f"{name}."
         for key in [k for k in state if k.startswith(prefix)]:
             value = state.pop(key)
-            rest = key[len(prefix):]
+            rest = key[len(prefix) :]
             if rest.startswith("base_layer."):
-                state[prefix + rest[len("base_layer."):]] = value
+                state[prefix + rest[len("base_layer.") :]] = value
         state[f"{prefix}weight"] = weight.detach().cpu().contiguous()
     return state
 

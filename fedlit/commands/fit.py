@@ -47,26 +47,45 @@ def parser(name: str) -> ArgumentParser:
     """The options of ``fit``, ``validate`` or ``test``."""
     sub = recipe_parser(name, HELP[name])
     if name in ("fit", "test"):
-        sub.add_argument("--baseline_run", type=str | None, default=None,
-                         help="A finished run of strategy Local on the same data and seed: the report adds each "
-                              "client's test gain over it, with their mean and std (gain_over_local).")
-        sub.add_argument("--baseline_compare", type=Literal["strict", "any"], default="strict",
-                         help="With --baseline_run: 'strict' refuses a baseline trained with other rounds, local "
-                              "steps or epochs, model, optimizer or selection metric (naming each difference); "
-                              "'any' compares anyway and records the differences in results.json.")
+        sub.add_argument(
+            "--baseline_run",
+            type=str | None,
+            default=None,
+            help="A finished run of strategy Local on the same data and seed: the report adds each "
+            "client's test gain over it, with their mean and std (gain_over_local).",
+        )
+        sub.add_argument(
+            "--baseline_compare",
+            type=Literal["strict", "any"],
+            default="strict",
+            help="With --baseline_run: 'strict' refuses a baseline trained with other rounds, local "
+            "steps or epochs, model, optimizer or selection metric (naming each difference); "
+            "'any' compares anyway and records the differences in results.json.",
+        )
     if name == "fit":
-        sub.add_argument("--dry_run", action="store_true",
-                         help="Print what the run would communicate (as `fedlit cost`) and exit: the model is built "
-                              "without its weights, no data is read, nothing is trained or written.")
-        sub.add_argument(SEEDS, type=list[int] | None, default=None,
-                         help="Run the recipe once per seed (--seeds 0 1 2): federation.seed and the data's seed "
-                              "(unless --seeds_vary training) set to each, runs in runs/<name>/<version>/seed_<s> "
-                              "(or OUT_DIR/seed_<s>), the experiment recorded in experiment.json.")
-        sub.add_argument(SEEDS_VARY, type=Literal["all", "training"], default="all",
-                         help="With --seeds, what each seed varies: 'all' sets the data's seed too, so each seed "
-                              "re-draws the data's split; 'training' sets federation.seed only (model "
-                              "initialization, client sampling, batch order) over the one split of the recipe's data "
-                              "seed, as FLamby's per-seed results are.")
+        sub.add_argument(
+            "--dry_run",
+            action="store_true",
+            help="Print what the run would communicate (as `fedlit cost`) and exit: the model is built "
+            "without its weights, no data is read, nothing is trained or written.",
+        )
+        sub.add_argument(
+            SEEDS,
+            type=list[int] | None,
+            default=None,
+            help="Run the recipe once per seed (--seeds 0 1 2): federation.seed and the data's seed "
+            "(unless --seeds_vary training) set to each, runs in runs/<name>/<version>/seed_<s> "
+            "(or OUT_DIR/seed_<s>), the experiment recorded in experiment.json.",
+        )
+        sub.add_argument(
+            SEEDS_VARY,
+            type=Literal["all", "training"],
+            default="all",
+            help="With --seeds, what each seed varies: 'all' sets the data's seed too, so each seed "
+            "re-draws the data's split; 'training' sets federation.seed only (model "
+            "initialization, client sampling, batch order) over the one split of the recipe's data "
+            "seed, as FLamby's per-seed results are.",
+        )
     return sub
 
 
@@ -105,8 +124,10 @@ def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -
     recipe = load(argv, parser(name))
     options = recipe.options
     if name == "fit" and options.seeds_vary != "all":
-        raise ConfigError(f"{SEEDS_VARY} {options.seeds_vary} without --seeds: it says what the seeds of --seeds "
-                          f"vary; add --seeds 0 1 2, or leave {SEEDS_VARY} out")
+        raise ConfigError(
+            f"{SEEDS_VARY} {options.seeds_vary} without --seeds: it says what the seeds of --seeds "
+            f"vary; add --seeds 0 1 2, or leave {SEEDS_VARY} out"
+        )
     if name == "fit" and options.dry_run:
         return CostJob(estimate(recipe), title="fedlit fit --dry_run")  # builds no data, writes no run folder
     out_dir, ckpt_path = resolve_run(options, name)

@@ -56,8 +56,16 @@ GRID_FILE = "grid.json"
 _KEYS = ("seeds", "out_dir", "overrides", "seeds_vary", "datasets", "methods")
 _ENTRY_KEYS = ("recipes", "overrides")
 #: Options the grid sets itself for every cell: an override may not give them.
-_GRID_OPTIONS = ("--seeds", "--out_dir", "--name", "--version", "--ckpt_path", "--federation.seed", "--seeds_vary",
-                 "--dry_run")
+_GRID_OPTIONS = (
+    "--seeds",
+    "--out_dir",
+    "--name",
+    "--version",
+    "--ckpt_path",
+    "--federation.seed",
+    "--seeds_vary",
+    "--dry_run",
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -95,18 +103,29 @@ class Grid:
         unmatched = [p for p in only if not fnmatch.filter(names, p)]
         if unmatched:
             close = difflib.get_close_matches(unmatched[0], names, 3)
-            raise ConfigError(f"fedlit grid --only {unmatched[0]}: no cell of {self.path} matches it"
-                              + (f"; did you mean {', '.join(close)}?" if close else "")
-                              + f" The cells are DATASET/METHOD: {', '.join(names[:6])}{' ...' * (len(names) > 6)}.")
+            raise ConfigError(
+                f"fedlit grid --only {unmatched[0]}: no cell of {self.path} matches it"
+                + (f"; did you mean {', '.join(close)}?" if close else "")
+                + f" The cells are DATASET/METHOD: {', '.join(names[:6])}{' ...' * (len(names) > 6)}."
+            )
         return [c for c, n in zip(cells, names, strict=True) if any(fnmatch.fnmatchcase(n, p) for p in only)]
 
     def argv(self, dataset: str, method: str) -> list[str]:
         """The ``fit`` arguments of a cell (without ``--ckpt_path last``, which resuming adds)."""
         row, column = self.datasets[dataset], self.methods[method]
         configs = [a for p in (*row.recipes, *column.recipes) for a in ("--config", _shown(p))]
-        return ["fit", *configs, *self.overrides, *row.overrides, *column.overrides,
-                "--seeds", *map(str, self.seeds), *(["--seeds_vary", self.seeds_vary] * (self.seeds_vary != "all")),
-                "--out_dir", _shown(self.folder(dataset, method))]
+        return [
+            "fit",
+            *configs,
+            *self.overrides,
+            *row.overrides,
+            *column.overrides,
+            "--seeds",
+            *map(str, self.seeds),
+            *(["--seeds_vary", self.seeds_vary] * (self.seeds_vary != "all")),
+            "--out_dir",
+            _shown(self.folder(dataset, method)),
+        ]
 
     def folder(self, dataset: str, method: str) -> Path:
         return self.out_dir / dataset / method
@@ -122,23 +141,30 @@ def _shown(path: Path) -> str:
 
 def _unknown(where: str, key: Any, allowed: Sequence[str]) -> str:
     close = difflib.get_close_matches(str(key), allowed, 1)
-    return (f"{where}unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-            + f"; allowed: {', '.join(allowed)}")
+    return (
+        f"{where}unknown key {key!r}"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; allowed: {', '.join(allowed)}"
+    )
 
 
 def _overrides(value: Any, key: str, problems: list[str]) -> list[str]:
     items = [value] if isinstance(value, str) else value if isinstance(value, list) else None
     if items is None or not all(isinstance(v, str | int | float) for v in items):
-        problems.append(f"{key}: {value!r} is not command-line options; give a string such as "
-                        "'--federation.rounds 5' or a list of them")
+        problems.append(
+            f"{key}: {value!r} is not command-line options; give a string such as "
+            "'--federation.rounds 5' or a list of them"
+        )
         return []
     words = [w for v in items for w in shlex.split(str(v))]
     if words and not words[0].startswith("--"):
         problems.append(f"{key}: {words[0]!r} is not an option; overrides start with --, e.g. --federation.rounds 5")
     taken = [w for w in words if w.split("=", 1)[0] in _GRID_OPTIONS]
     if taken:
-        problems.append(f"{key}: {taken[0].split('=', 1)[0]} is set by the grid for every cell (seeds: the grid's "
-                        "'seeds'; folders: 'out_dir'); remove it")
+        problems.append(
+            f"{key}: {taken[0].split('=', 1)[0]} is set by the grid for every cell (seeds: the grid's "
+            "'seeds'; folders: 'out_dir'); remove it"
+        )
     return words
 
 
@@ -165,8 +191,10 @@ def _entries(value: Any, key: str, base: Path, problems: list[str], need_recipe:
             for recipe in recipes:
                 path = base / recipe
                 if not path.is_file():
-                    problems.append(f"{where}.recipes: {recipe} not found (looked for {path}; recipe paths are "
-                                    "relative to the grid file's folder)")
+                    problems.append(
+                        f"{where}.recipes: {recipe} not found (looked for {path}; recipe paths are "
+                        "relative to the grid file's folder)"
+                    )
                 entry.recipes.append(path)
         if need_recipe and not recipes:
             problems.append(f"{where}: a data set names its recipe: {{recipes: [FILE.yaml]}}")
@@ -185,8 +213,10 @@ def load_grid(path: str | Path, out_dir: str | Path | None = None) -> Grid:
     """
     path = Path(path)
     if not path.is_file():
-        raise InputFileError(f"fedlit grid --config {path}: no such file. `fedlit recipes grids "
-                             "personalized_partitions` copies the shipped grid and the recipes it names into recipes/.")
+        raise InputFileError(
+            f"fedlit grid --config {path}: no such file. `fedlit recipes grids "
+            "personalized_partitions` copies the shipped grid and the recipes it names into recipes/."
+        )
     try:
         data = yaml.load(path.read_text(), Loader=RecipeLoader)  # noqa: S506 (a safe loader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
@@ -196,8 +226,12 @@ def load_grid(path: str | Path, out_dir: str | Path | None = None) -> Grid:
     problems = [_unknown("", k, _KEYS) for k in data if k not in _KEYS]
     problems += [f"{k}: missing" for k in ("seeds", "datasets", "methods") if k not in data]
     seeds = data.get("seeds", [0])
-    if (not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                            for s in seeds) or len(set(seeds)) < len(seeds)):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+        or len(set(seeds)) < len(seeds)
+    ):
         problems.append(f"seeds: {seeds!r}; give distinct integers, e.g. [0, 1, 2]")
     seeds_vary = data.get("seeds_vary", "all")
     if seeds_vary not in ("all", "training"):
@@ -226,8 +260,11 @@ def _die_with_parent() -> None:
 def _run_cell(argv: list[str], in_process: bool) -> str | None:
     """Run one cell's ``fit``; None when it finished, else what went wrong (one line)."""
     if not in_process:
-        code = subprocess.run([sys.executable, "-m", "fedlit", *argv], check=False,  # noqa: S603, PLW1509
-                              preexec_fn=_die_with_parent).returncode
+        code = subprocess.run(
+            [sys.executable, "-m", "fedlit", *argv],
+            check=False,  # noqa: S603, PLW1509
+            preexec_fn=_die_with_parent,
+        ).returncode
         return None if code == 0 else f"exit code {code} (its error is printed above)"
     from fedlit.commands import seeds  # imports torch: only here
     from fedlit.config.explain import CONFIG_ERRORS, explain
@@ -251,8 +288,13 @@ def _record(grid: Grid) -> dict[str, Any]:
         cells = record["cells"] if isinstance(record, dict) and isinstance(record.get("cells"), dict) else {}
     except (OSError, ValueError):
         cells = {}
-    return {"grid_file": str(grid.path.resolve()), "datasets": list(grid.datasets), "methods": list(grid.methods),
-            "seeds": grid.seeds, "cells": cells}
+    return {
+        "grid_file": str(grid.path.resolve()),
+        "datasets": list(grid.datasets),
+        "methods": list(grid.methods),
+        "seeds": grid.seeds,
+        "cells": cells,
+    }
 
 
 def run_grid(grid: Grid, only: Sequence[str] = (), dry_run: bool = False, in_process: bool = False) -> list[str]:
@@ -260,8 +302,12 @@ def run_grid(grid: Grid, only: Sequence[str] = (), dry_run: bool = False, in_pro
     cells = grid.cells(only)
     record = _record(grid)
     failed: list[str] = []
-    print(f"fedlit grid: {len(cells)} cells ({len(grid.datasets)} data sets x {len(grid.methods)} methods"
-          + (f", {len(cells)} selected" if only else "") + f") x seeds {grid.seeds} -> {grid.out_dir}", flush=True)
+    print(
+        f"fedlit grid: {len(cells)} cells ({len(grid.datasets)} data sets x {len(grid.methods)} methods"
+        + (f", {len(cells)} selected" if only else "")
+        + f") x seeds {grid.seeds} -> {grid.out_dir}",
+        flush=True,
+    )
     started = time.perf_counter()
     for dataset, method in cells:
         name, folder = f"{dataset}/{method}", grid.folder(dataset, method)
@@ -271,8 +317,11 @@ def run_grid(grid: Grid, only: Sequence[str] = (), dry_run: bool = False, in_pro
         argv = [*command, "--ckpt_path", "last"] if len(done) < len(grid.seeds) and folder.exists() else command
         cell = record["cells"].setdefault(name, {})
         if cell.get("command") not in (None, command) and done:
-            print(f"fedlit grid: warning: {name}: the grid file changed since seeds {done} ran; they are kept. "
-                  f"Delete {folder} to run them again.", flush=True)
+            print(
+                f"fedlit grid: warning: {name}: the grid file changed since seeds {done} ran; they are kept. "
+                f"Delete {folder} to run them again.",
+                flush=True,
+            )
         cell.update(dataset=dataset, method=method, folder=f"{dataset}/{method}", command=command)
         if len(done) == len(grid.seeds):
             print(f"fedlit grid: {name}: seeds {done} finished before, skipped", flush=True)
@@ -289,18 +338,23 @@ def run_grid(grid: Grid, only: Sequence[str] = (), dry_run: bool = False, in_pro
         missing = [s for s in grid.seeds if s not in finished_seeds(folder, grid.seeds)]
         if error is None and missing:
             error = f"seeds {missing} have no results.json"
-        cell.update(status="failed" if error else "finished", wall_s=round(time.perf_counter() - t0, 1),
-                    error=error)
-        print(f"fedlit grid: {name}: " + (f"FAILED ({error})" if error else "finished")
-              + f" in {cell['wall_s']:.1f} s", flush=True)
+        cell.update(status="failed" if error else "finished", wall_s=round(time.perf_counter() - t0, 1), error=error)
+        print(
+            f"fedlit grid: {name}: " + (f"FAILED ({error})" if error else "finished") + f" in {cell['wall_s']:.1f} s",
+            flush=True,
+        )
         if error:
             failed.append(name)
         _write(grid, record)
     if not dry_run:
         _write(grid, record)
-        print(f"fedlit grid: {len(cells) - len(failed)}/{len(cells)} cells finished in "
-              f"{time.perf_counter() - started:.1f} s" + (f"; failed: {', '.join(failed)}" if failed else "")
-              + f". Table: fedlit report {grid.out_dir} --out {grid.out_dir / 'report'}", flush=True)
+        print(
+            f"fedlit grid: {len(cells) - len(failed)}/{len(cells)} cells finished in "
+            f"{time.perf_counter() - started:.1f} s"
+            + (f"; failed: {', '.join(failed)}" if failed else "")
+            + f". Table: fedlit report {grid.out_dir} --out {grid.out_dir / 'report'}",
+            flush=True,
+        )
     return failed
 
 
@@ -314,11 +368,17 @@ def main(argv: Sequence[str]) -> list[str]:
     parser = argparse.ArgumentParser(prog="fedlit grid", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("--config", required=True, help="The grid file (YAML).")
     parser.add_argument("--out_dir", default=None, help="Output folder (default: the grid file's out_dir).")
-    parser.add_argument("--only", nargs="+", default=(), metavar="DATASET/METHOD",
-                        help="Run only these cells (* matches any name: 'sites/*', '*/FedAvg').")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=(),
+        metavar="DATASET/METHOD",
+        help="Run only these cells (* matches any name: 'sites/*', '*/FedAvg').",
+    )
     parser.add_argument("--dry_run", action="store_true", help="Print each cell's command; run nothing.")
-    parser.add_argument("--in_process", action="store_true",
-                        help="Run the cells in this process rather than one fresh process each.")
+    parser.add_argument(
+        "--in_process", action="store_true", help="Run the cells in this process rather than one fresh process each."
+    )
     args = parser.parse_args(list(argv))
     failed = run_grid(load_grid(args.config, args.out_dir), args.only, args.dry_run, args.in_process)
     if failed:

@@ -53,8 +53,12 @@ def plain_text(draw: Callable[_P, _R]) -> Callable[_P, _R]:
 
 def add_arguments(parser: Any) -> None:
     """``--out``, the folder of ``partition.json`` and ``partition.png``."""
-    parser.add_argument("--out", type=str | None, default=None,
-                        help="Folder of partition.json and partition.png (default: runs/<name>/partition).")
+    parser.add_argument(
+        "--out",
+        type=str | None,
+        default=None,
+        help="Folder of partition.json and partition.png (default: runs/<name>/partition).",
+    )
 
 
 def class_names(datamodule: Any) -> list[str] | None:
@@ -83,8 +87,13 @@ def summarize(datamodule: Any) -> dict[str, Any]:
         if client_id in datamodule.evaluation_only:
             entry["evaluation_only"] = True
         clients[client_id] = entry
-    return {"dataset": type(datamodule).__name__, "task": datamodule.task, "seed": getattr(datamodule, "seed", None),
-            "classes": class_names(datamodule), "clients": clients}
+    return {
+        "dataset": type(datamodule).__name__,
+        "task": datamodule.task,
+        "seed": getattr(datamodule, "seed", None),
+        "classes": class_names(datamodule),
+        "clients": clients,
+    }
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -99,8 +108,10 @@ def table(summary: dict[str, Any]) -> str:
                 row += [str(v) for v in entry["classes"][split]]
             rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in rows]
+    lines = [
+        "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    ]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -122,8 +133,9 @@ def plot(summary: dict[str, Any], path: Path, *, title: str | None = None, vecto
 
     clients = list(summary["clients"])
     names = summary["classes"] or ["train samples"]
-    values = [e["classes"]["train"] if summary["classes"] else [e["samples"]["train"]]
-              for e in summary["clients"].values()]
+    values = [
+        e["classes"]["train"] if summary["classes"] else [e["samples"]["train"]] for e in summary["clients"].values()
+    ]
     largest = max((v for row in values for v in row), default=0) or 1
     width = max(5.0, 1.0 + 0.55 * len(clients))
     height = max(2.5, 1.2 + 0.45 * len(names))
@@ -134,12 +146,22 @@ def plot(summary: dict[str, Any], path: Path, *, title: str | None = None, vecto
             if v > 0:
                 ax.scatter(x, y, s=max_area * v / largest, color="tab:blue", alpha=0.7, edgecolors="none")
                 if len(clients) <= LABELLED:  # the count beside its dot (marker size s is an area in points^2)
-                    ax.annotate(str(v), (x, y), textcoords="offset points",
-                                xytext=(math.sqrt(max_area * v / largest) / 2 + 2, 0), ha="left", va="center",
-                                fontsize=7)
+                    ax.annotate(
+                        str(v),
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(math.sqrt(max_area * v / largest) / 2 + 2, 0),
+                        ha="left",
+                        va="center",
+                        fontsize=7,
+                    )
     ax.set_xticks(range(len(clients)))
-    ax.set_xticklabels(clients, rotation=45 if len(clients) > 6 or max(map(len, clients), default=0) > 8 else 0,
-                       ha="right" if len(clients) > 6 else "center", fontsize=8)
+    ax.set_xticklabels(
+        clients,
+        rotation=45 if len(clients) > 6 or max(map(len, clients), default=0) > 8 else 0,
+        ha="right" if len(clients) > 6 else "center",
+        fontsize=8,
+    )
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels(names, fontsize=8)
     ax.set_xlim(-0.7, len(clients) - 0.3)

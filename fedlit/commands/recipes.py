@@ -47,8 +47,7 @@ def _select(name: str, names: list[str]) -> list[str]:
         return inside
     close = get_close_matches(name, names + sorted({n.split("/")[0] for n in names if "/" in n}), 3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ConfigError(f"fedlit recipes {name}: no such recipe or folder of recipes.{hint} `fedlit recipes` lists "
-                      "them.")
+    raise ConfigError(f"fedlit recipes {name}: no such recipe or folder of recipes.{hint} `fedlit recipes` lists them.")
 
 
 def copy_recipes(names: list[str], out: Path) -> list[Path]:
@@ -59,8 +58,10 @@ def copy_recipes(names: list[str], out: Path) -> list[Path]:
     chosen = [n for name in names for n in _select(name, available)]
     clashes = [out / n for n in chosen if (out / n).exists() and (out / n).read_bytes() != (folder / n).read_bytes()]
     if clashes:
-        raise ConfigError(f"fedlit recipes --out {out}: {', '.join(map(str, clashes[:5]))} exist with other "
-                             "content; move them away or choose another --out.")
+        raise ConfigError(
+            f"fedlit recipes --out {out}: {', '.join(map(str, clashes[:5]))} exist with other "
+            "content; move them away or choose another --out."
+        )
     paths = []
     for n in dict.fromkeys(chosen):
         target = out / n

@@ -69,8 +69,10 @@ def split_seeds(argv: list[str]) -> tuple[list[int], list[str]]:
         raise ConfigError("--seeds needs at least one seed, e.g. --seeds 0 1 2.")
     duplicates = sorted({s for s in values if values.count(s) > 1})
     if duplicates:
-        raise ConfigError(f"--seeds {' '.join(seeds)}: seed {duplicates[0]} is given twice; give each seed once "
-                          "(each seed is one run folder).")
+        raise ConfigError(
+            f"--seeds {' '.join(seeds)}: seed {duplicates[0]} is given twice; give each seed once "
+            "(each seed is one run folder)."
+        )
     return values, rest
 
 
@@ -106,8 +108,7 @@ class SeedsJob:
         return self.folder / f"seed_{seed}"
 
     def __call__(self) -> dict[int, Any]:
-        print(f"fedlit fit: {len(self.seeds)} seeds ({', '.join(map(str, self.seeds))}) -> {self.folder}",
-              flush=True)
+        print(f"fedlit fit: {len(self.seeds)} seeds ({', '.join(map(str, self.seeds))}) -> {self.folder}", flush=True)
         self._write()
         for seed in self.seeds:
             if seed in self.finished:
@@ -144,36 +145,49 @@ def prepare(argv: list[str]) -> SeedsJob:
 
     seeds, rest = split_seeds(argv)
     if any(a == "--dry_run" or a.startswith("--dry_run=") for a in rest):
-        raise ConfigError("--seeds with --dry_run: --seeds starts one run per seed; --dry_run prints the cost of one "
-                          "run: leave --seeds out.")
+        raise ConfigError(
+            "--seeds with --dry_run: --seeds starts one run per seed; --dry_run prints the cost of one "
+            "run: leave --seeds out."
+        )
     if any(a == "--federation.seed" or a.startswith("--federation.seed=") for a in rest):
-        raise ConfigError("--seeds with --federation.seed: --seeds sets federation.seed of each run; leave out "
-                          "--federation.seed.")
+        raise ConfigError(
+            "--seeds with --federation.seed: --seeds sets federation.seed of each run; leave out --federation.seed."
+        )
     sub = load(rest, fit.parser("fit")).options
     resume = sub.ckpt_path is not None
     if resume and sub.ckpt_path != "last":
-        raise ConfigError(f"--seeds with --ckpt_path {sub.ckpt_path}: an experiment resumes seed by seed from each "
-                          "run's own last checkpoint; give --ckpt_path last (or resume one seed's run on its own: "
-                          "fedlit fit --config RECIPE --out_dir EXPERIMENT/seed_<s> --federation.seed <s> "
-                          "--ckpt_path FILE.ckpt).")
+        raise ConfigError(
+            f"--seeds with --ckpt_path {sub.ckpt_path}: an experiment resumes seed by seed from each "
+            "run's own last checkpoint; give --ckpt_path last (or resume one seed's run on its own: "
+            "fedlit fit --config RECIPE --out_dir EXPERIMENT/seed_<s> --federation.seed <s> "
+            "--ckpt_path FILE.ckpt)."
+        )
     if sub.federation.devices not in (1, "1") or sub.federation.num_nodes != 1:
-        raise ConfigError(f"--seeds with federation.devices={sub.federation.devices}, num_nodes="
-                          f"{sub.federation.num_nodes}: the runs of several processes are launched once per "
-                          "command. Start one command per seed: fedlit fit --config RECIPE --federation.seed <s> "
-                          "--out_dir EXPERIMENT/seed_<s>, or use --federation.devices 1.")
+        raise ConfigError(
+            f"--seeds with federation.devices={sub.federation.devices}, num_nodes="
+            f"{sub.federation.num_nodes}: the runs of several processes are launched once per "
+            "command. Start one command per seed: fedlit fit --config RECIPE --federation.seed <s> "
+            "--out_dir EXPERIMENT/seed_<s>, or use --federation.devices 1."
+        )
     named = [f"--{key} {sub[key]}" for key in ("name", "version") if sub[key] is not None]
     if sub.out_dir and named:
-        raise ConfigError(f"{' and '.join(named)} and --out_dir {sub.out_dir}: give one of them (--out_dir is the "
-                          "experiment's folder; --name and --version make runs/<name>/<version>).")
+        raise ConfigError(
+            f"{' and '.join(named)} and --out_dir {sub.out_dir}: give one of them (--out_dir is the "
+            "experiment's folder; --name and --version make runs/<name>/<version>)."
+        )
     init_args = sub.data.get("init_args")
     data_seed = init_args is not None and "seed" in init_args and sub.seeds_vary == "all"
     folder = Path(sub.out_dir) if sub.out_dir else runnames.version_dir(sub)
     if resume and folder is None:
-        raise ConfigError("--seeds with --ckpt_path last resumes an experiment: name its folder with --out_dir "
-                          "(or --name and --version).")
+        raise ConfigError(
+            "--seeds with --ckpt_path last resumes an experiment: name its folder with --out_dir "
+            "(or --name and --version)."
+        )
     if folder is not None and (folder / EXPERIMENT_FILE).exists() and not resume:
-        raise ConfigError(f"{folder} already holds an experiment ({EXPERIMENT_FILE}). Choose another --out_dir or "
-                          "--version, or leave --version out for the next version_<n>.")
+        raise ConfigError(
+            f"{folder} already holds an experiment ({EXPERIMENT_FILE}). Choose another --out_dir or "
+            "--version, or leave --version out for the next version_<n>."
+        )
     base = _without(rest, (*_PLACING, SEEDS_VARY, "--ckpt_path"))
     argvs = {}
     for seed in seeds:

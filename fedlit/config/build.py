@@ -67,8 +67,13 @@ class DataSection:
         return getattr(importlib.import_module(module), name).clients_in_options(self.init_args)
 
 
-def build_run(recipe: Recipe, out_dir: Path | None, ckpt_path: Path | None, *,
-              wrap_data: Callable[[DataSection], Any] | None = None) -> BuiltRun:
+def build_run(
+    recipe: Recipe,
+    out_dir: Path | None,
+    ckpt_path: Path | None,
+    *,
+    wrap_data: Callable[[DataSection], Any] | None = None,
+) -> BuiltRun:
     """Build the objects of a loaded recipe into its run folder ``out_dir`` (None: a new ``runs/<name>/version_<n>``)
     with the checkpoint ``ckpt_path``, as :func:`fedlit.config.resolve.resolve_run` gave them (configuration errors
     are raised here). With ``wrap_data`` the data section is parsed and validated but not built: what
@@ -114,9 +119,15 @@ def build_run(recipe: Recipe, out_dir: Path | None, ckpt_path: Path | None, *,
     elif subcommand == "fit" and first:
         created = first_missing(Path(out_dir))  # the fit makes it: removed again if it fails before writing
     try:
-        federation = Federation(objects.model, objects.data, objects.strategy,
-                                settings=Settings(**objects.federation.as_dict()), callbacks=objects.callbacks,
-                                out_dir=out_dir, config=config)
+        federation = Federation(
+            objects.model,
+            objects.data,
+            objects.strategy,
+            settings=Settings(**objects.federation.as_dict()),
+            callbacks=objects.callbacks,
+            out_dir=out_dir,
+            config=config,
+        )
     except BaseException:
         remove_if_empty(created)
         raise
@@ -167,9 +178,9 @@ def unwrap(err: BaseException) -> BaseException:
 
 def _is_wrapper(err: BaseException) -> bool:
     text = str(err)
-    return (type(err).__module__.startswith("jsonargparse")
-            or text.startswith(("Does not validate against any of the Union subtypes", "Parser key \"",
-                                "Problem with given class_path")))
+    return type(err).__module__.startswith("jsonargparse") or text.startswith(
+        ("Does not validate against any of the Union subtypes", 'Parser key "', "Problem with given class_path")
+    )
 
 
 def first_missing(path: Path) -> Path | None:
@@ -195,8 +206,13 @@ def remove_if_empty(folder: Path | None) -> None:
             os.rmdir(sub)
 
 
-def build_objects(recipe: Mapping[str, Any], overrides: list[str] | None = None, *, folder: Path | None = None,
-                  where: str = "the recipe") -> Namespace:
+def build_objects(
+    recipe: Mapping[str, Any],
+    overrides: list[str] | None = None,
+    *,
+    folder: Path | None = None,
+    where: str = "the recipe",
+) -> Namespace:
     """The objects of a recipe given as a mapping (``model``, ``data``, ``strategy``, ``federation``,
     ``callbacks``), with dotted ``overrides`` (``["--data.init_args.root", "/data/site_0"]``) on top: the model,
     data module (not set up), strategy, callbacks, and the federation's :class:`~fedlit.engine.loop.settings.Settings`.

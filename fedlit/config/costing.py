@@ -81,47 +81,70 @@ def estimate_costs(
         ``{"clients": {...}, "rounds", "evaluated_rounds", "strategies": [...]}`` (see :func:`format_table`).
     """
     if isinstance(clients_per_round, int) and num_clients is not None and clients_per_round > num_clients:
-        raise ConfigError(f"federation.clients_per_round={clients_per_round} but the data has only {num_clients} "
-                          "clients.")
+        raise ConfigError(
+            f"federation.clients_per_round={clients_per_round} but the data has only {num_clients} clients."
+        )
     if num_clients is not None:
         per_round: int | None = num_selected(clients_per_round, num_clients)
     else:  # a count is known without the clients; a fraction or "all" is not
         per_round = clients_per_round if isinstance(clients_per_round, int) else None
     evaluated = sum(1 for r in range(1, rounds + 1) if r % eval_every == 0 or r == rounds)
     base_roles = module.parameter_roles()
-    rows = [_strategy_costs(module, base_roles, strategy, num_clients, per_round, rounds, evaluated)
-            for strategy in reversed(strategies)][::-1]  # the first strategy's roles are set last, and kept
+    rows = [
+        _strategy_costs(module, base_roles, strategy, num_clients, per_round, rounds, evaluated)
+        for strategy in reversed(strategies)
+    ][::-1]  # the first strategy's roles are set last, and kept
     reference = rows[0]["per_client_per_round"]["upload_bytes"] if rows else 0
     for row in rows:
         up = row["per_client_per_round"]["upload_bytes"]
         row["upload_ratio"] = up / reference if reference else (1.0 if up == 0 else None)
-    return {"model": type(module).__name__,
-            "clients": {"total": num_clients, "per_round": per_round, "clients_per_round": clients_per_round},
-            "rounds": rounds, "evaluated_rounds": evaluated, "strategies": rows}
+    return {
+        "model": type(module).__name__,
+        "clients": {"total": num_clients, "per_round": per_round, "clients_per_round": clients_per_round},
+        "rounds": rounds,
+        "evaluated_rounds": evaluated,
+        "strategies": rows,
+    }
 
 
-def _strategy_costs(module: FederatedModule, base_roles: ParameterRoles, strategy: Strategy,
-                    num_clients: int | None, per_round: int | None, rounds: int, evaluated: int) -> dict[str, Any]:
+def _strategy_costs(
+    module: FederatedModule,
+    base_roles: ParameterRoles,
+    strategy: Strategy,
+    num_clients: int | None,
+    per_round: int | None,
+    rounds: int,
+    evaluated: int,
+) -> dict[str, Any]:
     roles = strategy.configure_roles(base_roles)
     module.set_parameter_roles(roles)
     client_ids = [f"client_{i}" for i in range(max(num_clients or 1, 1))]
     try:
-        strategy.initialize(module.named_tensors("shared"), client_ids, _placeholder_counts(module, client_ids),
-                            roles=roles)
+        strategy.initialize(
+            module.named_tensors("shared"), client_ids, _placeholder_counts(module, client_ids), roles=roles
+        )
     except (ConfigError, DataError):
         raise
     except Exception as err:  # noqa: BLE001  (a strategy whose set-up needs real values: say which one)
-        raise ConfigError(f"{strategy!r}: its server state cannot be set up before training ({type(err).__name__}: "
-                          f"{err}), so its costs cannot be estimated.") from err
+        raise ConfigError(
+            f"{strategy!r}: its server state cannot be set up before training ({type(err).__name__}: "
+            f"{err}), so its costs cannot be estimated."
+        ) from err
     client = client_ids[0]
     upload = {"tensors": module.named_tensors("shared"), "extras": strategy.expected_upload_extras(client)}
     evaluation = strategy.configure_evaluate(1, client)
 
     def in_round(server_round: int) -> dict[str, int]:  # round 2 stands for every later round
-        download = {"tensors": strategy.configure_client(server_round, client),
-                    "extras": strategy.expected_download_extras(server_round, client)}
-        return {"upload_parameters": state_numel(upload), "upload_bytes": state_nbytes(upload),
-                "download_parameters": state_numel(download), "download_bytes": state_nbytes(download)}
+        download = {
+            "tensors": strategy.configure_client(server_round, client),
+            "extras": strategy.expected_download_extras(server_round, client),
+        }
+        return {
+            "upload_parameters": state_numel(upload),
+            "upload_bytes": state_nbytes(upload),
+            "download_parameters": state_numel(download),
+            "download_bytes": state_nbytes(download),
+        }
 
     first = in_round(1)
     per_client = in_round(2) if rounds > 1 else first  # a round after the first: what most rounds cost
@@ -133,8 +156,9 @@ def _strategy_costs(module: FederatedModule, base_roles: ParameterRoles, strateg
     share = None if per_round is None or not num_clients else per_round / num_clients
     global_model = strategy.global_model_state(client)  # evaluated beside the personalized model when not None
     eval_bytes = state_nbytes(evaluation) + (0 if global_model is None else state_nbytes(global_model))
-    summary: dict[Any, dict[str, Any]] = {r["role"]: {"tensors": r["tensors"], "parameters": r["parameters"]}
-                                          for r in role_summary(module, roles)}
+    summary: dict[Any, dict[str, Any]] = {
+        r["role"]: {"tensors": r["tensors"], "parameters": r["parameters"]} for r in role_summary(module, roles)
+    }
     for role in ROLES:
         summary[role]["bytes"] = state_nbytes(module.named_tensors(role))
     summary["total"]["bytes"] = sum(summary[role]["bytes"] for role in ROLES)
@@ -195,20 +219,31 @@ def format_table(report: Mapping[str, Any]) -> str:
     """The report as readable text: the clients, the reference strategy's roles, one row per strategy."""
     clients = report["clients"]
     cpr = clients["clients_per_round"]
-    lines = [f"{report['model']}: {_count(clients['total'])} clients, {_count(clients['per_round'])} per round "
-             f"(federation.clients_per_round={'null' if cpr is None else cpr}); {report['rounds']} rounds, "
-             f"{report['evaluated_rounds']} evaluated."]
+    lines = [
+        f"{report['model']}: {_count(clients['total'])} clients, {_count(clients['per_round'])} per round "
+        f"(federation.clients_per_round={'null' if cpr is None else cpr}); {report['rounds']} rounds, "
+        f"{report['evaluated_rounds']} evaluated."
+    ]
     first = report["strategies"][0]
-    lines += ["", f"Parameter roles under {first['strategy']}:", "| role | tensors | parameters | bytes |",
-              "|---|---:|---:|---:|"]
-    lines += [f"| {role} | {r['tensors']:,} | {r['parameters']:,} | {_size(r['bytes'])} |"
-              for role, r in first["roles"].items()]
-    lines += ["", "Communication (upload: what a selected client sends; download: what it receives; counts are tensor "
-              "elements, buffers included):",
-              "| strategy | shared parameters | upload / client / round | download / client / round | "
-              "upload / round | download / round | upload / run | download / run | eval download / run | "
-              f"upload vs {first['name']} |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"Parameter roles under {first['strategy']}:",
+        "| role | tensors | parameters | bytes |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {role} | {r['tensors']:,} | {r['parameters']:,} | {_size(r['bytes'])} |"
+        for role, r in first["roles"].items()
+    ]
+    lines += [
+        "",
+        "Communication (upload: what a selected client sends; download: what it receives; counts are tensor "
+        "elements, buffers included):",
+        "| strategy | shared parameters | upload / client / round | download / client / round | "
+        "upload / round | download / round | upload / run | download / run | eval download / run | "
+        f"upload vs {first['name']} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in report["strategies"]:
         one, rnd, run = row["per_client_per_round"], row["per_round"], row["run"]
         lines.append(
@@ -217,13 +252,20 @@ def format_table(report: Mapping[str, Any]) -> str:
             f"{one['download_parameters']:,} ({_size(one['download_bytes'])}) | "
             f"{_size(rnd['upload_bytes'])} | {_size(rnd['download_bytes'])} | {_size(run['upload_bytes'])} | "
             f"{_size(run['download_bytes'])} | {_size(row['eval_download_bytes']['run'])} | "
-            f"{_ratio(row['upload_ratio'])} |")
-    lines += [f"{row['name']} fine-tunes before every evaluation: {_count(ft['per_client_per_evaluation'])} local "
-              f"steps per client and evaluation, {_count(ft['run'])} over the run (beside the rounds' training)."
-              for row in report["strategies"] if (ft := row["eval_finetune_steps"])["per_client_per_evaluation"]]
-    lines += [f"{row['name']} in round 1: download {_size(one['download_bytes'])} / client (the table's per-round "
-              "figures are a later round's)." for row in report["strategies"]
-              if (one := row["per_client_first_round"]) != row["per_client_per_round"]]
+            f"{_ratio(row['upload_ratio'])} |"
+        )
+    lines += [
+        f"{row['name']} fine-tunes before every evaluation: {_count(ft['per_client_per_evaluation'])} local "
+        f"steps per client and evaluation, {_count(ft['run'])} over the run (beside the rounds' training)."
+        for row in report["strategies"]
+        if (ft := row["eval_finetune_steps"])["per_client_per_evaluation"]
+    ]
+    lines += [
+        f"{row['name']} in round 1: download {_size(one['download_bytes'])} / client (the table's per-round "
+        "figures are a later round's)."
+        for row in report["strategies"]
+        if (one := row["per_client_first_round"]) != row["per_client_per_round"]
+    ]
     ratios = [f"{row['name']} / {first['name']} = {_ratio(row['upload_ratio'])}" for row in report["strategies"][1:]]
     if ratios:
         lines += ["", "Upload per client per round: " + "; ".join(ratios) + "."]
@@ -256,8 +298,9 @@ def estimate(recipe: Recipe, compare: Sequence[str] = ()) -> dict[str, Any]:
     parser, cfg, subcommand = recipe.parser, recipe.cfg, recipe.subcommand
     sub = recipe.options
     federation = sub.federation
-    problems = [f"federation.{key}={federation[key]} must be >= 1" for key in ("rounds", "eval_every")
-                if federation[key] < 1]
+    problems = [
+        f"federation.{key}={federation[key]} must be >= 1" for key in ("rounds", "eval_every") if federation[key] < 1
+    ]
     if problems:
         raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
     others = [_compare_strategy(name) for name in compare]
@@ -265,14 +308,23 @@ def estimate(recipe: Recipe, compare: Sequence[str] = ()) -> dict[str, Any]:
     objects, device = _build_without_data(parser, cfg, subcommand)
     num_clients, note = _expected_clients(parser, cfg, subcommand)
     notes += [n for n in (note, device) if n]
-    report = estimate_costs(objects.model, [objects.strategy, *others], num_clients=num_clients,
-                            clients_per_round=federation.clients_per_round, rounds=federation.rounds,
-                            eval_every=federation.eval_every)
+    report = estimate_costs(
+        objects.model,
+        [objects.strategy, *others],
+        num_clients=num_clients,
+        clients_per_round=federation.clients_per_round,
+        rounds=federation.rounds,
+        eval_every=federation.eval_every,
+    )
     notes += [note for s in [objects.strategy, *others] for note in s.cost_notes]
-    if any(type(s).expected_upload_extras is Strategy.expected_upload_extras and s.communicates
-           for s in [objects.strategy, *others]):
-        notes.append("uploads are each selected client's shared tensors (plus the extras a strategy declares); a "
-                     "strategy that uploads a subset chosen during training is counted by the roles it sets.")
+    if any(
+        type(s).expected_upload_extras is Strategy.expected_upload_extras and s.communicates
+        for s in [objects.strategy, *others]
+    ):
+        notes.append(
+            "uploads are each selected client's shared tensors (plus the extras a strategy declares); a "
+            "strategy that uploads a subset chosen during training is counted by the roles it sets."
+        )
     report["device"] = "meta" if device is None else "cpu"
     report["notes"] = notes
     return report
@@ -317,8 +369,10 @@ def _expected_clients(parser: ArgumentParser, cfg: Namespace, subcommand: str) -
         return (count if isinstance(count, int) else None), f"the data module was not built ({missing}): {where}."
     count = data.expected_num_clients()
     if count is None:
-        return None, (f"{type(data).__name__} cannot tell its number of clients before it reads its data: totals "
-                      "over all clients are unknown.")
+        return None, (
+            f"{type(data).__name__} cannot tell its number of clients before it reads its data: totals "
+            "over all clients are unknown."
+        )
     return count, None
 
 
@@ -344,8 +398,10 @@ def _compare_strategy(name: str) -> Strategy:
         except ImportError:
             cls = None
         if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-            raise ConfigError(f"--compare {name!r} is not a Strategy class. Give a short name "
-                              f"({', '.join(sorted(known))}) or the import path of a Strategy subclass.")
+            raise ConfigError(
+                f"--compare {name!r} is not a Strategy class. Give a short name "
+                f"({', '.join(sorted(known))}) or the import path of a Strategy subclass."
+            )
     elif name in known:
         cls = known[name]
     else:
@@ -355,5 +411,7 @@ def _compare_strategy(name: str) -> Strategy:
     try:
         return cls()
     except TypeError as err:
-        raise ConfigError(f"--compare {name}: it cannot be built with its default arguments ({err}); cost it as the "
-                          f"recipe's strategy instead (--strategy {name} --strategy.init_args...).") from None
+        raise ConfigError(
+            f"--compare {name}: it cannot be built with its default arguments ({err}); cost it as the "
+            f"recipe's strategy instead (--strategy {name} --strategy.init_args...)."
+        ) from None

@@ -34,16 +34,20 @@ def explain(err: BaseException) -> str:
     node: BaseException | None = err
     while node is not None and node not in chain:
         chain.append(node)  # as Python prints a chain: the cause, else the context unless it was suppressed
-        node = node.__cause__ if node.__cause__ is not None else (
-            None if node.__suppress_context__ else node.__context__)
+        node = (
+            node.__cause__ if node.__cause__ is not None else (None if node.__suppress_context__ else node.__context__)
+        )
     outer, text = str(chain[0]), "\n".join(str(e) for e in chain)
     keys = list(dict.fromkeys(re.findall(r'Parser key "([\w.]+)"', outer)))
     class_paths = re.findall(r"Problem with given class_path '([\w.]+)'", outer)
-    unknown = (re.search(r"does not accept option '([\w.]+)'", text)
-               or re.search(r"Option '([\w.]+)' is not accepted", text)
-               or re.search(r"unrecognized arguments: --([\w.]+)", text))
-    if found := re.search(r"callable class: Option '(\w+)' is not accepted\. Got value: .*?class_path='([\w.]+)'",
-                          text):
+    unknown = (
+        re.search(r"does not accept option '([\w.]+)'", text)
+        or re.search(r"Option '([\w.]+)' is not accepted", text)
+        or re.search(r"unrecognized arguments: --([\w.]+)", text)
+    )
+    if found := re.search(
+        r"callable class: Option '(\w+)' is not accepted\. Got value: .*?class_path='([\w.]+)'", text
+    ):
         option, owner = found.groups()  # a misspelled init_args key of an optimizer or scheduler
         valid = [p for p in _init_args(owner) if p not in ("params", "optimizer")]
         return _unknown_key(f"{_nested_key(keys)}.init_args.{option}", option, valid, f" of {owner}")
@@ -59,15 +63,21 @@ def explain(err: BaseException) -> str:
         return _not_a_mapping(_nested_key(keys), found.group(1), _section_keys(_nested_key(keys)), "")
     if class_paths and re.search(r"'(str|int|float|bool|list)' object has no attribute 'keys'", text):
         given = re.search(r"'init_args': ('[^']*'|\S+?)[,}]", text)
-        return _not_a_mapping(_nested_key(keys) + ".init_args", given.group(1).strip("'") if given else "?",
-                              _init_args(class_paths[-1]), f" of {class_paths[-1]}")
+        return _not_a_mapping(
+            _nested_key(keys) + ".init_args",
+            given.group(1).strip("'") if given else "?",
+            _init_args(class_paths[-1]),
+            f" of {class_paths[-1]}",
+        )
     if found := re.match(r"Unexpected config: (.*)", outer, re.DOTALL):
         content = found.group(1).strip()
         shown = repr(content if len(content) <= 60 else content[:60] + "...")
         what = "empty" if not content else f"not a mapping of sections: it reads as {shown}"
-        return (f"--config: the recipe is {what}. A recipe is YAML whose top-level keys are sections "
-                f"({', '.join(_section_keys(''))}), each followed by ':'. See fedlit fit --print_config for a "
-                "complete one, or fedlit fit --help.")
+        return (
+            f"--config: the recipe is {what}. A recipe is YAML whose top-level keys are sections "
+            f"({', '.join(_section_keys(''))}), each followed by ':'. See fedlit fit --print_config for a "
+            "complete one, or fedlit fit --help."
+        )
     if found := re.search(r"expects a function or a callable class: (.+?)\. Got value: .*?class_path='([\w.]+)'", text):
         return _callable_class_path(_nested_key(keys), found.group(2), found.group(1))
     if found := re.search(r"Expected a dot import path string: (\S+)", text):
@@ -88,13 +98,22 @@ def _callable_class_path(key: str, name: str, problem: str) -> str:
             module = module_name or home
             classes = [n for n, v in vars(importlib.import_module(module)).items() if isinstance(v, type)]
             close = difflib.get_close_matches(attr, classes + shorthands, n=1)
-            hint = "" if not close else (f" Did you mean {close[0]!r}?" if close[0] in shorthands
-                                         else f" Did you mean {module}.{close[0]}?")
+            hint = (
+                ""
+                if not close
+                else (
+                    f" Did you mean {close[0]!r}?" if close[0] in shorthands else f" Did you mean {module}.{close[0]}?"
+                )
+            )
     if shorthands:  # `optimizer: sgdd` reads as a misspelled shorthand too
-        return (f"{key}={name!r} is not one of the shorthands ['sgd', 'adam', 'adamw'] nor a known class.{hint} "
-                "Give a shorthand, or a class of torch.optim as class_path (its name or full import path).")
-    return (f"{key}.class_path={name!r}: {problem.rstrip('.')}.{hint} Give a class of {home} (its name, or a "
-            "full import path), or the import path of your own.")
+        return (
+            f"{key}={name!r} is not one of the shorthands ['sgd', 'adam', 'adamw'] nor a known class.{hint} "
+            "Give a shorthand, or a class of torch.optim as class_path (its name or full import path)."
+        )
+    return (
+        f"{key}.class_path={name!r}: {problem.rstrip('.')}.{hint} Give a class of {home} (its name, or a "
+        "full import path), or the import path of your own."
+    )
 
 
 def _nested_key(keys: list[str]) -> str:
@@ -114,8 +133,10 @@ def _not_a_mapping(key: str, value: str, valid: list[str], owner: str = "") -> s
     close = difflib.get_close_matches(first, valid, n=1) if first not in valid else [first]
     hint = f" Did you mean '{close[0]}: <value>'?" if close else ""
     listed = f" Valid options{owner}: {', '.join(valid)}." if valid else ""
-    return (f"{key or 'the recipe'}: expected a mapping of options (`key: value` lines), got {value!r}: a key "
-            f"without ':', or a misspelled one.{hint}{listed} fedlit fit --print_config shows a complete recipe.")
+    return (
+        f"{key or 'the recipe'}: expected a mapping of options (`key: value` lines), got {value!r}: a key "
+        f"without ':', or a misspelled one.{hint}{listed} fedlit fit --print_config shows a complete recipe."
+    )
 
 
 def _section_keys(section: str) -> list[str]:
@@ -126,8 +147,20 @@ def _section_keys(section: str) -> list[str]:
         from fedlit.engine.loop.settings import Settings
 
         return [f.name for f in fields(Settings)]
-    return ["config", "model", "data", "strategy", "federation", "callbacks", "out_dir", "ckpt_path", "name",
-            "version", "run", "imports"]
+    return [
+        "config",
+        "model",
+        "data",
+        "strategy",
+        "federation",
+        "callbacks",
+        "out_dir",
+        "ckpt_path",
+        "name",
+        "version",
+        "run",
+        "imports",
+    ]
 
 
 def _init_args(class_path: str) -> list[str]:

@@ -66,8 +66,10 @@ def split(argv: Sequence[str]) -> tuple[list[str], list[Entry]]:
         arg = args[i]
         if arg == OPTION:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise ConfigError(f"{OPTION} needs a value: a module name or a .py file, e.g. {OPTION} "
-                                  "my_strategies.py (repeat it for more).")
+                raise ConfigError(
+                    f"{OPTION} needs a value: a module name or a .py file, e.g. {OPTION} "
+                    "my_strategies.py (repeat it for more)."
+                )
             found.append(Entry(args[i + 1], Path.cwd(), OPTION))
             i += 2
             continue
@@ -97,8 +99,10 @@ def of_option(value: str) -> list[Entry]:
 
 def _entries(value: Any, base: Path, where: str) -> list[Entry]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ConfigError(f"{where}: expected a list of module names or .py files, got {value!r}. Write it as "
-                          f"`{KEY}: [my_strategies.py]` or `{KEY}: [my_package.strategies]`.")
+        raise ConfigError(
+            f"{where}: expected a list of module names or .py files, got {value!r}. Write it as "
+            f"`{KEY}: [my_strategies.py]` or `{KEY}: [my_package.strategies]`."
+        )
     return [Entry(v.strip(), base, where) for v in value]
 
 
@@ -118,8 +122,10 @@ def import_entry(entry: Entry) -> str:
     if entry.value.endswith(".py") or "/" in entry.value or "\\" in entry.value:
         return str(_import_file(entry))
     if not _MODULE_NAME.fullmatch(entry.value):
-        raise ConfigError(f"{entry.where}: {entry.value!r} is neither a .py file nor a module name. Give the path of "
-                          "a .py file (my_strategies.py) or a dotted module name (my_package.strategies).")
+        raise ConfigError(
+            f"{entry.where}: {entry.value!r} is neither a .py file nor a module name. Give the path of "
+            "a .py file (my_strategies.py) or a dotted module name (my_package.strategies)."
+        )
     module = _import_module(entry)
     path = _file_of(module)
     if path is not None and entry.base.resolve() in path.parents and _dotted_name(path)[0] == entry.value:
@@ -138,12 +144,16 @@ def _import_file(entry: Entry) -> Path:
             f"{entry.base}). Give the path of a .py file, or a module name such as my_package.strategies."
         )
     if path.suffix != ".py":
-        raise ConfigError(f"{entry.where}: {entry.value!r} is not a Python file ({path}). Give a .py file, or a "
-                          "module name such as my_package.strategies.")
+        raise ConfigError(
+            f"{entry.where}: {entry.value!r} is not a Python file ({path}). Give a .py file, or a "
+            "module name such as my_package.strategies."
+        )
     name, root = _dotted_name(path)
     if not _MODULE_NAME.fullmatch(name):
-        raise ConfigError(f"{entry.where}: {entry.value!r} would be imported as {name!r}, which is not a module "
-                          f"name. Rename {path.name} to a Python identifier (letters, digits, _).")
+        raise ConfigError(
+            f"{entry.where}: {entry.value!r} would be imported as {name!r}, which is not a module "
+            f"name. Rename {path.name} to a Python identifier (letters, digits, _)."
+        )
     loaded = sys.modules.get(name)
     if loaded is not None and ((loaded_file := _file_of(loaded)) is None or loaded_file.is_file()):
         _check_same(entry, name, path, loaded)
@@ -208,8 +218,10 @@ def _check_same(entry: Entry, name: str, path: Path, module: ModuleType) -> None
     except OSError:
         same = False
     if not same:
-        raise ConfigError(f"{entry.where}: {entry.value!r} is imported as module {name!r}, but {name!r} is already "
-                          f"{other}. Rename {path.name} so that its module name is its own.")
+        raise ConfigError(
+            f"{entry.where}: {entry.value!r} is imported as module {name!r}, but {name!r} is already "
+            f"{other}. Rename {path.name} so that its module name is its own."
+        )
 
 
 def _add_to_path(folder: Path) -> None:
@@ -242,9 +254,11 @@ def bundle(entries: Iterable[Entry]) -> tuple[dict[str, str], list[str]]:
             path = found
         base = entry.base.resolve()
         if base not in path.parents:
-            raise ConfigError(f"{entry.where}: {entry.value!r} ({path}) is outside {base}: only the code in that "
-                              "folder and below is shipped with the recipe. Move the file beside the recipe, or "
-                              "install it as a package on the server and every node.")
+            raise ConfigError(
+                f"{entry.where}: {entry.value!r} ({path}) is outside {base}: only the code in that "
+                "folder and below is shipped with the recipe. Move the file beside the recipe, or "
+                "install it as a package on the server and every node."
+            )
         packages = [f / "__init__.py" for f in path.parents if base in f.parents]  # the folders below base
         for source in [path, *packages]:
             if source.is_file():
@@ -258,8 +272,10 @@ def unpack(files: dict[str, str], folder: Path) -> None:
     for name, text in files.items():
         relative = Path(name)
         if relative.is_absolute() or ".." in relative.parts or relative.suffix != ".py":
-            raise ConfigError(f"The run config ships {name!r}, which is not a relative .py path: write the app "
-                              "again with `fedlit flower-app`.")
+            raise ConfigError(
+                f"The run config ships {name!r}, which is not a relative .py path: write the app "
+                "again with `fedlit flower-app`."
+            )
         target = folder / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
@@ -284,8 +300,8 @@ def unship(text: str, folder: Path) -> list[str]:
         shipped = json.loads(text)
         files, options = dict(shipped["files"]), list(shipped["import"])
     except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"The run config's imports are not readable ({err}): write the app again with `fedlit "
-                          "flower-app`.") from None
+        raise ConfigError(
+            f"The run config's imports are not readable ({err}): write the app again with `fedlit flower-app`."
+        ) from None
     unpack(files, folder)
-    return [arg for value in options
-            for arg in (OPTION, str(folder / value) if value.endswith(".py") else value)]
+    return [arg for value in options for arg in (OPTION, str(folder / value) if value.endswith(".py") else value)]

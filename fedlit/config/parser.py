@@ -61,30 +61,45 @@ def recipe_parser(subcommand: str, description: str) -> ArgumentParser:
     parser.add_subclass_arguments(FederatedModule, "model", required=True, help="The client model.")
     parser.add_subclass_arguments(Strategy, "strategy", required=True, help="The server algorithm.")
     parser.add_class_arguments(Settings, "federation", instantiate=False, help="Settings of the federated loop.")
-    parser.add_argument("--callbacks", type=list[Callback] | None, default=None,
-                        help="Extra callbacks, e.g. fedlit.callbacks.EarlyStopping. Only callbacks that act in the "
-                        "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's "
-                        "Trainer-only ones (EarlyStopping, ModelCheckpoint...) are refused.")
-    parser.add_argument("--out_dir", type=str | None, default=None,
-                        help="Output folder (default: runs/<name>/<version>).")
-    parser.add_argument("--ckpt_path", type=str | None, default=None,
-                        help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
-                             "or, for validate and test, `best` (its best-validation checkpoint).")
-    parser.add_argument(f"--{imports.KEY}", type=list[str] | None, default=None,
-                        help="Your own code to import before class paths are resolved (strategies, models, data "
-                             "modules): .py files relative to the recipe's folder, or module names, e.g. "
-                             f"[my_strategies.py]. On the command line, {imports.OPTION} MODULE_OR_FILE adds one "
-                             "(relative to the current folder; repeat it for more).")
+    parser.add_argument(
+        "--callbacks",
+        type=list[Callback] | None,
+        default=None,
+        help="Extra callbacks, e.g. fedlit.callbacks.EarlyStopping. Only callbacks that act in the "
+        "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's "
+        "Trainer-only ones (EarlyStopping, ModelCheckpoint...) are refused.",
+    )
+    parser.add_argument(
+        "--out_dir", type=str | None, default=None, help="Output folder (default: runs/<name>/<version>)."
+    )
+    parser.add_argument(
+        "--ckpt_path",
+        type=str | None,
+        default=None,
+        help="Checkpoint to resume or evaluate: a path, `last` (of the newest run of this name), "
+        "or, for validate and test, `best` (its best-validation checkpoint).",
+    )
+    parser.add_argument(
+        f"--{imports.KEY}",
+        type=list[str] | None,
+        default=None,
+        help="Your own code to import before class paths are resolved (strategies, models, data "
+        "modules): .py files relative to the recipe's folder, or module names, e.g. "
+        f"[my_strategies.py]. On the command line, {imports.OPTION} MODULE_OR_FILE adds one "
+        "(relative to the current folder; repeat it for more).",
+    )
     resolve.add_run_arguments(parser, subcommand)
     return parser
 
 
 def root_parser(subcommands: Mapping[str, tuple[str, ArgumentParser]]) -> ArgumentParser:
     """The ``fedlit`` parser over ``subcommands`` (name -> help, its parser)."""
-    parser = ArgumentParser(prog="fedlit", description="Personalized federated fine-tuning of medical models.",
-                            exit_on_error=False)
-    parser.add_argument("--version", action="version", version=f"fedlit {__version__}",
-                        help="Print the version and exit.")
+    parser = ArgumentParser(
+        prog="fedlit", description="Personalized federated fine-tuning of medical models.", exit_on_error=False
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"fedlit {__version__}", help="Print the version and exit."
+    )
     commands = parser.add_subcommands(dest="subcommand")
     for name, (help_text, sub) in subcommands.items():
         commands.add_subcommand(name, sub, help=help_text)
@@ -129,9 +144,13 @@ def parse(parser: ArgumentParser, argv: list[str]) -> Namespace:
     for i, arg in enumerate(argv[:-1]):
         if arg == f"--{imports.KEY}":
             entries = [*imports.of_option(argv[i + 1]), *entries]
-    entries = [e for path, recipe in recipes
-               for e in imports.of_recipe(recipe, path.parent if path else Path.cwd(),
-                                          str(path) if path else "the run's config.json")] + entries
+    entries = [
+        e
+        for path, recipe in recipes
+        for e in imports.of_recipe(
+            recipe, path.parent if path else Path.cwd(), str(path) if path else "the run's config.json"
+        )
+    ] + entries
     if entries:
         argv = [*argv, f"--{imports.KEY}", json.dumps(imports.import_all(entries))]
     precheck(argv, recipes)
@@ -223,8 +242,10 @@ def load_recipe(text: str, where: str) -> Any:
     try:
         return yaml.load(text, Loader=RecipeLoader)  # noqa: S506  (a SafeLoader)
     except DuplicateKeyError as err:
-        raise ConfigError(f"{path}: key {err.key!r} is given twice (line {err.first} and line {err.second}); YAML "
-                          "would silently keep the last one. Merge the two into one.") from None
+        raise ConfigError(
+            f"{path}: key {err.key!r} is given twice (line {err.first} and line {err.second}); YAML "
+            "would silently keep the last one. Merge the two into one."
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -271,8 +292,10 @@ def check_class_path(section: str, name: str) -> None:
         hint = f" Did you mean {module_name}.{close[0]}?" if close else ""
         raise ConfigError(f"{key}={name!r}: module {module_name} has no {attr!r}.{hint}")
     if not (isinstance(obj, type) and issubclass(obj, base)):
-        kind = next((b.__name__ for b in bases_.values() if isinstance(obj, type) and issubclass(obj, b)),
-                    type(obj).__name__ if not isinstance(obj, type) else "class")
+        kind = next(
+            (b.__name__ for b in bases_.values() if isinstance(obj, type) and issubclass(obj, b)),
+            type(obj).__name__ if not isinstance(obj, type) else "class",
+        )
         raise ConfigError(
             f"{key}={name!r} is a {kind}, not a {base.__name__}: the {section} section needs a subclass of "
             f"{base.__module__}.{base.__name__}."

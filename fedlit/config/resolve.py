@@ -25,15 +25,27 @@ EVALUATING = ("validate", "test")
 
 def add_run_arguments(parser: ArgumentParser, subcommand: str) -> None:
     """``--name``, ``--version`` and, for validate and test, ``--run`` (see :func:`run_root`, :func:`expand_run`)."""
-    parser.add_argument("--name", type=str | None, default=None,
-                        help="Run name: runs go to runs/<name>/<version> (default: <recipe>_<strategy>).")
-    parser.add_argument("--version", type=int | str | None, default=None,
-                        help="Run version: an int n gives runs/<name>/version_<n>, a string runs/<name>/<string> "
-                             "(default: the next version_<n>; a taken one is refused).")
+    parser.add_argument(
+        "--name",
+        type=str | None,
+        default=None,
+        help="Run name: runs go to runs/<name>/<version> (default: <recipe>_<strategy>).",
+    )
+    parser.add_argument(
+        "--version",
+        type=int | str | None,
+        default=None,
+        help="Run version: an int n gives runs/<name>/version_<n>, a string runs/<name>/<string> "
+        "(default: the next version_<n>; a taken one is refused).",
+    )
     if subcommand in EVALUATING:
-        parser.add_argument("--run", type=str | None, default=None,
-                            help="A run folder: rebuild the run from its config.json and evaluate its checkpoint "
-                                 "(--ckpt_path last, the default, or best).")
+        parser.add_argument(
+            "--run",
+            type=str | None,
+            default=None,
+            help="A run folder: rebuild the run from its config.json and evaluate its checkpoint "
+            "(--ckpt_path last, the default, or best).",
+        )
 
 
 def run_name(cfg: Namespace) -> str:
@@ -68,8 +80,9 @@ def version_dir(cfg: Namespace) -> Path | None:
 
 def check_folder_name(option: str, value: str) -> str:
     if not value or value in (".", "..") or "/" in value or "\\" in value:
-        raise ConfigError(f"{option} {value!r} is not a folder name: give a name without slashes "
-                          "(runs go to runs/<name>/<version>).")
+        raise ConfigError(
+            f"{option} {value!r} is not a folder name: give a name without slashes (runs go to runs/<name>/<version>)."
+        )
     return value
 
 
@@ -82,24 +95,44 @@ def expand_run(argv: list[str]) -> list[str]:
         return argv
     path = Path(folder) / "config.json"
     if argv[0] == "fit":
-        raise ConfigError(f"--run {folder} is for validate and test. To continue that run: fedlit fit --config "
-                          f"RECIPE --out_dir {folder} --ckpt_path last.")
+        raise ConfigError(
+            f"--run {folder} is for validate and test. To continue that run: fedlit fit --config "
+            f"RECIPE --out_dir {folder} --ckpt_path last."
+        )
     if not path.is_file():
-        raise ConfigError(f"--run {folder}: no config.json there (is it a run folder?). Give the folder of a run "
-                          "started with `fedlit fit`, or --config RECIPE --ckpt_path FILE.ckpt.")
+        raise ConfigError(
+            f"--run {folder}: no config.json there (is it a run folder?). Give the folder of a run "
+            "started with `fedlit fit`, or --config RECIPE --ckpt_path FILE.ckpt."
+        )
     if any(a == "--config" or a.startswith("--config=") for a in argv):
-        raise ConfigError(f"--run {folder} rebuilds the run from its config.json: leave out --config (options "
-                          "such as --data.init_args.root still apply).")
+        raise ConfigError(
+            f"--run {folder} rebuilds the run from its config.json: leave out --config (options "
+            "such as --data.init_args.root still apply)."
+        )
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"--run {folder}: {path} is not a readable run configuration ({err}). Restore it from a "
-                          "copy, or evaluate with --config RECIPE --ckpt_path FILE.ckpt.") from None
+        raise ConfigError(
+            f"--run {folder}: {path} is not a readable run configuration ({err}). Restore it from a "
+            "copy, or evaluate with --config RECIPE --ckpt_path FILE.ckpt."
+        ) from None
     if not isinstance(saved, dict):
-        raise ConfigError(f"--run {folder}: {path} holds a {type(saved).__name__}, not a run configuration. Restore "
-                          "it from a copy, or evaluate with --config RECIPE --ckpt_path FILE.ckpt.")
-    for key in ("config", "resumed", "out_dir", "ckpt_path", "name", "version", "run", "baseline_run",
-                "baseline_compare", "__path__"):
+        raise ConfigError(
+            f"--run {folder}: {path} holds a {type(saved).__name__}, not a run configuration. Restore "
+            "it from a copy, or evaluate with --config RECIPE --ckpt_path FILE.ckpt."
+        )
+    for key in (
+        "config",
+        "resumed",
+        "out_dir",
+        "ckpt_path",
+        "name",
+        "version",
+        "run",
+        "baseline_run",
+        "baseline_compare",
+        "__path__",
+    ):
         saved.pop(key, None)
     return [argv[0], "--config", json.dumps(saved), *argv[1:]]
 
@@ -121,8 +154,10 @@ def resolve_best(cfg: Namespace, subcommand: str, out_dir: Path | None) -> tuple
     if out_dir is None:
         runs = run_versions(run_root(cfg))
         if not runs:
-            raise CheckpointError(f"--ckpt_path best: no run of this name under {run_root(cfg)}. Give --run DIR "
-                                  "of a run, or --ckpt_path with the path of a .ckpt file.")
+            raise CheckpointError(
+                f"--ckpt_path best: no run of this name under {run_root(cfg)}. Give --run DIR "
+                "of a run, or --ckpt_path with the path of a .ckpt file."
+            )
         out_dir = runs[-1]
     from fedlit.core.checkpoint_io import BEST  # torch: imported when a run is resolved, not for --help
 
@@ -133,8 +168,10 @@ def resolve_best(cfg: Namespace, subcommand: str, out_dir: Path | None) -> tuple
         if results.is_file():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 why = f" ({json.loads(results.read_text())['checkpoints']['why_no_best']})"
-        raise CheckpointError(f"--ckpt_path best: {out_dir} has no {ckpt.name}{why}. Evaluate --ckpt_path last "
-                              "instead; best.ckpt is saved only by runs with a validation split.")
+        raise CheckpointError(
+            f"--ckpt_path best: {out_dir} has no {ckpt.name}{why}. Evaluate --ckpt_path last "
+            "instead; best.ckpt is saved only by runs with a validation split."
+        )
     return out_dir, ckpt
 
 
@@ -151,8 +188,10 @@ def resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | No
 
     named = [f"--{key} {cfg[key]}" for key in ("name", "version") if cfg[key] is not None]
     if cfg.out_dir and named:
-        raise ConfigError(f"{' and '.join(named)} and --out_dir {cfg.out_dir}: give one of them (--out_dir is the "
-                          "whole folder; --name and --version make runs/<name>/<version>).")
+        raise ConfigError(
+            f"{' and '.join(named)} and --out_dir {cfg.out_dir}: give one of them (--out_dir is the "
+            "whole folder; --name and --version make runs/<name>/<version>)."
+        )
     out_dir = Path(cfg.out_dir) if cfg.out_dir else version_dir(cfg)
     if cfg.get("run"):
         if cfg.out_dir or cfg.version is not None or cfg.name is not None:
@@ -197,12 +236,21 @@ def resolve_run(cfg: Namespace, subcommand: str) -> tuple[Path | None, Path | No
     ckpt = newest / "checkpoints" / LAST
     if not ckpt.is_file():
         holder = lock_holder(newest)
-        state = (f"it is still running (pid {holder.get('pid', '?')}) and has not saved one yet" if holder
-                 else "it stopped before its first checkpoint")
+        state = (
+            f"it is still running (pid {holder.get('pid', '?')}) and has not saved one yet"
+            if holder
+            else "it stopped before its first checkpoint"
+        )
         older = [p for p in runs[:-1] if (p / "checkpoints" / LAST).is_file()]
         hint = f" (the newest with one is {older[-1]})" if older else ""
-        again = "" if holder else (" It has nothing to resume: `fedlit fit` without --ckpt_path starts the run "
-                                   f"again (with --out_dir {newest}, in its folder).")
+        again = (
+            ""
+            if holder
+            else (
+                " It has nothing to resume: `fedlit fit` without --ckpt_path starts the run "
+                f"again (with --out_dir {newest}, in its folder)."
+            )
+        )
         raise CheckpointError(
             f"{option}: the newest run of this name, {newest}, has no checkpoint: {state}. `last` never falls "
             f"back to an older run. Pass --out_dir of an older run{hint}, or --ckpt_path with the path of a "

@@ -89,8 +89,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     if not isinstance(payload, dict) or "format_version" not in payload:
         held = f"a {type(payload).__name__}" if not isinstance(payload, dict) else "a dict without format_version"
-        raise CheckpointError(f"ckpt_path: {path} holds {held}, not a fedlit checkpoint. Give the path of a "
-                              "checkpoint written by fedlit (out_dir/checkpoints/last.ckpt).")
+        raise CheckpointError(
+            f"ckpt_path: {path} holds {held}, not a fedlit checkpoint. Give the path of a "
+            "checkpoint written by fedlit (out_dir/checkpoints/last.ckpt)."
+        )
     if payload["format_version"] != FORMAT_VERSION:
         raise CheckpointError(
             f"ckpt_path: {path} has checkpoint format {payload['format_version']}, this fedlit reads format "

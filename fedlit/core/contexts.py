@@ -28,8 +28,16 @@ from typing_extensions import override
 
 from fedlit.core.store import ClientStore
 
-__all__ = ["Batch", "ClientContext", "EvaluationView", "LocalView", "RunView", "ServerContext", "SettingsView",
-           "StepOutput"]
+__all__ = [
+    "Batch",
+    "ClientContext",
+    "EvaluationView",
+    "LocalView",
+    "RunView",
+    "ServerContext",
+    "SettingsView",
+    "StepOutput",
+]
 
 #: A batch as a client's data loader yields it (a tensor, or a tuple, list or mapping of tensors, per task). Hooks
 #: pass it on (to ``training_step``, :meth:`ClientContext.prepare_batch`) without reading inside it, so its type
@@ -211,8 +219,10 @@ class SettingsView:
 
     @override
     def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"The run's settings are read-only in a hook: cannot set {name!r} (set "
-                             f"federation.{name} in the recipe instead)")
+        raise AttributeError(
+            f"The run's settings are read-only in a hook: cannot set {name!r} (set "
+            f"federation.{name} in the recipe instead)"
+        )
 
     @override
     def __delattr__(self, name: str) -> None:
@@ -243,8 +253,10 @@ class ServerContext:
 
     @override
     def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"ServerContext is read-only: cannot set {name!r} (a hook ends the run with "
-                             "trainer.request_stop(reason); it changes nothing else of the run)")
+        raise AttributeError(
+            f"ServerContext is read-only: cannot set {name!r} (a hook ends the run with "
+            "trainer.request_stop(reason); it changes nothing else of the run)"
+        )
 
     @override
     def __delattr__(self, name: str) -> None:

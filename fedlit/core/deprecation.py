@@ -14,6 +14,9 @@ import warnings
 
 def moved_module(old: str, new: str) -> None:
     """Make the module being imported as ``old`` the module ``new`` (imported now), warning that it moved."""
-    warnings.warn(f"{old} moved to {new}; import it from there ({old} goes in the next release).",
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"{old} moved to {new}; import it from there ({old} goes in the next release).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     sys.modules[old] = importlib.import_module(new)

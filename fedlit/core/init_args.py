@@ -153,7 +153,7 @@ def _passed_on_defaults(cls: type, init: Any) -> tuple[dict[str, Any], set[str]]
     owner = next((i for i, c in enumerate(classes) if vars(c)["__init__"] is init), None)
     if owner is None:
         return out, all_floats
-    for base in classes[owner + 1:]:
+    for base in classes[owner + 1 :]:
         if base is object:
             break
         try:
@@ -163,8 +163,10 @@ def _passed_on_defaults(cls: type, init: Any) -> tuple[dict[str, Any], set[str]]
         floats = _float_parameters(vars(base)["__init__"])
         all_floats |= floats
         for name, parameter in list(parameters.items())[1:]:
-            if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) \
-                    and parameter.default is not inspect.Parameter.empty:
+            if (
+                parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+                and parameter.default is not inspect.Parameter.empty
+            ):
                 default = parameter.default
                 out.setdefault(name, float(default) if name in floats and _is_int(default) else default)
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):

@@ -37,11 +37,14 @@ MAX_LENGTH = 128
 MAX_BYTES = 255
 _CONTROL = {"Cc", "Zl", "Zp", "Cs"}
 #: Device names Windows reserves: no file or folder can be named so, with or without an extension.
-WINDOWS_RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
-                              *(f"LPT{i}" for i in range(1, 10))})
+WINDOWS_RESERVED = frozenset(
+    {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+)
 #: What a message suggests when ids are refused.
-FIX = ("Rename these sites in the data (letters, digits, spaces, '_', '-', '.'; no '/' or '\\'), or map them to "
-       "such names before fedlit reads them")
+FIX = (
+    "Rename these sites in the data (letters, digits, spaces, '_', '-', '.'; no '/' or '\\'), or map them to "
+    "such names before fedlit reads them"
+)
 
 
 def client_id_problem(client_id: object) -> str | None:
@@ -90,14 +93,18 @@ def check_client_ids(client_ids: Iterable[object], source: str, fix: str = FIX) 
     """
     client_ids = list(client_ids)
     problems = [(_show(c), why) for c in client_ids if (why := client_id_problem(c)) is not None]
-    problems += [(" and ".join(map(_show, group)), "differ only by case (one folder on Windows and macOS)")
-                 for group in case_collisions(client_ids)]
+    problems += [
+        (" and ".join(map(_show, group)), "differ only by case (one folder on Windows and macOS)")
+        for group in case_collisions(client_ids)
+    ]
     if not problems:
         return
     shown = "; ".join(f"{c} {why}" for c, why in problems[:10])
     more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
-    raise DataError(f"{source}: client ids that are not safe as file names: {shown}{more}. Client ids "
-                    f"become folders (fedlit export), TensorBoard tags and metrics.csv rows. {fix}.")
+    raise DataError(
+        f"{source}: client ids that are not safe as file names: {shown}{more}. Client ids "
+        f"become folders (fedlit export), TensorBoard tags and metrics.csv rows. {fix}."
+    )
 
 
 def check_client_id(client_id: object, source: str, fix: str = FIX) -> None:

@@ -213,8 +213,13 @@ class ParameterRoles(Mapping[str, str]):
         norm: The names that belong to normalization layers.
     """
 
-    def __init__(self, roles: Mapping[str, str], *, buffers: set[str] | frozenset[str] = frozenset(),
-                 norm: set[str] | frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        roles: Mapping[str, str],
+        *,
+        buffers: set[str] | frozenset[str] = frozenset(),
+        norm: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         bad = {n: r for n, r in roles.items() if r not in ROLES}
         if bad:
             raise ValueError(f"Unknown roles {bad}; allowed: {list(ROLES)}.")
@@ -223,8 +228,9 @@ class ParameterRoles(Mapping[str, str]):
         self._norm = frozenset(norm)
 
     @classmethod
-    def from_module(cls, module: nn.Module, rules: list[RoleRule], default: Role = "shared",
-                    labels: list[str | None] | None = None) -> ParameterRoles:
+    def from_module(
+        cls, module: nn.Module, rules: list[RoleRule], default: Role = "shared", labels: list[str | None] | None = None
+    ) -> ParameterRoles:
         """Resolve ``rules`` on ``module``: the last matching rule wins, unmatched names get ``default``.
 
         Args:
@@ -243,9 +249,12 @@ class ParameterRoles(Mapping[str, str]):
             label = labels[i] if labels is not None else None
             if not selected and label is not None:
                 close = difflib.get_close_matches(rule.pattern, param_names + buffer_names, n=3, cutoff=0.3)
-                warnings.warn(f"{label}: role rule pattern {rule.pattern!r} (-> {rule.role}) matches no parameter or "
-                              f"buffer of {type(module).__name__}, so it changes nothing. Check the pattern "
-                              f"(names look like {close or (param_names + buffer_names)[:3]}).", stacklevel=3)
+                warnings.warn(
+                    f"{label}: role rule pattern {rule.pattern!r} (-> {rule.role}) matches no parameter or "
+                    f"buffer of {type(module).__name__}, so it changes nothing. Check the pattern "
+                    f"(names look like {close or (param_names + buffer_names)[:3]}).",
+                    stacklevel=3,
+                )
             for name in selected:
                 roles[name] = rule.role
         norm: set[str] = set()
@@ -276,7 +285,8 @@ class ParameterRoles(Mapping[str, str]):
     def names(self, *roles: str, params: bool = True, buffers: bool = True) -> list[str]:
         """Names with one of ``roles`` (all roles when none given), in module order."""
         return [
-            n for n, r in self._roles.items()
+            n
+            for n, r in self._roles.items()
             if (not roles or r in roles) and (buffers if n in self._buffers else params)
         ]
 
@@ -316,9 +326,14 @@ def role_summary(module: nn.Module, roles: ParameterRoles) -> list[dict[str, flo
     rows: list[dict[str, float | int | str]] = []
     for role in (*ROLES, "total"):
         names = [n for n in tensors if role == "total" or roles.get(n) == role]
-        rows.append({"role": role, "tensors": len(names),
-                     "parameters": sum(tensors[n].numel() for n in names if n not in buffers),
-                     "mb": sum(tensors[n].numel() * tensors[n].element_size() for n in names) / 2**20})
+        rows.append(
+            {
+                "role": role,
+                "tensors": len(names),
+                "parameters": sum(tensors[n].numel() for n in names if n not in buffers),
+                "mb": sum(tensors[n].numel() * tensors[n].element_size() for n in names) / 2**20,
+            }
+        )
     return rows
 
 
@@ -331,8 +346,9 @@ def unmatched_rules(module: nn.Module, rules: list[RoleRule]) -> list[RoleRule]:
 def role_summary_table(module: nn.Module, roles: ParameterRoles, rules: list[RoleRule]) -> str:
     """:func:`role_summary` as a Markdown table, and the ``rules`` that match nothing below it."""
     lines = ["| role | tensors | parameters | MB |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['role']} | {r['tensors']:,} | {r['parameters']:,} | {r['mb']:.2f} |"
-              for r in role_summary(module, roles)]
+    lines += [
+        f"| {r['role']} | {r['tensors']:,} | {r['parameters']:,} | {r['mb']:.2f} |" for r in role_summary(module, roles)
+    ]
     unmatched = unmatched_rules(module, rules)
     if unmatched:
         lines.append("\nRole rules that match no tensor: " + ", ".join(f"{r.pattern!r} -> {r.role}" for r in unmatched))

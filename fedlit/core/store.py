@@ -110,8 +110,11 @@ class ClientStore:
     def client_state(self, client_id: str) -> dict[str, Any]:
         """Everything the store keeps for ``client_id`` (its tensors, optimizer state and strategy/callback state):
         what a client process saves between its turns when the store lives where the client is (a Flower node)."""
-        return {"tensors": self._tensors.get(client_id), "optimizer": self._optimizer.get(client_id),
-                "extra": self._extra.get(client_id)}
+        return {
+            "tensors": self._tensors.get(client_id),
+            "optimizer": self._optimizer.get(client_id),
+            "extra": self._extra.get(client_id),
+        }
 
     def load_client_state(self, client_id: str, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`client_state` returned for ``client_id``."""

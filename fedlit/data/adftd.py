@@ -35,8 +35,10 @@ def recording(subject: str, derivatives: bool) -> str:
 
 def layout(derivatives: bool = True) -> str:
     """The files an ADFTD folder must hold, as error messages name them."""
-    return (f"{PARTICIPANTS} (participant_id, Group A/F/C) and {recording('sub-XXX', derivatives)} per subject, "
-            f"as OpenNeuro ships ds004504 ({URL})")
+    return (
+        f"{PARTICIPANTS} (participant_id, Group A/F/C) and {recording('sub-XXX', derivatives)} per subject, "
+        f"as OpenNeuro ships ds004504 ({URL})"
+    )
 
 
 def mne_module() -> Any:
@@ -48,8 +50,10 @@ def mne_module() -> Any:
     try:
         import mne
     except ImportError:
-        raise ConfigError("reading EEGLAB .set files (ADFTD) needs the mne package: pip install 'fedlit[signals]' "
-                          "(or pip install mne)") from None
+        raise ConfigError(
+            "reading EEGLAB .set files (ADFTD) needs the mne package: pip install 'fedlit[signals]' "
+            "(or pip install mne)"
+        ) from None
     return mne
 
 
@@ -120,8 +124,10 @@ class ADFTD(FederatedDataModule):
             if not is_int(value) or value < 1:
                 problems.append(f"data.init_args.{option} must be an integer >= 1, got {value!r}")
         if partitioner is not None and not isinstance(partitioner, Partitioner):
-            problems.append(f"data.init_args.partitioner must be a Partitioner (IID, Dirichlet, Pathological, "
-                            f"Shards, Natural), got {partitioner!r}")
+            problems.append(
+                f"data.init_args.partitioner must be a Partitioner (IID, Dirichlet, Pathological, "
+                f"Shards, Natural), got {partitioner!r}"
+            )
         if problems:
             raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
@@ -149,9 +155,11 @@ class ADFTD(FederatedDataModule):
         files = {s: recording(s, self.derivatives) for s in subjects}
         absent = [f for f in files.values() if not (self.root / f).is_file()]
         if absent:
-            raise DataError(f"{self.root}: {len(absent)} of the {len(files)} recordings listed in {PARTICIPANTS} are "
-                            f"missing ({', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''}); the folder must "
-                            f"hold {layout(self.derivatives)}")
+            raise DataError(
+                f"{self.root}: {len(absent)} of the {len(files)} recordings listed in {PARTICIPANTS} are "
+                f"missing ({', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''}); the folder must "
+                f"hold {layout(self.derivatives)}"
+            )
         read = EEGWindows(str(self.root), open_files=self.open_files)
         rate, channels, lengths = None, None, {}
         for subject, file in files.items():
@@ -159,8 +167,10 @@ class ADFTD(FederatedDataModule):
             if rate is None:
                 rate, channels = header
             elif header != (rate, channels):
-                raise DataError(f"{self.root / file}: {header[1]} channels at {header[0]:g} Hz, but "
-                                f"{self.root / files[next(iter(files))]} has {channels} at {rate:g} Hz")
+                raise DataError(
+                    f"{self.root / file}: {header[1]} channels at {header[0]:g} Hz, but "
+                    f"{self.root / files[next(iter(files))]} has {channels} at {rate:g} Hz"
+                )
             lengths[subject] = read.length(file)
         assert rate is not None  # read_participants refuses a file that lists no participant
         window, stride = round(self.window_seconds * rate), round(self.stride_seconds * rate)
@@ -168,8 +178,11 @@ class ADFTD(FederatedDataModule):
         windows = [(s, [files[s], start]) for s in subjects for start in range(0, lengths[s] - window + 1, stride)]
         short = [s for s in subjects if lengths[s] < window]
         if short:
-            warnings.warn(f"ADFTD: {len(short)} recordings are shorter than window_seconds={self.window_seconds:g} "
-                          f"and give no window: {short[:5]}", stacklevel=2)
+            warnings.warn(
+                f"ADFTD: {len(short)} recordings are shorter than window_seconds={self.window_seconds:g} "
+                f"and give no window: {short[:5]}",
+                stacklevel=2,
+            )
         labels = np.asarray([GROUPS.index(subjects[s]) for s, _ in windows], dtype=np.int64)
         owner = np.asarray([s for s, _ in windows])
         part_rng, split_rng = np.random.default_rng(self.seed).spawn(2)
@@ -188,22 +201,35 @@ class ADFTD(FederatedDataModule):
         for client_id, part in zip(client_ids, parts, strict=True):
             needed = sum(f > 0 for f in self.split_fractions)
             if len(part) < needed:
-                raise DataError(f"client {client_id!r} has {len(part)} windows, fewer than the {needed} non-empty "
-                                f"splits of data.init_args.split_fractions={self.split_fractions}: lower num_clients "
-                                "or window_seconds")
+                raise DataError(
+                    f"client {client_id!r} has {len(part)} windows, fewer than the {needed} non-empty "
+                    f"splits of data.init_args.split_fractions={self.split_fractions}: lower num_clients "
+                    "or window_seconds"
+                )
             positions = stratified_split(np.arange(len(part)), labels[part], self.split_fractions, split_rng)
             splits[client_id] = dict(zip(SPLITS, positions, strict=True))
         y = torch.from_numpy(labels)
         return SampleList(
-            name="adftd", task="multiclass", num_classes=len(CLASS_NAMES),
+            name="adftd",
+            task="multiclass",
+            num_classes=len(CLASS_NAMES),
             samples={c: [windows[i][1] for i in part] for c, part in zip(client_ids, parts, strict=True)},
             targets={c: y[torch.from_numpy(part)] for c, part in zip(client_ids, parts, strict=True)},
-            splits=splits, read=read, partitioner=repr(self.partitioner), class_names=list(CLASS_NAMES),
-            details={"root": str(self.root), "derivatives": self.derivatives, "sampling_rate": rate,
-                     "channels": channels, "window_samples": window, "stride_samples": stride, "unit": self.unit,
-                     "split_fractions": list(self.split_fractions),
-                     "subjects": {c: sorted(set(owner[part].tolist())) for c, part in zip(client_ids, parts,
-                                                                                            strict=True)}},
+            splits=splits,
+            read=read,
+            partitioner=repr(self.partitioner),
+            class_names=list(CLASS_NAMES),
+            details={
+                "root": str(self.root),
+                "derivatives": self.derivatives,
+                "sampling_rate": rate,
+                "channels": channels,
+                "window_samples": window,
+                "stride_samples": stride,
+                "unit": self.unit,
+                "split_fractions": list(self.split_fractions),
+                "subjects": {c: sorted(set(owner[part].tolist())) for c, part in zip(client_ids, parts, strict=True)},
+            },
         )
 
 
@@ -218,14 +244,18 @@ def read_participants(path: Path) -> dict[str, str]:
             reader = csv.DictReader(handle, delimiter="\t")
             columns = reader.fieldnames or []
             if "participant_id" not in columns or "Group" not in columns:
-                raise DataError(f"{path}: no participant_id and Group columns (columns: {columns}); this is not "
-                                f"ds004504's {PARTICIPANTS} ({URL})")
+                raise DataError(
+                    f"{path}: no participant_id and Group columns (columns: {columns}); this is not "
+                    f"ds004504's {PARTICIPANTS} ({URL})"
+                )
             subjects = {}
             for row in reader:
                 group = (row["Group"] or "").strip()
                 if group not in GROUPS:
-                    raise DataError(f"{path}, line {reader.line_num}: Group {group!r} is not one of {list(GROUPS)} "
-                                    f"(A Alzheimer's, F frontotemporal dementia, C control); download it from {URL}")
+                    raise DataError(
+                        f"{path}, line {reader.line_num}: Group {group!r} is not one of {list(GROUPS)} "
+                        f"(A Alzheimer's, F frontotemporal dementia, C control); download it from {URL}"
+                    )
                 subjects[row["participant_id"].strip()] = group
     except UnicodeDecodeError:
         raise not_utf8(path) from None
@@ -258,8 +288,9 @@ class EEGWindows:
         try:
             raw = mne.io.read_raw_eeglab(path, preload=False, verbose="error")
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise DataError(f"{path}: not a readable EEGLAB file ({type(err).__name__}: {err}); download it again "
-                            f"from {URL}") from None
+            raise DataError(
+                f"{path}: not a readable EEGLAB file ({type(err).__name__}: {err}); download it again from {URL}"
+            ) from None
         self._open[file] = raw
         while len(self._open) > self.open_files:
             self._open.popitem(last=False)

@@ -26,8 +26,10 @@ def soundfile() -> Any:
     try:
         import soundfile as module
     except ImportError:
-        raise ConfigError("the audio data sets read sound files with the soundfile package: pip install "
-                          "'fedlit[audio]' (or pip install soundfile)") from None
+        raise ConfigError(
+            "the audio data sets read sound files with the soundfile package: pip install "
+            "'fedlit[audio]' (or pip install soundfile)"
+        ) from None
     return module
 
 
@@ -74,18 +76,23 @@ class AudioClip:
         path = Path(self.root) / name
         try:
             rate = sf.info(str(path)).samplerate
-            data, _ = sf.read(str(path), start=int(start * rate), stop=int(end * rate), dtype="float32",
-                                     always_2d=True)
+            data, _ = sf.read(str(path), start=int(start * rate), stop=int(end * rate), dtype="float32", always_2d=True)
         except FileNotFoundError:
-            raise DataError(f"{path}: sound file not found (it was listed when the data set was built); restore "
-                            "it, or rebuild the run's data without it") from None
+            raise DataError(
+                f"{path}: sound file not found (it was listed when the data set was built); restore "
+                "it, or rebuild the run's data without it"
+            ) from None
         except (RuntimeError, ValueError, sf.LibsndfileError) as err:
-            raise DataError(f"{path}: cannot be read as a sound file ({type(err).__name__}: {err}); replace it "
-                            "or remove it and its annotation") from None
+            raise DataError(
+                f"{path}: cannot be read as a sound file ({type(err).__name__}: {err}); replace it "
+                "or remove it and its annotation"
+            ) from None
         wave = data.mean(axis=1)
         if len(wave) == 0:
-            raise DataError(f"{path}: the cycle {start}-{end} s holds no sample (the file is "
-                            f"{sf.info(str(path)).duration:.3f} s long); fix its annotation")
+            raise DataError(
+                f"{path}: the cycle {start}-{end} s holds no sample (the file is "
+                f"{sf.info(str(path)).duration:.3f} s long); fix its annotation"
+            )
         return torch.from_numpy(self.fit(resample(wave, rate, self.sample_rate)))
 
     def fit(self, wave: np.ndarray) -> np.ndarray:
@@ -99,7 +106,7 @@ class AudioClip:
             return fade_out(np.tile(wave, math.ceil(n / len(wave)))[:n], fade).astype(np.float32)
         out = np.zeros(n, dtype=np.float32)
         offset = (n - len(wave)) // 2
-        out[offset:offset + len(wave)] = wave
+        out[offset : offset + len(wave)] = wave
         return out
 
 
@@ -119,7 +126,7 @@ def fade_out(wave: np.ndarray, samples: int) -> np.ndarray:
     if k < 1:
         return wave
     out = wave.copy()
-    out[len(out) - k:] *= np.linspace(1.0, 0.0, k, dtype=np.float64).astype(wave.dtype)
+    out[len(out) - k :] *= np.linspace(1.0, 0.0, k, dtype=np.float64).astype(wave.dtype)
     return out
 
 

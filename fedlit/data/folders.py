@@ -106,23 +106,21 @@ class SiteFolders(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         problems = []
         if task not in ("multiclass", "binary"):
             problems.append(f"{_OPTION}.task must be 'multiclass' or 'binary', got {task!r}")
         if channels not in (1, 3):
             problems.append(f"{_OPTION}.channels must be 1 (grey) or 3 (RGB), got {channels!r}")
-        if image_size is not None and (not is_int(image_size)
-                                       or image_size < 1):
+        if image_size is not None and (not is_int(image_size) or image_size < 1):
             problems.append(f"{_OPTION}.image_size must be null or an integer >= 1, got {image_size!r}")
         if (mean is None) != (std is None):
             problems.append(f"{_OPTION}.mean and {_OPTION}.std go together: give both or neither")
         elif mean is not None and std is not None:
             if len(mean) != channels or len(std) != channels:
-                problems.append(f"{_OPTION}.mean and std need one value per channel ({channels}), got "
-                                f"{list(mean)} and {list(std)}")
+                problems.append(
+                    f"{_OPTION}.mean and std need one value per channel ({channels}), got {list(mean)} and {list(std)}"
+                )
             elif any(not s > 0 for s in std):
                 problems.append(f"{_OPTION}.std values must be > 0, got {list(std)}")
         try:
@@ -145,8 +143,9 @@ class SiteFolders(FederatedDataModule):
         # Listed sites are looked for when built: a node holds its own site folder only (only_site).
         self.sites = list(sites) if sites is not None else _site_folders(self.root)
         if not self.sites:
-            raise InputFileError(f"{_OPTION}.root: {self.root} holds no site folder; put each site's images in "
-                                    f"{self.root}/<site>/")
+            raise InputFileError(
+                f"{_OPTION}.root: {self.root} holds no site folder; put each site's images in {self.root}/<site>/"
+            )
         self.requested_task, self.channels, self.image_size = task, channels, image_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.labels_file, self.file_column, self.label_column = labels_file, file_column, label_column
@@ -172,8 +171,9 @@ class SiteFolders(FederatedDataModule):
         if unknown:
             close = difflib.get_close_matches(unknown[0], found, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{_OPTION}.sites: {unknown} are not folders of {self.root}; its site folders "
-                              f"are {found}{hint}")
+            raise ConfigError(
+                f"{_OPTION}.sites: {unknown} are not folders of {self.root}; its site folders are {found}{hint}"
+            )
         return sites
 
     @override
@@ -185,9 +185,11 @@ class SiteFolders(FederatedDataModule):
             folder = self.root / site
             own = [s for s in SPLITS if (folder / s).is_dir()]
             if own and not ("train" in own and "test" in own):
-                raise DataError(f"{folder} has {own} sub-folders but not both train and test: a site's own splits "
-                                "need train/ and test/ (val/ optional); add the missing one, or rename the folders "
-                                "so that the site is split by split_fractions")
+                raise DataError(
+                    f"{folder} has {own} sub-folders but not both train and test: a site's own splits "
+                    "need train/ and test/ (val/ optional); add the missing one, or rename the folders "
+                    "so that the site is split by split_fractions"
+                )
             if own:
                 listed[site] = {s: self._list(folder / s) for s in own}
                 layouts[site] = "own splits: " + ", ".join(own)
@@ -198,9 +200,11 @@ class SiteFolders(FederatedDataModule):
         class_names = self._class_names(read)
         if self.requested_task == "binary" and len(class_names) != 2:
             seen = "; ".join(f"{c!r} first at {self._seen[c]}" for c in class_names)
-            raise DataError(f"{_OPTION}.task='binary' needs exactly 2 classes; the sites of {self.root} have "
-                            f"{len(class_names)}: {class_names} ({seen}). Fix the labels there, or use task: "
-                            "multiclass")
+            raise DataError(
+                f"{_OPTION}.task='binary' needs exactly 2 classes; the sites of {self.root} have "
+                f"{len(class_names)}: {class_names} ({seen}). Fix the labels there, or use task: "
+                "multiclass"
+            )
         index = {name: i for i, name in enumerate(class_names)}
         dtype = torch.float32 if self.requested_task == "binary" else torch.int64
         samples, targets, splits = {}, {}, {}
@@ -209,8 +213,15 @@ class SiteFolders(FederatedDataModule):
             samples[site] = [path for path, _ in rows]
             targets[site] = torch.tensor([index[label] for _, label in rows], dtype=dtype)
             if "all" in groups:
-                splits.update(split_samples({site: targets[site]}, self.split_fractions, site_rng(self.seed, site),
-                                            self.requested_task, f"{_OPTION}.split_fractions"))
+                splits.update(
+                    split_samples(
+                        {site: targets[site]},
+                        self.split_fractions,
+                        site_rng(self.seed, site),
+                        self.requested_task,
+                        f"{_OPTION}.split_fractions",
+                    )
+                )
             else:
                 bounds = np.cumsum([0] + [len(groups.get(s, [])) for s in SPLITS])
                 splits[site] = {s: np.arange(bounds[i], bounds[i + 1]) for i, s in enumerate(SPLITS)}
@@ -241,17 +252,21 @@ class SiteFolders(FederatedDataModule):
         """The declared ``class_names`` (every label read must be one), else the labels read, sorted."""
         if self.class_index is None:
             if self.only_client is not None:
-                warnings.warn(f"SiteFolders ({self.root}): the classes are numbered by the labels this node reads "
-                              f"({sorted(read, key=class_sort_key)[:10]}); a site lacking or adding a class numbers "
-                              f"them differently. Declare them in the recipe with {_OPTION}.class_names",
-                              stacklevel=4)
+                warnings.warn(
+                    f"SiteFolders ({self.root}): the classes are numbered by the labels this node reads "
+                    f"({sorted(read, key=class_sort_key)[:10]}); a site lacking or adding a class numbers "
+                    f"them differently. Declare them in the recipe with {_OPTION}.class_names",
+                    stacklevel=4,
+                )
             return sorted(read, key=class_sort_key)
         unknown = sorted(read - set(self.class_index), key=class_sort_key)
         if unknown:
             where = "; ".join(f"{c!r} first at {self._seen[c]}" for c in unknown[:5])
-            raise DataError(f"{_OPTION}.class_names {list(self.class_index)} lacks labels of {self.root}: {where}. "
-                            "Fix the labels there, or add the class to class_names (in the recipe, so that every "
-                            "site numbers the classes alike)")
+            raise DataError(
+                f"{_OPTION}.class_names {list(self.class_index)} lacks labels of {self.root}: {where}. "
+                "Fix the labels there, or add the class to class_names (in the recipe, so that every "
+                "site numbers the classes alike)"
+            )
         return list(self.class_index)
 
     @override
@@ -260,10 +275,18 @@ class SiteFolders(FederatedDataModule):
         (``channels``), scaled to [0, 1] (8-bit / 255, 16-bit / 65535), resized to ``image_size`` (bilinear,
         antialiased), then ``(x - mean) / std`` per channel when ``mean`` and ``std`` are given. A custom
         ``eval_transform`` is recorded by its ``repr`` only."""
-        return {**super().preprocessing(client_id), "normalization": {
-            "kind": "image", "channels": self.channels, "size": self.image_size,
-            "scale": "8-bit / 255, 16-bit / 65535", "mean": self.mean, "std": self.std,
-            "eval_transform": None if self.eval_transform is None else repr(self.eval_transform)}}
+        return {
+            **super().preprocessing(client_id),
+            "normalization": {
+                "kind": "image",
+                "channels": self.channels,
+                "size": self.image_size,
+                "scale": "8-bit / 255, 16-bit / 65535",
+                "mean": self.mean,
+                "std": self.std,
+                "eval_transform": None if self.eval_transform is None else repr(self.eval_transform),
+            },
+        }
 
     def _list(self, folder: Path) -> list[tuple[str, str]]:
         """(path relative to ``root``, class name) of every image in ``folder``, in a stable order."""
@@ -293,22 +316,30 @@ class SiteFolders(FederatedDataModule):
         try:
             lines = [(reader.line_num, row) for row in reader if any(field.strip() for field in row)]
         except csv.Error as err:
-            raise DataError(f"{table}: line {reader.line_num}: not valid CSV ({err}); close the quoted field or "
-                            "remove the stray quote") from None
+            raise DataError(
+                f"{table}: line {reader.line_num}: not valid CSV ({err}); close the quoted field or "
+                "remove the stray quote"
+            ) from None
         if not lines:
-            raise DataError(f"{table} is empty; give it a header line {self.file_column},{self.label_column} and "
-                            "one line per image")
+            raise DataError(
+                f"{table} is empty; give it a header line {self.file_column},{self.label_column} and one line per image"
+            )
         header_line, header = lines[0][0], [c.strip() for c in lines[0][1]]
-        missing = [(option, c) for option, c in (("file_column", self.file_column),
-                                                 ("label_column", self.label_column)) if c not in header]
+        missing = [
+            (option, c)
+            for option, c in (("file_column", self.file_column), ("label_column", self.label_column))
+            if c not in header
+        ]
         if missing:
-            raise DataError(f"{table}: line {header_line} (the header) has no column "
-                            f"{', '.join(repr(c) for _, c in missing)} (its columns: {header}); name the right ones "
-                            f"with {', '.join(f'{_OPTION}.{o}' for o, _ in missing)}")
+            raise DataError(
+                f"{table}: line {header_line} (the header) has no column "
+                f"{', '.join(repr(c) for _, c in missing)} (its columns: {header}); name the right ones "
+                f"with {', '.join(f'{_OPTION}.{o}' for o, _ in missing)}"
+            )
         at_file, at_label = header.index(self.file_column), header.index(self.label_column)
         folder, rows, problems = table.parent, [], []
         for line, fields in lines[1:]:
-            if len(fields) > len(header) and any(f.strip() for f in fields[len(header):]):
+            if len(fields) > len(header) and any(f.strip() for f in fields[len(header) :]):
                 problems.append(f"line {line}: {len(fields)} fields, but the header has {len(header)}")
                 continue
             fields = [f.strip() for f in fields] + [""] * (len(header) - len(fields))

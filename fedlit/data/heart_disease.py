@@ -108,9 +108,7 @@ class FedHeartDisease(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         if not 0 <= val_fraction < 1:
             raise ConfigError(
                 f"data.init_args.val_fraction must be in [0, 1), got {val_fraction!r}: 0 reproduces FLamby "
@@ -118,9 +116,7 @@ class FedHeartDisease(FederatedDataModule):
             )
         unknown = [s for s in sites or () if s not in CENTERS]
         if sites is not None and (unknown or not sites or len(set(sites)) != len(sites)):
-            raise ConfigError(
-                f"data.init_args.sites must list distinct centers of {list(CENTERS)}, got {sites!r}"
-            )
+            raise ConfigError(f"data.init_args.sites must list distinct centers of {list(CENTERS)}, got {sites!r}")
         self.root = Path(root).expanduser()
         if not self.root.is_dir():
             raise InputFileError(
@@ -189,9 +185,7 @@ class FedHeartDisease(FederatedDataModule):
                     )
                 # Seeded per center: a hospital's split is the same whether it is built alone or with the others.
                 val_rng = np.random.default_rng([self.seed, CENTERS.index(center)])
-                train, val = stratified_split(
-                    train, y[train], (1 - self.val_fraction, self.val_fraction), val_rng
-                )
+                train, val = stratified_split(train, y[train], (1 - self.val_fraction, self.val_fraction), val_rng)
             if self.normalize and len(train) < 2:
                 raise DataError(
                     f"client {center!r} ({self.root / name}) has {len(train)} train row: standardizing with the "
@@ -263,8 +257,7 @@ def _read(path: Path) -> pd.DataFrame:
             continue  # a mirror's "age,sex,..." header line, absent from the UCI files
         if len(fields) != len(COLUMNS):
             problems.append(
-                f"line {line} has {len(fields)} comma-separated fields, expected {len(COLUMNS)} "
-                "(13 features + target)"
+                f"line {line} has {len(fields)} comma-separated fields, expected {len(COLUMNS)} (13 features + target)"
             )
             continue
         row = []

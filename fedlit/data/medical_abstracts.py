@@ -89,17 +89,13 @@ class MedicalAbstracts(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         problems = []
         for option, value, low in (("max_length", max_length, 8), ("num_clients", num_clients, 1)):
             if not is_int(value) or value < low:
                 problems.append(f"data.init_args.{option} must be an integer >= {low}, got {value!r}")
-        if max_samples is not None and (
-            not is_int(max_samples) or max_samples < 1
-        ):
+        if max_samples is not None and (not is_int(max_samples) or max_samples < 1):
             problems.append(f"data.init_args.max_samples must be null or an integer >= 1, got {max_samples!r}")
         if partitioner is not None and not isinstance(partitioner, Partitioner):
             problems.append(

@@ -97,9 +97,7 @@ class MedMNIST(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         problems = []
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
@@ -140,17 +138,19 @@ class MedMNIST(FederatedDataModule):
                 )
         # whole numbers in 0..255 (checked when read): the same pixels as uint8, a quarter or eighth the memory
         images = np.concatenate([arrays[f"{s}_images"] for s in _SPLITS]).astype(np.uint8, copy=False)
-        labels = np.concatenate([a.reshape(len(a), a.shape[1] if a.ndim == 2 else 1)  # (N,) -> (N, 1), even N = 0
-                                 for a in (arrays[f"{s}_labels"] for s in _SPLITS)])
+        labels = np.concatenate(
+            [
+                a.reshape(len(a), a.shape[1] if a.ndim == 2 else 1)  # (N,) -> (N, 1), even N = 0
+                for a in (arrays[f"{s}_labels"] for s in _SPLITS)
+            ]
+        )
         sizes = [len(arrays[f"{s}_labels"]) for s in _SPLITS]
         if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] not in (1, 3)):
             raise DataError(f"{self.path}: images must be (N, H, W) or (N, H, W, 3), got {images.shape}")
         task, num_classes, targets, strata = self._resolve_task(labels, sizes)
 
         inputs = (
-            torch.from_numpy(images).unsqueeze(1)
-            if images.ndim == 3
-            else torch.from_numpy(images).permute(0, 3, 1, 2)
+            torch.from_numpy(images).unsqueeze(1) if images.ndim == 3 else torch.from_numpy(images).permute(0, 3, 1, 2)
         )
         part_rng, split_rng = np.random.default_rng(self.seed).spawn(2)
         parts = self.partitioner(strata, self.num_clients, part_rng)
@@ -183,13 +183,19 @@ class MedMNIST(FederatedDataModule):
         ``(x - 0.5) / 0.5`` per channel with ``normalize``."""
         base = super().preprocessing(client_id)
         channels = int(base["input"]["channels"])  # the file's, unless ``channels`` set them
-        return {**base, "normalization": {
-            "kind": "image", "channels": channels, "size": self.image_size, "scale": "uint8 / 255",
-            "mean": [0.5] * channels if self.normalize else None, "std": [0.5] * channels if self.normalize else None}}
+        return {
+            **base,
+            "normalization": {
+                "kind": "image",
+                "channels": channels,
+                "size": self.image_size,
+                "scale": "uint8 / 255",
+                "mean": [0.5] * channels if self.normalize else None,
+                "std": [0.5] * channels if self.normalize else None,
+            },
+        }
 
-    def _resolve_task(
-        self, labels: np.ndarray, sizes: list[int]
-    ) -> tuple[TaskType, int, torch.Tensor, np.ndarray]:
+    def _resolve_task(self, labels: np.ndarray, sizes: list[int]) -> tuple[TaskType, int, torch.Tensor, np.ndarray]:
         """Task, class count, target tensor and one stratum label per sample (for partition and splits);
         ``labels`` are the pooled (N, L) labels, ``sizes`` the samples of each official split in the pool."""
         single = labels.shape[1] == 1
@@ -270,8 +276,7 @@ def _load(path: Path) -> dict[str, np.ndarray]:
                 ) from None
             except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as err:
                 raise DataError(
-                    f"{path}: key {key!r} cannot be read ({type(err).__name__}: {err}); the file is damaged: "
-                    f"{download}"
+                    f"{path}: key {key!r} cannot be read ({type(err).__name__}: {err}); the file is damaged: {download}"
                 ) from None
             _check_values(path, key, arrays[key])
     _check_shapes(path, arrays)
@@ -288,34 +293,43 @@ def _check_shapes(path: Path, arrays: dict[str, np.ndarray]) -> None:
             expected = "(N,) or (N, L): one row of L labels per image"
         else:
             continue
-        raise DataError(f"{path}: array {key!r} has shape {array.shape}; a MedMNIST file holds {expected}. "
-                        f"Save it again in that shape, or {_download_hint(path)}")
+        raise DataError(
+            f"{path}: array {key!r} has shape {array.shape}; a MedMNIST file holds {expected}. "
+            f"Save it again in that shape, or {_download_hint(path)}"
+        )
     for kind in ("images", "labels"):
         # labels (N,) are (N, 1)
         shapes = {key: arrays[key].shape[1:] or (1,) for key in (f"{s}_{kind}" for s in _SPLITS)}
         if len(set(shapes.values())) > 1:
             shown = ", ".join(f"{key} {('N', *shape)}" for key, shape in shapes.items())
-            raise DataError(f"{path}: the splits' {kind} differ in shape ({shown}); every split must have the same "
-                            f"{'image size and channels' if kind == 'images' else 'labels per image'}. "
-                            f"Fix the file or {_download_hint(path)}")
+            raise DataError(
+                f"{path}: the splits' {kind} differ in shape ({shown}); every split must have the same "
+                f"{'image size and channels' if kind == 'images' else 'labels per image'}. "
+                f"Fix the file or {_download_hint(path)}"
+            )
 
 
 def _check_values(path: Path, key: str, array: np.ndarray) -> None:
     """Refuse an array of ``key`` that is not numeric, holds NaN/Inf, (images) pixels outside 0..255 or fractional
     ones, or (labels) negative or fractional values."""
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-        raise DataError(
-            f"{path}: key {key!r} must hold numbers, got dtype {array.dtype}: {_download_hint(path)}"
-        )
+        raise DataError(f"{path}: key {key!r} must hold numbers, got dtype {array.dtype}: {_download_hint(path)}")
     floating = np.issubdtype(array.dtype, np.floating)
     checks = [(floating, lambda a: ~np.isfinite(a), "not a finite number")]
     if key.endswith("_images"):  # pixels as MedMNIST stores them: uint8, read as x / 255
         checks += [
-            (True, lambda a: (a < 0) | (a > 255), "outside the pixel range 0..255 (MedMNIST images are uint8; "
-                                                  "rescale to 0..255 and save as np.uint8)"),
-            (floating, lambda a: np.isfinite(a) & (a != np.round(a)), "not a whole number: pixels are uint8 0..255 "
-                                                                    "(an array scaled to [0, 1]? save (images * 255)"
-                                                                    ".round().astype(np.uint8))"),
+            (
+                True,
+                lambda a: (a < 0) | (a > 255),
+                "outside the pixel range 0..255 (MedMNIST images are uint8; rescale to 0..255 and save as np.uint8)",
+            ),
+            (
+                floating,
+                lambda a: np.isfinite(a) & (a != np.round(a)),
+                "not a whole number: pixels are uint8 0..255 "
+                "(an array scaled to [0, 1]? save (images * 255)"
+                ".round().astype(np.uint8))",
+            ),
         ]
     if key.endswith("_labels"):
         checks += [
@@ -351,5 +365,7 @@ def _missing_file_message(path: Path) -> str:
     if path.is_dir():
         hint = f"it is a folder; give the .npz file inside it ({found or 'none found'})"
     else:
-        hint = f"download {path.stem if path.suffix == '.npz' else '<flag>'}.npz from https://zenodo.org/records/10519652"
+        hint = (
+            f"download {path.stem if path.suffix == '.npz' else '<flag>'}.npz from https://zenodo.org/records/10519652"
+        )
     return f"data.init_args.path: no MedMNIST .npz file at {path}: {hint}"

@@ -32,8 +32,10 @@ from fedlit.data.common.splits import SPLITS, check_split_fractions, split_sizes
 from fedlit.data.segmentation_sites import decode_image, pair_augmentation
 
 _OPTION = "data.init_args"
-_SOURCE = ("Get PraNet's TrainDataset and TestDataset (Fan et al., \"PraNet: Parallel Reverse Attention Network for "
-           "Polyp Segmentation\", MICCAI 2020; download links in the README of https://github.com/DengPingFan/PraNet)")
+_SOURCE = (
+    "Get PraNet's TrainDataset and TestDataset (Fan et al., \"PraNet: Parallel Reverse Attention Network for "
+    'Polyp Segmentation", MICCAI 2020; download links in the README of https://github.com/DengPingFan/PraNet)'
+)
 # PraNet's TrainDataset mixes two sources, told apart by the file name: CVC-ClinicDB frames are numbered
 # (1.png ... 612.png), Kvasir-SEG files carry non-numeric ids (cju0qkwl35piu0993l0dewei2.png).
 _MIXED: dict[str, Callable[[str], bool]] = {"Kvasir": lambda stem: not stem.isdigit(), "CVC-ClinicDB": str.isdigit}
@@ -63,8 +65,10 @@ class BinaryMaskImageFile:
         image = torch.from_numpy(decode_image(image_path, "RGB")).permute(2, 0, 1).float().div_(255.0)
         grey = decode_image(mask_path, "L")
         if grey.shape != tuple(image.shape[-2:]):
-            raise DataError(f"{mask_path}: mask is {grey.shape[1]}x{grey.shape[0]} but its image {image_path} is "
-                            f"{image.shape[-1]}x{image.shape[-2]}; they must match")
+            raise DataError(
+                f"{mask_path}: mask is {grey.shape[1]}x{grey.shape[0]} but its image {image_path} is "
+                f"{image.shape[-1]}x{image.shape[-2]}; they must match"
+            )
         mask = torch.from_numpy(grey > self.threshold)[None].float()
         if self.image_size is not None and tuple(image.shape[-2:]) != (self.image_size, self.image_size):
             size = [self.image_size, self.image_size]
@@ -143,9 +147,11 @@ class FedPolyp(FederatedDataModule):
         if sites is not None:  # before any folder is looked at
             check_site_names(sites)
         self.root = Path(root).expanduser()
-        layout = (f"{self.root}/TrainDataset/{{image,mask}}/*.png and {self.root}/TestDataset/<site>/{{images,masks}}"
-                  f"/*.png (PraNet's download), or {self.root}/<site>/{{images,masks}}/ (sites "
-                  f"{', '.join(self.default_sites)})")
+        layout = (
+            f"{self.root}/TrainDataset/{{image,mask}}/*.png and {self.root}/TestDataset/<site>/{{images,masks}}"
+            f"/*.png (PraNet's download), or {self.root}/<site>/{{images,masks}}/ (sites "
+            f"{', '.join(self.default_sites)})"
+        )
         self.pranet = (self.root / "TrainDataset").is_dir() or (self.root / "TestDataset").is_dir()
         self.sites = find_sites("FedPolyp", self.root, sites, self.default_sites, layout, _SOURCE, self._present)
         self.image_size, self.unmatched, self.augment, self.crop_size = image_size, unmatched, bool(augment), crop_size
@@ -174,13 +180,15 @@ class FedPolyp(FederatedDataModule):
         needed = sum(f > 0 for f in self.split_fractions)
         few = [f"{site} ({len(samples[site])})" for site in built if len(samples[site]) < needed]
         if few:
-            raise DataError(f"FedPolyp: sites {', '.join(few)} have fewer (image, mask) pairs under {self.root} than "
-                            f"the non-empty splits of {_OPTION}.split_fractions={self.split_fractions}; add pairs, or "
-                            f"leave those sites out with {_OPTION}.sites")
+            raise DataError(
+                f"FedPolyp: sites {', '.join(few)} have fewer (image, mask) pairs under {self.root} than "
+                f"the non-empty splits of {_OPTION}.split_fractions={self.split_fractions}; add pairs, or "
+                f"leave those sites out with {_OPTION}.sites"
+            )
         for site in built:
             order = site_rng(self.seed, site).permutation(len(samples[site]))  # a site's split depends on it alone
             bounds = np.cumsum([0, *split_sizes(len(samples[site]), self.split_fractions)])
-            splits[site] = {split: np.sort(order[bounds[i]:bounds[i + 1]]) for i, split in enumerate(SPLITS)}
+            splits[site] = {split: np.sort(order[bounds[i] : bounds[i + 1]]) for i, split in enumerate(SPLITS)}
         train_transform = pair_augmentation(self.crop_size, self.augment)
         return SampleList(
             name="fed_polyp",
@@ -246,8 +254,10 @@ def _pairs(
         for path in sorted(folder.iterdir()):
             if path.is_file() and is_image(path) and (keep is None or keep(path.stem)):
                 if path.stem in files:
-                    raise DataError(f"{path} and {folder / files[path.stem]} share the name {path.stem!r}: a mask "
-                                    "could not tell which image it belongs to; remove one of them")
+                    raise DataError(
+                        f"{path} and {folder / files[path.stem]} share the name {path.stem!r}: a mask "
+                        "could not tell which image it belongs to; remove one of them"
+                    )
                 files[path.stem] = path.name
         return files
 

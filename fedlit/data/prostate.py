@@ -79,17 +79,29 @@ class FedProstate(FederatedDataModule):
                 "(https://github.com/liuquande/FedDG-ELCFS), then point data.init_args.root at the folder."
             )
         self.layout = found if layout == "auto" else layout
-        loader: dict[str, Any] = dict(batch_size=batch_size, eval_batch_size=eval_batch_size,
-                                      num_workers=num_workers, seed=seed)
-        common: dict[str, Any] = dict(root=root, sites=sites, image_size=image_size, crop_size=crop_size,
-                                      unmatched=unmatched, augment=augment, **loader)
+        loader: dict[str, Any] = dict(
+            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
+        )
+        common: dict[str, Any] = dict(
+            root=root,
+            sites=sites,
+            image_size=image_size,
+            crop_size=crop_size,
+            unmatched=unmatched,
+            augment=augment,
+            **loader,
+        )
         if self.layout == "volumes":
-            self.reader: FederatedDataModule = FedProstateVolumes(split_fractions=split_fractions,
-                                                                  cache_size=cache_size, **common)
+            self.reader: FederatedDataModule = FedProstateVolumes(
+                split_fractions=split_fractions, cache_size=cache_size, **common
+            )
         else:
             train, val = float(split_fractions[0]), float(split_fractions[1])
-            self.reader = FedProstateSlices(val_fraction=val / (train + val) if train + val > 0 else 0.0,
-                                            sites_without_train=sites_without_train, **common)
+            self.reader = FedProstateSlices(
+                val_fraction=val / (train + val) if train + val > 0 else 0.0,
+                sites_without_train=sites_without_train,
+                **common,
+            )
 
     @override
     def expected_num_clients(self) -> int | None:

@@ -39,9 +39,11 @@ from fedlit.data.segmentation_sites import pair_augmentation
 _OPTION = "data.init_args"
 # CaseXX.nii.gz (image) and CaseXX_segmentation.nii.gz / CaseXX_Segmentation.nii.gz (mask); .nii too.
 _VOLUME = re.compile(r"^(?P<case>.+?)(?P<mask>_segmentation)?\.nii(\.gz)?$", re.IGNORECASE)
-_SOURCE = ("Get the SAML multi-site prostate MRI volumes (Liu, Dou, Heng, \"Shape-aware Meta-learning for "
-           "Generalizing Prostate MRI Segmentation to Unseen Domains\", MICCAI 2020) from "
-           "https://liuquande.github.io/SAML/ and point root at the folder holding the site folders")
+_SOURCE = (
+    'Get the SAML multi-site prostate MRI volumes (Liu, Dou, Heng, "Shape-aware Meta-learning for '
+    'Generalizing Prostate MRI Segmentation to Unseen Domains", MICCAI 2020) from '
+    "https://liuquande.github.io/SAML/ and point root at the folder holding the site folders"
+)
 
 
 def normalize_volume(volume: np.ndarray) -> np.ndarray:
@@ -84,8 +86,7 @@ def voxels(path: Path, dtype: type = np.float32) -> np.ndarray:
     while data.ndim > 3 and data.shape[-1] == 1:
         data = data[..., 0]
     if data.ndim != 3:
-        raise DataError(f"{path}: a volume of shape {data.shape}, not 3-D (x, y, slice); give one 3-D volume per "
-                        "file")
+        raise DataError(f"{path}: a volume of shape {data.shape}, not 3-D (x, y, slice); give one 3-D volume per file")
     return data
 
 
@@ -115,8 +116,10 @@ class VolumeSlice:
         image_rel, mask_rel, index = identity
         volume, labels = self._case(image_rel, mask_rel)
         if not 0 <= int(index) < volume.shape[2]:
-            raise DataError(f"{Path(self.root) / image_rel}: slice {index} is out of range (the volume has "
-                            f"{volume.shape[2]}); the file changed since the data set was built, rebuild it")
+            raise DataError(
+                f"{Path(self.root) / image_rel}: slice {index} is out of range (the volume has "
+                f"{volume.shape[2]}); the file changed since the data set was built, rebuild it"
+            )
         image = torch.from_numpy(np.ascontiguousarray(volume[:, :, int(index)].T))[None]
         mask = torch.from_numpy(np.ascontiguousarray(labels[:, :, int(index)].T))[None].float()
         if self.image_size is not None and tuple(image.shape[-2:]) != (self.image_size, self.image_size):
@@ -134,8 +137,10 @@ class VolumeSlice:
         volume = normalize_volume(voxels(image_path))
         labels = voxels(mask_path, np.float32) != 0
         if volume.shape != labels.shape:
-            raise DataError(f"{mask_path}: a volume of shape {labels.shape} but its image {image_path} has "
-                            f"{volume.shape}; they must match voxel for voxel")
+            raise DataError(
+                f"{mask_path}: a volume of shape {labels.shape} but its image {image_path} has "
+                f"{volume.shape}; they must match voxel for voxel"
+            )
         self._cache[key] = (volume, labels)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -220,10 +225,20 @@ class FedProstateVolumes(FederatedDataModule):
         if problems:
             raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
-        layout = (f"{self.root}/<site>/CaseXX.nii.gz with CaseXX_segmentation.nii.gz beside it (sites "
-                  f"{', '.join(self.default_sites)})")
-        self.sites = find_sites("FedProstateVolumes", self.root, sites, self.default_sites, layout, _SOURCE,
-                                same_site=PROSTATE_SAME_SITE, warn_others=True)
+        layout = (
+            f"{self.root}/<site>/CaseXX.nii.gz with CaseXX_segmentation.nii.gz beside it (sites "
+            f"{', '.join(self.default_sites)})"
+        )
+        self.sites = find_sites(
+            "FedProstateVolumes",
+            self.root,
+            sites,
+            self.default_sites,
+            layout,
+            _SOURCE,
+            same_site=PROSTATE_SAME_SITE,
+            warn_others=True,
+        )
         self.image_size, self.unmatched, self.augment, self.crop_size = image_size, unmatched, bool(augment), crop_size
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.cache_size = cache_size
@@ -240,19 +255,25 @@ class FedProstateVolumes(FederatedDataModule):
         for site in built:
             listed[site], missing = self._cases(site)
             lost += missing
-        report_unmatched("FedProstateVolumes", lost, self.unmatched, "partner (a CaseXX.nii.gz needs its "
-                         "CaseXX_segmentation.nii.gz and the reverse)")
+        report_unmatched(
+            "FedProstateVolumes",
+            lost,
+            self.unmatched,
+            "partner (a CaseXX.nii.gz needs its CaseXX_segmentation.nii.gz and the reverse)",
+        )
         samples: dict[str, list[Any]] = {}
         splits: dict[str, dict[str, np.ndarray]] = {}
         cases: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for site, pairs in listed.items():
             if len(pairs) < sum(f > 0 for f in self.split_fractions):
-                raise DataError(f"FedProstateVolumes: site {site} has {len(pairs)} matched cases under "
-                                f"{self.root / site}, fewer than the non-empty splits of {_OPTION}.split_fractions="
-                                f"{self.split_fractions}; add cases or leave the site out with {_OPTION}.sites")
+                raise DataError(
+                    f"FedProstateVolumes: site {site} has {len(pairs)} matched cases under "
+                    f"{self.root / site}, fewer than the non-empty splits of {_OPTION}.split_fractions="
+                    f"{self.split_fractions}; add cases or leave the site out with {_OPTION}.sites"
+                )
             order = site_rng(self.seed, site).permutation(len(pairs))  # a site's split depends on it alone
             bounds = np.cumsum([0, *split_sizes(len(pairs), self.split_fractions)])
-            split_of = {int(case): split for i, split in enumerate(SPLITS) for case in order[bounds[i]:bounds[i + 1]]}
+            split_of = {int(case): split for i, split in enumerate(SPLITS) for case in order[bounds[i] : bounds[i + 1]]}
             samples[site] = []
             positions: dict[str, list[int]] = {split: [] for split in SPLITS}
             cases[site] = {split: [] for split in SPLITS}
@@ -261,14 +282,16 @@ class FedProstateVolumes(FederatedDataModule):
                 split = split_of[case]
                 positions[split] += range(len(samples[site]), len(samples[site]) + len(kept))
                 samples[site] += [[image_rel, mask_rel, k] for k in kept]
-                cases[site][split].append({"image": image_rel, "mask": mask_rel, "slices": len(kept),
-                                           "foreground_pixels": foreground})
+                cases[site][split].append(
+                    {"image": image_rel, "mask": mask_rel, "slices": len(kept), "foreground_pixels": foreground}
+                )
             splits[site] = {split: np.asarray(positions[split], dtype=np.int64) for split in SPLITS}
-        empty = [f"{site}/{split}" for site in built for split in ("train", "test")
-                 if not len(splits[site][split])]
+        empty = [f"{site}/{split}" for site in built for split in ("train", "test") if not len(splits[site][split])]
         if empty:
-            raise DataError(f"FedProstateVolumes: no slice with prostate in {', '.join(empty)} under {self.root}; "
-                            f"add cases with segmentations, or leave those sites out with {_OPTION}.sites")
+            raise DataError(
+                f"FedProstateVolumes: no slice with prostate in {', '.join(empty)} under {self.root}; "
+                f"add cases with segmentations, or leave those sites out with {_OPTION}.sites"
+            )
         train_transform = pair_augmentation(self.crop_size, self.augment)
         return SampleList(
             name="fed_prostate_volumes",
@@ -318,7 +341,9 @@ class FedProstateVolumes(FederatedDataModule):
         while len(shape) > 3 and shape[-1] == 1:
             shape = shape[:-1]
         if shape != labels.shape:
-            raise DataError(f"{self.root / mask_rel}: a volume of shape {labels.shape} but its image "
-                            f"{self.root / image_rel} has {shape}; they must match voxel for voxel")
+            raise DataError(
+                f"{self.root / mask_rel}: a volume of shape {labels.shape} but its image "
+                f"{self.root / image_rel} has {shape}; they must match voxel for voxel"
+            )
         per_slice = labels.sum(axis=(0, 1))
         return [int(k) for k in np.flatnonzero(per_slice)], int(per_slice.sum())

@@ -36,8 +36,10 @@ LabelMode = Literal["single", "max_likelihood", "multilabel"]
 
 def layout(sampling_rate: int = 100) -> str:
     """The files a PTB-XL folder must hold, as error messages name them."""
-    return (f"{DATABASE}, {STATEMENTS} and the WFDB records records{sampling_rate}/<thousands>/<ecg_id>_"
-            f"{'lr' if sampling_rate == 100 else 'hr'}.hea/.dat, as PhysioNet ships PTB-XL ({URL})")
+    return (
+        f"{DATABASE}, {STATEMENTS} and the WFDB records records{sampling_rate}/<thousands>/<ecg_id>_"
+        f"{'lr' if sampling_rate == 100 else 'hr'}.hea/.dat, as PhysioNet ships PTB-XL ({URL})"
+    )
 
 
 class PTBXL(FederatedDataModule):
@@ -103,8 +105,11 @@ class PTBXL(FederatedDataModule):
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         problems = []
-        choices = {"sampling_rate": (sampling_rate, (100, 500)), "labels": (labels, get_args(LabelMode)),
-                   "split": (split, ("clients", "strat_fold"))}
+        choices = {
+            "sampling_rate": (sampling_rate, (100, 500)),
+            "labels": (labels, get_args(LabelMode)),
+            "split": (split, ("clients", "strat_fold")),
+        }
         for option, (value, allowed) in choices.items():
             if value not in allowed or isinstance(value, bool):
                 problems.append(f"data.init_args.{option} must be one of {list(allowed)}, got {value!r}")
@@ -113,14 +118,19 @@ class PTBXL(FederatedDataModule):
         if max_samples is not None and (not is_int(max_samples) or max_samples < 1):
             problems.append(f"data.init_args.max_samples must be null or an integer >= 1, got {max_samples!r}")
         if partitioner is not None and not isinstance(partitioner, Partitioner):
-            problems.append(f"data.init_args.partitioner must be a Partitioner (IID, Dirichlet, Pathological, "
-                            f"Shards, Natural), got {partitioner!r}")
+            problems.append(
+                f"data.init_args.partitioner must be a Partitioner (IID, Dirichlet, Pathological, "
+                f"Shards, Natural), got {partitioner!r}"
+            )
         if problems:
             raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
         records = self.root / f"records{sampling_rate}"
-        absent = [p.name + ("/" if p == records else "") for p in (self.root / DATABASE, self.root / STATEMENTS,
-                                                                   records) if not p.exists()]
+        absent = [
+            p.name + ("/" if p == records else "")
+            for p in (self.root / DATABASE, self.root / STATEMENTS, records)
+            if not p.exists()
+        ]
         if absent:
             where = f"folder {self.root} lacks {', '.join(absent)}" if self.root.is_dir() else f"no folder {self.root}"
             raise DataError(f"data.init_args.root: {where}. It must hold {layout(sampling_rate)}")
@@ -145,8 +155,10 @@ class PTBXL(FederatedDataModule):
         superclass = read_statements(self.root / STATEMENTS)
         targets, kept, dropped = label_records([r.scp_codes for r in rows], superclass, self.labels)
         if not len(kept):
-            raise DataError(f"{self.root / DATABASE}: none of its {len(rows)} records has a label under "
-                            f"data.init_args.labels={self.labels!r} (left out: {dropped}); try labels: multilabel")
+            raise DataError(
+                f"{self.root / DATABASE}: none of its {len(rows)} records has a label under "
+                f"data.init_args.labels={self.labels!r} (left out: {dropped}); try labels: multilabel"
+            )
         rows = [rows[i] for i in kept]
         subset_rng, part_rng, split_rng = np.random.default_rng(self.seed).spawn(3)
         if self.max_samples is not None and self.max_samples < len(rows):
@@ -156,8 +168,11 @@ class PTBXL(FederatedDataModule):
         if isinstance(self.partitioner, Natural):
             sited = [i for i, r in enumerate(rows) if r.site]
             if len(sited) < len(rows):
-                warnings.warn(f"PTBXL: {len(rows) - len(sited)} records have no {self.site_column!r} in "
-                              f"{self.root / DATABASE}; Natural() leaves them out", stacklevel=2)
+                warnings.warn(
+                    f"PTBXL: {len(rows) - len(sited)} records have no {self.site_column!r} in "
+                    f"{self.root / DATABASE}; Natural() leaves them out",
+                    stacklevel=2,
+                )
                 dropped[f"no_{self.site_column}"] = len(rows) - len(sited)
                 rows, targets = [rows[i] for i in sited], targets[sited]
             groups = np.asarray([r.site for r in rows])
@@ -173,9 +188,11 @@ class PTBXL(FederatedDataModule):
         absent = read.missing(identities)
         if absent:
             shown = ", ".join(f"{a}.hea" for a in absent[:3])
-            raise DataError(f"{self.root}: {len(absent)} of the {len(identities)} records used from {DATABASE} "
-                            f"are missing ({shown}{', ...' if len(absent) > 3 else ''}); the folder must hold "
-                            f"{layout(self.sampling_rate)}")
+            raise DataError(
+                f"{self.root}: {len(absent)} of the {len(identities)} records used from {DATABASE} "
+                f"are missing ({shown}{', ...' if len(absent) > 3 else ''}); the folder must hold "
+                f"{layout(self.sampling_rate)}"
+            )
         splits = {}
         for client_id, part in zip(client_ids, parts, strict=True):
             if self.split == "strat_fold":
@@ -184,11 +201,14 @@ class PTBXL(FederatedDataModule):
             else:
                 needed = sum(f > 0 for f in self.split_fractions)
                 if len(part) < needed:
-                    raise DataError(f"client {client_id!r} has {len(part)} records, fewer than the {needed} "
-                                    f"non-empty splits of data.init_args.split_fractions={self.split_fractions}: "
-                                    "lower num_clients or raise the partitioner's min_size")
-                positions = stratified_split(np.arange(len(part)), strata(y[part], task), self.split_fractions,
-                                             split_rng)
+                    raise DataError(
+                        f"client {client_id!r} has {len(part)} records, fewer than the {needed} "
+                        f"non-empty splits of data.init_args.split_fractions={self.split_fractions}: "
+                        "lower num_clients or raise the partitioner's min_size"
+                    )
+                positions = stratified_split(
+                    np.arange(len(part)), strata(y[part], task), self.split_fractions, split_rng
+                )
                 splits[client_id] = dict(zip(SPLITS, positions, strict=True))
         return SampleList(
             name="ptbxl",
@@ -208,8 +228,9 @@ class PTBXL(FederatedDataModule):
                 "split_fractions": list(self.split_fractions) if self.split == "clients" else None,
                 "left_out": dropped,
                 "ecg_id": {c: [rows[i].ecg_id for i in part] for c, part in zip(client_ids, parts, strict=True)},
-                "patient_id": {c: [rows[i].patient_id for i in part]
-                               for c, part in zip(client_ids, parts, strict=True)},
+                "patient_id": {
+                    c: [rows[i].patient_id for i in part] for c, part in zip(client_ids, parts, strict=True)
+                },
             },
         )
 
@@ -239,8 +260,9 @@ def read_database(path: Path, site_column: str = "site") -> list[Record]:
             columns = reader.fieldnames or []
             lacking = [c for c in (*_COLUMNS, site_column) if c not in columns]
             if lacking:
-                raise DataError(f"{path}: no column {lacking} (columns: {columns}); this is not PTB-XL's {DATABASE} "
-                                f"({URL})")
+                raise DataError(
+                    f"{path}: no column {lacking} (columns: {columns}); this is not PTB-XL's {DATABASE} ({URL})"
+                )
             rows = [_record(path, reader.line_num, row, site_column) for row in reader]
     except UnicodeDecodeError:
         raise not_utf8(path) from None
@@ -260,13 +282,20 @@ def _record(path: Path, line: int, row: dict[str, str], site_column: str) -> Rec
         if not 1 <= fold <= 10:
             raise ValueError(f"strat_fold {fold} is not one of 1..10")
         site = row[site_column].strip()
-        return Record(ecg_id=int(float(row["ecg_id"])), patient_id=int(float(row["patient_id"])),
-                      scp_codes={str(k): float(v) for k, v in codes.items()}, strat_fold=fold,
-                      filename_lr=row["filename_lr"].strip(), filename_hr=row["filename_hr"].strip(),
-                      site=str(int(float(site))) if _is_number(site) else site)
+        return Record(
+            ecg_id=int(float(row["ecg_id"])),
+            patient_id=int(float(row["patient_id"])),
+            scp_codes={str(k): float(v) for k, v in codes.items()},
+            strat_fold=fold,
+            filename_lr=row["filename_lr"].strip(),
+            filename_hr=row["filename_hr"].strip(),
+            site=str(int(float(site))) if _is_number(site) else site,
+        )
     except (ValueError, SyntaxError, TypeError) as err:
-        raise DataError(f"{path}, line {line}: {err} (ecg_id {row.get('ecg_id')!r}, scp_codes "
-                        f"{row.get('scp_codes')!r}); download PTB-XL again from {URL}") from None
+        raise DataError(
+            f"{path}, line {line}: {err} (ecg_id {row.get('ecg_id')!r}, scp_codes "
+            f"{row.get('scp_codes')!r}); download PTB-XL again from {URL}"
+        ) from None
 
 
 def _is_number(text: str) -> bool:
@@ -288,8 +317,10 @@ def read_statements(path: Path) -> dict[str, str]:
             reader = csv.reader(handle)
             header = next(reader, [])
             if "diagnostic" not in header or "diagnostic_class" not in header:
-                raise DataError(f"{path}: no diagnostic and diagnostic_class columns (header: {header}); this is not "
-                                f"PTB-XL's {STATEMENTS} ({URL})")
+                raise DataError(
+                    f"{path}: no diagnostic and diagnostic_class columns (header: {header}); this is not "
+                    f"PTB-XL's {STATEMENTS} ({URL})"
+                )
             flag, column = header.index("diagnostic"), header.index("diagnostic_class")
             superclass = {}
             for row in reader:
@@ -299,13 +330,17 @@ def read_statements(path: Path) -> dict[str, str]:
     except UnicodeDecodeError:
         raise not_utf8(path) from None
     if not superclass:
-        raise DataError(f"{path} marks no SCP code diagnostic with a class of {list(CLASS_NAMES)}; download PTB-XL "
-                        f"again from {URL}")
+        raise DataError(
+            f"{path} marks no SCP code diagnostic with a class of {list(CLASS_NAMES)}; download PTB-XL again from {URL}"
+        )
     return superclass
 
 
-def label_records(codes: list[dict[str, float]], superclass: dict[str, str], mode: LabelMode,
-                  ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+def label_records(
+    codes: list[dict[str, float]],
+    superclass: dict[str, str],
+    mode: LabelMode,
+) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     """Targets of the records that get one under ``mode`` (see :class:`PTBXL`), their positions in ``codes``,
     and how many were left out and why.
 

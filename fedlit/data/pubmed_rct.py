@@ -94,8 +94,10 @@ class PubMedRCT(FederatedDataModule):
         if max_samples is not None and (not is_int(max_samples) or max_samples < 1):
             problems.append(f"data.init_args.max_samples must be null or an integer >= 1, got {max_samples!r}")
         if partitioner is not None and not isinstance(partitioner, Partitioner):
-            problems.append(f"data.init_args.partitioner must be a Partitioner (IID, Dirichlet, Pathological, "
-                            f"Shards), got {partitioner!r}")
+            problems.append(
+                f"data.init_args.partitioner must be a Partitioner (IID, Dirichlet, Pathological, "
+                f"Shards), got {partitioner!r}"
+            )
         if problems:
             raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
@@ -103,8 +105,10 @@ class PubMedRCT(FederatedDataModule):
         if absent:
             where = f"folder {self.root} lacks {', '.join(absent)}" if self.root.is_dir() else f"no folder {self.root}"
             packed = " (the 200k train.txt ships as train.7z: unpack it)" if (self.root / "train.7z").exists() else ""
-            raise DataError(f"data.init_args.root: {where}{packed}. It must hold {', '.join(FILES)} of PubMed 200k "
-                            f"RCT (abstracts as ###<id> lines, then LABEL<TAB>sentence lines; {URL})")
+            raise DataError(
+                f"data.init_args.root: {where}{packed}. It must hold {', '.join(FILES)} of PubMed 200k "
+                f"RCT (abstracts as ###<id> lines, then LABEL<TAB>sentence lines; {URL})"
+            )
         self.tokenizer = str(tokenizer)
         tokenizer_folder(self.tokenizer, check_package=False)  # a typo fails now, before a model is built
         self.max_length = max_length
@@ -130,7 +134,10 @@ class PubMedRCT(FederatedDataModule):
             rows = np.sort(subset_rng.permutation(len(rows))[: self.max_samples])
         targets = np.asarray(labels, dtype=np.int64)[rows]
         tokens = load_tokenizer(self.tokenizer)(
-            [sentences[i] for i in rows], max_length=self.max_length, truncation=True, padding="max_length",
+            [sentences[i] for i in rows],
+            max_length=self.max_length,
+            truncation=True,
+            padding="max_length",
             return_tensors="pt",
         )
         inputs = torch.stack([tokens["input_ids"], tokens["attention_mask"]], dim=1).long().contiguous()
@@ -138,8 +145,10 @@ class PubMedRCT(FederatedDataModule):
         client_ids = [f"client_{i}" for i in range(self.num_clients)]
         source = np.asarray(files, dtype=np.int64)[rows]
         if self.split == "official":
-            splits = {c: {s: part[source[part] == k] for k, s in enumerate(SPLITS)}
-                      for c, part in zip(client_ids, parts, strict=True)}
+            splits = {
+                c: {s: part[source[part] == k] for k, s in enumerate(SPLITS)}
+                for c, part in zip(client_ids, parts, strict=True)
+            }
         else:
             splits = split_clients(parts, targets, self.split_fractions, split_rng, client_ids)
         return PartitionedData(
@@ -188,12 +197,16 @@ def read_rct(path: Path) -> tuple[list[int], list[str], list[str], list[int]]:
             continue
         where = f"{path}, line {number}"
         if abstract is None:
-            raise DataError(f"{where}: a sentence outside an abstract (no ###<id> line above it since the last blank "
-                            f"line); is this a PubMed RCT file ({URL})?")
+            raise DataError(
+                f"{where}: a sentence outside an abstract (no ###<id> line above it since the last blank "
+                f"line); is this a PubMed RCT file ({URL})?"
+            )
         label, tab, sentence = line.partition("\t")
         if not tab:
-            raise DataError(f"{where}: no tab between label and sentence in {line[:60]!r}; expected LABEL<TAB>"
-                            f"sentence with LABEL one of {list(CLASS_NAMES)}")
+            raise DataError(
+                f"{where}: no tab between label and sentence in {line[:60]!r}; expected LABEL<TAB>"
+                f"sentence with LABEL one of {list(CLASS_NAMES)}"
+            )
         if label.strip() not in index:
             raise DataError(f"{where}: label {label!r} is not one of {list(CLASS_NAMES)}; fix or drop the line")
         if not sentence.strip():

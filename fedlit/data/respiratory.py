@@ -80,8 +80,10 @@ class _RespiratoryCycles(FederatedDataModule):
         if not is_int(num_clients) or num_clients < 1:
             problems.append(f"{_OPTION}.num_clients must be an integer >= 1, got {num_clients!r}")
         if partitioner is not None and not isinstance(partitioner, Partitioner):
-            problems.append(f"{_OPTION}.partitioner must be a Partitioner (IID, Dirichlet, Pathological, Shards, "
-                            f"Natural: one client per patient), got {partitioner!r}")
+            problems.append(
+                f"{_OPTION}.partitioner must be a Partitioner (IID, Dirichlet, Pathological, Shards, "
+                f"Natural: one client per patient), got {partitioner!r}"
+            )
         if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0 < fraction <= 1:
             problems.append(f"{_OPTION}.fraction must be in (0, 1] (FHBench uses 0.3), got {fraction!r}")
         for option, value in (("clip_seconds", clip_seconds), ("sample_rate", sample_rate)):
@@ -108,8 +110,13 @@ class _RespiratoryCycles(FederatedDataModule):
         self.partitioner: Partitioner = partitioner if partitioner is not None else Dirichlet(alpha=0.1)
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.fraction = float(fraction)
-        self.reader = AudioClip(root=str(self.root), sample_rate=int(sample_rate), clip_seconds=float(clip_seconds),
-                                pad=pad, fade_seconds=float(fade_seconds))
+        self.reader = AudioClip(
+            root=str(self.root),
+            sample_rate=int(sample_rate),
+            clip_seconds=float(clip_seconds),
+            pad=pad,
+            fade_seconds=float(fade_seconds),
+        )
 
     @abstractmethod
     def cycles(self) -> list[Cycle]:
@@ -189,23 +196,35 @@ class _RespiratoryCycles(FederatedDataModule):
     def preprocessing(self, client_id: str) -> dict:
         """The default's record plus how a cycle becomes the model's input (see :class:`AudioClip`)."""
         reader = self.reader
-        return {**super().preprocessing(client_id), "normalization": {
-            "kind": "waveform", "sample_rate": reader.sample_rate, "clip_seconds": reader.clip_seconds,
-            "pad": reader.pad, "fade_seconds": reader.fade_seconds, "channels": "averaged"}}
+        return {
+            **super().preprocessing(client_id),
+            "normalization": {
+                "kind": "waveform",
+                "sample_rate": reader.sample_rate,
+                "clip_seconds": reader.clip_seconds,
+                "pad": reader.pad,
+                "fade_seconds": reader.fade_seconds,
+                "channels": "averaged",
+            },
+        }
 
     def _duration(self, path: Path) -> float:
         sf = soundfile()
         try:
             return float(sf.info(str(path)).duration)
         except (RuntimeError, sf.LibsndfileError) as err:
-            raise DataError(f"{path}: cannot be read as a sound file ({err}); replace it or remove it and its "
-                            f"annotation (download: {self.url})") from None
+            raise DataError(
+                f"{path}: cannot be read as a sound file ({err}); replace it or remove it and its "
+                f"annotation (download: {self.url})"
+            ) from None
 
     def _cycle(self, wav: Path, start: float, end: float, duration: float, where: str) -> str:
         """The identity of a cycle after checking its span against the file's duration."""
         if not 0 <= start < end or start >= duration:
-            raise DataError(f"{where}: the cycle {start}-{end} s is empty or outside {wav.name} ({duration:.3f} s "
-                            "long); fix or drop the line")
+            raise DataError(
+                f"{where}: the cycle {start}-{end} s is empty or outside {wav.name} ({duration:.3f} s "
+                "long); fix or drop the line"
+            )
         return clip_identity(wav.relative_to(self.root).as_posix(), start, end)
 
 
@@ -245,15 +264,19 @@ class ICBHI(_RespiratoryCycles):
     """
 
     class_names = ICBHI_CLASSES
-    layout = ("the ICBHI 2017 files <patient>_<index>_<location>_<mode>_<device>.wav, each with a same-name .txt "
-              "of cycles (start end crackles wheezes)")
+    layout = (
+        "the ICBHI 2017 files <patient>_<index>_<location>_<mode>_<device>.wav, each with a same-name .txt "
+        "of cycles (start end crackles wheezes)"
+    )
     url = ICBHI_URL
 
     @override
     def check_official_split(self) -> None:
         if not (self.root / ICBHI_SPLIT_FILE).is_file():
-            raise DataError(f"{_OPTION}.split=official needs {self.root / ICBHI_SPLIT_FILE} (lines <name> "
-                            f"train|test, from {ICBHI_URL}); add it or use split: random")
+            raise DataError(
+                f"{_OPTION}.split=official needs {self.root / ICBHI_SPLIT_FILE} (lines <name> "
+                f"train|test, from {ICBHI_URL}); add it or use split: random"
+            )
 
     @override
     def cycles(self) -> list[Cycle]:
@@ -261,8 +284,10 @@ class ICBHI(_RespiratoryCycles):
         for wav in sorted(self.root.glob("*.wav")):
             parts = wav.stem.split("_")
             if len(parts) != 5:
-                raise DataError(f"{wav}: ICBHI names are <patient>_<index>_<location>_<mode>_<device>.wav (5 parts "
-                                f"joined by _), got {len(parts)}; rename or remove it")
+                raise DataError(
+                    f"{wav}: ICBHI names are <patient>_<index>_<location>_<mode>_<device>.wav (5 parts "
+                    f"joined by _), got {len(parts)}; rename or remove it"
+                )
             notes = wav.with_suffix(".txt")
             if not notes.is_file():
                 raise DataError(f"{wav} has no annotation file {notes.name} beside it (download: {ICBHI_URL})")
@@ -277,8 +302,10 @@ class ICBHI(_RespiratoryCycles):
                 except (ValueError, IndexError):
                     flags = []
                 if len(fields) != 4 or len(flags) != 2 or any(f not in (0, 1) for f in flags):
-                    raise DataError(f"{notes}, line {number}: expected 'start end crackles wheezes' (seconds, then "
-                                    f"two 0/1 flags), got {line.strip()!r}")
+                    raise DataError(
+                        f"{notes}, line {number}: expected 'start end crackles wheezes' (seconds, then "
+                        f"two 0/1 flags), got {line.strip()!r}"
+                    )
                 identity = self._cycle(wav, start, end, duration, f"{notes}, line {number}")
                 cycles.append(Cycle(identity, flags[0] + 2 * flags[1], parts[0]))
         return cycles
@@ -300,8 +327,9 @@ class ICBHI(_RespiratoryCycles):
         for cycle in cycles:
             name = Path(cycle.identity.rpartition("@")[0]).stem
             if name not in assigned:
-                raise DataError(f"{path} does not list the recording {name}; add it (train or test) or remove the "
-                                "recording")
+                raise DataError(
+                    f"{path} does not list the recording {name}; add it (train or test) or remove the recording"
+                )
             test.append(assigned[name] == "test")
         return np.array(test, dtype=bool)
 
@@ -322,16 +350,20 @@ class SPRSound(_RespiratoryCycles):
     """
 
     class_names = SPRSOUND_CLASSES
-    layout = ("SPRSound's .wav recordings and their same-name .json annotations (event_annotation: start and end "
-              "in ms, type), in any sub-folders")
+    layout = (
+        "SPRSound's .wav recordings and their same-name .json annotations (event_annotation: start and end "
+        "in ms, type), in any sub-folders"
+    )
     url = SPRSOUND_URL
 
     @override
     def check_official_split(self) -> None:
         if not any(_in_test_folder(self.root, p) for p in self.root.rglob("*.json")):
-            raise DataError(f"{_OPTION}.split=official needs SPRSound's test annotations in a folder named test... "
-                            f"under {self.root} (e.g. test2022_json/, from {SPRSOUND_URL}); add them or use split: "
-                            "random")
+            raise DataError(
+                f"{_OPTION}.split=official needs SPRSound's test annotations in a folder named test... "
+                f"under {self.root} (e.g. test2022_json/, from {SPRSOUND_URL}); add them or use split: "
+                "random"
+            )
 
     @override
     def official_test(self, cycles: list[Cycle]) -> np.ndarray | None:
@@ -348,13 +380,16 @@ class SPRSound(_RespiratoryCycles):
             try:
                 record = json.loads(notes.read_text(encoding="utf-8"))
             except (ValueError, UnicodeDecodeError) as err:
-                raise DataError(f"{notes}: not a JSON annotation ({err}); download it again from {SPRSOUND_URL}"
-                                ) from None
+                raise DataError(
+                    f"{notes}: not a JSON annotation ({err}); download it again from {SPRSOUND_URL}"
+                ) from None
             events = record.get("event_annotation") if isinstance(record, dict) else None
             if not isinstance(events, list):
-                raise DataError(f"{notes}: no event_annotation list; SPRSound annotations hold "
-                                "{\"event_annotation\": [{\"start\", \"end\", \"type\"}, ...]}; remove other JSON "
-                                "files from the root")
+                raise DataError(
+                    f"{notes}: no event_annotation list; SPRSound annotations hold "
+                    '{"event_annotation": [{"start", "end", "type"}, ...]}; remove other JSON '
+                    "files from the root"
+                )
             if not events:
                 continue
             recording = wavs.get(notes.stem)
@@ -371,8 +406,14 @@ class SPRSound(_RespiratoryCycles):
                     start, end = float(event["start"]) / 1000, float(event["end"]) / 1000
                 except (KeyError, TypeError, ValueError):
                     raise DataError(f"{where}: start and end must be times in ms, got {event!r}") from None
-                cycles.append(Cycle(self._cycle(recording, start, end, duration, where), index[kind],
-                                    notes.stem.split("_")[0], "test" if _in_test_folder(self.root, notes) else "train"))
+                cycles.append(
+                    Cycle(
+                        self._cycle(recording, start, end, duration, where),
+                        index[kind],
+                        notes.stem.split("_")[0],
+                        "test" if _in_test_folder(self.root, notes) else "train",
+                    )
+                )
         return cycles
 
 

@@ -70,12 +70,16 @@ class MaskedImageFile:
         found = np.unique(levels)
         bad = [int(v) for v in found if v not in self.allowed_levels]
         if bad:
-            raise DataError(f"{mask_path}: mask levels {bad[:5]} are not among the expected "
-                            f"{list(self.allowed_levels)}; fix the mask (interpolation or JPEG compression may have "
-                            "blurred it)")
+            raise DataError(
+                f"{mask_path}: mask levels {bad[:5]} are not among the expected "
+                f"{list(self.allowed_levels)}; fix the mask (interpolation or JPEG compression may have "
+                "blurred it)"
+            )
         if levels.shape != tuple(image.shape[-2:]):
-            raise DataError(f"{mask_path}: mask is {levels.shape[1]}x{levels.shape[0]} but its image {image_path} is "
-                            f"{image.shape[-1]}x{image.shape[-2]}; they must match")
+            raise DataError(
+                f"{mask_path}: mask is {levels.shape[1]}x{levels.shape[0]} but its image {image_path} is "
+                f"{image.shape[-1]}x{image.shape[-2]}; they must match"
+            )
         mask = torch.stack([torch.from_numpy(np.isin(levels, chosen)) for chosen in self.channel_levels]).float()
         if self.image_size is not None and tuple(image.shape[-2:]) != (self.image_size, self.image_size):
             size = [self.image_size, self.image_size]
@@ -149,8 +153,10 @@ class PairRandomCrop(nn.Module):
         image, mask = pair
         height, width = image.shape[-2:]
         if height < self.size or width < self.size:
-            raise DataError(f"{_OPTION}.crop_size={self.size} is larger than a train image of {width}x{height}; "
-                            f"lower crop_size or set {_OPTION}.image_size to at least {self.size}")
+            raise DataError(
+                f"{_OPTION}.crop_size={self.size} is larger than a train image of {width}x{height}; "
+                f"lower crop_size or set {_OPTION}.image_size to at least {self.size}"
+            )
         top = int(torch.randint(0, height - self.size + 1, (1,)))
         left = int(torch.randint(0, width - self.size + 1, (1,)))
         window = (..., slice(top, top + self.size), slice(left, left + self.size))
@@ -165,7 +171,8 @@ def pair_augmentation(crop_size: int | None, flip: bool) -> nn.Module | None:
     """The train-time transform of the segmentation sites: a random crop (if ``crop_size``), then random flips
     (if ``flip``), applied to image and mask alike; ``None`` when neither is asked for."""
     parts: list[nn.Module] = ([PairRandomCrop(crop_size)] if crop_size is not None else []) + (
-        [PairFlip()] if flip else [])
+        [PairFlip()] if flip else []
+    )
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else Compose(parts)
@@ -206,8 +213,7 @@ class _SegmentationSites(FederatedDataModule):
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         problems = segmentation_option_problems(image_size, crop_size, unmatched)
         if sites_without_train not in ("error", "evaluate"):
-            problems.append(f"{_OPTION}.sites_without_train must be 'error' or 'evaluate', got "
-                            f"{sites_without_train!r}")
+            problems.append(f"{_OPTION}.sites_without_train must be 'error' or 'evaluate', got {sites_without_train!r}")
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
             problems.append(f"{_OPTION}.val_fraction must be in [0, 1), got {val_fraction!r}")
         if split_fractions is not None:
@@ -216,15 +222,27 @@ class _SegmentationSites(FederatedDataModule):
             except ValueError as err:
                 problems.append(str(err))
             if val_fraction:
-                problems.append(f"{_OPTION}.val_fraction={val_fraction!r} and {_OPTION}.split_fractions are both "
-                                "given; split_fractions sets the validation share itself, drop val_fraction")
+                problems.append(
+                    f"{_OPTION}.val_fraction={val_fraction!r} and {_OPTION}.split_fractions are both "
+                    "given; split_fractions sets the validation share itself, drop val_fraction"
+                )
         if problems:
             raise ConfigError("; ".join(problems))
         self.root = Path(root).expanduser()
-        layout = (f"{self.root}/<site>/{{train,test}}/{self.image_dir}/*.png with masks of the same name in "
-                  f"{self.mask_dir}/ (sites {', '.join(self.default_sites)})")
-        self.sites = find_sites(type(self).__name__, self.root, sites, self.default_sites, layout, self.source,
-                                same_site=self.same_site, warn_others=self.same_site is not None)  # prostate
+        layout = (
+            f"{self.root}/<site>/{{train,test}}/{self.image_dir}/*.png with masks of the same name in "
+            f"{self.mask_dir}/ (sites {', '.join(self.default_sites)})"
+        )
+        self.sites = find_sites(
+            type(self).__name__,
+            self.root,
+            sites,
+            self.default_sites,
+            layout,
+            self.source,
+            same_site=self.same_site,
+            warn_others=self.same_site is not None,
+        )  # prostate
         self.image_size, self.unmatched = image_size, unmatched
         self.val_fraction, self.augment, self.crop_size = float(val_fraction), bool(augment), crop_size
         self.sites_without_train = sites_without_train
@@ -249,22 +267,33 @@ class _SegmentationSites(FederatedDataModule):
         report_unmatched(type(self).__name__, unmatched, self.unmatched)
         untrained = [site for site in built if len(splits[site]["train"]) == 0 and len(splits[site]["test"])]
         if self.sites_without_train == "evaluate" and untrained:
-            warnings.warn(f"{type(self).__name__}: {', '.join(untrained)} {'has' if len(untrained) == 1 else 'have'} "
-                          f"no (image, mask) pair to train on under {self.root}"
-                          f"{' after skipping the unmatched files' if unmatched else ''}: evaluated every round "
-                          "with the model a new client receives, never trained "
-                          f"({_OPTION}.sites_without_train=evaluate)", stacklevel=2)
+            warnings.warn(
+                f"{type(self).__name__}: {', '.join(untrained)} {'has' if len(untrained) == 1 else 'have'} "
+                f"no (image, mask) pair to train on under {self.root}"
+                f"{' after skipping the unmatched files' if unmatched else ''}: evaluated every round "
+                "with the model a new client receives, never trained "
+                f"({_OPTION}.sites_without_train=evaluate)",
+                stacklevel=2,
+            )
         evaluated = set(untrained) if self.sites_without_train == "evaluate" else set()
-        empty = [f"{site}/{split}" for site in built for split in ("train", "test")
-                 if len(splits[site][split]) == 0 and not (split == "train" and site in evaluated)]
+        empty = [
+            f"{site}/{split}"
+            for site in built
+            for split in ("train", "test")
+            if len(splits[site][split]) == 0 and not (split == "train" and site in evaluated)
+        ]
         if empty:
-            raise DataError(f"{type(self).__name__}: no (image, mask) pair in {', '.join(empty)} under {self.root}"
-                            f"{' after skipping the unmatched files' if unmatched else ''}; add pairs, leave "
-                            f"those sites out with {_OPTION}.sites, or evaluate a site that has test pairs only "
-                            f"with {_OPTION}.sites_without_train=evaluate")
+            raise DataError(
+                f"{type(self).__name__}: no (image, mask) pair in {', '.join(empty)} under {self.root}"
+                f"{' after skipping the unmatched files' if unmatched else ''}; add pairs, leave "
+                f"those sites out with {_OPTION}.sites, or evaluate a site that has test pairs only "
+                f"with {_OPTION}.sites_without_train=evaluate"
+            )
         if len(evaluated) == len(built):
-            raise DataError(f"{type(self).__name__}: no site has an (image, mask) pair to train on under "
-                            f"{self.root}; add train pairs")
+            raise DataError(
+                f"{type(self).__name__}: no site has an (image, mask) pair to train on under "
+                f"{self.root}; add train pairs"
+            )
         train_transform = pair_augmentation(self.crop_size, self.augment)
         return SampleList(
             name=self.dataset,
@@ -275,8 +304,13 @@ class _SegmentationSites(FederatedDataModule):
             # give check_samples one finite value per sample.
             targets={site: torch.zeros(len(ids)) for site, ids in samples.items()},
             splits=splits,
-            read=MaskedImageFile(root=str(self.root), channels=self.channels, channel_levels=self.channel_levels,
-                                 allowed_levels=self.allowed_levels, image_size=self.image_size),
+            read=MaskedImageFile(
+                root=str(self.root),
+                channels=self.channels,
+                channel_levels=self.channel_levels,
+                allowed_levels=self.allowed_levels,
+                image_size=self.image_size,
+            ),
             train_transform=train_transform,
             eval_transform=None,
             class_names=list(self.mask_names),
@@ -304,19 +338,23 @@ class _SegmentationSites(FederatedDataModule):
             n_val = min(int(round(self.val_fraction * n_train)), max(n_train - 1, 0))
             return {"train": np.sort(order[n_val:]), "val": np.sort(order[:n_val]), "test": np.arange(n_train, n_all)}
         if n_all < sum(f > 0 for f in self.split_fractions):
-            raise DataError(f"{type(self).__name__}: site {site} has {n_all} (image, mask) pairs under "
-                            f"{self.root / site}, fewer than the non-empty splits of {_OPTION}.split_fractions="
-                            f"{self.split_fractions}; add pairs or leave the site out with {_OPTION}.sites")
+            raise DataError(
+                f"{type(self).__name__}: site {site} has {n_all} (image, mask) pairs under "
+                f"{self.root / site}, fewer than the non-empty splits of {_OPTION}.split_fractions="
+                f"{self.split_fractions}; add pairs or leave the site out with {_OPTION}.sites"
+            )
         order, bounds = rng.permutation(n_all), np.cumsum([0, *split_sizes(n_all, self.split_fractions)])
-        return {split: np.sort(order[bounds[i]:bounds[i + 1]]) for i, split in enumerate(SPLITS)}
+        return {split: np.sort(order[bounds[i] : bounds[i + 1]]) for i, split in enumerate(SPLITS)}
 
     def _pairs(self, site: str, split: str) -> tuple[list[list[str]], list[str]]:
         """The [image, mask] paths (relative to root) matched by file name, and the unmatched files."""
         folder = self.root / site / split
         if not folder.is_dir():
-            raise DataError(f"{folder}: missing; each site of {type(self).__name__} needs train/ and test/ folders "
-                            f"holding {self.image_dir}/ and {self.mask_dir}/, or leave the site out with "
-                            f"{_OPTION}.sites")
+            raise DataError(
+                f"{folder}: missing; each site of {type(self).__name__} needs train/ and test/ folders "
+                f"holding {self.image_dir}/ and {self.mask_dir}/, or leave the site out with "
+                f"{_OPTION}.sites"
+            )
         images, masks = (self._names(folder / d) for d in (self.image_dir, self.mask_dir))
         rel = folder.relative_to(self.root).as_posix()
         pairs = [[f"{rel}/{self.image_dir}/{n}", f"{rel}/{self.mask_dir}/{n}"] for n in sorted(images & masks)]
@@ -371,9 +409,10 @@ class FedProstateSlices(_SegmentationSites):
     same_site = PROSTATE_SAME_SITE
     image_dir, mask_dir, channels = "image", "mask", 1
     channel_levels, allowed_levels, mask_names = ((0,),), (0, 255), ["prostate"]
-    source = ("Get the slices of the SAML/FedDG Fed-Prostate set (Liu et al., MICCAI 2020), e.g. the ProstateSlice "
-              "folder of the FedDG-style repositories (https://github.com/liuquande/FedDG-ELCFS)")
-
+    source = (
+        "Get the slices of the SAML/FedDG Fed-Prostate set (Liu et al., MICCAI 2020), e.g. the ProstateSlice "
+        "folder of the FedDG-style repositories (https://github.com/liuquande/FedDG-ELCFS)"
+    )
 
 
 class FedFundus(_SegmentationSites):
@@ -393,5 +432,7 @@ class FedFundus(_SegmentationSites):
     default_sites = ("Domain1", "Domain2", "Domain3", "Domain4", "Site1", "Site2", "Site3", "Site4")
     image_dir, mask_dir, channels = "ROIs/image", "ROIs/mask", 3
     channel_levels, allowed_levels, mask_names = ((0, 128), (0,)), (0, 128, 255), ["disc", "cup"]
-    source = ("Get FedDG's Fundus set (Liu et al., CVPR 2021; the Fundus folder of the FedDG repository, "
-              "https://github.com/liuquande/FedDG-ELCFS)")
+    source = (
+        "Get FedDG's Fundus set (Liu et al., CVPR 2021; the Fundus folder of the FedDG repository, "
+        "https://github.com/liuquande/FedDG-ELCFS)"
+    )

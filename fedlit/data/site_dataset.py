@@ -76,13 +76,13 @@ class SiteDataset(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise ConfigError(f"{_OPTION}.dataset must be a map-style Dataset (with __getitem__ and __len__), got "
-                             f"{type(dataset).__name__}")
+            raise ConfigError(
+                f"{_OPTION}.dataset must be a map-style Dataset (with __getitem__ and __len__), got "
+                f"{type(dataset).__name__}"
+            )
         if isinstance(sites, str) and not hasattr(dataset, sites):
             raise ConfigError(f"{_OPTION}.sites={sites!r} names no attribute of {type(dataset).__name__}")
         self.dataset, self.sites, self.label_fn = dataset, sites, label_fn
@@ -109,8 +109,9 @@ class SiteDataset(FederatedDataModule):
         site_ids = sorted({str(s) for s in site_of}, key=class_sort_key)
         members = {s: np.flatnonzero(site_of == s) for s in site_ids}
         targets = {s: y[torch.from_numpy(idx)] for s, idx in members.items()}
-        splits = split_samples(targets, self.split_fractions, np.random.default_rng(self.seed), task,
-                               f"{_OPTION}.split_fractions")
+        splits = split_samples(
+            targets, self.split_fractions, np.random.default_rng(self.seed), task, f"{_OPTION}.split_fractions"
+        )
         return SampleList(
             name=type(self.dataset).__name__,
             task=task,
@@ -140,8 +141,9 @@ class SiteDataset(FederatedDataModule):
         else:
             values = sites.tolist() if isinstance(sites, torch.Tensor | np.ndarray) else list(sites)
         if len(values) != n:
-            raise DataError(f"{_OPTION}.sites gives {len(values)} site ids for a dataset of {n} samples; give one "
-                            "per sample")
+            raise DataError(
+                f"{_OPTION}.sites gives {len(values)} site ids for a dataset of {n} samples; give one per sample"
+            )
         return np.array([str(v) for v in values])
 
     def _targets(self, n: int) -> torch.Tensor:
@@ -151,12 +153,17 @@ class SiteDataset(FederatedDataModule):
         if source is None and self.label_fn is not None:
             source = [self.label_fn(i) for i in range(n)]
         if source is None:
-            warnings.warn(f"SiteDataset: {type(self.dataset).__name__} has no `targets` and no label_fn was given, "
-                          "so every sample is read once to find its target; give targets= or label_fn= to avoid it",
-                          stacklevel=3)
+            warnings.warn(
+                f"SiteDataset: {type(self.dataset).__name__} has no `targets` and no label_fn was given, "
+                "so every sample is read once to find its target; give targets= or label_fn= to avoid it",
+                stacklevel=3,
+            )
             source = [self.dataset[i][1] for i in range(n)]
-        y = source if isinstance(source, torch.Tensor) else torch.as_tensor(np.asarray(
-            [t.tolist() if isinstance(t, torch.Tensor) else t for t in source]))
+        y = (
+            source
+            if isinstance(source, torch.Tensor)
+            else torch.as_tensor(np.asarray([t.tolist() if isinstance(t, torch.Tensor) else t for t in source]))
+        )
         if len(y) != n:
             raise DataError(f"SiteDataset: {len(y)} targets for a dataset of {n} samples; give one per sample")
         return y

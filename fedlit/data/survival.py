@@ -65,8 +65,11 @@ class SyntheticSurvival(FederatedDataModule):
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         problems = []
-        for name, value, low in (("num_clients", num_clients, 1), ("num_features", num_features, 1),
-                                 ("samples_per_client", samples_per_client, 10)):
+        for name, value, low in (
+            ("num_clients", num_clients, 1),
+            ("num_features", num_features, 1),
+            ("samples_per_client", samples_per_client, 10),
+        ):
             if not is_int(value) or value < low:
                 problems.append(f"data.init_args.{name} must be an integer >= {low}, got {value!r}")
         for name, number in (("signal", signal), ("covariate_shift", covariate_shift)):
@@ -75,8 +78,10 @@ class SyntheticSurvival(FederatedDataModule):
         if not baseline_hazard > 0:
             problems.append(f"data.init_args.baseline_hazard must be > 0, got {baseline_hazard!r}")
         if len(censoring) != 2 or not 0 <= censoring[0] <= censoring[1] <= 0.95:
-            problems.append(f"data.init_args.censoring must be [low, high] with 0 <= low <= high <= 0.95, got "
-                            f"{list(censoring)!r}: e.g. [0.2, 0.6]")
+            problems.append(
+                f"data.init_args.censoring must be [low, high] with 0 <= low <= high <= 0.95, got "
+                f"{list(censoring)!r}: e.g. [0.2, 0.6]"
+            )
         if problems:
             raise ConfigError("; ".join(problems))
         self.num_clients, self.samples_per_client, self.num_features = num_clients, samples_per_client, num_features
@@ -116,18 +121,24 @@ class SyntheticSurvival(FederatedDataModule):
             event = event_time <= censor_time
             features.append(x)
             targets.append(np.stack([np.where(event, event_time, censor_time), event], axis=1))
-            sites_info[cid] = {"mean_shift_norm": float(np.linalg.norm(means[s])), "scale": float(scales[s]),
-                               "censoring_rate": float(rate), "censoring_share": float(1 - event.mean())}
+            sites_info[cid] = {
+                "mean_shift_norm": float(np.linalg.norm(means[s])),
+                "scale": float(scales[s]),
+                "censoring_rate": float(rate),
+                "censoring_share": float(1 - event.mean()),
+            }
         inputs = torch.from_numpy(np.concatenate(features).astype(np.float32))
         target = torch.from_numpy(np.concatenate(targets).astype(np.float32))
         parts = [np.arange(s * n, (s + 1) * n) for s in range(n_sites)]
-        splits = split_clients(parts, target[:, 1].numpy().astype(np.int64), self.split_fractions, split_rng,
-                               client_ids)
+        splits = split_clients(
+            parts, target[:, 1].numpy().astype(np.int64), self.split_fractions, split_rng, client_ids
+        )
         true_risk = inputs.double() @ torch.from_numpy(beta)
         for cid in client_ids:
             test = torch.as_tensor(splits[cid]["test"], dtype=torch.int64)
             sites_info[cid]["true_risk_test_c_index"] = concordance_index(
-                true_risk[test], target[test, 0], target[test, 1])
+                true_risk[test], target[test, 0], target[test, 1]
+            )
         return PartitionedData(
             name="synthetic_survival",
             task="survival",
@@ -136,9 +147,13 @@ class SyntheticSurvival(FederatedDataModule):
             targets=target,
             splits=splits,
             partitioner="Natural()",
-            details={"beta": beta.tolist(), "baseline_hazard": self.baseline_hazard,
-                     "pool": f"site s holds pool rows [s * {n}, (s + 1) * {n})",
-                     "split_fractions": list(self.split_fractions), "sites": sites_info},
+            details={
+                "beta": beta.tolist(),
+                "baseline_hazard": self.baseline_hazard,
+                "pool": f"site s holds pool rows [s * {n}, (s + 1) * {n})",
+                "split_fractions": list(self.split_fractions),
+                "sites": sites_info,
+            },
         )
 
 

@@ -61,9 +61,7 @@ class SyntheticImages(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         problems = []
         if not isinstance(num_clients, int) or num_clients < 1:
@@ -104,9 +102,7 @@ class SyntheticImages(FederatedDataModule):
         n_sites, n, size = self.num_clients, self.samples_per_client, self.image_size
         labels = np.concatenate(
             [
-                data_rng.choice(
-                    self._num_classes, size=n, p=data_rng.dirichlet([self.label_alpha] * self._num_classes)
-                )
+                data_rng.choice(self._num_classes, size=n, p=data_rng.dirichlet([self.label_alpha] * self._num_classes))
                 for _ in range(n_sites)
             ]
         )
@@ -213,9 +209,7 @@ def _shape(name: str, u: np.ndarray, v: np.ndarray, s: np.ndarray) -> np.ndarray
     r = np.hypot(u, v)
 
     def bar(along: np.ndarray, across: np.ndarray, half_length: float) -> np.ndarray:
-        return np.exp(-(across**2) / (2 * (0.8 * s) ** 2)) / (
-            1 + np.exp(2 * (np.abs(along) - half_length * s))
-        )
+        return np.exp(-(across**2) / (2 * (0.8 * s) ** 2)) / (1 + np.exp(2 * (np.abs(along) - half_length * s)))
 
     if name == "blob":
         return np.exp(-(r**2) / (2 * (1.6 * s) ** 2))

@@ -59,10 +59,11 @@ class SyntheticSegmentation(FederatedDataModule):
         if not is_int(num_clients) or num_clients < 1:
             problems.append(f"data.init_args.num_clients must be an integer >= 1, got {num_clients!r}")
         needed = sum(f > 0 for f in split_fractions)
-        if not is_int(samples_per_client) or (
-                samples_per_client < needed):
-            problems.append(f"data.init_args.samples_per_client must be an integer >= {needed} (one per split), "
-                            f"got {samples_per_client!r}")
+        if not is_int(samples_per_client) or (samples_per_client < needed):
+            problems.append(
+                f"data.init_args.samples_per_client must be an integer >= {needed} (one per split), "
+                f"got {samples_per_client!r}"
+            )
         if not is_int(image_size) or image_size < 16:
             problems.append(f"data.init_args.image_size must be an integer >= 16, got {image_size!r}")
         if problems:
@@ -97,7 +98,8 @@ class SyntheticSegmentation(FederatedDataModule):
             blurred = _blur(signal[rows].astype(np.float64), float(blur[s]))
             images[rows, 0] = offset[s] + contrast[s] * (blurred - blurred.mean())
         images += noise[sites].astype(np.float32)[:, None, None, None] * data_rng.standard_normal(
-            images.shape, dtype=np.float32)
+            images.shape, dtype=np.float32
+        )
 
         client_ids = [f"site_{s}" for s in range(n_sites)]
         parts = [np.flatnonzero(sites == s) for s in range(n_sites)]

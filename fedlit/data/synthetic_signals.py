@@ -76,9 +76,7 @@ class SyntheticSignals(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions)
         needed = sum(f > 0 for f in split_fractions)
         checks = [
@@ -93,8 +91,10 @@ class SyntheticSignals(FederatedDataModule):
             if isinstance(value, bool) or not isinstance(value, int) or value < low
         ]
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 2 <= num_classes <= len(EVENTS):
-            problems.append(f"data.init_args.num_classes must be between 2 and {len(EVENTS)} (one per event "
-                            f"{EVENTS}), got {num_classes!r}")
+            problems.append(
+                f"data.init_args.num_classes must be between 2 and {len(EVENTS)} (one per event "
+                f"{EVENTS}), got {num_classes!r}"
+            )
         if not label_alpha > 0:
             problems.append(f"data.init_args.label_alpha must be > 0, got {label_alpha!r}: e.g. 0.3 or 1.0")
         if problems:
@@ -121,8 +121,9 @@ class SyntheticSignals(FederatedDataModule):
         labels = np.concatenate([data_rng.choice(self._num_classes, size=n, p=p) for p in mixes])
         sites = np.repeat(np.arange(n_sites), n)
 
-        gain, noise, wander = (spread_over_sites(data_rng, low, high, n_sites)
-                               for low, high in ((0.6, 1.4), (0.05, 0.3), (0.0, 0.5)))
+        gain, noise, wander = (
+            spread_over_sites(data_rng, low, high, n_sites) for low, high in ((0.6, 1.4), (0.05, 0.3), (0.0, 0.5))
+        )
         channel_gain = data_rng.uniform(0.5, 1.5, (n_sites, c))
 
         # All random draws first, in a fixed order; then the signals a bounded number of rows at a time, so that

@@ -103,26 +103,28 @@ class SiteTable(FederatedDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed
-        )
+        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
         targets = [target_column] if isinstance(target_column, str) else list(target_column)
         problems = []
         if task in CLASSIFICATION and len(targets) != 1:
             problems.append(f"{_OPTION}.target_column: a {task} task takes one target column, got {targets}")
         if task == SURVIVAL and len(targets) != 2:
-            problems.append(f"{_OPTION}.target_column: a survival task takes two columns, [time, event], got "
-                            f"{targets}")
+            problems.append(f"{_OPTION}.target_column: a survival task takes two columns, [time, event], got {targets}")
         if task == "multilabel":
-            problems.append(f"{_OPTION}.task='multilabel' is not supported by SiteTable; use one multiclass or "
-                            "binary target column")
+            problems.append(
+                f"{_OPTION}.task='multilabel' is not supported by SiteTable; use one multiclass or binary target column"
+            )
         if split_column is not None and tuple(float(f) for f in split_fractions) != _FRACTIONS:
-            problems.append(f"{_OPTION}.split_fractions={list(split_fractions)} with split_column={split_column!r}: "
-                            "the split column gives every row's split; leave split_fractions out")
+            problems.append(
+                f"{_OPTION}.split_fractions={list(split_fractions)} with split_column={split_column!r}: "
+                "the split column gives every row's split; leave split_fractions out"
+            )
         if split_column is not None and split_column in (site_column, *targets):
-            problems.append(f"{_OPTION}.split_column={split_column!r} is the site or a target column; name the "
-                            "column holding train/val/test")
+            problems.append(
+                f"{_OPTION}.split_column={split_column!r} is the site or a target column; name the "
+                "column holding train/val/test"
+            )
         if class_names is not None and task not in CLASSIFICATION:
             problems.append(f"{_OPTION}.class_names is for a multiclass or binary task, not {task!r}; leave it out")
         elif (problem := class_names_problem(class_names, task)) is not None:
@@ -132,8 +134,10 @@ class SiteTable(FederatedDataModule):
         self.class_index = class_index(class_names)
         self.path = Path(path).expanduser()
         if not self.path.is_file():
-            raise InputFileError(f"{_OPTION}.path: no file {self.path}; give a CSV or Parquet file with one row "
-                                    f"per sample and a {site_column!r} column")
+            raise InputFileError(
+                f"{_OPTION}.path: no file {self.path}; give a CSV or Parquet file with one row "
+                f"per sample and a {site_column!r} column"
+            )
         self.site_column, self.target_columns, self.split_column = site_column, targets, split_column
         self.feature_columns = None if feature_columns is None else list(feature_columns)
         self.requested_task, self.standardize = task, standardize
@@ -163,9 +167,11 @@ class SiteTable(FederatedDataModule):
             values = frame[self.target_columns[0]].astype(str).str.strip()
             class_names = self._class_names(values, row_name)
             if task == "binary" and len(class_names) != 2:
-                raise DataError(f"{path}: {_OPTION}.task='binary' needs exactly 2 values in column "
-                                f"{self.target_columns[0]!r}, found {len(class_names)}: {class_names[:10]}; use "
-                                "task: multiclass")
+                raise DataError(
+                    f"{path}: {_OPTION}.task='binary' needs exactly 2 values in column "
+                    f"{self.target_columns[0]!r}, found {len(class_names)}: {class_names[:10]}; use "
+                    "task: multiclass"
+                )
             codes_y = values.map({name: i for i, name in enumerate(class_names)}).to_numpy()
             y = torch.from_numpy(codes_y.astype(np.float32 if task == "binary" else np.int64))
         else:
@@ -173,15 +179,20 @@ class SiteTable(FederatedDataModule):
             y = y[:, 0] if len(self.target_columns) == 1 else y
         x = torch.from_numpy(frame[features].to_numpy(dtype=np.float32))
         sites = frame[self.site_column].astype(str).str.strip().to_numpy()
-        site_ids = self.sites_to_build(sorted({str(s) for s in sites}, key=class_sort_key),
-                                       f"the sites of column {self.site_column!r} of {path}")
+        site_ids = self.sites_to_build(
+            sorted({str(s) for s in sites}, key=class_sort_key), f"the sites of column {self.site_column!r} of {path}"
+        )
         order = np.concatenate([np.flatnonzero(sites == s) for s in site_ids])
         x, y, file_rows = x[torch.from_numpy(order)], y[torch.from_numpy(order)], order
         bounds = np.cumsum([0] + [int((sites == s).sum()) for s in site_ids])
         if codes is None:
-            per_site = {s: y[bounds[i]:bounds[i + 1]] for i, s in enumerate(site_ids)}
-            local = {s: split_samples({s: per_site[s]}, self.split_fractions, site_rng(self.seed, s), task,
-                                      f"{_OPTION}.split_fractions")[s] for s in site_ids}
+            per_site = {s: y[bounds[i] : bounds[i + 1]] for i, s in enumerate(site_ids)}
+            local = {
+                s: split_samples(
+                    {s: per_site[s]}, self.split_fractions, site_rng(self.seed, s), task, f"{_OPTION}.split_fractions"
+                )[s]
+                for s in site_ids
+            }
             splits = {s: {k: v + bounds[i] for k, v in local[s].items()} for i, s in enumerate(site_ids)}
         else:
             splits = self._column_splits(codes[order], site_ids, bounds)
@@ -192,7 +203,7 @@ class SiteTable(FederatedDataModule):
                 mean = train.mean(dim=0)
                 std = train.std(dim=0) if len(train) > 1 else torch.ones_like(mean)
                 std = torch.where(torch.isfinite(std) & (std > 0), std, torch.ones_like(std))
-                x[bounds[i]:bounds[i + 1]] = (x[bounds[i]:bounds[i + 1]] - mean) / std
+                x[bounds[i] : bounds[i + 1]] = (x[bounds[i] : bounds[i + 1]] - mean) / std
                 stats[s] = {"mean": mean.tolist(), "std": std.tolist()}
         if task == SURVIVAL:
             self._warn_without_events(splits, y)
@@ -211,13 +222,16 @@ class SiteTable(FederatedDataModule):
                 "feature_names": features,
                 "class_names": class_names,
                 "pool": {s: [int(bounds[i]), int(bounds[i + 1])] for i, s in enumerate(site_ids)},
-                "rows": {s: [int(r) for r in file_rows[bounds[i]:bounds[i + 1]]] for i, s in enumerate(site_ids)},
+                "rows": {s: [int(r) for r in file_rows[bounds[i] : bounds[i + 1]]] for i, s in enumerate(site_ids)},
                 "standardize": self.standardize,
                 "train_statistics": stats,
                 "split_column": self.split_column,
-                "splits_from": (f"column {self.split_column!r} of the file" if self.split_column else
-                                f"split_fractions drawn with seed {self.seed}"
-                                + (", stratified by the event flag" if task == SURVIVAL else "")),
+                "splits_from": (
+                    f"column {self.split_column!r} of the file"
+                    if self.split_column
+                    else f"split_fractions drawn with seed {self.seed}"
+                    + (", stratified by the event flag" if task == SURVIVAL else "")
+                ),
                 "split_fractions": None if self.split_column else list(self.split_fractions),
             },
         )
@@ -227,22 +241,28 @@ class SiteTable(FederatedDataModule):
         if self.class_index is None:
             names = sorted(values.unique(), key=class_sort_key)
             if self.only_client is not None:
-                warnings.warn(f"SiteTable ({self.path}): the classes are numbered by the values this node reads "
-                              f"({names[:10]}); another site lacking or adding a value numbers them differently. "
-                              f"Declare them in the recipe with {_OPTION}.class_names", stacklevel=3)
+                warnings.warn(
+                    f"SiteTable ({self.path}): the classes are numbered by the values this node reads "
+                    f"({names[:10]}); another site lacking or adding a value numbers them differently. "
+                    f"Declare them in the recipe with {_OPTION}.class_names",
+                    stacklevel=3,
+                )
             return names
         class_names = list(self.class_index)
         bad = np.flatnonzero(~values.isin(class_names).to_numpy())
         if len(bad):
             shown = "; ".join(f"{row_label(int(i), row_name)}: {values.iloc[int(i)]!r}" for i in bad[:5])
             more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
-            raise DataError(f"{self.path}: column {self.target_columns[0]!r} holds values that are not in "
-                            f"{_OPTION}.class_names {class_names}: {shown}{more}; fix the rows, or add the class to "
-                            "class_names (in the recipe, so that every site numbers the classes alike)")
+            raise DataError(
+                f"{self.path}: column {self.target_columns[0]!r} holds values that are not in "
+                f"{_OPTION}.class_names {class_names}: {shown}{more}; fix the rows, or add the class to "
+                "class_names (in the recipe, so that every site numbers the classes alike)"
+            )
         return class_names
 
-    def _column_splits(self, codes: np.ndarray, site_ids: list[str], bounds: np.ndarray
-                       ) -> dict[str, dict[str, np.ndarray]]:
+    def _column_splits(
+        self, codes: np.ndarray, site_ids: list[str], bounds: np.ndarray
+    ) -> dict[str, dict[str, np.ndarray]]:
         """Each site's pool indices per split, from the split column's codes (in pool order).
 
         Raises:
@@ -250,28 +270,39 @@ class SiteTable(FederatedDataModule):
         """
         splits, problems = {}, []
         for i, s in enumerate(site_ids):
-            local = codes[bounds[i]:bounds[i + 1]]
+            local = codes[bounds[i] : bounds[i + 1]]
             splits[s] = {name: np.flatnonzero(local == k) + bounds[i] for k, name in enumerate(SPLITS)}
             empty = [name for name in ("train", "test") if not len(splits[s][name])]
             if empty:
                 problems.append(f"site {s!r} has no {' and no '.join(empty)} row")
         if problems:
-            raise DataError(f"{self.path}: column {self.split_column!r} ({_OPTION}.split_column): "
-                            f"{'; '.join(problems)}; every site needs train and test rows (val may be empty): mark "
-                            "some of its rows so, or drop the site's rows")
+            raise DataError(
+                f"{self.path}: column {self.split_column!r} ({_OPTION}.split_column): "
+                f"{'; '.join(problems)}; every site needs train and test rows (val may be empty): mark "
+                "some of its rows so, or drop the site's rows"
+            )
         return splits
 
     def _warn_without_events(self, splits: dict[str, dict[str, np.ndarray]], y: torch.Tensor) -> None:
         """Warn once per site whose val or test split has rows but no event: its C-index is undefined there."""
         for s, parts in splits.items():
-            lacking = [f"{name} split ({len(parts[name])} rows)" for name in ("val", "test")
-                       if len(parts[name]) and not bool((y[torch.from_numpy(parts[name]), 1] > 0.5).any())]
+            lacking = [
+                f"{name} split ({len(parts[name])} rows)"
+                for name in ("val", "test")
+                if len(parts[name]) and not bool((y[torch.from_numpy(parts[name]), 1] > 0.5).any())
+            ]
             if lacking:
-                fix = (f"mark rows with an event as val/test in column {self.split_column!r}" if self.split_column
-                       else "give the site more rows or a larger val/test share of split_fractions")
-                warnings.warn(f"SiteTable ({self.path}): site {s!r} has no event in its {' or its '.join(lacking)}"
-                              ": its C-index is undefined there (NaN), so the mean over clients of that split leaves "
-                              f"it out and covers fewer clients; {fix}", stacklevel=3)
+                fix = (
+                    f"mark rows with an event as val/test in column {self.split_column!r}"
+                    if self.split_column
+                    else "give the site more rows or a larger val/test share of split_fractions"
+                )
+                warnings.warn(
+                    f"SiteTable ({self.path}): site {s!r} has no event in its {' or its '.join(lacking)}"
+                    ": its C-index is undefined there (NaN), so the mean over clients of that split leaves "
+                    f"it out and covers fewer clients; {fix}",
+                    stacklevel=3,
+                )
 
     @override
     def client_id_source(self) -> str:
@@ -283,8 +314,12 @@ class SiteTable(FederatedDataModule):
         frame.columns = columns
         problems = []
         split = [self.split_column] if self.split_column is not None else []
-        for option, wanted in (("site_column", [self.site_column]), ("target_column", self.target_columns),
-                               ("split_column", split), ("feature_columns", self.feature_columns or [])):
+        for option, wanted in (
+            ("site_column", [self.site_column]),
+            ("target_column", self.target_columns),
+            ("split_column", split),
+            ("feature_columns", self.feature_columns or []),
+        ):
             absent = [c for c in wanted if c not in columns]
             if absent:
                 problems.append(f"{_OPTION}.{option}: {absent} not in the columns of {self.path} ({columns})")
@@ -307,8 +342,11 @@ class SiteTable(FederatedDataModule):
         train mean and std: a row ``x`` (the columns' values) becomes ``(x - mean) / std``."""
         details = self.data.details
         stats = details["train_statistics"].get(client_id) if self.standardize else None
-        return {**super().preprocessing(client_id), "feature_columns": list(details["feature_names"]),
-                "normalization": None if stats is None else {"kind": "standardize", **stats}}
+        return {
+            **super().preprocessing(client_id),
+            "feature_columns": list(details["feature_names"]),
+            "normalization": None if stats is None else {"kind": "standardize", **stats},
+        }
 
 
 def _num_classes(task: str, class_names: list[str] | None, targets: int) -> int:

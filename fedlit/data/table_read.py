@@ -29,8 +29,9 @@ def read_table(path: Path) -> tuple[pd.DataFrame, str]:
             return pd.read_csv(path, skipinitialspace=True), "line"
         frame = pd.read_parquet(path).reset_index(drop=True)
     except ImportError as err:
-        raise DataError(f"{path}: reading Parquet needs pyarrow ({err}); pip install pyarrow, or save the table as "
-                        "CSV") from None
+        raise DataError(
+            f"{path}: reading Parquet needs pyarrow ({err}); pip install pyarrow, or save the table as CSV"
+        ) from None
     except UnicodeDecodeError as err:
         raise (_parquet_error(path, err) if parquet else not_utf8(path)) from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as err:
@@ -63,12 +64,15 @@ def check_parquet_types(frame: pd.DataFrame, columns: list[str], path: Path, kin
     for column in columns:
         values = frame[column]
         dtype = values.dtype
-        if pd.api.types.is_bool_dtype(dtype) or (pd.api.types.is_numeric_dtype(dtype)
-                                                 and not isinstance(dtype, pd.CategoricalDtype)):
+        if pd.api.types.is_bool_dtype(dtype) or (
+            pd.api.types.is_numeric_dtype(dtype) and not isinstance(dtype, pd.CategoricalDtype)
+        ):
             continue
         if pd.api.types.is_datetime64_any_dtype(dtype):
-            fix = (f"turn it into a number first, e.g. days since a date: (df[{column!r}] - "
-                   "pd.Timestamp('2000-01-01')).dt.days")
+            fix = (
+                f"turn it into a number first, e.g. days since a date: (df[{column!r}] - "
+                "pd.Timestamp('2000-01-01')).dt.days"
+            )
         elif pd.api.types.is_timedelta64_dtype(dtype):
             fix = f"turn it into a number first, e.g. df[{column!r}].dt.total_seconds()"
         elif isinstance(dtype, pd.CategoricalDtype):
@@ -80,12 +84,15 @@ def check_parquet_types(frame: pd.DataFrame, columns: list[str], path: Path, kin
             fix = f"numbers stored as text; cast it first: df[{column!r}] = pd.to_numeric(df[{column!r}])"
         problems.append(f"column {column!r} ({kind}) has dtype {dtype}: {fix}")
     if problems:
-        raise DataError(f"{path}: {'; '.join(problems)}; then write the Parquet file again (fedlit converts no "
-                        "Parquet type to numbers but booleans, read as 0/1)")
+        raise DataError(
+            f"{path}: {'; '.join(problems)}; then write the Parquet file again (fedlit converts no "
+            "Parquet type to numbers but booleans, read as 0/1)"
+        )
 
 
-def check_numeric(frame: pd.DataFrame, columns: list[str], path: Path, row_name: str, kind: str,
-                  numeric: bool = True) -> None:
+def check_numeric(
+    frame: pd.DataFrame, columns: list[str], path: Path, row_name: str, kind: str, numeric: bool = True
+) -> None:
     """Refuse missing values in ``columns`` and, if ``numeric``, values that are not finite numbers.
 
     Raises:
@@ -103,8 +110,14 @@ def check_numeric(frame: pd.DataFrame, columns: list[str], path: Path, row_name:
         numbers = values if pd.api.types.is_bool_dtype(values) else pd.to_numeric(values, errors="coerce")
         numbers = pd.Series(numbers, dtype="float64")
         for i in np.flatnonzero(~missing & numbers.isna().to_numpy()):
-            problems.append((int(i), column, f"{_show(values.iloc[i])} is not a number (a categorical {kind}? one-hot "
-                                        "encode it, or leave the column out of the features)"))
+            problems.append(
+                (
+                    int(i),
+                    column,
+                    f"{_show(values.iloc[i])} is not a number (a categorical {kind}? one-hot "
+                    "encode it, or leave the column out of the features)",
+                )
+            )
         for i in np.flatnonzero(~missing & np.isinf(numbers.to_numpy())):
             problems.append((int(i), column, f"{_show(values.iloc[i])} is not finite"))
     _raise(problems, columns, path, row_name)
@@ -118,10 +131,14 @@ def check_survival(frame: pd.DataFrame, time: str, event: str, path: Path, row_n
     """
     times = pd.Series(frame[time], dtype="float64").to_numpy()
     events = pd.Series(frame[event], dtype="float64").to_numpy()
-    problems = [(int(i), time, f"{_show(frame[time].iloc[i])} is negative (survival times are >= 0)")
-                for i in np.flatnonzero(times < 0)]
-    problems += [(int(i), event, f"{_show(frame[event].iloc[i])} is not an event flag (1 = event, 0 = censored)")
-                 for i in np.flatnonzero((events != 0) & (events != 1))]
+    problems = [
+        (int(i), time, f"{_show(frame[time].iloc[i])} is negative (survival times are >= 0)")
+        for i in np.flatnonzero(times < 0)
+    ]
+    problems += [
+        (int(i), event, f"{_show(frame[event].iloc[i])} is not an event flag (1 = event, 0 = censored)")
+        for i in np.flatnonzero((events != 0) & (events != 1))
+    ]
     _raise(problems, [time, event], path, row_name)
 
 
@@ -134,15 +151,22 @@ def split_codes(frame: pd.DataFrame, column: str, path: Path, row_name: str) -> 
     """
     values = frame[column].astype(str).str.strip()
     codes = values.map({name: i for i, name in enumerate(SPLITS)})
-    problems = [(int(i), column, f"{_show(frame[column].iloc[i])} is not a split")
-                for i in np.flatnonzero(codes.isna())]
-    _raise(problems, [column], path, row_name,
-           f" ({OPTION}.split_column: each value must be one of {list(SPLITS)}, lower case)")
+    problems = [
+        (int(i), column, f"{_show(frame[column].iloc[i])} is not a split") for i in np.flatnonzero(codes.isna())
+    ]
+    _raise(
+        problems,
+        [column],
+        path,
+        row_name,
+        f" ({OPTION}.split_column: each value must be one of {list(SPLITS)}, lower case)",
+    )
     return codes.to_numpy(dtype=np.int64)
 
 
-def _raise(problems: list[tuple[int, str, str]], columns: list[str], path: Path, row_name: str,
-           after: str = "") -> None:
+def _raise(
+    problems: list[tuple[int, str, str]], columns: list[str], path: Path, row_name: str, after: str = ""
+) -> None:
     if problems:
         problems.sort(key=lambda p: (p[0], columns.index(p[1])))
         shown = "; ".join(f"{row_label(i, row_name)}, column {c!r}: {what}" for i, c, what in problems[:5])
@@ -165,9 +189,11 @@ def _check_parquet_text(path: Path) -> None:
                 try:
                     value is None or value.decode("utf-8")
                 except UnicodeDecodeError as err:
-                    raise DataError(f"{path}: row {row}, column {name!r} is not UTF-8 text (byte {err.start} of "
-                                    f"the value is 0x{value[err.start]:02x}); write the table again with its text "
-                                    "as UTF-8") from None
+                    raise DataError(
+                        f"{path}: row {row}, column {name!r} is not UTF-8 text (byte {err.start} of "
+                        f"the value is 0x{value[err.start]:02x}); write the table again with its text "
+                        "as UTF-8"
+                    ) from None
 
 
 def _parquet_error(path: Path, error: Exception) -> DataError:

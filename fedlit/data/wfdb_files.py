@@ -97,9 +97,7 @@ class WFDBRecord:
         if self.fs is not None and fs != self.fs:
             raise DataError(f"{path}: sampled at {fs:g} Hz, expected {self.fs:g} Hz like the data set's others")
         if self.samples is not None and signal.shape[1] != self.samples:
-            raise DataError(
-                f"{path}: {signal.shape[1]} samples, expected {self.samples} like the data set's others"
-            )
+            raise DataError(f"{path}: {signal.shape[1]} samples, expected {self.samples} like the data set's others")
         return torch.from_numpy(signal)
 
     def missing(self, identities: Sequence[str]) -> list[str]:

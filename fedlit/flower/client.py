@@ -78,8 +78,21 @@ from fedlit.flower.snapshots import FolderTable, Snapshots
 
 #: What this module defines, and the names it re-exports from :mod:`fedlit.flower.node_data` and
 #: :mod:`fedlit.flower.snapshots` (their home before the split).
-__all__ = ["STATE_RECORD", "ClientRuntime", "FolderTable", "OwnClientData", "Snapshots", "app", "encode_turn",
-           "answer", "error_content", "handle_message", "node_run", "runtime_from_context", "snapshots_of"]
+__all__ = [
+    "STATE_RECORD",
+    "ClientRuntime",
+    "FolderTable",
+    "OwnClientData",
+    "Snapshots",
+    "app",
+    "encode_turn",
+    "answer",
+    "error_content",
+    "handle_message",
+    "node_run",
+    "runtime_from_context",
+    "snapshots_of",
+]
 
 #: The record of ``context.state`` that keeps the client's store entry (when the node has no ``state-dir``).
 STATE_RECORD = "fedlit"
@@ -145,8 +158,9 @@ class ClientRuntime:
         }
         return RecordDict({"query": ConfigRecord(info)})
 
-    def train(self, client_id: str, server_round: int, received: Mapping[str, Tensor],
-              received_extras: Mapping[str, Any]) -> ClientTurn:
+    def train(
+        self, client_id: str, server_round: int, received: Mapping[str, Tensor], received_extras: Mapping[str, Any]
+    ) -> ClientTurn:
         """The client's turn on what the server sent (the callable the secure-aggregation path calls too)."""
         self._check(client_id)
         self.run.state.round = server_round
@@ -163,8 +177,9 @@ class ClientRuntime:
         server_round = int(task["round"])
         self.checkpointed = int(task["checkpointed"])
         self._take_schedule(content)
-        turn = self.train(str(task["client-id"]), server_round, codec.get_tree(content, "received"),
-                          codec.get_tree(content, "extras"))
+        turn = self.train(
+            str(task["client-id"]), server_round, codec.get_tree(content, "received"), codec.get_tree(content, "extras")
+        )
         return encode_turn(turn)
 
     def _take_schedule(self, content: RecordDict) -> None:
@@ -184,14 +199,20 @@ class ClientRuntime:
             self.load_state(self.snapshots.before(server_round, inclusive=True))
         if "schedule.tree" in content.config_records:  # sent with fine-tuning before evaluating (FedAvg-FT)
             self._take_schedule(content)
-        evaluate = EvaluateTask(client_id, codec.get_tree(content, "received"), codec.get_tree(content, "global"),
-                                tuple(json.loads(str(task["splits"]))), bool(task["images"]),
-                                int(task.get("finetune-steps", 0)))
+        evaluate = EvaluateTask(
+            client_id,
+            codec.get_tree(content, "received"),
+            codec.get_tree(content, "global"),
+            tuple(json.loads(str(task["splits"]))),
+            bool(task["images"]),
+            int(task.get("finetune-steps", 0)),
+        )
         result = run_evaluate_task(self.context, server_round, evaluate)
         if self.snapshots is not None:  # a strategy may keep what an evaluation computes in client_state
             self.snapshots.save(server_round, self.dump_state(), int(task["checkpointed"]))
-        reply = RecordDict({"evaluation": ConfigRecord({"client-id": client_id,
-                                                        "download-bytes": int(result.download_bytes)})})
+        reply = RecordDict(
+            {"evaluation": ConfigRecord({"client-id": client_id, "download-bytes": int(result.download_bytes)})}
+        )
         codec.put_tree(reply, "metrics", result.metrics)
         codec.put_tree(reply, "image", result.image)
         return reply
@@ -211,17 +232,28 @@ class ClientRuntime:
 
     def _check(self, client_id: str) -> None:
         if client_id != self.client_id:
-            raise ConfigError(f"The server sent a task for client {client_id!r} to the node of client "
-                              f"{self.client_id!r}: two SuperNodes were started with the same node config client-id?")
+            raise ConfigError(
+                f"The server sent a task for client {client_id!r} to the node of client "
+                f"{self.client_id!r}: two SuperNodes were started with the same node config client-id?"
+            )
 
 
 def encode_turn(turn: ClientTurn) -> RecordDict:
     """A :class:`~fedlit.engine.loop.client.ClientTurn` as a reply's content."""
     update = turn.update
-    content = RecordDict({"turn": ConfigRecord({
-        "client-id": update.client_id, "num-examples": int(update.num_examples),
-        "download-bytes": int(turn.download_bytes), "problem": json.dumps(turn.problem),
-        "problem-kind": turn.problem_kind})})
+    content = RecordDict(
+        {
+            "turn": ConfigRecord(
+                {
+                    "client-id": update.client_id,
+                    "num-examples": int(update.num_examples),
+                    "download-bytes": int(turn.download_bytes),
+                    "problem": json.dumps(turn.problem),
+                    "problem-kind": turn.problem_kind,
+                }
+            )
+        }
+    )
     codec.put_tree(content, "state", update.state)
     codec.put_tree(content, "update-extras", update.extras)
     codec.put_tree(content, "metrics", update.metrics)
@@ -241,16 +273,26 @@ def node_run(run_config: Mapping[str, Any], node_config: Mapping[str, Any], out_
     written)."""
     recipe = load_recipe(str(run_config["recipe"]), "the run config's recipe") or {}
     if not isinstance(recipe, Mapping):
-        raise ConfigError("The run config's recipe is not a YAML mapping: write the app with `fedlit flower-app "
-                          "--config R.yaml`.")
+        raise ConfigError(
+            "The run config's recipe is not a YAML mapping: write the app with `fedlit flower-app --config R.yaml`."
+        )
     folder = out_dir.parent / "recipe"  # the recipe's own code, written where its relative imports find it
-    overrides = [*shlex.split(str(run_config.get("overrides", ""))),
-                 *shlex.split(str(node_config.get("overrides", ""))),
-                 *imports.unship(str(run_config.get("imports", "")), folder)]
+    overrides = [
+        *shlex.split(str(run_config.get("overrides", ""))),
+        *shlex.split(str(node_config.get("overrides", ""))),
+        *imports.unship(str(run_config.get("imports", "")), folder),
+    ]
     objects = build_objects(recipe, overrides, folder=folder, where="the run config's recipe")
     settings = replace(objects.federation, progress_bar=False, devices=1, num_nodes=1, loggers=[])
-    return Run(objects.model, objects.data, objects.strategy, settings, callbacks=objects.callbacks, out_dir=out_dir,
-               speedups=speedups.BUILT_IN)
+    return Run(
+        objects.model,
+        objects.data,
+        objects.strategy,
+        settings,
+        callbacks=objects.callbacks,
+        out_dir=out_dir,
+        speedups=speedups.BUILT_IN,
+    )
 
 
 def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:
@@ -258,8 +300,10 @@ def runtime_from_context(context: Context, workdir: Path) -> ClientRuntime:
     is a scratch folder (the client writes no run folder)."""
     node = context.node_config
     if "client-id" not in node:
-        raise ConfigError("This SuperNode has no client id: start it with --node-config \"client-id='site_0'\" "
-                          "(the id of the recipe's client it holds).")
+        raise ConfigError(
+            "This SuperNode has no client id: start it with --node-config \"client-id='site_0'\" "
+            "(the id of the recipe's client it holds)."
+        )
     check_client_id(str(node["client-id"]), "--node-config client-id of this SuperNode", _RENAME)
     return ClientRuntime(lambda: node_run(context.run_config, node, workdir / "run"), str(node["client-id"]))
 

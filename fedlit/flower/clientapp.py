@@ -104,8 +104,11 @@ def uses_worker(node_config: Mapping[str, Any]) -> bool:
 def socket_path(context: Context) -> Path:
     """The worker's socket for this SuperNode (its folder made private: created with mode 0700, refused when
     another user owns it or others may enter it)."""
-    identity = json.dumps({"node-config": dict(context.node_config), "node-id": int(context.node_id),
-                           "uid": os.getuid()}, sort_keys=True, default=str)
+    identity = json.dumps(
+        {"node-config": dict(context.node_config), "node-id": int(context.node_id), "uid": os.getuid()},
+        sort_keys=True,
+        default=str,
+    )
     name = f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.sock"
     candidates = [Path(tempfile.gettempdir()) / f"fedlit-worker-{os.getuid()}"]
     if context.node_config.get("state-dir"):
@@ -114,8 +117,10 @@ def socket_path(context: Context) -> Path:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise WorkerError(f"{folder} must be a folder of this user that only it may enter (mode 0700); remove it "
-                          "or set the node config worker=false")
+        raise WorkerError(
+            f"{folder} must be a folder of this user that only it may enter (mode 0700); remove it "
+            "or set the node config worker=false"
+        )
     return folder / name
 
 
@@ -152,14 +157,28 @@ def connect(path: Path, idle_s: float, watch_pid: int) -> socket.socket:
             return sock
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a socket nobody listens on: its worker died
-        worker = subprocess.Popen([sys.executable, "-m", "fedlit.flower.worker", "--socket", str(path),
-                                   "--idle-s", str(idle_s), "--watch-pid", str(watch_pid)],
-                                  stdin=subprocess.DEVNULL, close_fds=True)
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fedlit.flower.worker",
+                "--socket",
+                str(path),
+                "--idle-s",
+                str(idle_s),
+                "--watch-pid",
+                str(watch_pid),
+            ],
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while sock is None:
             if worker.poll() is not None:
-                raise WorkerError(f"the node worker exited with code {worker.returncode} before it listened on "
-                                  f"{path} (its output is in the SuperNode's)")
+                raise WorkerError(
+                    f"the node worker exited with code {worker.returncode} before it listened on "
+                    f"{path} (its output is in the SuperNode's)"
+                )
             if time.monotonic() > deadline:
                 worker.kill()
                 raise WorkerError(f"the node worker did not listen on {path} within {START_TIMEOUT_S:g} s")

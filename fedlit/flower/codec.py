@@ -80,8 +80,10 @@ def _pack(obj: Any, path: str, tensors: dict[str, Tensor]) -> Any:
         items = []
         for k, v in obj.items():
             if not isinstance(k, _SCALARS):
-                raise TypeError(f"Cannot send a dict key of type {type(k).__name__} at {path or 'the top'!r}: "
-                                "keys must be str, int, float, bool or None.")
+                raise TypeError(
+                    f"Cannot send a dict key of type {type(k).__name__} at {path or 'the top'!r}: "
+                    "keys must be str, int, float, bool or None."
+                )
             items.append([k, _pack(v, f"{path}.{k}" if path else str(k), tensors)])
         return ["d", items]
     if isinstance(obj, list | tuple):
@@ -91,8 +93,10 @@ def _pack(obj: Any, path: str, tensors: dict[str, Tensor]) -> Any:
         return ["s", obj]
     if isinstance(obj, np.generic):
         return ["s", obj.item()]
-    raise TypeError(f"Cannot send a {type(obj).__name__} at {path or 'the top'!r}: a message carries tensors, "
-                    "JSON scalars and dicts, lists and tuples of them.")
+    raise TypeError(
+        f"Cannot send a {type(obj).__name__} at {path or 'the top'!r}: a message carries tensors, "
+        "JSON scalars and dicts, lists and tuples of them."
+    )
 
 
 def _unpack(node: list[Any], tensors: Mapping[str, Tensor]) -> Any:

@@ -34,8 +34,9 @@ class InProcessTransport:
             reaches the server as the node's failure (a crashed process), as if the node had died.
     """
 
-    def __init__(self, builders: Mapping[str, Callable[[], Federation]],
-                 fail: Callable[[str, str, int], None] | None = None) -> None:
+    def __init__(
+        self, builders: Mapping[str, Callable[[], Federation]], fail: Callable[[str, str, int], None] | None = None
+    ) -> None:
         self.builders = dict(builders)
         self.clients = {node: client for node, client in enumerate(self.builders, start=101)}
         #: Each node's snapshots of its client's store entry (:class:`~fedlit.flower.snapshots.Snapshots`).
@@ -47,8 +48,9 @@ class InProcessTransport:
         """Every node."""
         return list(self.clients)
 
-    def exchange(self, messages: list[tuple[int, str, RecordDict]], group: str,
-                 timeout: float | None) -> list[RecordDict | str]:
+    def exchange(
+        self, messages: list[tuple[int, str, RecordDict]], group: str, timeout: float | None
+    ) -> list[RecordDict | str]:
         """Each message answered by a fresh runtime of its node's client."""
         replies: list[RecordDict | str] = []
         for node, message_type, content in messages:
@@ -65,8 +67,9 @@ class InProcessTransport:
         return replies
 
 
-def deploy(server: Federation, transport: InProcessTransport, *, timeout: float | None = None,
-           ckpt_path: Any = None) -> dict[str, Any]:
+def deploy(
+    server: Federation, transport: InProcessTransport, *, timeout: float | None = None, ckpt_path: Any = None
+) -> dict[str, Any]:
     """Fit ``server`` (a federation built from the recipe, its data never set up) through ``transport``."""
     data = RemoteData(server.datamodule, transport, num_clients=len(transport.clients), connect_timeout=1.0)
     server.datamodule = data

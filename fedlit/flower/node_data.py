@@ -37,10 +37,12 @@ class OwnClientData:
         self.inner.setup()
         if self.client_id not in self.inner.client_ids:
             ids = self.inner.client_ids
-            raise DataError(f"node config client-id={self.client_id!r} is not a client of "
-                            f"{type(self.inner).__name__} (its clients: {ids[:10]}{' ...' if len(ids) > 10 else ''}). "
-                            "Start the SuperNode with --node-config \"client-id='<one of them>'\", or give the node a "
-                            "data section that holds its site.")
+            raise DataError(
+                f"node config client-id={self.client_id!r} is not a client of "
+                f"{type(self.inner).__name__} (its clients: {ids[:10]}{' ...' if len(ids) > 10 else ''}). "
+                "Start the SuperNode with --node-config \"client-id='<one of them>'\", or give the node a "
+                "data section that holds its site."
+            )
 
     @property
     def task(self) -> str:

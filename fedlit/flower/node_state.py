@@ -47,8 +47,10 @@ class RunState:
     def line(self, now: float) -> str:
         """One line for the listing."""
         rounds = ",".join(map(str, self.rounds)) or "-"
-        return (f"{self.folder.name}  clients {','.join(self.clients) or '-'}  rounds {rounds}  "
-                f"{self.nbytes / 1e6:.1f} MB  last written {(now - self.last_written) / DAY:.1f} days ago")
+        return (
+            f"{self.folder.name}  clients {','.join(self.clients) or '-'}  rounds {rounds}  "
+            f"{self.nbytes / 1e6:.1f} MB  last written {(now - self.last_written) / DAY:.1f} days ago"
+        )
 
 
 def runs(state_dir: Path) -> list[RunState]:
@@ -57,16 +59,23 @@ def runs(state_dir: Path) -> list[RunState]:
     for folder in sorted(p for p in state_dir.iterdir() if p.is_dir()):
         files = [p for p in folder.rglob("*") if p.is_file()]
         snapshots = [p for p in files if p.suffix == ".pt" and p.stem.startswith("round_")]
-        found.append(RunState(folder, sorted({p.parent.name for p in snapshots}),
-                              sorted({int(p.stem.removeprefix("round_")) for p in snapshots
-                                      if p.stem.removeprefix("round_").isdigit()}),
-                              sum(p.stat().st_size for p in files),
-                              max([p.stat().st_mtime for p in files], default=folder.stat().st_mtime)))
+        found.append(
+            RunState(
+                folder,
+                sorted({p.parent.name for p in snapshots}),
+                sorted(
+                    {int(p.stem.removeprefix("round_")) for p in snapshots if p.stem.removeprefix("round_").isdigit()}
+                ),
+                sum(p.stat().st_size for p in files),
+                max([p.stat().st_mtime for p in files], default=folder.stat().st_mtime),
+            )
+        )
     return sorted(found, key=lambda r: r.last_written)
 
 
-def select(state_dir: Path, *, older_than: float | None = None, out_dir: str | None = None,
-           now: float | None = None) -> list[RunState]:
+def select(
+    state_dir: Path, *, older_than: float | None = None, out_dir: str | None = None, now: float | None = None
+) -> list[RunState]:
     """The runs of ``state_dir`` not written for ``older_than`` days and/or of the server run folder ``out_dir``
     (all with neither)."""
     now = time.time() if now is None else now
@@ -82,10 +91,17 @@ def main(argv: list[str]) -> list[RunState]:
     """``fedlit node-state``: list the selected runs of ``--state_dir``; delete them with ``--delete``."""
     parser = argparse.ArgumentParser(prog="fedlit node-state", description=__doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("--state_dir", required=True, help="The SuperNode's node config state-dir.")
-    parser.add_argument("--older_than", type=float, default=None,
-                        help="Only runs none of whose files was written in the last DAYS days.")
-    parser.add_argument("--out_dir", default=None,
-                        help="Only the run whose server run folder (the run config's out-dir, absolute) is this.")
+    parser.add_argument(
+        "--older_than",
+        type=float,
+        default=None,
+        help="Only runs none of whose files was written in the last DAYS days.",
+    )
+    parser.add_argument(
+        "--out_dir",
+        default=None,
+        help="Only the run whose server run folder (the run config's out-dir, absolute) is this.",
+    )
     parser.add_argument("--delete", action="store_true", help="Delete the selected runs (default: list them).")
     args = parser.parse_args(argv)
     state_dir = Path(args.state_dir)

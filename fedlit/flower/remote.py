@@ -35,8 +35,9 @@ class Transport(Protocol):
     def node_ids(self) -> list[int]:
         """The nodes connected now."""
 
-    def exchange(self, messages: list[tuple[int, str, RecordDict]], group: str,
-                 timeout: float | None) -> list[RecordDict | str]:
+    def exchange(
+        self, messages: list[tuple[int, str, RecordDict]], group: str, timeout: float | None
+    ) -> list[RecordDict | str]:
         """Send each ``(node, message type, content)`` and return each reply's content in the same order, or a
         description of why there is none (the node failed, or did not answer within ``timeout`` seconds)."""
 
@@ -55,8 +56,9 @@ class GridTransport:
         """The nodes connected to the SuperLink."""
         return list(self.grid.get_node_ids())
 
-    def exchange(self, messages: list[tuple[int, str, RecordDict]], group: str,
-                 timeout: float | None) -> list[RecordDict | str]:
+    def exchange(
+        self, messages: list[tuple[int, str, RecordDict]], group: str, timeout: float | None
+    ) -> list[RecordDict | str]:
         """One message per node; each reply matched to the message it answers (:func:`replies_by_node`), a failure
         described with Flower's error code and reason and the seconds the exchange took."""
         sent = [Message(content, node, message_type, group_id=group) for node, message_type, content in messages]
@@ -67,8 +69,10 @@ class GridTransport:
         for node, _, _ in messages:
             reply = replies.get(node)
             if reply is None:
-                out.append(f"no reply from node {node} after {elapsed:.0f} s (client timeout {timeout} s: timed out, "
-                           "or the node is gone)")
+                out.append(
+                    f"no reply from node {node} after {elapsed:.0f} s (client timeout {timeout} s: timed out, "
+                    "or the node is gone)"
+                )
             elif reply.has_error():
                 out.append(f"node {node} failed after {elapsed:.0f} s: {describe_error(reply.error)}")
             else:
@@ -109,15 +113,24 @@ class RemoteData:
         connect_timeout: Seconds to wait for the nodes.
     """
 
-    def __init__(self, recipe_data: Any, transport: Transport, *, client_ids: list[str] | None = None,
-                 num_clients: int = 0, connect_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        recipe_data: Any,
+        transport: Transport,
+        *,
+        client_ids: list[str] | None = None,
+        num_clients: int = 0,
+        connect_timeout: float = 600.0,
+    ) -> None:
         self.recipe_data, self.transport = recipe_data, transport
         self.expected_ids = list(client_ids or [])
         self.expected = len(self.expected_ids) or num_clients or recipe_data.expected_num_clients()
         if not self.expected:
             name = getattr(recipe_data, "name", type(recipe_data).__name__)
-            raise ConfigError(f"{name} cannot tell its number of clients from its options (the server builds no "
-                              "data): give the run config client-ids (comma-separated) or num-clients.")
+            raise ConfigError(
+                f"{name} cannot tell its number of clients from its options (the server builds no "
+                "data): give the run config client-ids (comma-separated) or num-clients."
+            )
         self.connect_timeout = connect_timeout
         self.nodes: dict[str, int] = {}
         self.info: dict[str, dict[str, Any]] = {}
@@ -132,8 +145,9 @@ class RemoteData:
         while True:
             new = [n for n in self.transport.node_ids() if n not in answers]
             if new:
-                replies = self.transport.exchange([(n, "query", RecordDict()) for n in new], "query",
-                                                  max(1.0, deadline - time.monotonic()))
+                replies = self.transport.exchange(
+                    [(n, "query", RecordDict()) for n in new], "query", max(1.0, deadline - time.monotonic())
+                )
                 for node, reply in zip(new, replies, strict=True):
                     if isinstance(reply, str) or "error" in reply.config_records:
                         problems[node] = reply if isinstance(reply, str) else str(reply["error"]["detail"])
@@ -154,19 +168,27 @@ class RemoteData:
         check_client_ids(by_client, "--node-config client-id of the SuperNodes")
         twice = {c: n for c, n in by_client.items() if len(n) > 1}
         if twice:
-            raise ConfigError(f"Several SuperNodes hold the same client: {twice}. Give each node its own "
-                              "--node-config client-id.")
+            raise ConfigError(
+                f"Several SuperNodes hold the same client: {twice}. Give each node its own --node-config client-id."
+            )
         if not done:
-            missing = ([c for c in self.expected_ids if c not in by_client] if self.expected_ids
-                       else f"{self.expected - len(by_client)} more")
+            missing = (
+                [c for c in self.expected_ids if c not in by_client]
+                if self.expected_ids
+                else f"{self.expected - len(by_client)} more"
+            )
             failed = "".join(f"; node {n}: {p}" for n, p in problems.items())
-            raise DataError(f"After {self.connect_timeout:g} s (run config connect-timeout) {len(by_client)} of "
-                            f"{self.expected} clients answered: {sorted(by_client)}; missing: {missing}{failed}. "
-                            "Start a SuperNode for each missing client (--node-config \"client-id='...'\").")
+            raise DataError(
+                f"After {self.connect_timeout:g} s (run config connect-timeout) {len(by_client)} of "
+                f"{self.expected} clients answered: {sorted(by_client)}; missing: {missing}{failed}. "
+                "Start a SuperNode for each missing client (--node-config \"client-id='...'\")."
+            )
         order = self.expected_ids or sorted(by_client, key=lambda c: (int(answers[by_client[c][0]]["position"]), c))
         if not self.expected_ids and len(order) > self.expected:
-            warnings.warn(f"{len(order)} nodes answered, {self.expected} expected: the federation has them all "
-                          f"({order}).", stacklevel=2)
+            warnings.warn(
+                f"{len(order)} nodes answered, {self.expected} expected: the federation has them all ({order}).",
+                stacklevel=2,
+            )
         self.nodes = {c: by_client[c][0] for c in order}
         self.info = {c: answers[self.nodes[c]] for c in order}
 
@@ -226,12 +248,18 @@ class RemoteData:
     def data(self) -> Any:
         """The manifest's description (``name``, ``partitioner``...), as the run's hyperparameters read it."""
         manifest = self.manifest()
-        return SimpleNamespace(name=manifest.get("dataset"), partitioner=manifest.get("partitioner"),
-                               task=self.task, num_classes=self.num_classes)
+        return SimpleNamespace(
+            name=manifest.get("dataset"),
+            partitioner=manifest.get("partitioner"),
+            task=self.task,
+            num_classes=self.num_classes,
+        )
 
     def _no_data(self, *args: Any) -> Any:
-        raise DataError("The server of a Flower deployment holds no client data: this needs a client's samples on "
-                        "the server (federation.unseen_clients, or a callback or strategy hook that reads data on "
-                        "the server).")
+        raise DataError(
+            "The server of a Flower deployment holds no client data: this needs a client's samples on "
+            "the server (federation.unseen_clients, or a callback or strategy hook that reads data on "
+            "the server)."
+        )
 
     train_dataloader = val_dataloader = test_dataloader = _no_data

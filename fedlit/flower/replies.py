@@ -48,8 +48,9 @@ from fedlit.flower import codec
 from fedlit.strategies.base import ClientUpdate
 
 
-def train_reply(reply: RecordDict, task: FitTask, *, expected: Sequence[str], train_size: int,
-                download_bytes: int) -> ClientTurn | str:
+def train_reply(
+    reply: RecordDict, task: FitTask, *, expected: Sequence[str], train_size: int, download_bytes: int
+) -> ClientTurn | str:
     """The turn a ``train`` reply holds, or why the server refuses it.
 
     Args:
@@ -61,8 +62,13 @@ def train_reply(reply: RecordDict, task: FitTask, *, expected: Sequence[str], tr
     """
     try:
         turn: Mapping[str, Any] = reply.config_records["turn"]  # a node's values: checked by update_problem
-        update = ClientUpdate(turn["client-id"], turn["num-examples"], codec.get_tree(reply, "state"),
-                              codec.get_tree(reply, "metrics"), codec.get_tree(reply, "update-extras"))
+        update = ClientUpdate(
+            turn["client-id"],
+            turn["num-examples"],
+            codec.get_tree(reply, "state"),
+            codec.get_tree(reply, "metrics"),
+            codec.get_tree(reply, "update-extras"),
+        )
         problem = json.loads(str(turn["problem"]))
         # a reply of an older client has no kind: its problem was a non-finite value (timeouts came later)
         kind = str(turn["problem-kind"]) if "problem-kind" in turn else "non-finite"
@@ -78,12 +84,17 @@ def train_reply(reply: RecordDict, task: FitTask, *, expected: Sequence[str], tr
 PROBLEM_KINDS = ("non-finite", "timeout")
 
 
-def update_problem(update: ClientUpdate, problem: Any, task: FitTask, *, expected: Sequence[str],
-                   train_size: int) -> str | None:
+def update_problem(
+    update: ClientUpdate, problem: Any, task: FitTask, *, expected: Sequence[str], train_size: int
+) -> str | None:
     """Why the server refuses ``update`` (of a turn that reported ``problem``) as the reply to ``task``, or None."""
-    why = (_client(update.client_id, task.client_id) or _num_examples(update.num_examples, train_size)
-           or _problem(problem) or state_problem(update.state, task.received, expected)
-           or metrics_problem(update.metrics, quarantined=problem is not None))
+    why = (
+        _client(update.client_id, task.client_id)
+        or _num_examples(update.num_examples, train_size)
+        or _problem(problem)
+        or state_problem(update.state, task.received, expected)
+        or metrics_problem(update.metrics, quarantined=problem is not None)
+    )
     if why is None and problem is None:
         why = non_finite(update.state, "a state") or _extras(update.extras)
     return None if why is None else f"client {task.client_id!r} replied {why}"
@@ -149,11 +160,16 @@ def evaluate_reply(reply: RecordDict, task: EvaluateTask, *, sent_bytes: int) ->
         claimed, download = record["client-id"], record["download-bytes"]
         metrics, image = codec.get_tree(reply, "metrics"), codec.get_tree(reply, "image")
     except Exception as err:  # noqa: BLE001  (whatever a malformed reply breaks)
-        return (f"client {task.client_id!r} sent an evaluation reply the server cannot read "
-                f"({type(err).__name__}: {err})")
+        return (
+            f"client {task.client_id!r} sent an evaluation reply the server cannot read ({type(err).__name__}: {err})"
+        )
     splits = [*task.splits, *([f"{GLOBAL}/{s}" for s in task.splits] if task.global_state is not None else [])]
-    why = (_client(claimed, task.client_id) or evaluation_problem(metrics, splits)
-           or _download(download, sent_bytes) or _image(image))
+    why = (
+        _client(claimed, task.client_id)
+        or evaluation_problem(metrics, splits)
+        or _download(download, sent_bytes)
+        or _image(image)
+    )
     if why is not None:
         return f"client {task.client_id!r} replied {why}"
     # The fine-tuning steps are what the server asked for, counted for a client that evaluated its own model.
@@ -192,13 +208,19 @@ def _int_in(value: Any, low: int, high: int) -> bool:
 
 
 def _num_examples(value: Any, train_size: int) -> str | None:
-    return None if _int_in(value, 1, train_size) else (
-        f"num_examples={value!r}, not an int in 1..{train_size} (its train split's size, as its node reported)")
+    return (
+        None
+        if _int_in(value, 1, train_size)
+        else (f"num_examples={value!r}, not an int in 1..{train_size} (its train split's size, as its node reported)")
+    )
 
 
 def _problem(problem: Any) -> str | None:
-    return None if problem is None or isinstance(problem, str) else (
-        f"a problem of type {type(problem).__name__}, not a string or null")
+    return (
+        None
+        if problem is None or isinstance(problem, str)
+        else (f"a problem of type {type(problem).__name__}, not a string or null")
+    )
 
 
 def _extras(extras: Any) -> str | None:
@@ -208,13 +230,19 @@ def _extras(extras: Any) -> str | None:
 
 
 def _download(value: Any, sent_bytes: int) -> str | None:
-    return None if _int_in(value, 0, sent_bytes) else (
-        f"download bytes {value!r}, not an int in 0..{sent_bytes} (what the server sent)")
+    return (
+        None
+        if _int_in(value, 0, sent_bytes)
+        else (f"download bytes {value!r}, not an int in 0..{sent_bytes} (what the server sent)")
+    )
 
 
 def _image(image: Any) -> str | None:
-    return None if image is None or isinstance(image, Tensor) else (
-        f"a validation image of type {type(image).__name__}, not a tensor")
+    return (
+        None
+        if image is None or isinstance(image, Tensor)
+        else (f"a validation image of type {type(image).__name__}, not a tensor")
+    )
 
 
 def _names(names: Sequence[str]) -> str:

@@ -70,8 +70,15 @@ OPTION = "secure-aggregation"
 MODULUS = 2**32
 #: Methods that read the uploads: a class that overrides one below the class declaring ``secure_aggregation``
 #: has not declared that its own version needs only the weighted mean.
-_READS_UPLOADS = ("aggregate", "combine", "client_weights", "check_uploads", "on_before_aggregate",
-                  "configure_client_extras", "on_client_fit_end")
+_READS_UPLOADS = (
+    "aggregate",
+    "combine",
+    "client_weights",
+    "check_uploads",
+    "on_before_aggregate",
+    "configure_client_extras",
+    "on_client_fit_end",
+)
 _PREFIX = "fedlit."  # keys of fedlit's entries in the FitIns config and the FitRes metrics
 _FAULT = "fedlit-secagg-fault"  # marks the description of a client's fault inside Flower's error reason
 
@@ -83,8 +90,10 @@ def _parse_setting(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"{OPTION}={text!r} must be true, false or a JSON mapping of options such as "
-                          f"'{{\"max_weight\": 200}}' ({err}).") from None
+        raise ConfigError(
+            f"{OPTION}={text!r} must be true, false or a JSON mapping of options such as "
+            f"'{{\"max_weight\": 200}}' ({err})."
+        ) from None
 
 
 @dataclass
@@ -122,26 +131,47 @@ class SecAggOptions:
     def __post_init__(self) -> None:
         problems = []
         shares, threshold = self.num_shares, self.reconstruction_threshold
-        if isinstance(shares, bool) or not isinstance(shares, int | float) or (
-                shares <= 2 if isinstance(shares, int) else not 0 < shares <= 1):
-            problems.append(f"{OPTION}.num_shares={shares!r} must be an integer > 2 or a fraction in (0, 1] of the "
-                            "round's clients (1.0: every client)")
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or (
-                threshold < 2 if isinstance(threshold, int) else not 0 < threshold <= 1):
-            problems.append(f"{OPTION}.reconstruction_threshold={threshold!r} must be an integer >= 2 or a fraction "
-                            "in (0, 1] of num_shares")
-        elif isinstance(threshold, int) and isinstance(shares, int) and not isinstance(shares, bool) \
-                and threshold >= shares:
+        if (
+            isinstance(shares, bool)
+            or not isinstance(shares, int | float)
+            or (shares <= 2 if isinstance(shares, int) else not 0 < shares <= 1)
+        ):
+            problems.append(
+                f"{OPTION}.num_shares={shares!r} must be an integer > 2 or a fraction in (0, 1] of the "
+                "round's clients (1.0: every client)"
+            )
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, int | float)
+            or (threshold < 2 if isinstance(threshold, int) else not 0 < threshold <= 1)
+        ):
+            problems.append(
+                f"{OPTION}.reconstruction_threshold={threshold!r} must be an integer >= 2 or a fraction "
+                "in (0, 1] of num_shares"
+            )
+        elif (
+            isinstance(threshold, int)
+            and isinstance(shares, int)
+            and not isinstance(shares, bool)
+            and threshold >= shares
+        ):
             problems.append(f"{OPTION}.reconstruction_threshold={threshold} must be below num_shares={shares}")
         if not (isinstance(self.clipping_range, int | float) and self.clipping_range > 0):
             problems.append(f"{OPTION}.clipping_range={self.clipping_range!r} must be > 0")
-        if isinstance(self.quantization_range, bool) or not isinstance(self.quantization_range, int) \
-                or not 2 <= self.quantization_range < 2**31:
-            problems.append(f"{OPTION}.quantization_range={self.quantization_range!r} must be an integer in "
-                            "[2, 2^31) (default 2^22 = 4194304)")
+        if (
+            isinstance(self.quantization_range, bool)
+            or not isinstance(self.quantization_range, int)
+            or not 2 <= self.quantization_range < 2**31
+        ):
+            problems.append(
+                f"{OPTION}.quantization_range={self.quantization_range!r} must be an integer in "
+                "[2, 2^31) (default 2^22 = 4194304)"
+            )
         if not (isinstance(self.max_weight, int | float) and self.max_weight > 0):
-            problems.append(f"{OPTION}.max_weight={self.max_weight!r} must be > 0 (at least the largest client's "
-                            "number of training examples)")
+            problems.append(
+                f"{OPTION}.max_weight={self.max_weight!r} must be > 0 (at least the largest client's "
+                "number of training examples)"
+            )
         if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
             problems.append(f"{OPTION}.timeout={self.timeout!r} must be > 0 seconds or null (no limit)")
         if problems:
@@ -161,13 +191,16 @@ class SecAggOptions:
         if config is True:
             return cls()
         if not isinstance(config, Mapping):
-            raise ConfigError(f"{OPTION}={config!r} must be true, false or a mapping of "
-                              f"{[f.name for f in fields(cls)]}.")
+            raise ConfigError(
+                f"{OPTION}={config!r} must be true, false or a mapping of {[f.name for f in fields(cls)]}."
+            )
         names = [f.name for f in fields(cls)]
         unknown = [k for k in config if k not in names]
         if unknown:
-            hints = [f"{k!r} (did you mean {close[0]!r}?)" if (close := get_close_matches(str(k), names, 1)) else
-                     repr(k) for k in unknown]
+            hints = [
+                f"{k!r} (did you mean {close[0]!r}?)" if (close := get_close_matches(str(k), names, 1)) else repr(k)
+                for k in unknown
+            ]
             raise ConfigError(f"{OPTION} has unknown keys {', '.join(hints)}; the keys are {names}.")
         return cls(**config)
 
@@ -189,10 +222,15 @@ class SecAggOptions:
 
     def workflow(self) -> SecAggPlusWorkflow:
         """Flower's workflow with these settings."""
-        return SecAggPlusWorkflow(self.num_shares, self.reconstruction_threshold, max_weight=float(self.max_weight),
-                                  clipping_range=float(self.clipping_range),
-                                  quantization_range=self.quantization_range, modulus_range=MODULUS,
-                                  timeout=self.timeout)
+        return SecAggPlusWorkflow(
+            self.num_shares,
+            self.reconstruction_threshold,
+            max_weight=float(self.max_weight),
+            clipping_range=float(self.clipping_range),
+            quantization_range=self.quantization_range,
+            modulus_range=MODULUS,
+            timeout=self.timeout,
+        )
 
 
 def _definer(cls: type, name: str) -> type | None:
@@ -207,8 +245,10 @@ def _class_problem(cls: type) -> str | None:
     for method in _READS_UPLOADS:
         owner = _definer(cls, method)
         if owner is not None and flag is not None and owner is not flag and issubclass(owner, flag):
-            return (f"{owner.__name__} overrides {method} after {flag.__name__} declared secure_aggregation, "
-                    f"without declaring it again")
+            return (
+                f"{owner.__name__} overrides {method} after {flag.__name__} declared secure_aggregation, "
+                f"without declaring it again"
+            )
     return None
 
 
@@ -217,8 +257,11 @@ def compatible_strategies() -> list[str]:
     import fedlit.strategies as strategies  # the registry, imported when asked: it loads every strategy
 
     classes = [getattr(strategies, n) for n in strategies.__all__]
-    return sorted(c.__name__ for c in classes if isinstance(c, type) and issubclass(c, Strategy)
-                  and not inspect.isabstract(c) and _class_problem(c) is None)
+    return sorted(
+        c.__name__
+        for c in classes
+        if isinstance(c, type) and issubclass(c, Strategy) and not inspect.isabstract(c) and _class_problem(c) is None
+    )
 
 
 def check_secure_aggregation(strategy: Strategy) -> None:
@@ -231,13 +274,16 @@ def check_secure_aggregation(strategy: Strategy) -> None:
         if type(strategy.aggregator) is not WeightedMeanAggregator:
             why = f"its aggregator {strategy.aggregator!r} needs each client's upload"
         elif strategy.weighting != "num_examples":
-            why = (f"strategy.init_args.weighting={strategy.weighting!r}: SecAgg+ weighs each upload by its "
-                   "num_examples (use weighting: num_examples)")
+            why = (
+                f"strategy.init_args.weighting={strategy.weighting!r}: SecAgg+ weighs each upload by its "
+                "num_examples (use weighting: num_examples)"
+            )
     if why is not None:
         raise ConfigError(
             f"{OPTION}: {strategy!r} cannot aggregate securely: {why}. SecAgg+ reveals only the num_examples-"
             f"weighted mean of the uploads; strategies that need no more: {', '.join(compatible_strategies())}. "
-            f"Use one of them or turn {OPTION} off.")
+            f"Use one of them or turn {OPTION} off."
+        )
 
 
 # ---- shared by the server side (secagg_server) and the client side (secagg_client) ---------------------------

@@ -62,8 +62,11 @@ def client_mods() -> list[Callable[..., Message]]:
 
 def is_secure_train(msg: Message) -> bool:
     """True for a "train" message of the SecAgg+ protocol: pass it to :func:`handle_secure_train`."""
-    return (msg.metadata.message_type == MessageType.TRAIN and msg.has_content()
-            and RECORD_KEY_CONFIGS in msg.content.config_records)
+    return (
+        msg.metadata.message_type == MessageType.TRAIN
+        and msg.has_content()
+        and RECORD_KEY_CONFIGS in msg.content.config_records
+    )
 
 
 def handle_secure_train(msg: Message, context: Context, train: TrainFn) -> Message:
@@ -76,31 +79,47 @@ def handle_secure_train(msg: Message, context: Context, train: TrainFn) -> Messa
     extras or would be clipped raises :class:`SecureTrainFault` instead: the client drops out of the round.
     """
     if "fitins.config" not in msg.content.config_records:
-        raise ConfigError(f"{OPTION}: a SecAgg+ message reached the train function before the protocol's mod: build "
-                          "the ClientApp with mods=fedlit.flower.secagg_client.client_mods().")
+        raise ConfigError(
+            f"{OPTION}: a SecAgg+ message reached the train function before the protocol's mod: build "
+            "the ClientApp with mods=fedlit.flower.secagg_client.client_mods()."
+        )
     ins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     config = ins.config
     names, dtypes = json.loads(str(config[_PREFIX + "names"])), json.loads(str(config[_PREFIX + "dtypes"]))
     client_id, server_round = str(config[_PREFIX + "client_id"]), int(config[_PREFIX + "round"])  # type: ignore[arg-type]
-    received = {n: torch.from_numpy(a.copy()).to(_dtype(d))
-                for n, d, a in zip(names, dtypes, parameters_to_ndarrays(ins.parameters), strict=True)}
+    received = {
+        n: torch.from_numpy(a.copy()).to(_dtype(d))
+        for n, d, a in zip(names, dtypes, parameters_to_ndarrays(ins.parameters), strict=True)
+    }
     try:
         turn = train(client_id, server_round, received, {})
     except Exception as err:  # noqa: BLE001  (the server gets the description; the client drops out)
         raise SecureTrainFault(kind="error", detail=f"{type(err).__name__}: {err}") from err
     update = turn.update
     if turn.problem is not None:
-        raise SecureTrainFault(kind="problem", detail=turn.problem, num_examples=update.num_examples,
-                               loss=float(update.metrics.get("loss", math.nan)),
-                               steps=float(update.metrics.get("steps", 0.0)))
-    problem = _upload_problem(update, names, float(config[_PREFIX + "clipping_range"]),  # type: ignore[arg-type]
-                              float(config[_PREFIX + "max_weight"]))  # type: ignore[arg-type]
+        raise SecureTrainFault(
+            kind="problem",
+            detail=turn.problem,
+            num_examples=update.num_examples,
+            loss=float(update.metrics.get("loss", math.nan)),
+            steps=float(update.metrics.get("steps", 0.0)),
+        )
+    problem = _upload_problem(
+        update,
+        names,
+        float(config[_PREFIX + "clipping_range"]),  # type: ignore[arg-type]
+        float(config[_PREFIX + "max_weight"]),
+    )  # type: ignore[arg-type]
     if problem is not None:
         raise SecureTrainFault(kind="error", detail=f"client {client_id!r}: {problem}")
-    floats = [update.state[n].detach().to("cpu", torch.float64).numpy() for n in names
-              if update.state[n].is_floating_point()]
-    metrics: dict[str, Any] = {"loss": float(update.metrics["loss"]), "steps": float(update.metrics["steps"]),
-                               _PREFIX + "client_id": client_id}
+    floats = [
+        update.state[n].detach().to("cpu", torch.float64).numpy() for n in names if update.state[n].is_floating_point()
+    ]
+    metrics: dict[str, Any] = {
+        "loss": float(update.metrics["loss"]),
+        "steps": float(update.metrics["steps"]),
+        _PREFIX + "client_id": client_id,
+    }
     for n in names:
         if not update.state[n].is_floating_point():
             metrics[_PREFIX + "clear:" + n] = ndarray_to_bytes(_numpy(update.state[n]))
@@ -110,23 +129,28 @@ def handle_secure_train(msg: Message, context: Context, train: TrainFn) -> Messa
 
 def _upload_problem(update: ClientUpdate, names: list[str], clipping_range: float, max_weight: float) -> str | None:
     if update.extras:
-        return (f"it uploads extras {sorted(update.extras)[:5]}, which SecAgg+ cannot mask; use a strategy without "
-                "extras")
+        return (
+            f"it uploads extras {sorted(update.extras)[:5]}, which SecAgg+ cannot mask; use a strategy without extras"
+        )
     if sorted(update.state) != sorted(names):
         return f"it uploads tensors {sorted(update.state)[:5]} instead of the shared ones it received {names[:5]}"
     n = update.num_examples
     if n > max_weight:
-        return (f"its {n} training examples exceed {OPTION}.max_weight={max_weight:g}, so it cannot upload; set "
-                "max_weight to at least the largest client's number of training examples, e.g. `flwr run APP "
-                f"CONNECTION --run-config 'secure-aggregation=\"{{\\\"max_weight\\\": {n}}}\"'` (or fedlit "
-                f"flower-app --secure_aggregation '{{\"max_weight\": {n}}}')")
+        return (
+            f"its {n} training examples exceed {OPTION}.max_weight={max_weight:g}, so it cannot upload; set "
+            "max_weight to at least the largest client's number of training examples, e.g. `flwr run APP "
+            f'CONNECTION --run-config \'secure-aggregation="{{\\"max_weight\\": {n}}}"\'` (or fedlit '
+            f"flower-app --secure_aggregation '{{\"max_weight\": {n}}}')"
+        )
     for name in names:
         tensor = update.state[name]
         if not tensor.is_floating_point() or tensor.numel() == 0:
             continue
         peak = float(tensor.detach().abs().max())
         if peak * n / max_weight > clipping_range:
-            return (f"tensor {name!r} reaches {peak:.4g}, which weighted by num_examples / max_weight = {n}/"
-                    f"{max_weight:g} exceeds {OPTION}.clipping_range={clipping_range:g} and would be clipped; raise "
-                    f"clipping_range above {peak * n / max_weight:.4g} (or make the tensor personal)")
+            return (
+                f"tensor {name!r} reaches {peak:.4g}, which weighted by num_examples / max_weight = {n}/"
+                f"{max_weight:g} exceeds {OPTION}.clipping_range={clipping_range:g} and would be clipped; raise "
+                f"clipping_range above {peak * n / max_weight:.4g} (or make the tensor personal)"
+            )
     return None

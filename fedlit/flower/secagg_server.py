@@ -57,8 +57,9 @@ if TYPE_CHECKING:
     from fedlit.engine.loop.tasks import FitTask
 
 
-def secure_fit(grid: Grid, fed: Run, server_round: int, tasks: list[FitTask], node_ids: Mapping[str, int],
-               options: SecAggOptions) -> list[ClientTurn | str]:
+def secure_fit(
+    grid: Grid, fed: Run, server_round: int, tasks: list[FitTask], node_ids: Mapping[str, int], options: SecAggOptions
+) -> list[ClientTurn | str]:
     """One round's turns through SecAgg+: in the order of ``tasks``, a :class:`ClientTurn` whose ``update.state``
     is the securely aggregated ``num_examples``-weighted mean (the same tensors for every client; integer tensors:
     the client's own, sent in the clear), ``num_examples`` and ``metrics`` (``loss``, ``steps``) the client's,
@@ -80,8 +81,7 @@ def secure_fit(grid: Grid, fed: Run, server_round: int, tasks: list[FitTask], no
     state = RecordDict()
     state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: server_round})
     state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
-    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}),
-                            strategy=adapter)
+    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}), strategy=adapter)
     options.workflow()(recorder, context)
     results = {proxy.node_id: res for proxy, res in adapter.results or []}
     mean = parameters_to_ndarrays(next(iter(results.values())).parameters) if results else []
@@ -93,8 +93,12 @@ def secure_fit(grid: Grid, fed: Run, server_round: int, tasks: list[FitTask], no
         if node in results:
             turns.append(_turn(task, results[node], mean, download))
         elif fault is not None and fault.get("kind") == "problem":
-            update = ClientUpdate(task.client_id, int(fault["num_examples"]), {},
-                                  {"loss": float(fault["loss"]), "steps": float(fault["steps"])})
+            update = ClientUpdate(
+                task.client_id,
+                int(fault["num_examples"]),
+                {},
+                {"loss": float(fault["loss"]), "steps": float(fault["steps"])},
+            )
             turns.append(ClientTurn(update, download, str(fault["detail"])))
         elif fault is not None:
             turns.append(str(fault["detail"]))
@@ -113,24 +117,34 @@ def _check_round(tasks: list[FitTask], node_ids: Mapping[str, int], options: Sec
         by_node.setdefault(node_ids[c], []).append(c)
     shared = {n: cs for n, cs in by_node.items() if len(cs) > 1}
     if shared:
-        raise ConfigError(f"{OPTION}: clients of one round share a Flower node ({shared}); SecAgg+ masks one upload "
-                          "per node, so start one SuperNode per client.")
+        raise ConfigError(
+            f"{OPTION}: clients of one round share a Flower node ({shared}); SecAgg+ masks one upload "
+            "per node, so start one SuperNode per client."
+        )
     with_extras = [t.client_id for t in tasks if t.received_extras]
     if with_extras:
-        raise ConfigError(f"{OPTION}: the strategy sends extras (configure_client_extras) to {with_extras[:5]}, "
-                          "which the secure path does not carry; use a strategy without extras.")
+        raise ConfigError(
+            f"{OPTION}: the strategy sends extras (configure_client_extras) to {with_extras[:5]}, "
+            "which the secure path does not carry; use a strategy without extras."
+        )
     if len(tasks) < 2:
-        raise ConfigError(f"{OPTION}: a round of {len(tasks)} client cannot hide its upload (the mean is the upload); "
-                          "select at least 2 clients per round (3 or more: with 2, each learns the other's).")
+        raise ConfigError(
+            f"{OPTION}: a round of {len(tasks)} client cannot hide its upload (the mean is the upload); "
+            "select at least 2 clients per round (3 or more: with 2, each learns the other's)."
+        )
     if len(tasks) * options.quantization_range >= MODULUS:
-        raise ConfigError(f"{OPTION}.quantization_range={options.quantization_range}: {len(tasks)} clients' sum "
-                          f"would overflow the masks' modulus 2^32; lower it below {MODULUS // len(tasks)}.")
+        raise ConfigError(
+            f"{OPTION}.quantization_range={options.quantization_range}: {len(tasks)} clients' sum "
+            f"would overflow the masks' modulus 2^32; lower it below {MODULUS // len(tasks)}."
+        )
     shares, threshold = options.resolved(len(tasks))
     neighbours = min(2 * (shares // 2) + 1, len(tasks))
     if threshold > neighbours:
-        raise ConfigError(f"{OPTION}.reconstruction_threshold={options.reconstruction_threshold} needs {threshold} "
-                          f"shares, but with {len(tasks)} clients (num_shares={options.num_shares}) a client has "
-                          f"{neighbours} neighbours; lower it (a fraction such as 0.67 adapts to the round).")
+        raise ConfigError(
+            f"{OPTION}.reconstruction_threshold={options.reconstruction_threshold} needs {threshold} "
+            f"shares, but with {len(tasks)} clients (num_shares={options.num_shares}) a client has "
+            f"{neighbours} neighbours; lower it (a fraction such as 0.67 adapts to the round)."
+        )
 
 
 def _turn(task: FitTask, res: FitRes, mean: list[np.ndarray], download: int) -> ClientTurn:
@@ -154,10 +168,12 @@ def _turn(task: FitTask, res: FitRes, mean: list[np.ndarray], download: int) -> 
 class _LegacyStrategy(flwr_strategy.Strategy):
     """The Flower strategy the workflow drives: one FitIns per node with its task's tensors; keeps the results."""
 
-    def __init__(self, tasks: list[FitTask], node_ids: Mapping[str, int], server_round: int,
-                 options: SecAggOptions, grid: Grid) -> None:
-        self.instructions = [(GridClientProxy(node_ids[t.client_id], grid, 0), _fit_ins(t, server_round, options))
-                             for t in tasks]
+    def __init__(
+        self, tasks: list[FitTask], node_ids: Mapping[str, int], server_round: int, options: SecAggOptions, grid: Grid
+    ) -> None:
+        self.instructions = [
+            (GridClientProxy(node_ids[t.client_id], grid, 0), _fit_ins(t, server_round, options)) for t in tasks
+        ]
         self.results: list[tuple[Any, FitRes]] | None = None
 
     @override
@@ -193,7 +209,8 @@ def _fit_config(task: FitTask, server_round: int | None) -> dict[str, Any]:
     config: dict[str, Any] = {
         _PREFIX + "names": json.dumps(names),
         _PREFIX + "dtypes": json.dumps([str(task.received[n].dtype).removeprefix("torch.") for n in names]),
-        _PREFIX + "client_id": task.client_id}
+        _PREFIX + "client_id": task.client_id,
+    }
     if server_round is not None:
         config[_PREFIX + "round"] = server_round
     return config
@@ -262,9 +279,11 @@ class _RecordingGrid(Grid):
         """Why a client that did not fail itself has no result: the round was halted."""
         reached = [s for s in Stage.all() if s in self.answered]
         last = reached[-1] if reached else Stage.SETUP
-        return (f"the protocol halted after stage {last!r}: too few clients answered to rebuild the masks "
-                f"(reconstruction_threshold={options.reconstruction_threshold}; faults: "
-                f"{[f['detail'] for f in self.faults.values()][:3]})")
+        return (
+            f"the protocol halted after stage {last!r}: too few clients answered to rebuild the masks "
+            f"(reconstruction_threshold={options.reconstruction_threshold}; faults: "
+            f"{[f['detail'] for f in self.faults.values()][:3]})"
+        )
 
 
 def _fault_of(error: Error, stage: str) -> dict[str, Any]:
@@ -275,8 +294,10 @@ def _fault_of(error: Error, stage: str) -> dict[str, Any]:
             return dict(json.loads(found.group(1)))
         except ValueError:
             pass
-    return {"kind": "error", "detail": f"SecAgg+ stage {stage!r}: the node answered with an error: "
-                                       f"{describe_error(error)}"}
+    return {
+        "kind": "error",
+        "detail": f"SecAgg+ stage {stage!r}: the node answered with an error: {describe_error(error)}",
+    }
 
 
 def _is_float(name: str) -> bool:

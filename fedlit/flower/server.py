@@ -64,18 +64,26 @@ if TYPE_CHECKING:
 
 #: What this module defines, and the names it re-exports from :mod:`fedlit.flower.remote` (their home before the
 #: split).
-__all__ = ["RUN_CONFIG", "FlowerExecutor", "GridTransport", "RemoteData", "Transport", "app", "run_server",
-           "server_argv"]
+__all__ = [
+    "RUN_CONFIG",
+    "FlowerExecutor",
+    "GridTransport",
+    "RemoteData",
+    "Transport",
+    "app",
+    "run_server",
+    "server_argv",
+]
 
 #: Run config keys of fedlit's Flower app and their defaults (``fedlit flower-app`` writes them).
 RUN_CONFIG: dict[str, Any] = {
-    "recipe": "",             # the recipe's YAML text
-    "overrides": "",          # command-line overrides of the recipe, for the server and every node
-    "out-dir": "",            # the server's run folder (absolute)
-    "imports": "",            # the recipe's own code: its .py files and --import options (fedlit.config.imports.ship)
-    "ckpt-path": "",          # resume: a checkpoint path or "last" (of out-dir)
-    "client-ids": "",         # the expected clients, comma-separated (optional; their order is the run's order)
-    "num-clients": 0,         # the expected number of nodes when client-ids is empty (0: from the data section)
+    "recipe": "",  # the recipe's YAML text
+    "overrides": "",  # command-line overrides of the recipe, for the server and every node
+    "out-dir": "",  # the server's run folder (absolute)
+    "imports": "",  # the recipe's own code: its .py files and --import options (fedlit.config.imports.ship)
+    "ckpt-path": "",  # resume: a checkpoint path or "last" (of out-dir)
+    "client-ids": "",  # the expected clients, comma-separated (optional; their order is the run's order)
+    "num-clients": 0,  # the expected number of nodes when client-ids is empty (0: from the data section)
     "connect-timeout": 600.0,  # seconds to wait for the nodes to connect and answer the query
     "client-timeout": 3600.0,  # seconds a node has for one turn or evaluation (federation.client_timeout wins)
     "secure-aggregation": False,  # SecAgg+ for the training uploads (fedlit.flower.secagg)
@@ -94,8 +102,9 @@ class FlowerExecutor:
             mapping of options or its JSON text, :class:`~fedlit.flower.secagg.SecAggOptions`; None or False: off.
     """
 
-    def __init__(self, transport: Transport, data: RemoteData, *, timeout: float | None = 3600.0,
-                 secure_aggregation: Any = None) -> None:
+    def __init__(
+        self, transport: Transport, data: RemoteData, *, timeout: float | None = 3600.0, secure_aggregation: Any = None
+    ) -> None:
         self.transport, self.data, self.timeout = transport, data, timeout
         self.secure_aggregation = secagg.SecAggOptions.from_config(secure_aggregation)
         self.resumed_round = 0
@@ -104,27 +113,35 @@ class FlowerExecutor:
         """Refuse what cannot run where the server holds no data and the clients only what they receive."""
         problems = []
         if fed.settings.unseen_clients:
-            problems.append(f"federation.unseen_clients={fed.settings.unseen_clients}: unseen clients are evaluated "
-                            "and fine-tuned on the server, which holds no data in a deployment; leave it null")
+            problems.append(
+                f"federation.unseen_clients={fed.settings.unseen_clients}: unseen clients are evaluated "
+                "and fine-tuned on the server, which holds no data in a deployment; leave it null"
+            )
         if self.secure_aggregation:
             secagg.check_secure_aggregation(fed.strategy)
             clipped = [type(cb).__name__ for cb in fed.callbacks if type(cb).__name__ == "ClientLevelDP"]
             if clipped:
-                problems.append("secure-aggregation = true with ClientLevelDP: it clips each client's update on the "
-                                "server, which SecAgg+ hides (the server sees only the mean); use one of them, or "
-                                "SampleLevelDP on the sites")
+                problems.append(
+                    "secure-aggregation = true with ClientLevelDP: it clips each client's update on the "
+                    "server, which SecAgg+ hides (the server sees only the mean); use one of them, or "
+                    "SampleLevelDP on the sites"
+                )
             options = self.secure_aggregation
             over = {c: n for c in fed.train_client_ids if (n := fed.num_examples(c, "train")) > options.max_weight}
             if over:
                 largest = max(over.values())
-                problems.append(f"secure-aggregation.max_weight={options.max_weight:g} is below the training examples "
-                                f"of {', '.join(f'{c} ({n})' for c, n in over.items())}, which could never upload; "
-                                f"set max_weight to at least {largest}, e.g. flwr run APP CONNECTION --run-config "
-                                f"'secure-aggregation=\"{{\\\"max_weight\\\": {largest}}}\"'")
+                problems.append(
+                    f"secure-aggregation.max_weight={options.max_weight:g} is below the training examples "
+                    f"of {', '.join(f'{c} ({n})' for c, n in over.items())}, which could never upload; "
+                    f"set max_weight to at least {largest}, e.g. flwr run APP CONNECTION --run-config "
+                    f'\'secure-aggregation="{{\\"max_weight\\": {largest}}}"\''
+                )
             if fed.lr_schedule is not None:
-                problems.append("secure-aggregation = true with a learning-rate schedule of interval 'round': the "
-                                "SecAgg+ train message carries no schedule, so the nodes would train at the initial "
-                                "rate; use a schedule of interval 'step' or no schedule")
+                problems.append(
+                    "secure-aggregation = true with a learning-rate schedule of interval 'round': the "
+                    "SecAgg+ train message carries no schedule, so the nodes would train at the initial "
+                    "rate; use a schedule of interval 'step' or no schedule"
+                )
         if problems:
             raise ConfigError("Not available in a Flower deployment: " + "; ".join(problems) + ".")
         self.resumed_round = fed.state.round  # 0, or the round of the checkpoint the run resumes
@@ -149,8 +166,17 @@ class FlowerExecutor:
         schedule = _schedule(fed)
         messages = []
         for task in tasks:
-            content = RecordDict({"task": ConfigRecord({"client-id": task.client_id, "round": server_round,
-                                                        "checkpointed": self._checkpointed(fed, server_round)})})
+            content = RecordDict(
+                {
+                    "task": ConfigRecord(
+                        {
+                            "client-id": task.client_id,
+                            "round": server_round,
+                            "checkpointed": self._checkpointed(fed, server_round),
+                        }
+                    )
+                }
+            )
             codec.put_tree(content, "received", task.received)
             codec.put_tree(content, "extras", task.received_extras)
             codec.put_tree(content, "schedule", schedule)
@@ -164,16 +190,20 @@ class FlowerExecutor:
         if isinstance(reply, str) or "error" in reply.config_records:
             return self._failed(fed, server_round, task.client_id, _error(reply))
         turn = replies.train_reply(
-            reply, task, expected=fed.strategy.expected_upload_names(server_round, task.client_id, task.received),
+            reply,
+            task,
+            expected=fed.strategy.expected_upload_names(server_round, task.client_id, task.received),
             train_size=self.data.num_examples(task.client_id, "train"),
-            download_bytes=state_nbytes(task.received) + state_nbytes(task.received_extras))
+            download_bytes=state_nbytes(task.received) + state_nbytes(task.received_extras),
+        )
         if isinstance(turn, str):
             return self._failed(fed, server_round, task.client_id, turn)
         turn.update.state = {n: t.to(fed.store.device) for n, t in turn.update.state.items()}
         return turn
 
-    def _secure_turns(self, fed: Run, server_round: int, tasks: list[FitTask],
-                      turns: list[ClientTurn | str]) -> list[ClientTurn | str]:
+    def _secure_turns(
+        self, fed: Run, server_round: int, tasks: list[FitTask], turns: list[ClientTurn | str]
+    ) -> list[ClientTurn | str]:
         """The SecAgg+ turns, checked as far as the protocol lets the server see (:mod:`fedlit.flower.replies`):
         ``state`` is the round's mean (its names, shapes, dtypes and finiteness: a bad mean fails every client),
         ``num_examples`` and ``metrics`` are each client's; the client id is the task's by construction (the reply
@@ -186,10 +216,18 @@ class FlowerExecutor:
                 reasons[i] = turn
                 continue
             # A quarantined turn uploads nothing through SecAgg+: its state is empty.
-            expected = [] if turn.problem is not None else fed.strategy.expected_upload_names(
-                server_round, task.client_id, task.received)
-            why = replies.update_problem(turn.update, turn.problem, task, expected=expected,
-                                         train_size=self.data.num_examples(task.client_id, "train"))
+            expected = (
+                []
+                if turn.problem is not None
+                else fed.strategy.expected_upload_names(server_round, task.client_id, task.received)
+            )
+            why = replies.update_problem(
+                turn.update,
+                turn.problem,
+                task,
+                expected=expected,
+                train_size=self.data.num_examples(task.client_id, "train"),
+            )
             if why is not None:
                 reasons[i] = why
         in_mean = [i for i, t in enumerate(turns) if isinstance(t, ClientTurn) and t.problem is None]
@@ -199,30 +237,48 @@ class FlowerExecutor:
             out[i] = self._failed(fed, server_round, tasks[i].client_id, why)
         for i in in_mean if tainted else []:
             if i not in reasons:
-                out[i] = self._failed(fed, server_round, tasks[i].client_id,
-                                      f"its update is the SecAgg+ mean of the round, which holds the refused upload "
-                                      f"of client {tainted[0]!r}")
+                out[i] = self._failed(
+                    fed,
+                    server_round,
+                    tasks[i].client_id,
+                    f"its update is the SecAgg+ mean of the round, which holds the refused upload "
+                    f"of client {tainted[0]!r}",
+                )
         return out
 
     def _failed(self, fed: Run, server_round: int, client_id: str, detail: str, what: str = "turn") -> str:
         node = self.data.nodes.get(client_id)
         if fed.settings.on_client_error == "raise":
-            raise FedlitError(f"Round {server_round}: the {what} of client {client_id!r} (Flower node {node}) "
-                              f"failed: {detail.rstrip('.')}. Set federation.on_client_error: skip to leave such a "
-                              "client out of the round.")
-        warnings.warn(f"Round {server_round}: client {client_id!r} (Flower node {node}) failed: {detail}; it is left "
-                      f"out of this round's {what}s (federation.on_client_error=skip).", stacklevel=3)
+            raise FedlitError(
+                f"Round {server_round}: the {what} of client {client_id!r} (Flower node {node}) "
+                f"failed: {detail.rstrip('.')}. Set federation.on_client_error: skip to leave such a "
+                "client out of the round."
+            )
+        warnings.warn(
+            f"Round {server_round}: client {client_id!r} (Flower node {node}) failed: {detail}; it is left "
+            f"out of this round's {what}s (federation.on_client_error=skip).",
+            stacklevel=3,
+        )
         return detail
 
     def evaluate(self, fed: Run, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
         """Each task's metrics from its node, in task order (no metrics for a node that failed, with ``skip``)."""
         messages = []
         for task in tasks:
-            content = RecordDict({"task": ConfigRecord({"client-id": task.client_id, "round": server_round,
-                                                        "checkpointed": self._checkpointed(fed, server_round),
-                                                        "splits": json.dumps(list(task.splits)),
-                                                        "images": task.images,
-                                                        "finetune-steps": task.finetune_steps})})
+            content = RecordDict(
+                {
+                    "task": ConfigRecord(
+                        {
+                            "client-id": task.client_id,
+                            "round": server_round,
+                            "checkpointed": self._checkpointed(fed, server_round),
+                            "splits": json.dumps(list(task.splits)),
+                            "images": task.images,
+                            "finetune-steps": task.finetune_steps,
+                        }
+                    )
+                }
+            )
             codec.put_tree(content, "received", task.received)
             codec.put_tree(content, "global", task.global_state)
             # the steps of fine-tuning before evaluating take this round's learning rate
@@ -231,9 +287,15 @@ class FlowerExecutor:
         answers = self.transport.exchange(messages, f"{server_round}-evaluate", self._timeout(fed))
         results = []
         for task, reply in zip(tasks, answers, strict=True):
-            result = _error(reply) if isinstance(reply, str) or "error" in reply.config_records else (
-                replies.evaluate_reply(reply, task, sent_bytes=state_nbytes(task.received)
-                                       + state_nbytes(task.global_state)))
+            result = (
+                _error(reply)
+                if isinstance(reply, str) or "error" in reply.config_records
+                else (
+                    replies.evaluate_reply(
+                        reply, task, sent_bytes=state_nbytes(task.received) + state_nbytes(task.global_state)
+                    )
+                )
+            )
             if isinstance(result, str):
                 self._failed(fed, server_round, task.client_id, result, "evaluation")
                 result = EvaluateResult({}, 0)
@@ -283,8 +345,13 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
     holder: dict[str, RemoteData] = {}
 
     def remote(recipe_data: DataSection) -> RemoteData:
-        holder["data"] = RemoteData(recipe_data, transport, client_ids=ids, num_clients=int(config["num-clients"]),
-                                    connect_timeout=float(config["connect-timeout"]))
+        holder["data"] = RemoteData(
+            recipe_data,
+            transport,
+            client_ids=ids,
+            num_clients=int(config["num-clients"]),
+            connect_timeout=float(config["connect-timeout"]),
+        )
         return holder["data"]
 
     with tempfile.TemporaryDirectory(prefix="fedlit-server-") as folder:
@@ -294,8 +361,12 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
         loaded = load([*server_argv(config, recipe), *code], recipe_parser("fit", "The server's run."))
         built = build_run(loaded, *resolve_run(loaded.options, "fit"), wrap_data=remote)
     timeout = float(config["client-timeout"])
-    built.federation.executor = FlowerExecutor(transport, holder["data"], timeout=timeout if timeout > 0 else None,
-                                               secure_aggregation=config["secure-aggregation"])
+    built.federation.executor = FlowerExecutor(
+        transport,
+        holder["data"],
+        timeout=timeout if timeout > 0 else None,
+        secure_aggregation=config["secure-aggregation"],
+    )
     try:
         return built.federation.fit(ckpt_path=built.ckpt_path)
     finally:

@@ -77,8 +77,9 @@ class NodeWorker:
         """The node's client for ``context``'s run config and node config, built on first need."""
         from fedlit.flower import client
 
-        key = hashlib.sha256(json.dumps([dict(context.run_config), dict(context.node_config)], sort_keys=True,
-                                        default=str).encode()).hexdigest()
+        key = hashlib.sha256(
+            json.dumps([dict(context.run_config), dict(context.node_config)], sort_keys=True, default=str).encode()
+        ).hexdigest()
         if key != self._key:
             self.close()
             self._workdir = tempfile.TemporaryDirectory(prefix="fedlit-client-")
@@ -114,8 +115,11 @@ def _serve_one(listener: socket.socket, worker: NodeWorker) -> None:
             from flwr.common.serde import recorddict_to_proto
 
             detail = f"the node's fedlit worker failed: {type(err).__name__}: {err}"
-            reply = [json.dumps({"raised": None, "state": False}).encode(),
-                     recorddict_to_proto(error_content(detail)).SerializeToString(), b""]
+            reply = [
+                json.dumps({"raised": None, "state": False}).encode(),
+                recorddict_to_proto(error_content(detail)).SerializeToString(),
+                b"",
+            ]
         with contextlib.suppress(OSError):
             send_frames(conn, reply)
 

@@ -106,6 +106,8 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
+
+
 _EXPORTS.update(MomentEncoder="timeseries", TimeSeriesEncoder="timeseries", tiny_moment_config="timeseries")
 __all__ += ["MomentEncoder", "TimeSeriesEncoder", "tiny_moment_config"]
 _EXPORTS["tiny_roberta_config"] = "hf"

@@ -117,8 +117,7 @@ class TimmBackbone(Backbone):
         if not isinstance(name, str) or not timm.is_model(name.split(".")[0]):
             close = difflib.get_close_matches(str(name), timm.list_models(), n=3)
             problems.append(
-                f"name={name!r} is not a timm model (closest: {close}; "
-                "`timm.list_models('<pattern>')` lists them)"
+                f"name={name!r} is not a timm model (closest: {close}; `timm.list_models('<pattern>')` lists them)"
             )
         if checkpoint_path is not None:
             checkpoint_path = Path(checkpoint_path).expanduser()
@@ -132,9 +131,7 @@ class TimmBackbone(Backbone):
         if lora is not None and not isinstance(lora, LoRA):
             problems.append(f"lora must be a fedlit.models.LoRA or null, got {type(lora).__name__}")
         if model_args is not None and not isinstance(model_args, dict):
-            problems.append(
-                f"model_args must be a mapping of timm.create_model arguments, got {model_args!r}"
-            )
+            problems.append(f"model_args must be a mapping of timm.create_model arguments, got {model_args!r}")
         for key in set(model_args or {}) & set(_RESERVED_MODEL_ARGS):
             problems.append(f"model_args.{key} is not allowed: {_RESERVED_MODEL_ARGS[key]}")
         _raise_if(problems, "TimmBackbone")
@@ -178,9 +175,7 @@ class TimmBackbone(Backbone):
             if report.complete:
                 _log.info("TimmBackbone(name=%r): %s", self.name, report.summary())
             else:
-                warnings.warn(
-                    f"TimmBackbone(name={self.name!r}): {report.summary()}", UserWarning, stacklevel=2
-                )
+                warnings.warn(f"TimmBackbone(name={self.name!r}): {report.summary()}", UserWarning, stacklevel=2)
         if self.lora is not None:
             self.lora.apply(model, default_target_modules=_timm_lora_targets(model))
         return model
@@ -317,8 +312,14 @@ class MLP(Backbone):
         dropout: Dropout after each activation.
     """
 
-    def __init__(self, *, num_features: int, hidden: list[int] | None = None,
-                 norm: Literal["batch", "layer", "none"] = "batch", dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        num_features: int,
+        hidden: list[int] | None = None,
+        norm: Literal["batch", "layer", "none"] = "batch",
+        dropout: float = 0.0,
+    ) -> None:
         hidden = [32] if hidden is None else list(hidden)
         problems = []
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:

@@ -48,11 +48,25 @@ def tiny_clip_config(**overrides: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "model_type": "clip",
         "projection_dim": 32,
-        "text_config": {"vocab_size": 320, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                        "num_attention_heads": 2, "max_position_embeddings": 48, "pad_token_id": 0,
-                        "bos_token_id": 318, "eos_token_id": 319},
-        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                          "image_size": 16, "patch_size": 8},
+        "text_config": {
+            "vocab_size": 320,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 48,
+            "pad_token_id": 0,
+            "bos_token_id": 318,
+            "eos_token_id": 319,
+        },
+        "vision_config": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 8,
+        },
     }
     for key in ("text_config", "vision_config"):
         config[key].update(overrides.pop(key, {}))
@@ -76,8 +90,10 @@ class CLIP(Backbone):
     def __init__(self, *, path: str | os.PathLike | None = None, config: dict[str, Any] | None = None) -> None:
         problems = []
         if (path is None) == (config is None):
-            problems.append(f"give exactly one of path (a local CLIP folder) and config (a dict for a random model), "
-                            f"got path={path!r}, config={config!r}")
+            problems.append(
+                f"give exactly one of path (a local CLIP folder) and config (a dict for a random model), "
+                f"got path={path!r}, config={config!r}"
+            )
         if config is not None and (not isinstance(config, dict) or config.get("model_type") != "clip"):
             problems.append(f"config must be a dict with model_type 'clip' (e.g. tiny_clip_config()), got {config!r}")
         _raise_if(problems, "CLIP")
@@ -97,13 +113,15 @@ class CLIP(Backbone):
         if self.path is not None:
             path = self.path
             has_tokenizer = (path / "tokenizer.json").is_file() or (
-                (path / "vocab.json").is_file() and (path / "merges.txt").is_file())
+                (path / "vocab.json").is_file() and (path / "merges.txt").is_file()
+            )
             if not (path / "config.json").is_file() or not has_tokenizer:
                 raise InputFileError(
                     f"CLIP: path={str(path)!r} is not a transformers CLIP folder (it must hold config.json, the "
                     "weights (model.safetensors) and the tokenizer (vocab.json + merges.txt or tokenizer.json)). "
                     "fedlit never downloads: fetch it once on a connected machine (`huggingface-cli download "
-                    "openai/clip-vit-base-patch16 --local-dir <folder>`) and give that folder")
+                    "openai/clip-vit-base-patch16 --local-dir <folder>`) and give that folder"
+                )
             from transformers import AutoTokenizer
 
             model = CLIPModel.from_pretrained(path, local_files_only=True)
@@ -118,12 +136,17 @@ class CLIP(Backbone):
                 raise ConfigError(f"CLIP: config={self.config!r} is not a valid CLIP config: {err}") from err
             vocab_size = cast("CLIPTextConfig", model.config.text_config).vocab_size
             if vocab_size < 259:
-                raise ConfigError("CLIP: config.text_config.vocab_size must be >= 259 for the byte-level tokenizer "
-                                  f"of a random CLIP, got {vocab_size}")
+                raise ConfigError(
+                    "CLIP: config.text_config.vocab_size must be >= 259 for the byte-level tokenizer "
+                    f"of a random CLIP, got {vocab_size}"
+                )
             encode = _byte_encode
-            warnings.warn("CLIP: built from config, so the model is randomly initialized and tokenizes bytes "
-                          "(fedlit never downloads weights; set path to a local CLIP folder)", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "CLIP: built from config, so the model is randomly initialized and tokenizes bytes "
+                "(fedlit never downloads weights; set path to a local CLIP folder)",
+                UserWarning,
+                stacklevel=2,
+            )
         model.requires_grad_(False)
         return CLIPEncoders(model, encode)
 
@@ -193,13 +216,17 @@ class CLIPEncoders(nn.Module):
         """
         config = cast("CLIPTextConfig", self.model.config.text_config)
         placeholder = self.encode("X")[:1]
-        rows = [[config.bos_token_id] + placeholder * num_context + self.encode(f"{name}.")
-                + [config.eos_token_id] for name in names]
+        rows = [
+            [config.bos_token_id] + placeholder * num_context + self.encode(f"{name}.") + [config.eos_token_id]
+            for name in names
+        ]
         longest = max(len(r) for r in rows)
         if longest > self.context_length:
-            raise ConfigError(f"The prompt of class {names[[len(r) for r in rows].index(longest)]!r} takes {longest} "
-                              f"tokens with {num_context} context tokens; CLIP takes {self.context_length}: lower "
-                              "model.init_args.num_context or shorten the class name.")
+            raise ConfigError(
+                f"The prompt of class {names[[len(r) for r in rows].index(longest)]!r} takes {longest} "
+                f"tokens with {num_context} context tokens; CLIP takes {self.context_length}: lower "
+                "model.init_args.num_context or shorten the class name."
+            )
         ids = torch.tensor([r + [0] * (longest - len(r)) for r in rows], dtype=torch.int64)
         eos = torch.tensor([len(r) - 1 for r in rows], dtype=torch.int64)
         return ids, eos

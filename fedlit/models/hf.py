@@ -184,9 +184,7 @@ def _config_problems(config: object) -> list[str]:
     from transformers import CONFIG_MAPPING
 
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        return [
-            f"config must be a dict with a model_type (e.g. {{'model_type': 'bert', ...}}), got {config!r}"
-        ]
+        return [f"config must be a dict with a model_type (e.g. {{'model_type': 'bert', ...}}), got {config!r}"]
     model_type = config["model_type"]
     if model_type not in CONFIG_MAPPING:
         close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING.keys()), n=3)
@@ -215,9 +213,7 @@ def _report_loading(path: Path, info: Mapping[str, Any]) -> None:
     missing, unexpected = sorted(info.get("missing_keys", ())), sorted(info.get("unexpected_keys", ()))
     lines = []
     if missing:
-        lines.append(
-            f"{len(missing)} tensors are not in the checkpoint and stay randomly initialized: {missing}"
-        )
+        lines.append(f"{len(missing)} tensors are not in the checkpoint and stay randomly initialized: {missing}")
     if unexpected:
         lines.append(f"{len(unexpected)} checkpoint tensors were not used: {unexpected}")
     if lines:
@@ -267,9 +263,7 @@ class TransformersEncoder(nn.Module):
                 f"HFEncoder expects a dict batch with input_ids and attention_mask (as a tokenizer returns); "
                 f"{absent} missing from keys {list(batch)}"
             )
-        inputs = {
-            key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch
-        }
+        inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
         hidden = self.hf_model(**inputs).last_hidden_state
         if self.pooling == "cls":
             return hidden[:, 0]

@@ -68,11 +68,7 @@ class LoRA:
             problems.append(f"lora.r must be an integer >= 1, got {self.r!r}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or self.alpha <= 0:
             problems.append(f"lora.alpha must be a number > 0, got {self.alpha!r}")
-        if (
-            isinstance(self.dropout, bool)
-            or not isinstance(self.dropout, int | float)
-            or not 0 <= self.dropout < 1
-        ):
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) or not 0 <= self.dropout < 1:
             problems.append(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
         if self.target_modules is not None and (
             isinstance(self.target_modules, str)
@@ -132,8 +128,9 @@ class LoRA:
                 f"{type(model).__name__} (a Linear whose name ends in 'qkv' with 3 equal output slices). Use "
                 "fused_qkv: all, or target separate projections (e.g. ['query', 'value'] for BERT)"
             )
-        others = [name for name, _ in model.named_modules()
-                  if name not in fused and any(_matches(name, t) for t in targets)]
+        others = [
+            name for name, _ in model.named_modules() if name not in fused and any(_matches(name, t) for t in targets)
+        ]
         if others:
             config = LoraConfig(
                 r=self.r,
@@ -147,8 +144,9 @@ class LoRA:
         for name in fused:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name)
-            setattr(parent, child, FusedQVLoRA(getattr(parent, child), r=self.r, alpha=self.alpha,
-                                               dropout=self.dropout))
+            setattr(
+                parent, child, FusedQVLoRA(getattr(parent, child), r=self.r, alpha=self.alpha, dropout=self.dropout)
+            )
         for name, parameter in model.named_parameters():
             original = name.replace(".base_layer.", ".")
             if original in requires_grad:
@@ -201,9 +199,14 @@ class FusedQVLoRA(nn.Module):
 
 def _fused_qkv_names(model: nn.Module, targets: Sequence[str]) -> list[str]:
     """The targeted fused qkv layers: Linears whose last name part is `qkv`, with 3 equal output slices."""
-    return [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] == "qkv" and m.out_features % 3 == 0
-            and any(_matches(name, t) for t in targets)]
+    return [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+        and name.rsplit(".", 1)[-1] == "qkv"
+        and m.out_features % 3 == 0
+        and any(_matches(name, t) for t in targets)
+    ]
 
 
 def _matches(module_name: str, target: str) -> bool:

@@ -70,9 +70,7 @@ class LoadReport:
                 f"{', '.join(self.missing)}"
             )
         if self.unexpected:
-            lines.append(
-                f"{len(self.unexpected)} checkpoint tensors were not used: {', '.join(self.unexpected)}"
-            )
+            lines.append(f"{len(self.unexpected)} checkpoint tensors were not used: {', '.join(self.unexpected)}")
         return "\n".join(lines)
 
 
@@ -172,17 +170,13 @@ def load_checkpoint(
         if target[model_key].shape != checkpoint[ckpt_key].shape
     ]
     if mismatches:
-        hint = (
-            " (is it the same architecture, with the same model_args?)" if key_mapping == "position" else ""
-        )
+        hint = " (is it the same architecture, with the same model_args?)" if key_mapping == "position" else ""
         raise ConfigError(
             f"{path}: {len(mismatches)} tensors have another shape than the model's{hint}: "
             + "; ".join(mismatches[:_MAX_LISTED])
             + (f"; and {len(mismatches) - _MAX_LISTED} more" if len(mismatches) > _MAX_LISTED else "")
         )
-    model.load_state_dict(
-        {model_key: checkpoint[ckpt_key] for model_key, ckpt_key in pairs.items()}, strict=False
-    )
+    model.load_state_dict({model_key: checkpoint[ckpt_key] for model_key, ckpt_key in pairs.items()}, strict=False)
     report.loaded = pairs
     return report
 

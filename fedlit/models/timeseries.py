@@ -106,14 +106,17 @@ class MomentEncoder(Backbone):
     ) -> None:
         problems = []
         if (path is None) == (config is None):
-            problems.append(f"give exactly one of path (a local MOMENT folder) and config (a dict of T5 config "
-                            f"entries for a random encoder), got path={path!r}, config={config!r}")
+            problems.append(
+                f"give exactly one of path (a local MOMENT folder) and config (a dict of T5 config "
+                f"entries for a random encoder), got path={path!r}, config={config!r}"
+            )
         if config is not None:
             problems += _t5_problems(config, "config")
         if isinstance(patch_len, bool) or not isinstance(patch_len, int) or patch_len < 1:
             problems.append(f"patch_len must be an integer >= 1, got {patch_len!r}")
-        elif seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
-                                      or seq_len < patch_len or seq_len % patch_len):
+        elif seq_len is not None and (
+            isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < patch_len or seq_len % patch_len
+        ):
             problems.append(f"seq_len must be null or a multiple of patch_len={patch_len}, got {seq_len!r}")
         if lora is not None and not isinstance(lora, LoRA):
             problems.append(f"lora must be a fedlit.models.LoRA or null, got {type(lora).__name__}")
@@ -134,8 +137,12 @@ class MomentEncoder(Backbone):
         """
         if self.path is None:
             module = TimeSeriesEncoder(dict(self.config or {}), patch_len=self.patch_len, seq_len=self.seq_len)
-            warnings.warn("MomentEncoder: built from config, so the encoder is randomly initialized (fedlit never "
-                          "downloads weights; set path to a local MOMENT folder)", UserWarning, stacklevel=2)
+            warnings.warn(
+                "MomentEncoder: built from config, so the encoder is randomly initialized (fedlit never "
+                "downloads weights; set path to a local MOMENT folder)",
+                UserWarning,
+                stacklevel=2,
+            )
         else:
             module = self._load(self.path)
         if self.lora is not None:
@@ -151,7 +158,8 @@ class MomentEncoder(Backbone):
             raise InputFileError(
                 f"MomentEncoder: path={str(folder)!r} is not a MOMENT folder (it needs config.json and one of "
                 f"{', '.join(WEIGHT_FILES)}). fedlit never downloads: fetch it once on a connected machine "
-                "(`huggingface-cli download AutonLab/MOMENT-1-large --local-dir <folder>`) and give that folder")
+                "(`huggingface-cli download AutonLab/MOMENT-1-large --local-dir <folder>`) and give that folder"
+            )
         try:
             moment = json.loads(config_file.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -162,25 +170,39 @@ class MomentEncoder(Backbone):
             raise CheckpointError(f"{config_file}: {'; '.join(problems)}; this is not a MOMENT config.json")
         assert isinstance(t5, dict)  # no problems means a t5_config dict
         module = TimeSeriesEncoder(
-            t5, patch_len=int(moment.get("patch_len", self.patch_len)),
+            t5,
+            patch_len=int(moment.get("patch_len", self.patch_len)),
             seq_len=self.seq_len,
             value_embedding_bias=bool(moment.get("value_embedding_bias", False)),
-            positional_embedding=bool(moment.get("add_positional_embedding", True)))
+            positional_embedding=bool(moment.get("add_positional_embedding", True)),
+        )
         state = read_state_dict(weights)
         target = module.state_dict()
         missing = [k for k in target if k not in state]
-        shapes = [f"{k} {tuple(state[k].shape)} (model {tuple(target[k].shape)})"
-                  for k in target if k in state and state[k].shape != target[k].shape]
+        shapes = [
+            f"{k} {tuple(state[k].shape)} (model {tuple(target[k].shape)})"
+            for k in target
+            if k in state and state[k].shape != target[k].shape
+        ]
         if missing or shapes:
             raise CheckpointError(
                 f"{weights}: does not match MOMENT's encoder described by {config_file}: "
-                + "; ".join(part for part in (f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}"
-                                              if missing else "", f"other shapes {shapes[:5]}" if shapes else "")
-                            if part))
+                + "; ".join(
+                    part
+                    for part in (
+                        f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}" if missing else "",
+                        f"other shapes {shapes[:5]}" if shapes else "",
+                    )
+                    if part
+                )
+            )
         extra = [k for k in state if k not in target and not k.startswith(_NOT_KEPT)]
         if extra:
-            warnings.warn(f"MomentEncoder(path={str(folder)!r}): {len(extra)} checkpoint tensors were not used: "
-                          f"{extra[:10]}", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"MomentEncoder(path={str(folder)!r}): {len(extra)} checkpoint tensors were not used: {extra[:10]}",
+                UserWarning,
+                stacklevel=3,
+            )
         module.load_state_dict({k: state[k] for k in target})
         return module
 
@@ -194,9 +216,12 @@ def _t5_problems(config: object, option: str, *, known_only: bool = True) -> lis
     known = set(T5Config().to_dict()) | set(T5Config.attribute_map)
     problems = [] if "d_model" in config or not known_only else ["config needs d_model"]
     if known_only:
-        problems += [f"{option}.{key} is not an option of T5Config (closest: "
-                     f"{difflib.get_close_matches(str(key), sorted(known), n=3)})"
-                     for key in config if key not in known]
+        problems += [
+            f"{option}.{key} is not an option of T5Config (closest: "
+            f"{difflib.get_close_matches(str(key), sorted(known), n=3)})"
+            for key in config
+            if key not in known
+        ]
     return problems
 
 
@@ -211,21 +236,37 @@ class TimeSeriesEncoder(nn.Module):
         positional_embedding: Whether the sinusoidal position embedding is added (MOMENT: yes).
     """
 
-    def __init__(self, t5_config: dict[str, Any], *, patch_len: int = 8, seq_len: int | None = 512,
-                 value_embedding_bias: bool = False, positional_embedding: bool = True) -> None:
+    def __init__(
+        self,
+        t5_config: dict[str, Any],
+        *,
+        patch_len: int = 8,
+        seq_len: int | None = 512,
+        value_embedding_bias: bool = False,
+        positional_embedding: bool = True,
+    ) -> None:
         super().__init__()
         from transformers import T5Config
         from transformers.models.t5.modeling_t5 import T5Stack
 
         # vocab_size 1: the token embedding is never used (MOMENT feeds patch embeddings) and is dropped below.
-        entries = {**t5_config, "vocab_size": 1, "pad_token_id": 0, "eos_token_id": None, "decoder_start_token_id": 0,
-                   "is_decoder": False, "use_cache": False, "is_encoder_decoder": False}
+        entries = {
+            **t5_config,
+            "vocab_size": 1,
+            "pad_token_id": 0,
+            "eos_token_id": None,
+            "decoder_start_token_id": 0,
+            "is_decoder": False,
+            "use_cache": False,
+            "is_encoder_decoder": False,
+        }
         entries.pop("architectures", None)
         config = T5Config(**entries)
         self.patch_len, self.seq_len = patch_len, seq_len
         self.num_features: int = config.d_model
-        self.patch_embedding = PatchEmbedding(config.d_model, patch_len, bias=value_embedding_bias,
-                                              positional=positional_embedding)
+        self.patch_embedding = PatchEmbedding(
+            config.d_model, patch_len, bias=value_embedding_bias, positional=positional_embedding
+        )
         self.encoder = T5Stack(config)
         self.encoder.embed_tokens = None  # type: ignore[assignment]  # transformers types it non-optional
 
@@ -235,14 +276,18 @@ class TimeSeriesEncoder(nn.Module):
         if x.ndim == 2:
             x = x.unsqueeze(1)
         if x.ndim != 3 or not x.is_floating_point():
-            raise ConfigError(f"MomentEncoder expects float signals (batch, channels, samples), got a {x.dtype} "
-                              f"tensor of shape {tuple(x.shape)}")
+            raise ConfigError(
+                f"MomentEncoder expects float signals (batch, channels, samples), got a {x.dtype} "
+                f"tensor of shape {tuple(x.shape)}"
+            )
         batch, channels, length = x.shape
         if self.seq_len is not None and length != self.seq_len:
             x = F.interpolate(x, size=self.seq_len, mode="linear", align_corners=True)
         elif length % self.patch_len:
-            raise ConfigError(f"MomentEncoder: {length} samples are not a multiple of patch_len={self.patch_len}; "
-                              "set seq_len to resample every series")
+            raise ConfigError(
+                f"MomentEncoder: {length} samples are not a multiple of patch_len={self.patch_len}; "
+                "set seq_len to resample every series"
+            )
         mean = x.mean(dim=-1, keepdim=True)
         std = (x - mean).square().mean(dim=-1, keepdim=True).sqrt() + 1e-5
         x = torch.nan_to_num((x - mean) / std, nan=0.0, posinf=0.0, neginf=0.0)
@@ -272,8 +317,9 @@ class PatchEmbedding(nn.Module):
         if not self.positional:
             return x
         position = torch.arange(x.shape[2], device=x.device, dtype=torch.float32).unsqueeze(1)
-        frequency = torch.exp(torch.arange(0, self.d_model, 2, device=x.device, dtype=torch.float32)
-                              * (-math.log(10000.0) / self.d_model))
+        frequency = torch.exp(
+            torch.arange(0, self.d_model, 2, device=x.device, dtype=torch.float32) * (-math.log(10000.0) / self.d_model)
+        )
         table = torch.zeros(x.shape[2], self.d_model, device=x.device)
         table[:, 0::2] = torch.sin(position * frequency)
         table[:, 1::2] = torch.cos(position * frequency)[:, : self.d_model // 2]

@@ -35,8 +35,11 @@ class SegmentationNetwork(ABC):
 
 
 def _positive_ints(owner: str, **values: object) -> None:
-    problems = [f"model.init_args.network.init_args.{name} must be an integer >= 1, got {value!r}"
-                for name, value in values.items() if isinstance(value, bool) or not isinstance(value, int) or value < 1]
+    problems = [
+        f"model.init_args.network.init_args.{name} must be an integer >= 1, got {value!r}"
+        for name, value in values.items()
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ]
     if problems:
         raise ConfigError(f"{owner}: " + "; ".join(problems) + ".")
 
@@ -59,12 +62,14 @@ class TinyUNet(SegmentationNetwork):
         norm: ``batch`` or ``instance``.
     """
 
-    def __init__(self, *, in_channels: int = 1, width: int = 8, depth: int = 2,
-                 norm: Literal["batch", "instance"] = "batch") -> None:
+    def __init__(
+        self, *, in_channels: int = 1, width: int = 8, depth: int = 2, norm: Literal["batch", "instance"] = "batch"
+    ) -> None:
         _positive_ints("TinyUNet", in_channels=in_channels, width=width, depth=depth)
         if norm not in _NORMS:
-            raise ConfigError(f"TinyUNet: model.init_args.network.init_args.norm={norm!r} is not one of "
-                              f"{list(_NORMS)}.")
+            raise ConfigError(
+                f"TinyUNet: model.init_args.network.init_args.norm={norm!r} is not one of {list(_NORMS)}."
+            )
         self.in_channels, self.width, self.depth, self.norm = in_channels, width, depth, norm
 
     @override
@@ -80,21 +85,27 @@ _NORMS: dict[str, Callable[[int], nn.Module]] = {
 
 def _double_conv(c_in: int, c_out: int, norm: Callable[[int], nn.Module]) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), norm(c_out), nn.ReLU(inplace=True),
-        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), norm(c_out), nn.ReLU(inplace=True),
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+        norm(c_out),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+        norm(c_out),
+        nn.ReLU(inplace=True),
     )
 
 
 class _TinyUNet(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int, width: int, depth: int,
-                 norm: Callable[[int], nn.Module]) -> None:
+    def __init__(
+        self, in_channels: int, out_channels: int, width: int, depth: int, norm: Callable[[int], nn.Module]
+    ) -> None:
         super().__init__()
         channels = [width * 2**i for i in range(depth + 1)]
         inputs = [in_channels, *channels[:-2]]
         self.down = nn.ModuleList(_double_conv(c_in, c, norm) for c_in, c in zip(inputs, channels[:-1], strict=True))
         self.bottom = _double_conv(channels[-2], channels[-1], norm)
-        self.up = nn.ModuleList(nn.ConvTranspose2d(channels[i + 1], channels[i], 2, stride=2)
-                                for i in reversed(range(depth)))
+        self.up = nn.ModuleList(
+            nn.ConvTranspose2d(channels[i + 1], channels[i], 2, stride=2) for i in reversed(range(depth))
+        )
         self.merge = nn.ModuleList(_double_conv(2 * channels[i], channels[i], norm) for i in reversed(range(depth)))
         self.head = nn.Conv2d(channels[0], out_channels, 1)
         self.pool = nn.MaxPool2d(2)
@@ -103,8 +114,10 @@ class _TinyUNet(nn.Module):
     @override
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] % self.multiple or x.shape[-2] % self.multiple:
-            raise ConfigError(f"TinyUNet with depth {len(self.down)} needs image sides that are multiples of "
-                             f"{self.multiple}, got {tuple(x.shape[-2:])}; resize the images or lower depth")
+            raise ConfigError(
+                f"TinyUNet with depth {len(self.down)} needs image sides that are multiples of "
+                f"{self.multiple}, got {tuple(x.shape[-2:])}; resize the images or lower depth"
+            )
         skips = []
         for block in self.down:
             x = block(x)
@@ -128,12 +141,21 @@ class SmpUnet(SegmentationNetwork):
         in_channels: Channels of the input images.
     """
 
-    def __init__(self, *, arch: str = "Unet", encoder_name: str = "resnet18", encoder_depth: int = 5,
-                 encoder_weights: str | None = None, in_channels: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        arch: str = "Unet",
+        encoder_name: str = "resnet18",
+        encoder_depth: int = 5,
+        encoder_weights: str | None = None,
+        in_channels: int = 1,
+    ) -> None:
         if encoder_weights is not None:
-            raise ConfigError(f"model.init_args.network.init_args.encoder_weights={encoder_weights!r}: nothing "
-                              "downloads in fedlit; set it to null (random initialization) and load trained "
-                              "weights from a checkpoint.")
+            raise ConfigError(
+                f"model.init_args.network.init_args.encoder_weights={encoder_weights!r}: nothing "
+                "downloads in fedlit; set it to null (random initialization) and load trained "
+                "weights from a checkpoint."
+            )
         _positive_ints("SmpUnet", encoder_depth=encoder_depth, in_channels=in_channels)
         self.arch, self.encoder_name, self.encoder_depth = arch, encoder_name, encoder_depth
         self.encoder_weights, self.in_channels = encoder_weights, in_channels
@@ -142,12 +164,19 @@ class SmpUnet(SegmentationNetwork):
     def build(self, out_channels: int) -> nn.Module:
         import segmentation_models_pytorch as smp
 
-        kwargs = {"encoder_name": self.encoder_name, "encoder_depth": self.encoder_depth, "encoder_weights": None,
-                  "in_channels": self.in_channels, "classes": out_channels}
+        kwargs = {
+            "encoder_name": self.encoder_name,
+            "encoder_depth": self.encoder_depth,
+            "encoder_weights": None,
+            "in_channels": self.in_channels,
+            "classes": out_channels,
+        }
         if self.arch in ("Unet", "UnetPlusPlus"):  # one decoder block per encoder stage
-            kwargs["decoder_channels"] = [256, 128, 64, 32, 16][5 - self.encoder_depth:]
+            kwargs["decoder_channels"] = [256, 128, 64, 32, 16][5 - self.encoder_depth :]
         try:
             return smp.create_model(self.arch, **kwargs)
         except (KeyError, ValueError) as error:
-            raise ConfigError(f"SmpUnet(arch={self.arch!r}, encoder_name={self.encoder_name!r}): {error}; see "
-                              "segmentation-models-pytorch's lists of architectures and encoders.") from error
+            raise ConfigError(
+                f"SmpUnet(arch={self.arch!r}, encoder_name={self.encoder_name!r}): {error}; see "
+                "segmentation-models-pytorch's lists of architectures and encoders."
+            ) from error

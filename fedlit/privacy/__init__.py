@@ -37,5 +37,12 @@ from fedlit.privacy.accounting import ACCOUNTANT
 from fedlit.privacy.client_level import ClientLevelDP, clip_update, gaussian_noise
 from fedlit.privacy.sample_level import SampleLevelDP, clip_and_noise, module_problems
 
-__all__ = ["ACCOUNTANT", "ClientLevelDP", "SampleLevelDP", "clip_and_noise", "clip_update", "gaussian_noise",
-           "module_problems"]
+__all__ = [
+    "ACCOUNTANT",
+    "ClientLevelDP",
+    "SampleLevelDP",
+    "clip_and_noise",
+    "clip_update",
+    "gaussian_noise",
+    "module_problems",
+]

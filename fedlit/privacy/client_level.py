@@ -23,8 +23,7 @@ if TYPE_CHECKING:
     from fedlit.strategies.fedavg import FedAvg
 
 
-def clip_update(state: dict[str, Tensor], reference: Mapping[str, Tensor], names: list[str],
-                clip_norm: float) -> float:
+def clip_update(state: dict[str, Tensor], reference: Mapping[str, Tensor], names: list[str], clip_norm: float) -> float:
     """Clip the joint L2 norm of ``state - reference`` over ``names`` to ``clip_norm``, rewriting ``state`` in place.
 
     Every delta is scaled by ``min(1, clip_norm / ||delta||)``, the norm taken over all of ``names`` together (in
@@ -94,8 +93,9 @@ class ClientLevelDP(Callback):
 
     @override
     def __repr__(self) -> str:
-        return (f"ClientLevelDP(noise_multiplier={self.noise_multiplier}, clip_norm={self.clip_norm}, "
-                f"delta={self.delta})")
+        return (
+            f"ClientLevelDP(noise_multiplier={self.noise_multiplier}, clip_norm={self.clip_norm}, delta={self.delta})"
+        )
 
     @override
     def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
@@ -105,43 +105,55 @@ class ClientLevelDP(Callback):
         rdp_accountant()  # Opacus is there
         strategy = trainer.strategy
         cls = type(strategy)
-        mean = (isinstance(strategy, FedAvg) and type(strategy.aggregator) is WeightedMeanAggregator
-                and all(getattr(cls, m) is getattr(FedAvg, m) for m in ("aggregate", "combine", "client_weights")))
+        mean = (
+            isinstance(strategy, FedAvg)
+            and type(strategy.aggregator) is WeightedMeanAggregator
+            and all(getattr(cls, m) is getattr(FedAvg, m) for m in ("aggregate", "combine", "client_weights"))
+        )
         if not mean or not isinstance(strategy, FedAvg):  # the second test only narrows the type for the checker
             raise ConfigError(
                 f"ClientLevelDP is defined for strategies whose server state is the weighted mean of the uploads "
                 f"(FedAvg and its subclasses that keep its aggregation, with the default aggregator), not for "
                 f"{strategy!r}: the noise it adds would not be calibrated to what {cls.__name__} computes. Use "
-                "strategy FedAvg, FedProx, FedBN or SiloBN, or remove the callback.")
+                "strategy FedAvg, FedProx, FedBN or SiloBN, or remove the callback."
+            )
         buffers = [n for n in strategy.global_state if n not in set(strategy.shared_parameter_names())]
         if buffers:
             raise ConfigError(
                 f"ClientLevelDP protects shared parameters only, but the model shares buffers ({buffers[:4]}"
                 f"{' ...' if len(buffers) > 4 else ''}: normalization statistics of the clients' data, which "
                 "the clipping and the noise do not cover). Make them personal (strategy FedBN or SiloBN, or a "
-                "model.init_args.roles rule), or use GroupNorm/LayerNorm instead of BatchNorm.")
+                "model.init_args.roles rule), or use GroupNorm/LayerNorm instead of BatchNorm."
+            )
         if getattr(strategy, "weighting", "uniform") != "uniform":
             warnings.warn(
                 f"ClientLevelDP with {strategy!r}: clients are weighted by their number of examples, so the noise "
                 f"(calibrated for the unweighted mean) is smaller than z * the largest weighted contribution; the "
                 "accountant uses the round's effective noise multiplier (privacy/effective_noise_multiplier). Set "
-                "strategy.init_args.weighting: uniform for the exact calibration.", stacklevel=2)
+                "strategy.init_args.weighting: uniform for the exact calibration.",
+                stacklevel=2,
+            )
         warn_uncovered("ClientLevelDP", self.rounds, trainer)
 
-    def on_before_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
-                            updates: list[ClientUpdate]) -> None:
+    def on_before_aggregate(
+        self, trainer: ServerContext, pl_module: FederatedModule, server_round: int, updates: list[ClientUpdate]
+    ) -> None:
         """Clip each update's delta to ``clip_norm`` (in place) and note the round's weights."""
         strategy = _mean_strategy(trainer)
         names = strategy.shared_parameter_names()
         norms = [clip_update(u.state, strategy.global_state, names, self.clip_norm) for u in updates]
         weights = strategy.client_weights(updates) if updates else []
         m = len(updates)
-        effective = (self.noise_multiplier * sum(weights) / (m * max(weights))
-                     if m and max(weights) > 0 else self.noise_multiplier)
+        effective = (
+            self.noise_multiplier * sum(weights) / (m * max(weights))
+            if m and max(weights) > 0
+            else self.noise_multiplier
+        )
         self._round = {"m": m, "clipped": sum(n > self.clip_norm for n in norms), "effective": effective}
 
-    def on_after_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
-                           log: dict[str, float] | None = None) -> None:
+    def on_after_aggregate(
+        self, trainer: ServerContext, pl_module: FederatedModule, server_round: int, log: dict[str, float] | None = None
+    ) -> None:
         """Add the Gaussian noise to the new server state, step the accountant and log the round's privacy."""
         m = int(self._round.get("m", 0))
         if m == 0:
@@ -149,8 +161,9 @@ class ClientLevelDP(Callback):
         strategy = _mean_strategy(trainer)
         names = strategy.shared_parameter_names()
         std = self.noise_multiplier * self.clip_norm / m
-        noise = gaussian_noise({n: strategy.global_state[n].shape for n in names}, std,
-                               trainer.derive_seed("dp-noise", server_round))
+        noise = gaussian_noise(
+            {n: strategy.global_state[n].shape for n in names}, std, trainer.derive_seed("dp-noise", server_round)
+        )
         for n in names:
             target = strategy.global_state[n]
             strategy.global_state[n] = target + noise[n].to(target.device, target.dtype)
@@ -160,11 +173,17 @@ class ClientLevelDP(Callback):
         self.history = [list(h) for h in accountant.history]
         self.rounds += 1
         if log is not None:
-            log.update({"privacy/epsilon": self.epsilon(), "privacy/delta": self.delta,
-                        "privacy/clip_norm": self.clip_norm, "privacy/noise_multiplier": self.noise_multiplier,
-                        "privacy/effective_noise_multiplier": self._round["effective"],
-                        "privacy/clipped_fraction": self._round["clipped"] / m,
-                        "privacy/sample_rate": sample_rate})
+            log.update(
+                {
+                    "privacy/epsilon": self.epsilon(),
+                    "privacy/delta": self.delta,
+                    "privacy/clip_norm": self.clip_norm,
+                    "privacy/noise_multiplier": self.noise_multiplier,
+                    "privacy/effective_noise_multiplier": self._round["effective"],
+                    "privacy/clipped_fraction": self._round["clipped"] / m,
+                    "privacy/sample_rate": sample_rate,
+                }
+            )
 
     @staticmethod
     def sample_rate(trainer: ServerContext) -> float:
@@ -180,11 +199,21 @@ class ClientLevelDP(Callback):
 
     def results_json(self, trainer: ServerContext) -> dict[str, Any]:
         """``results.json``'s ``privacy.client_level``."""
-        return {"privacy": {"client_level": {
-            "epsilon": self.epsilon(), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
-            "clip_norm": self.clip_norm, "rounds": self.rounds, "sample_rate": self.sample_rate(trainer),
-            "accountant": ACCOUNTANT, "accountant_history": self.history,
-            "mechanism": "DP-FedAvg (McMahan et al., ICLR 2018), server-side fixed clipping"}}}
+        return {
+            "privacy": {
+                "client_level": {
+                    "epsilon": self.epsilon(),
+                    "delta": self.delta,
+                    "noise_multiplier": self.noise_multiplier,
+                    "clip_norm": self.clip_norm,
+                    "rounds": self.rounds,
+                    "sample_rate": self.sample_rate(trainer),
+                    "accountant": ACCOUNTANT,
+                    "accountant_history": self.history,
+                    "mechanism": "DP-FedAvg (McMahan et al., ICLR 2018), server-side fixed clipping",
+                }
+            }
+        }
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from fedlit.strategies.base import ClientUpdate
 
 
-def clip_and_noise(grad_samples: list[Tensor], max_grad_norm: float, noise_std: float,
-                   generator: torch.Generator | None = None) -> tuple[list[Tensor], Tensor]:
+def clip_and_noise(
+    grad_samples: list[Tensor], max_grad_norm: float, noise_std: float, generator: torch.Generator | None = None
+) -> tuple[list[Tensor], Tensor]:
     """DP-SGD's gradient of one batch from its per-sample gradients (Abadi et al. 2016, Algorithm 1).
 
     Each sample's gradient, over all the tensors together, is scaled by ``min(1, max_grad_norm / ||g_i||)``
@@ -44,8 +45,9 @@ def clip_and_noise(grad_samples: list[Tensor], max_grad_norm: float, noise_std: 
     for g in grad_samples:
         summed = torch.einsum("i,i...->...", factor.to(g.dtype), g)
         if noise_std > 0:
-            summed = summed + torch.normal(0.0, noise_std, size=summed.shape, generator=generator,
-                                           device=summed.device, dtype=summed.dtype)
+            summed = summed + torch.normal(
+                0.0, noise_std, size=summed.shape, generator=generator, device=summed.device, dtype=summed.dtype
+            )
         grads.append(summed / batch)
     return grads, norms
 
@@ -113,8 +115,10 @@ class SampleLevelDP(Callback):
 
     @override
     def __repr__(self) -> str:
-        return (f"SampleLevelDP(noise_multiplier={self.noise_multiplier}, max_grad_norm={self.max_grad_norm}, "
-                f"delta={self.delta})")
+        return (
+            f"SampleLevelDP(noise_multiplier={self.noise_multiplier}, max_grad_norm={self.max_grad_norm}, "
+            f"delta={self.delta})"
+        )
 
     @override
     def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
@@ -124,21 +128,31 @@ class SampleLevelDP(Callback):
         rdp_accountant()
         problems = []
         if isinstance(pl_module, CoxModule):
-            problems.append("the Cox loss is not a mean of per-sample losses (each risk set spans the batch), so "
-                            "per-sample gradients are not defined; use ClientLevelDP for survival models")
+            problems.append(
+                "the Cox loss is not a mean of per-sample losses (each risk set spans the batch), so "
+                "per-sample gradients are not defined; use ClientLevelDP for survival models"
+            )
         strategy = trainer.strategy
-        changed = [h for h in ("training_loss", "on_before_optimizer_step", "on_after_backward", "client_forward")
-                   if getattr(type(strategy), h) is not getattr(Strategy, h)]
+        changed = [
+            h
+            for h in ("training_loss", "on_before_optimizer_step", "on_after_backward", "client_forward")
+            if getattr(type(strategy), h) is not getattr(Strategy, h)
+        ]
         if changed:
-            problems.append(f"strategy {strategy!r} changes the client's gradient ({', '.join(changed)}), which "
-                            "DP-SGD's per-sample gradients do not cover; use FedAvg, FedBN, SiloBN, FedSA, Local...")
+            problems.append(
+                f"strategy {strategy!r} changes the client's gradient ({', '.join(changed)}), which "
+                "DP-SGD's per-sample gradients do not cover; use FedAvg, FedBN, SiloBN, FedSA, Local..."
+            )
         if trainer.scaler is not None:
             problems.append("federation.precision uses a gradient scaler (16-mixed); use bf16-mixed or 32-true")
         layers = module_problems(pl_module)
         if layers:
-            problems.append("Opacus cannot compute per-sample gradients of the trainable layers "
-                            + "; ".join(layers[:6]) + (" ..." if len(layers) > 6 else "")
-                            + " (replace them, or freeze them with a role rule)")
+            problems.append(
+                "Opacus cannot compute per-sample gradients of the trainable layers "
+                + "; ".join(layers[:6])
+                + (" ..." if len(layers) > 6 else "")
+                + " (replace them, or freeze them with a role rule)"
+            )
         if problems:
             raise ConfigError("SampleLevelDP: " + "; ".join(problems) + ".")
         warn_uncovered("SampleLevelDP", self.rounds, trainer)
@@ -147,22 +161,29 @@ class SampleLevelDP(Callback):
 
             self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction="mean", strict=False)
 
-    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self, pl_module: FederatedModule, server_round: int, client_id: str, client: ClientContext
+    ) -> None:
         """Start the turn's step count and noise generator; clear any stale per-sample gradient."""
         _reset_hooks_state(pl_module)
         if self._hooks is not None:
             self._hooks.enable_hooks()
         train = client.num_examples("train")
-        self._turn = {"steps": 0, "clipped": 0, "samples": 0,
-                      "sample_rate": min(1.0, client.batch_size / max(train, 1))}
+        self._turn = {
+            "steps": 0,
+            "clipped": 0,
+            "samples": 0,
+            "sample_rate": min(1.0, client.batch_size / max(train, 1)),
+        }
         device = next(p.device for p in pl_module.parameters())
         self._generator = torch.Generator(device=device).manual_seed(
-            client.derive_seed("dp-sgd", server_round, client_id) % 2**63)
+            client.derive_seed("dp-sgd", server_round, client_id) % 2**63
+        )
 
     @override
-    def on_before_optimizer_step(self, trainer: ClientContext, pl_module: FederatedModule,
-                                 optimizer: Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: ClientContext, pl_module: FederatedModule, optimizer: Optimizer
+    ) -> None:
         """Replace each trainable parameter's gradient by DP-SGD's (:func:`clip_and_noise`)."""
         params = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is not None]
         missing = [n for n, p in params if not isinstance(getattr(p, "grad_sample", None), Tensor)]
@@ -170,12 +191,14 @@ class SampleLevelDP(Callback):
             raise ConfigError(
                 f"SampleLevelDP: no per-sample gradient for {missing[:4]} (a trainable parameter used outside a "
                 "layer Opacus hooks, a layer in eval mode, or several backward passes per step); its gradient "
-                "would not be private. Freeze it with a role rule or restructure the model.")
+                "would not be private. Freeze it with a role rule or restructure the model."
+            )
         if not params:
             return
         per_sample = [p.grad_sample for _, p in params]  # type: ignore[attr-defined]  # set by Opacus's GradSampleModule
-        grads, norms = clip_and_noise(per_sample, self.max_grad_norm, self.noise_multiplier * self.max_grad_norm,
-                                      self._generator)
+        grads, norms = clip_and_noise(
+            per_sample, self.max_grad_norm, self.noise_multiplier * self.max_grad_norm, self._generator
+        )
         for (_, p), grad in zip(params, grads, strict=True):
             p.grad = grad.to(p.dtype)
         self._turn["clipped"] += int((norms > self.max_grad_norm).sum())
@@ -183,14 +206,22 @@ class SampleLevelDP(Callback):
         _clear_grad_samples(pl_module)
 
     @override
-    def on_before_zero_grad(self, trainer: ClientContext, pl_module: FederatedModule, optimizer: Optimizer,
-                            stepped: bool = True) -> None:
+    def on_before_zero_grad(
+        self, trainer: ClientContext, pl_module: FederatedModule, optimizer: Optimizer, stepped: bool = True
+    ) -> None:
         """Count the optimizer step (one mechanism step) if it happened."""
         self._turn["steps"] = self._turn.get("steps", 0) + int(stepped)
         _clear_grad_samples(pl_module)
 
-    def on_client_fit_end(self, trainer: ClientContext, pl_module: FederatedModule, server_round: int, client_id: str,
-                          update: ClientUpdate, client_state: dict[str, Any]) -> None:
+    def on_client_fit_end(
+        self,
+        trainer: ClientContext,
+        pl_module: FederatedModule,
+        server_round: int,
+        client_id: str,
+        update: ClientUpdate,
+        client_state: dict[str, Any],
+    ) -> None:
         """Add the turn's steps to the client's accountant (kept in its ``client_state``) and upload its epsilon.
         A turn left out of aggregation (quarantined, timed out) never gets here: nothing of it is released, so
         nothing is counted."""
@@ -203,8 +234,9 @@ class SampleLevelDP(Callback):
         update.metrics["dp_sample_epsilon"] = float(accountant.get_epsilon(self.delta)) if accountant.history else 0.0
         update.metrics["dp_sample_clipped_fraction"] = self._turn["clipped"] / max(self._turn["samples"], 1)
 
-    def on_before_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
-                            updates: list[ClientUpdate]) -> None:
+    def on_before_aggregate(
+        self, trainer: ServerContext, pl_module: FederatedModule, server_round: int, updates: list[ClientUpdate]
+    ) -> None:
         """Keep each client's epsilon as it uploaded it."""
         if self._hooks is not None:  # also after a turn that stopped before on_client_fit_end
             self._hooks.disable_hooks()
@@ -215,27 +247,43 @@ class SampleLevelDP(Callback):
                 self.epsilons[update.client_id] = float(update.metrics["dp_sample_epsilon"])
                 self._round_clipped.append(float(update.metrics["dp_sample_clipped_fraction"]))
 
-    def on_after_aggregate(self, trainer: ServerContext, pl_module: FederatedModule, server_round: int,
-                           log: dict[str, float] | None = None) -> None:
+    def on_after_aggregate(
+        self, trainer: ServerContext, pl_module: FederatedModule, server_round: int, log: dict[str, float] | None = None
+    ) -> None:
         """Log the max and mean epsilon over the clients that have trained, and the round's clipped fraction."""
         self.rounds += 1
         if log is None or not self.epsilons:
             return
         values = list(self.epsilons.values())
-        log.update({"privacy/sample_epsilon_max": max(values), "privacy/sample_epsilon_mean": sum(values) / len(values),
-                    "privacy/sample_delta": self.delta, "privacy/sample_noise_multiplier": self.noise_multiplier,
-                    "privacy/sample_max_grad_norm": self.max_grad_norm})
+        log.update(
+            {
+                "privacy/sample_epsilon_max": max(values),
+                "privacy/sample_epsilon_mean": sum(values) / len(values),
+                "privacy/sample_delta": self.delta,
+                "privacy/sample_noise_multiplier": self.noise_multiplier,
+                "privacy/sample_max_grad_norm": self.max_grad_norm,
+            }
+        )
         if self._round_clipped:
             log["privacy/sample_clipped_fraction"] = sum(self._round_clipped) / len(self._round_clipped)
 
     def results_json(self, trainer: ServerContext) -> dict[str, Any]:
         """``results.json``'s ``privacy.sample_level``."""
         values = list(self.epsilons.values())
-        return {"privacy": {"sample_level": {
-            "epsilon_max": max(values) if values else 0.0,
-            "epsilon_mean": sum(values) / len(values) if values else 0.0, "epsilon_per_client": dict(self.epsilons),
-            "delta": self.delta, "noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
-            "accountant": ACCOUNTANT, "mechanism": "DP-SGD (Abadi et al., CCS 2016), Opacus per-sample gradients"}}}
+        return {
+            "privacy": {
+                "sample_level": {
+                    "epsilon_max": max(values) if values else 0.0,
+                    "epsilon_mean": sum(values) / len(values) if values else 0.0,
+                    "epsilon_per_client": dict(self.epsilons),
+                    "delta": self.delta,
+                    "noise_multiplier": self.noise_multiplier,
+                    "max_grad_norm": self.max_grad_norm,
+                    "accountant": ACCOUNTANT,
+                    "mechanism": "DP-SGD (Abadi et al., CCS 2016), Opacus per-sample gradients",
+                }
+            }
+        }
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -53,8 +53,18 @@ from fedlit.strategies.silobn import SiloBN
 
 __all__ = ["ClientUpdate", "FedAvg", "FedBN", "FedProx", "FedPxN", "FedSLD", "Local", "SiloBN", "Strategy"]
 __all__ += [
-    "Aggregator", "FedAdagrad", "FedAdam", "FedMedian", "FedOpt", "FedTrimmedAvg", "FedYogi", "Krum", "KrumAggregator",
-    "MedianAggregator", "TrimmedMeanAggregator", "WeightedMeanAggregator",
+    "Aggregator",
+    "FedAdagrad",
+    "FedAdam",
+    "FedMedian",
+    "FedOpt",
+    "FedTrimmedAvg",
+    "FedYogi",
+    "Krum",
+    "KrumAggregator",
+    "MedianAggregator",
+    "TrimmedMeanAggregator",
+    "WeightedMeanAggregator",
 ]
 __all__ += ["FedDyn", "SCAFFOLD"]
 __all__ += ["FedSCA"]

@@ -71,8 +71,15 @@ from fedlit.strategies.common.personal_copy import (
 from fedlit.strategies.fedavg import FedAvg
 
 
-def apfl_alpha_step(alpha: float, v: Mapping[str, Tensor], w: Mapping[str, Tensor], grad_v: Mapping[str, Tensor],
-                    grad_w: Mapping[str, Tensor], lr: float, penalty: float = 0.02) -> float:
+def apfl_alpha_step(
+    alpha: float,
+    v: Mapping[str, Tensor],
+    w: Mapping[str, Tensor],
+    grad_v: Mapping[str, Tensor],
+    grad_w: Mapping[str, Tensor],
+    lr: float,
+    penalty: float = 0.02,
+) -> float:
     """``clip(a - lr (sum_k <v_k - w_k, a grad_v_k + (1 - a) grad_w_k> + penalty a), 0, 1)`` over the keys of
     ``v`` (APFL's mixing-weight step as the code computes it); a key missing from a gradient counts as a zero
     gradient. Float64."""
@@ -92,8 +99,10 @@ def apfl_alpha_step(alpha: float, v: Mapping[str, Tensor], w: Mapping[str, Tenso
 
 def apfl_mix(w: Mapping[str, Tensor], v: Mapping[str, Tensor], alpha: float) -> dict[str, Tensor]:
     """``vbar = (1 - a) w + a v`` per tensor of ``v`` (APFL's mixed model), in ``v``'s dtype and device."""
-    return {n: ((1 - alpha) * w[n].detach().to(t.device, torch.float64) + alpha * t.detach().to(torch.float64))
-            .to(t.dtype) for n, t in v.items()}
+    return {
+        n: ((1 - alpha) * w[n].detach().to(t.device, torch.float64) + alpha * t.detach().to(torch.float64)).to(t.dtype)
+        for n, t in v.items()
+    }
 
 
 class APFL(FedAvg):
@@ -111,9 +120,15 @@ class APFL(FedAvg):
     #: SecAgg+ can replace the uploads (with the default aggregator and ``weighting="num_examples"``).
     secure_aggregation = True
 
-    def __init__(self, *, alpha: float = 0.5, lr_alpha: float | None = None, alpha_penalty: float = 0.02,
-                 weighting: Literal["num_examples", "uniform"] = "num_examples",
-                 aggregator: Aggregator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        alpha: float = 0.5,
+        lr_alpha: float | None = None,
+        alpha_penalty: float = 0.02,
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
         problems = []
         key = "strategy.init_args."
         if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
@@ -136,20 +151,25 @@ class APFL(FedAvg):
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: FederatedModule, client_state: dict[str, Any],
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self, pl_module: FederatedModule, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Take ``v`` (a copy of the received ``w`` at the client's first turn) and ``a``."""
         v, trainable = personal_copy(pl_module, client_state.get("v"))
         self._turn = {
-            "client": client, "v": v, "trainable": trainable, "optimizer": None,
+            "client": client,
+            "v": v,
+            "trainable": trainable,
+            "optimizer": None,
             "alpha": float(client_state.get("alpha", self.alpha)),
             "training_step": MethodCall(pl_module, "training_step"),
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``f(w) + f(v)``: the loop's backward gives ``w`` and ``v`` their own gradients (they share no leaf)."""
         turn = self._turn
         if not turn:
@@ -181,14 +201,20 @@ class APFL(FedAvg):
             names = turn["trainable"]
             lr = self.lr_alpha if self.lr_alpha is not None else float(inner.param_groups[0]["lr"])
             turn["alpha"] = apfl_alpha_step(
-                turn["alpha"], {n: v[n] for n in names}, {n: live[n] for n in names},
-                {n: cast(Tensor, v[n].grad) for n in names}, {n: cast(Tensor, live[n].grad) for n in names}, lr,
-                self.alpha_penalty)
+                turn["alpha"],
+                {n: v[n] for n in names},
+                {n: live[n] for n in names},
+                {n: cast(Tensor, v[n].grad) for n in names},
+                {n: cast(Tensor, live[n].grad) for n in names},
+                lr,
+                self.alpha_penalty,
+            )
         for name in turn["trainable"]:
             v[name].grad = None
 
-    def on_client_fit_end(self, pl_module: FederatedModule, client_state: dict[str, Any],
-                          client: ClientContext) -> None:
+    def on_client_fit_end(
+        self, pl_module: FederatedModule, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Keep ``v <- vbar`` (its trainable tensors mixed with the trained ``w``), ``a`` and, under ``persist``,
         ``v``'s optimizer state."""
         turn = self._turn

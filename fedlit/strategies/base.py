@@ -171,8 +171,10 @@ class Strategy(Callback, abc.ABC):
         self.client_ids = list(client_ids)
         self.class_counts = class_counts
         if roles is None:
-            roles = ParameterRoles(dict.fromkeys(self.global_state, "shared"),
-                                   buffers={n for n, t in self.global_state.items() if not t.is_floating_point()})
+            roles = ParameterRoles(
+                dict.fromkeys(self.global_state, "shared"),
+                buffers={n for n, t in self.global_state.items() if not t.is_floating_point()},
+            )
         self.roles = roles
         self.setup_server_state()
 
@@ -230,8 +232,9 @@ class Strategy(Callback, abc.ABC):
         """What ``client_id`` evaluates with, on top of its personal tensors. Default: as in training."""
         return self.configure_client(server_round, client_id)
 
-    def on_client_evaluate_start(self, trainer: ClientContext, pl_module: FederatedModule, server_round: int,
-                                 client_id: str) -> None:
+    def on_client_evaluate_start(
+        self, trainer: ClientContext, pl_module: FederatedModule, server_round: int, client_id: str
+    ) -> None:
         """Called before ``client_id`` is evaluated, its tensors loaded; a strategy that evaluates a model kept in
         the client's ``client_state`` (declare that argument) copies it into ``pl_module`` here. Default: nothing."""
 
@@ -246,8 +249,9 @@ class Strategy(Callback, abc.ABC):
         one (the two evaluations would be identical)."""
         return None
 
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """The client objective: ``loss`` plus any regularizer of the strategy, or a replacement of it.
 
         Args:

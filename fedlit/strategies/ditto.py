@@ -74,11 +74,18 @@ class Ditto(FedAvg):
     #: replace the uploads (with the default aggregator and ``weighting="num_examples"``).
     secure_aggregation = True
 
-    def __init__(self, *, lam: float = 1.0, weighting: Literal["num_examples", "uniform"] = "num_examples",
-                 aggregator: Aggregator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        lam: float = 1.0,
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
         if isinstance(lam, bool) or not isinstance(lam, int | float) or not lam >= 0:
-            raise ConfigError(f"strategy.init_args.lam={lam!r} must be a number >= 0 (1.0 in the authors' scripts; "
-                              "0 trains each personal model on its own loss only).")
+            raise ConfigError(
+                f"strategy.init_args.lam={lam!r} must be a number >= 0 (1.0 in the authors' scripts; "
+                "0 trains each personal model on its own loss only)."
+            )
         super().__init__(weighting=weighting, aggregator=aggregator)
         self.lam = float(lam)
         self._turn: dict[str, Any] = {}
@@ -89,22 +96,31 @@ class Ditto(FedAvg):
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: FederatedModule, received: Mapping[str, Tensor], client_state: dict[str,
-                            Any],
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self,
+        pl_module: FederatedModule,
+        received: Mapping[str, Tensor],
+        client_state: dict[str, Any],
+        client: ClientContext,
+    ) -> None:
         """Take ``v`` (a copy of the received ``w^t`` at the client's first turn) and keep ``w^t``."""
         v, trainable = personal_copy(pl_module, client_state.get("v"))
         self._turn = {
-            "client": client, "v": v, "trainable": trainable, "optimizer": None,
-            "anchor": {n: received[n].detach().to(v[n].device, v[n].dtype, copy=True)
-                       for n in trainable if n in received},
+            "client": client,
+            "v": v,
+            "trainable": trainable,
+            "optimizer": None,
+            "anchor": {
+                n: received[n].detach().to(v[n].device, v[n].dtype, copy=True) for n in trainable if n in received
+            },
             "training_step": MethodCall(pl_module, "training_step"),
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``F_k(w) + F_k(v) + lam/2 ||v - w^t||^2``: the loop's backward gives ``w`` its gradient ``grad F_k(w)``
         and ``v`` its own, ``grad F_k(v) + lam (v - w^t)`` (they share no leaf)."""
         turn = self._turn
@@ -139,4 +155,3 @@ class Ditto(FedAvg):
         """Put the client's ``v`` into the live module (before its first turn: ``w`` as sent)."""
         if "v" in client_state:
             load_into(pl_module, client_state["v"])
-

@@ -150,20 +150,28 @@ class EPFL(Strategy):
             (``best_per_client``).
     """
 
-    def __init__(self, *, lam: float = 0.5, psi: Literal["all", "first_half", "second_half"] | list[str] = "all",
-                 eps: float = 0.0, evaluation: Literal["after_mix", "fhbench"] = "after_mix") -> None:
+    def __init__(
+        self,
+        *,
+        lam: float = 0.5,
+        psi: Literal["all", "first_half", "second_half"] | list[str] = "all",
+        eps: float = 0.0,
+        evaluation: Literal["after_mix", "fhbench"] = "after_mix",
+    ) -> None:
         super().__init__()
         problems = []
         if not 0 <= lam <= 1:
             problems.append(f"strategy.init_args.lam={lam} must be in [0, 1] (the weight of a client's own A)")
         if eps < 0:
-            problems.append(f"strategy.init_args.eps={eps} must be >= 0 (0 treats a zero distance as the maximum "
-                            "similarity)")
+            problems.append(
+                f"strategy.init_args.eps={eps} must be >= 0 (0 treats a zero distance as the maximum similarity)"
+            )
         if isinstance(psi, str) and psi not in PSI:
             problems.append(f"strategy.init_args.psi={psi!r} is not one of {list(PSI)} or a list of LoRA B names")
         elif not isinstance(psi, str) and (not psi or not all(isinstance(n, str) for n in psi)):
-            problems.append(f"strategy.init_args.psi={psi!r} must be one of {list(PSI)} or a non-empty list of "
-                            "LoRA B tensor names")
+            problems.append(
+                f"strategy.init_args.psi={psi!r} must be one of {list(PSI)} or a non-empty list of LoRA B tensor names"
+            )
         if evaluation not in ("after_mix", "fhbench"):
             problems.append(f"strategy.init_args.evaluation={evaluation!r} is not one of ['after_mix', 'fhbench']")
         if problems:
@@ -201,14 +209,18 @@ class EPFL(Strategy):
             return list(b_names)
         if self.psi in ("first_half", "second_half"):
             if half == 0:
-                raise ConfigError(f"strategy.init_args.psi={self.psi!r} needs at least 2 LoRA B tensors; the model "
-                                  f"has {b_names}. Use psi: all.")
+                raise ConfigError(
+                    f"strategy.init_args.psi={self.psi!r} needs at least 2 LoRA B tensors; the model "
+                    f"has {b_names}. Use psi: all."
+                )
             return b_names[:half] if self.psi == "first_half" else b_names[half:]
         unknown = [n for n in self.psi if n not in b_names]
         if unknown:
             hints = {n: difflib.get_close_matches(n, b_names, n=1) for n in unknown}
-            raise ConfigError(f"strategy.init_args.psi: {unknown} are not shared LoRA B tensors of the model "
-                              f"(closest: {hints}); valid names: {b_names}.")
+            raise ConfigError(
+                f"strategy.init_args.psi: {unknown} are not shared LoRA B tensors of the model "
+                f"(closest: {hints}); valid names: {b_names}."
+            )
         return [n for n in b_names if n in self.psi]
 
     @override
@@ -275,8 +287,13 @@ class EPFL(Strategy):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus every client's mix and the last round's distances and weights (exact resume)."""
-        return {**super().state_dict(), "mixes": self.mixes, "weights": self.weights, "distances": self.distances,
-                "weight_clients": list(self.weight_clients)}
+        return {
+            **super().state_dict(),
+            "mixes": self.mixes,
+            "weights": self.weights,
+            "distances": self.distances,
+            "weight_clients": list(self.weight_clients),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

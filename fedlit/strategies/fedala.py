@@ -126,10 +126,18 @@ class FedALA(FedAvg):
     #: SecAgg+ can replace the uploads (with the default aggregator and ``weighting="num_examples"``).
     secure_aggregation = True
 
-    def __init__(self, *, eta: float = 1.0, rand_percent: float = 80, layer_idx: int = 2, threshold: float = 0.1,
-                 num_pre_loss: int = 10, max_init_passes: int | None = None,
-                 weighting: Literal["num_examples", "uniform"] = "num_examples",
-                 aggregator: Aggregator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        eta: float = 1.0,
+        rand_percent: float = 80,
+        layer_idx: int = 2,
+        threshold: float = 0.1,
+        num_pre_loss: int = 10,
+        max_init_passes: int | None = None,
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
         problems = []
         key = "strategy.init_args."
         if isinstance(eta, bool) or not isinstance(eta, int | float) or not eta > 0:
@@ -141,8 +149,9 @@ class FedALA(FedAvg):
                 problems.append(f"{key}{name}={value!r} must be an integer >= {least}")
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 0:
             problems.append(f"{key}threshold={threshold!r} must be >= 0 (0.1 in the code)")
-        if max_init_passes is not None and (isinstance(max_init_passes, bool) or not isinstance(max_init_passes, int)
-                                            or max_init_passes < 1):
+        if max_init_passes is not None and (
+            isinstance(max_init_passes, bool) or not isinstance(max_init_passes, int) or max_init_passes < 1
+        ):
             problems.append(f"{key}max_init_passes={max_init_passes!r} must be an integer >= 1, or null for no bound")
         if problems:
             raise ConfigError("Invalid FedALA settings: " + "; ".join(problems) + ".")
@@ -159,11 +168,16 @@ class FedALA(FedAvg):
     def higher_names(self, pl_module: FederatedModule) -> list[str]:
         """The last ``layer_idx`` shared trainable tensors (every one for 0), in model order."""
         names = [n for n, p in pl_module.shared_parameters() if p.requires_grad]
-        return names[-self.layer_idx:] if self.layer_idx else names
+        return names[-self.layer_idx :] if self.layer_idx else names
 
-    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
-                            client_state: dict[str, Any],
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self,
+        pl_module: FederatedModule,
+        server_round: int,
+        client_id: str,
+        client_state: dict[str, Any],
+        client: ClientContext,
+    ) -> None:
         """Adaptive Local Aggregation into the live module (which holds the received global model); nothing at
         the client's first turn."""
         if "model" not in client_state:
@@ -173,8 +187,12 @@ class FedALA(FedAvg):
         local = {n: client_state["model"][n].to(params[n].device, params[n].dtype) for n in names}
         received = {n: params[n].detach().clone() for n in names}
         first = "weights" not in client_state
-        weights = {n: torch.ones_like(received[n]) if first else
-                   client_state["weights"][n].to(received[n].device, received[n].dtype) for n in names}
+        weights = {
+            n: torch.ones_like(received[n])
+            if first
+            else client_state["weights"][n].to(received[n].device, received[n].dtype)
+            for n in names
+        }
         batches = self._batches(pl_module, server_round, client_id, client)
         buffers = {n: b.detach().clone() for n, b in pl_module.named_buffers()}
         pl_module.set_train_mode()
@@ -190,8 +208,9 @@ class FedALA(FedAvg):
                     grads = torch.autograd.grad(value, [params[n] for n in names], allow_unused=True)
                     for name, grad in zip(names, grads, strict=True):
                         if grad is not None:
-                            weights[name] = ala_weight_step(weights[name], grad.to(weights[name].dtype), local[name],
-                                                            received[name], self.eta)
+                            weights[name] = ala_weight_step(
+                                weights[name], grad.to(weights[name].dtype), local[name], received[name], self.eta
+                            )
                     self._set(params, {n: ala_merge(local[n], received[n], weights[n]) for n in names})
                     loss = float(value.detach())
                 losses.append(loss)
@@ -207,8 +226,9 @@ class FedALA(FedAvg):
         client_state["weights"] = {n: w.detach().to(device, copy=True) for n, w in weights.items()}
         client_state["ala_passes"] = len(losses)
 
-    def _batches(self, pl_module: FederatedModule, server_round: int, client_id: str,
-                 client: ClientContext) -> list[Any]:
+    def _batches(
+        self, pl_module: FederatedModule, server_round: int, client_id: str, client: ClientContext
+    ) -> list[Any]:
         """The batches of weight learning: the first ``rand_percent``% of the samples of one seeded shuffle."""
         wanted = max(1, int(self.rand_percent / 100 * client.num_examples("train")))
         norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in pl_module.modules())
@@ -221,12 +241,14 @@ class FedALA(FedAvg):
             for name, value in values.items():
                 params[name].copy_(value)
 
-    def on_client_fit_end(self, pl_module: FederatedModule, client_state: dict[str, Any],
-                          client: ClientContext) -> None:
+    def on_client_fit_end(
+        self, pl_module: FederatedModule, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Keep the trained model (every shared tensor) for the next turn's merge and for evaluation."""
         device = client.store.device
-        client_state["model"] = {n: t.detach().to(device, copy=True)
-                                 for n, t in pl_module.named_tensors("shared").items()}
+        client_state["model"] = {
+            n: t.detach().to(device, copy=True) for n, t in pl_module.named_tensors("shared").items()
+        }
 
     @override
     def on_client_evaluate_start(self, pl_module: FederatedModule, client_state: dict[str, Any]) -> None:

@@ -31,8 +31,10 @@ from fedlit.strategies.fedavg import FedAvg
 def check_finetune_steps(steps: int) -> int:
     """``steps`` if it is a positive int, else a ConfigError naming ``strategy.init_args.finetune_steps``."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"strategy.init_args.finetune_steps={steps!r} must be an int >= 1 (the local steps each "
-                          "client takes from the global model before it is evaluated); use FedAvg for none.")
+        raise ConfigError(
+            f"strategy.init_args.finetune_steps={steps!r} must be an int >= 1 (the local steps each "
+            "client takes from the global model before it is evaluated); use FedAvg for none."
+        )
     return steps
 
 

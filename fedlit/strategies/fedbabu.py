@@ -68,8 +68,10 @@ class FedBABU(FedPer):
         super().__init__(head=head, weighting=weighting, aggregator=aggregator)
         self.eval_finetune_steps = check_finetune_steps(finetune_steps)
         if finetune not in ("whole", "head"):
-            raise ConfigError(f"strategy.init_args.finetune={finetune!r} is not one of 'whole' (body and head, the "
-                              "paper's default), 'head'.")
+            raise ConfigError(
+                f"strategy.init_args.finetune={finetune!r} is not one of 'whole' (body and head, the "
+                "paper's default), 'head'."
+            )
         self.finetune = finetune
         self._head: set[str] = set()
 

@@ -33,12 +33,16 @@ def warn_without_trainable_norm(strategy: str, like: str, pl_module: FederatedMo
     if any(roles.is_norm(n) and r != "frozen" and (roles.is_buffer(n) or not statistics) for n, r in roles.items()):
         return
     backbone = getattr(pl_module, "backbone", None)
-    model = type(pl_module).__name__ + (f"(backbone={type(backbone).__name__})" if isinstance(backbone, nn.Module)
-                                        else "")
+    model = type(pl_module).__name__ + (
+        f"(backbone={type(backbone).__name__})" if isinstance(backbone, nn.Module) else ""
+    )
     kinds = sorted({type(m).__name__ for _, m in pl_module.named_modules() if _ and "norm" in type(m).__name__.lower()})
     why = "frozen, without running statistics, or" if statistics else "frozen or"
-    found = (f"its normalization-like modules {kinds[:5]} are {why} not recognised by fedlit.core.roles.is_norm_module"
-             if kinds else "it has no normalization-like module")
+    found = (
+        f"its normalization-like modules {kinds[:5]} are {why} not recognised by fedlit.core.roles.is_norm_module"
+        if kinds
+        else "it has no normalization-like module"
+    )
     what = "statistics" if statistics else "layer"
     warnings.warn(
         f"{strategy}: the model {model} has no trainable normalization {what} ({found}), so {strategy} keeps "

@@ -75,6 +75,7 @@ def mean_regularizer(client_mean: Tensor, global_mean: Tensor) -> Tensor:
 @contextlib.contextmanager
 def biased_input(head: nn.Module, turn: dict[str, Any]) -> Iterator[None]:
     """While open, the head records its input in ``turn["rep"]`` and receives ``rep + turn["bias"]`` (when set)."""
+
     def hook(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         turn["rep"] = args[0]
         bias = turn.get("bias")
@@ -99,12 +100,20 @@ class FedDBE(FedAvg):
     """
 
     secure_aggregation = False  # the warm-up uploads running means as extras; later rounds send the global mean
-    cost_notes = ("FedDBE's warm-up (round 1) clients also upload their running mean of the features, one float32 "
-                  "per input of the head, once: not counted above.",)
+    cost_notes = (
+        "FedDBE's warm-up (round 1) clients also upload their running mean of the features, one float32 "
+        "per input of the head, once: not counted above.",
+    )
 
-    def __init__(self, *, kappa: float = 0.0, momentum: float = 0.1, head: str = "head.*",
-                 weighting: Literal["num_examples", "uniform"] = "num_examples",
-                 aggregator: Aggregator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        kappa: float = 0.0,
+        momentum: float = 0.1,
+        head: str = "head.*",
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
         problems = []
         if isinstance(kappa, bool) or not kappa >= 0:
             problems.append(f"strategy.init_args.kappa={kappa!r} must be >= 0 (0 by default)")
@@ -165,8 +174,9 @@ class FedDBE(FedAvg):
         self.global_mean = state_dict["global_mean"]
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: FederatedModule, received_extras: dict[str, Any],
-                            client_state: dict[str, Any]) -> None:
+    def on_client_fit_start(
+        self, pl_module: FederatedModule, received_extras: dict[str, Any], client_state: dict[str, Any]
+    ) -> None:
         """Warm-up (no global mean received): plain CE; else take ``c_i`` (0 at first) to train."""
         _, head = linear_head(pl_module, self.head_rule, "FedDBE")
         device = head.weight.device
@@ -184,8 +194,9 @@ class FedDBE(FedAvg):
         return biased_input(self._turn["head"], self._turn) if self._turn else contextlib.nullcontext()
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """Update the running mean; ``loss + kappa MR`` after the warm-up."""
         turn = self._turn
         if not turn:

@@ -127,9 +127,11 @@ class FedDyn(Strategy):
         problems = []
         if not alpha > 0:
             problems.append(f"strategy.init_args.alpha={alpha} must be > 0 (default 0.01)")
-        for key, value, allowed in (("anchor", anchor, ("server", "cloud")),
-                                    ("buffers", buffers, ("average", "dynamic")),
-                                    ("evaluate_with", evaluate_with, ("server", "cloud"))):
+        for key, value, allowed in (
+            ("anchor", anchor, ("server", "cloud")),
+            ("buffers", buffers, ("average", "dynamic")),
+            ("evaluate_with", evaluate_with, ("server", "cloud")),
+        ):
             if value not in allowed:
                 problems.append(f"strategy.init_args.{key}={value!r} is not one of {list(allowed)}")
         if problems:
@@ -146,8 +148,11 @@ class FedDyn(Strategy):
         super().setup_server_state()
         self.cloud_state = {n: t.clone() for n, t in self.global_state.items()}
         params = set(self.shared_parameter_names())
-        corrected = [n for n, t in self.global_state.items()
-                     if t.is_floating_point() and (n in params or self.buffers == "dynamic")]
+        corrected = [
+            n
+            for n, t in self.global_state.items()
+            if t.is_floating_point() and (n in params or self.buffers == "dynamic")
+        ]
         self.h_mean = {n: torch.zeros_like(self.global_state[n]) for n in corrected}
 
     @override
@@ -174,7 +179,8 @@ class FedDyn(Strategy):
             return dict(self.global_state)
         self.check_uploads(updates)
         server, h_mean, cloud = feddyn_server_update(
-            [u.state for u in updates], self.cloud_state, self.h_mean, len(self.client_ids))
+            [u.state for u in updates], self.cloud_state, self.h_mean, len(self.client_ids)
+        )
         self.cloud_state.update({n: t.to(self.cloud_state[n].device) for n, t in cloud.items()})
         self.h_mean.update(h_mean)
         return {**self.global_state, **{n: t.to(self.global_state[n].device) for n, t in server.items()}}
@@ -191,8 +197,11 @@ class FedDyn(Strategy):
 
     # ------------------------------------------------------------------------------------------ client
     def on_client_fit_start(
-        self, pl_module: FederatedModule, received: dict[str, Tensor], received_extras: dict[str, Any],
-        client_state: dict[str, Any]
+        self,
+        pl_module: FederatedModule,
+        received: dict[str, Tensor],
+        received_extras: dict[str, Any],
+        client_state: dict[str, Any],
     ) -> None:
         """Keep ``theta_cld`` (for the ``h_k`` update), the anchor and ``h_k`` (0 the first time)."""
         params = {n: p for n, p in pl_module.shared_parameters() if n in received}
@@ -207,8 +216,9 @@ class FedDyn(Strategy):
         }
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``loss + alpha <theta, -theta_anchor + h_k> + (alpha / 2) ||theta||^2`` over the shared parameters."""
         turn = self._turn
         if not turn or not turn["params"]:

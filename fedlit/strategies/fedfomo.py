@@ -62,8 +62,9 @@ def fomo_weights(own_loss: float, losses: Sequence[float], distances: Sequence[f
     return torch.where(d > 0, gains / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
 
 
-def fomo_update(own: Mapping[str, Tensor], others: Sequence[Mapping[str, Tensor]],
-                weights: Tensor) -> dict[str, Tensor]:
+def fomo_update(
+    own: Mapping[str, Tensor], others: Sequence[Mapping[str, Tensor]], weights: Tensor
+) -> dict[str, Tensor]:
     """Eq. 5: ``own + sum_n w~_n (other_n - own)`` with ``w~ = max(w, 0) / sum max(w, 0)``; ``own`` when no weight is
     positive. Per tensor of ``own``, accumulated in float64 and cast back."""
     clipped = weights.to(torch.float64).clamp(min=0)
@@ -96,8 +97,13 @@ def fomo_choice(affinity: Tensor, m: int, eps: float, generator: torch.Generator
 
 
 def _num_samples(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, list | tuple) else next(iter(batch.values())) if isinstance(batch, Mapping) \
+    first = (
+        batch[0]
+        if isinstance(batch, list | tuple)
+        else next(iter(batch.values()))
+        if isinstance(batch, Mapping)
         else batch
+    )
     return len(first)
 
 
@@ -111,8 +117,9 @@ class FedFomo(Strategy):
         split: The client's data the weights are computed on: ``val`` (default) or ``train``.
     """
 
-    def __init__(self, *, num_models: int = 5, eps: float = 0.3, eps_decay: float = 0.05,
-                 split: Literal["val", "train"] = "val") -> None:
+    def __init__(
+        self, *, num_models: int = 5, eps: float = 0.3, eps_decay: float = 0.05, split: Literal["val", "train"] = "val"
+    ) -> None:
         super().__init__()
         problems = []
         key = "strategy.init_args."
@@ -204,8 +211,14 @@ class FedFomo(Strategy):
                 total, count = total + float(cast(Tensor, loss)) * n, count + n
         return total / count
 
-    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
-                            received_extras: dict[str, Any], client: ClientContext) -> None:
+    def on_client_fit_start(
+        self,
+        pl_module: FederatedModule,
+        server_round: int,
+        client_id: str,
+        received_extras: dict[str, Any],
+        client: ClientContext,
+    ) -> None:
         """Eqs. 4 and 5 on the received models, then local training from the result."""
         clients, models = list(received_extras["clients"]), received_extras["models"]
         self._turn = {"weights": torch.zeros(len(clients), dtype=torch.float32)}
@@ -214,8 +227,10 @@ class FedFomo(Strategy):
         if self.split == "val":
             loader = client.eval_dataloader("val")
             if loader is None or client.num_examples("val") == 0:
-                raise DataError(f"FedFomo: client {client_id!r} has no validation split to weigh the other clients' "
-                                "models on; give every client one, or set strategy.init_args.split: train.")
+                raise DataError(
+                    f"FedFomo: client {client_id!r} has no validation split to weigh the other clients' "
+                    "models on; give every client one, or set strategy.init_args.split: train."
+                )
         else:
             loader = client.train_dataloader("fedfomo", server_round, client_id)
         live = dict(pl_module.named_parameters())

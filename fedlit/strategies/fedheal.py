@@ -83,7 +83,10 @@ def heal_consistency_mask(
 
 
 def heal_weights(
-    distances: Sequence[float], previous: Sequence[float], previous_delta: Sequence[float], beta: float,
+    distances: Sequence[float],
+    previous: Sequence[float],
+    previous_delta: Sequence[float],
+    beta: float,
     total: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """FedHEAL's aggregation weights with momentum (FAEL):
@@ -100,8 +103,10 @@ def heal_weights(
     w_prev = torch.as_tensor(list(previous), dtype=torch.float64)
     dw_prev = torch.as_tensor(list(previous_delta), dtype=torch.float64)
     if not len(d) == len(w_prev) == len(dw_prev) or len(d) == 0:
-        raise ValueError(f"heal_weights needs as many distances ({len(d)}), weights ({len(w_prev)}) and increments "
-                         f"({len(dw_prev)}) as clients, at least one.")
+        raise ValueError(
+            f"heal_weights needs as many distances ({len(d)}), weights ({len(w_prev)}) and increments "
+            f"({len(dw_prev)}) as clients, at least one."
+        )
     if (d < 0).any() or not torch.isfinite(d).all():
         raise ValueError(f"Distances must be finite and >= 0, got {d.tolist()}.")
     denominator = float(d.sum()) if total is None else float(total)
@@ -190,8 +195,10 @@ class FedHEAL(Strategy):
         keys = list(updates[0].state)
         for update in updates:
             if set(update.state) != set(keys):
-                raise KeyError(f"FedHEAL: client {update.client_id!r} uploaded other tensors than "
-                               f"{updates[0].client_id!r}: {sorted(set(update.state) ^ set(keys))[:5]}")
+                raise KeyError(
+                    f"FedHEAL: client {update.client_id!r} uploaded other tensors than "
+                    f"{updates[0].client_id!r}: {sorted(set(update.state) ^ set(keys))[:5]}"
+                )
         params = set(self.shared_parameter_names())
         theta = {n: self.global_state[n] for n in keys}
         masked, masks = [], []
@@ -207,8 +214,13 @@ class FedHEAL(Strategy):
             self.distances[k] = float(sum(masked[-1][n].norm() for n in keys if n in params))
         ids = [u.client_id for u in updates]
         total = sum(self.distances.values()) if self.distance_share == "seen" else None
-        p, w, dw = heal_weights([self.distances[k] for k in ids], [self.weights.get(k, 1 / len(ids)) for k in ids],
-                                [self.deltas.get(k, 0.0) for k in ids], self.beta, total=total)
+        p, w, dw = heal_weights(
+            [self.distances[k] for k in ids],
+            [self.weights.get(k, 1 / len(ids)) for k in ids],
+            [self.deltas.get(k, 0.0) for k in ids],
+            self.beta,
+            total=total,
+        )
         for k, wk, dwk in zip(ids, w.tolist(), dw.tolist(), strict=True):
             self.weights[k], self.deltas[k] = wk, dwk
         self.last_weights = dict(zip(ids, p.tolist(), strict=True))
@@ -217,9 +229,15 @@ class FedHEAL(Strategy):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The server state, every client's sign history and count, weights, increments and distances."""
-        return {**super().state_dict(), "history": self.history, "counts": dict(self.counts),
-                "weights": dict(self.weights), "deltas": dict(self.deltas), "distances": dict(self.distances),
-                "last_weights": dict(self.last_weights)}
+        return {
+            **super().state_dict(),
+            "history": self.history,
+            "counts": dict(self.counts),
+            "weights": dict(self.weights),
+            "deltas": dict(self.deltas),
+            "distances": dict(self.distances),
+            "last_weights": dict(self.last_weights),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

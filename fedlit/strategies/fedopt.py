@@ -126,11 +126,11 @@ class FedOpt(FedAvg):
                 new_state[name] = new
                 continue
             dtype = torch.promote_types(x.dtype, torch.float32)
-            delta = new.to(dtype) - x.to(dtype)                                            # lines 9-10
+            delta = new.to(dtype) - x.to(dtype)  # lines 9-10
             m = self.m.get(name, torch.zeros_like(delta))
             v = self.v.get(name, torch.zeros_like(delta))
-            m = self.beta_1 * m + (1 - self.beta_1) * delta                                # line 11
-            v = self.second_moment(v, delta * delta)                                       # lines 12-14
+            m = self.beta_1 * m + (1 - self.beta_1) * delta  # line 11
+            v = self.second_moment(v, delta * delta)  # lines 12-14
             self.m[name], self.v[name] = m, v
             new_state[name] = (x.to(dtype) + lr * m / (v.sqrt() + self.tau)).to(x.dtype)  # line 15
         return new_state

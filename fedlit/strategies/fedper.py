@@ -36,8 +36,10 @@ def head_rule(head: str) -> RoleRule:
     """The rule that selects the head's tensors by ``head``, a glob or ``re:<regex>`` on the qualified name; a
     ConfigError naming ``strategy.init_args.head`` when it is not valid."""
     if not isinstance(head, str) or not head:
-        raise ConfigError(f"strategy.init_args.head={head!r} must be a non-empty glob on the parameter names (the "
-                          "classifier of fedlit.tasks.ClassificationModule is 'head.*').")
+        raise ConfigError(
+            f"strategy.init_args.head={head!r} must be a non-empty glob on the parameter names (the "
+            "classifier of fedlit.tasks.ClassificationModule is 'head.*')."
+        )
     try:
         return RoleRule(head, "personal")
     except ValueError as err:

@@ -67,8 +67,9 @@ class FedProx(FedAvg):
         return {n: p for n, p in pl_module.shared_parameters() if n in self._anchor}
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``F_k(w) + (mu / 2) ||w - w^t||^2`` (Eq. 2)."""
         params = self.proximal_parameters(pl_module)
         if self.mu == 0 or not params:

@@ -83,7 +83,8 @@ class FedPxN(FedBN, FedProx):
             return
         roles = pl_module.parameter_roles()
         self._norm_initial = {
-            n: p.detach().cpu().clone() for n, p in pl_module.named_parameters()
+            n: p.detach().cpu().clone()
+            for n, p in pl_module.named_parameters()
             if roles.is_norm(n) and roles[n] != "frozen"
         }
 

@@ -137,20 +137,25 @@ class FedRA(Strategy):
         super().__init__()
         counts = list(PAPER_BLOCK_COUNTS) if block_counts is None else block_counts
         problems = []
-        if (isinstance(counts, (str, int)) or not counts
-                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts)):
-            problems.append(f"strategy.init_args.block_counts={block_counts!r} must be a non-empty list of integers "
-                            ">= 1 (e.g. [12, 10, 8, 6, 4, 3])")
+        if (
+            isinstance(counts, (str, int))
+            or not counts
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts)
+        ):
+            problems.append(
+                f"strategy.init_args.block_counts={block_counts!r} must be a non-empty list of integers "
+                ">= 1 (e.g. [12, 10, 8, 6, 4, 3])"
+            )
         if size_assignment not in ("cycle", "contiguous"):
-            problems.append(f"strategy.init_args.size_assignment={size_assignment!r} is not one of "
-                            "['cycle', 'contiguous']")
+            problems.append(
+                f"strategy.init_args.size_assignment={size_assignment!r} is not one of ['cycle', 'contiguous']"
+            )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             problems.append(f"strategy.init_args.seed={seed!r} must be an integer >= 0 or null (the federation's)")
         if weighting not in WEIGHTINGS:
             problems.append(f"strategy.init_args.weighting={weighting!r} is not one of {list(WEIGHTINGS)}")
         if block_tensors not in ("adapters", "indexed"):
-            problems.append(f"strategy.init_args.block_tensors={block_tensors!r} is not one of "
-                            "['adapters', 'indexed']")
+            problems.append(f"strategy.init_args.block_tensors={block_tensors!r} is not one of ['adapters', 'indexed']")
         if not isinstance(skip_unallocated, bool):
             problems.append(f"strategy.init_args.skip_unallocated={skip_unallocated!r} must be true or false")
         if problems:
@@ -169,8 +174,11 @@ class FedRA(Strategy):
     def setup_server_state(self) -> None:
         """Group the shared tensors into blocks by layer index; check ``block_counts`` against their number."""
         shared = [n for n in self.roles.names("shared") if n in self.global_state]
-        in_adapter = set(shared) if self.block_tensors == "indexed" else {
-            n for n in shared if "lora_" in n or adapter_prefixes([n])}
+        in_adapter = (
+            set(shared)
+            if self.block_tensors == "indexed"
+            else {n for n in shared if "lora_" in n or adapter_prefixes([n])}
+        )
         self.block_of, self.block_modules = {}, {}
         for name in shared:
             found = re.search(RoleRule.depth_key, name)
@@ -182,9 +190,14 @@ class FedRA(Strategy):
                     self.block_modules[block].append(module)
         self.blocks = sorted(set(self.block_of.values()))
         if not self.blocks:
-            what = "tensor with a layer index" if self.block_tensors == "indexed" else (
-                "LoRA or adapter tensor with a layer index ('lora_' in its name or 'adapter' in its module path, and "
-                "a '.N.' in it)")
+            what = (
+                "tensor with a layer index"
+                if self.block_tensors == "indexed"
+                else (
+                    "LoRA or adapter tensor with a layer index ('lora_' in its name or 'adapter' in its module path, "
+                    "and a '.N.' in it)"
+                )
+            )
             raise ConfigError(
                 f"FedRA allocates blocks of adapters to clients, but no shared {what} was found; shared tensors look "
                 f"like {shared[:3]}. Give LoRA or adapters the role 'shared' in model.init_args.roles, or set "
@@ -279,8 +292,10 @@ class FedRA(Strategy):
             expected = self.uploaded_names(server_round, update.client_id)
             missing = sorted(set(expected) - set(update.state))
             if missing:
-                raise KeyError(f"FedRA: client {update.client_id!r} did not upload {missing[:5]} of its allocated "
-                               f"blocks {self.allocation(server_round, update.client_id)} or outside the blocks.")
+                raise KeyError(
+                    f"FedRA: client {update.client_id!r} did not upload {missing[:5]} of its allocated "
+                    f"blocks {self.allocation(server_round, update.client_id)} or outside the blocks."
+                )
             states.append({n: update.state[n] for n in expected})
         weights = client_weights(updates, self.weighting)
         return {**self.global_state, **partial_weighted_average(self.global_state, states, weights)}
@@ -295,8 +310,12 @@ def _identity(path: str) -> Any:
     """A forward hook that returns the block's input instead of its output (the block is skipped)."""
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-        if not args or not isinstance(args[0], Tensor) or not isinstance(output, Tensor) or (
-                args[0].shape != output.shape):
+        if (
+            not args
+            or not isinstance(args[0], Tensor)
+            or not isinstance(output, Tensor)
+            or (args[0].shape != output.shape)
+        ):
             raise ConfigError(
                 f"FedRA cannot skip the unallocated block {path!r}: its input and output are not one tensor of the "
                 "same shape. Set strategy.init_args.skip_unallocated=false to keep it in the forward pass, frozen."

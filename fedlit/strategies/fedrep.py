@@ -70,8 +70,10 @@ class FedRep(FedPer):
     ) -> None:
         super().__init__(head=head, weighting=weighting, aggregator=aggregator)
         if isinstance(head_steps, bool) or not isinstance(head_steps, int) or head_steps < 1:
-            raise ConfigError(f"strategy.init_args.head_steps={head_steps!r} must be an int >= 1 (the optimizer steps "
-                              "of each turn that train the head before the body); use FedPer to train both together.")
+            raise ConfigError(
+                f"strategy.init_args.head_steps={head_steps!r} must be an int >= 1 (the optimizer steps "
+                "of each turn that train the head before the body); use FedPer to train both together."
+            )
         self.head_steps = head_steps
         self._head: set[str] = set()
         self._step = 0
@@ -80,9 +82,11 @@ class FedRep(FedPer):
         """Start the turn in the head phase; refuse a turn of ``local_steps`` that leaves the body no step."""
         steps = client.local.local_steps
         if steps is not None and steps <= self.head_steps:
-            raise ConfigError(f"FedRep: federation.local_steps={steps} leaves no step to train the body after "
-                              f"strategy.init_args.head_steps={self.head_steps}: make local_steps larger than "
-                              "head_steps.")
+            raise ConfigError(
+                f"FedRep: federation.local_steps={steps} leaves no step to train the body after "
+                f"strategy.init_args.head_steps={self.head_steps}: make local_steps larger than "
+                "head_steps."
+            )
         self._head = parameter_names(pl_module, self.head_rule)
         self._step = 0
 
@@ -96,6 +100,8 @@ class FedRep(FedPer):
     def on_client_fit_end(self, client_id: str) -> None:
         """Refuse a turn (of ``local_epochs``) that ended before its body phase began."""
         if self._step <= self.head_steps:
-            raise ConfigError(f"FedRep: client {client_id!r}'s turn took {self._step} optimizer steps, all spent on "
-                              f"the head (strategy.init_args.head_steps={self.head_steps}), so its body never trained: "
-                              "lower head_steps or lengthen the turn (federation.local_steps or local_epochs).")
+            raise ConfigError(
+                f"FedRep: client {client_id!r}'s turn took {self._step} optimizer steps, all spent on "
+                f"the head (strategy.init_args.head_steps={self.head_steps}), so its body never trained: "
+                "lower head_steps or lengthen the turn (federation.local_steps or local_epochs)."
+            )

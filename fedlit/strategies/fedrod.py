@@ -82,8 +82,10 @@ def balanced_softmax_loss(logits: Tensor, targets: Tensor, counts: Tensor) -> Te
     logits, targets = binary_as_two_classes(logits, targets)
     counts = counts.to(logits.device, torch.float32)
     if counts.shape != logits.shape[-1:]:
-        raise ConfigError(f"FedRoD: the model gives {logits.shape[-1]} class scores but the client's class counts "
-                          f"have {len(counts)} entries; model.init_args.num_classes must match the data.")
+        raise ConfigError(
+            f"FedRoD: the model gives {logits.shape[-1]} class scores but the client's class counts "
+            f"have {len(counts)} entries; model.init_args.num_classes must match the data."
+        )
     return F.cross_entropy(logits.float() + torch.log(counts / counts.sum()), targets)
 
 
@@ -104,13 +106,15 @@ def linear_head(pl_module: FederatedModule, rule: RoleRule, strategy: str) -> tu
         raise ConfigError(
             f"strategy.init_args.head={rule.pattern!r} must match the weight and bias of one nn.Linear (the "
             f"classifier: 'head.*' in fedlit.tasks.ClassificationModule), since {strategy} runs that head on the "
-            f"features with tensors of its own; it matches {sorted(names)[:4]}.")
+            f"features with tensors of its own; it matches {sorted(names)[:4]}."
+        )
     return next(iter(prefixes)), module
 
 
 @contextlib.contextmanager
 def captured_input(module: nn.Module, into: dict[str, Tensor]) -> Iterator[None]:
     """While open, each forward of ``module`` puts its first input in ``into["z"]``."""
+
     def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
         into["z"] = args[0]
 
@@ -135,8 +139,13 @@ class FedRoD(FedAvg):
     #: The server is FedAvg's weighted mean; the prior and ``phi_m`` never leave the client.
     secure_aggregation = True
 
-    def __init__(self, *, head: str = "head.*", weighting: Literal["num_examples", "uniform"] = "num_examples",
-                 aggregator: Aggregator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        head: str = "head.*",
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
         super().__init__(weighting=weighting, aggregator=aggregator)
         self.head = head
         self.head_rule = head_rule(head)
@@ -148,21 +157,29 @@ class FedRoD(FedAvg):
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: FederatedModule, client_state: dict[str, Any],
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self, pl_module: FederatedModule, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Take ``phi_m`` (a copy of the received head at the first turn) and the client's train class counts."""
         name, head = linear_head(pl_module, self.head_rule, "FedRoD")
         counts = client.class_counts()
         if counts is None:
-            raise ConfigError("FedRoD needs the clients' class counts (a multiclass or binary task); the data has "
-                              "none.")
+            raise ConfigError(
+                "FedRoD needs the clients' class counts (a multiclass or binary task); the data has none."
+            )
         stored = client_state.get("head_p")
         phi = {}
         for key, param in head.named_parameters():
             source = stored[f"{name}.{key}"] if stored is not None else param
             phi[key] = source.detach().to(param.device, param.dtype, copy=True).requires_grad_(True)
-        self._turn = {"name": name, "head": head, "phi": phi, "captured": {}, "client": client,
-                      "counts": torch.as_tensor(counts["train"], dtype=torch.float32)}
+        self._turn = {
+            "name": name,
+            "head": head,
+            "phi": phi,
+            "captured": {},
+            "client": client,
+            "counts": torch.as_tensor(counts["train"], dtype=torch.float32),
+        }
 
     @override
     def client_forward(self, pl_module: FederatedModule) -> contextlib.AbstractContextManager[Any]:
@@ -172,19 +189,24 @@ class FedRoD(FedAvg):
         return captured_input(self._turn["head"], self._turn["captured"])
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``L_BSM(h_G(z)) + CE(h_G(z).detach() + h_P(z.detach()))``; replaces the module's loss."""
         turn = self._turn
         if not turn:
             return loss
         if not isinstance(outputs, Mapping) or "logits" not in outputs or "targets" not in outputs:
-            raise TypeError(f"FedRoD needs {type(pl_module).__name__}.training_step to return a dict with 'logits' "
-                            "and 'targets' (fedlit.tasks.ClassificationModule does).")
+            raise TypeError(
+                f"FedRoD needs {type(pl_module).__name__}.training_step to return a dict with 'logits' "
+                "and 'targets' (fedlit.tasks.ClassificationModule does)."
+            )
         logits, targets = outputs["logits"], outputs["targets"]
         if targets.dim() > 1 and targets.shape[-1] > 1:
-            raise ConfigError("FedRoD needs one class per sample (multiclass or binary); multilabel targets of "
-                              f"shape {tuple(targets.shape)} have none.")
+            raise ConfigError(
+                "FedRoD needs one class per sample (multiclass or binary); multilabel targets of "
+                f"shape {tuple(targets.shape)} have none."
+            )
         z = turn["captured"]["z"].detach()
         with turn["client"].autocast():
             personal = functional_call(turn["head"], turn["phi"], (z,))
@@ -216,8 +238,9 @@ class FedRoD(FedAvg):
         turn = self._turn
         if not turn:
             return
-        client_state["head_p"] = {f"{turn['name']}.{k}": t.detach().to(client.store.device, copy=True)
-                                  for k, t in turn["phi"].items()}
+        client_state["head_p"] = {
+            f"{turn['name']}.{k}": t.detach().to(client.store.device, copy=True) for k, t in turn["phi"].items()
+        }
         self._turn = {}
 
     @override

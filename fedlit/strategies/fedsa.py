@@ -105,16 +105,20 @@ class FedSA(FedAvg):
         patterns = list(DEFAULT_PERSONAL) if personal_patterns is None else personal_patterns
         problems = []
         if isinstance(patterns, str) or not all(isinstance(p, str) and p for p in patterns):
-            problems.append(f"strategy.init_args.personal_patterns={personal_patterns!r} must be a list of non-empty "
-                            "name patterns (e.g. ['*lora_B*', 'head.*'])")
+            problems.append(
+                f"strategy.init_args.personal_patterns={personal_patterns!r} must be a list of non-empty "
+                "name patterns (e.g. ['*lora_B*', 'head.*'])"
+            )
         else:
             for pattern in patterns:
                 if pattern.startswith("re:"):
                     try:
                         re.compile(pattern[3:])
                     except re.error as err:
-                        problems.append(f"strategy.init_args.personal_patterns: {pattern!r} is not a valid regular "
-                                        f"expression ({err})")
+                        problems.append(
+                            f"strategy.init_args.personal_patterns: {pattern!r} is not a valid regular "
+                            f"expression ({err})"
+                        )
         if not isinstance(adapter_up_by_order, bool):
             problems.append(f"strategy.init_args.adapter_up_by_order={adapter_up_by_order!r} must be true or false")
         if problems:

@@ -114,8 +114,9 @@ def simplex_projection(v: Tensor) -> Tensor:
     return torch.clamp(v - theta, min=0)
 
 
-def sgca_weights(distances: Tensor, sizes: Sequence[float], alpha: float, *, normalize: bool = False,
-                 literal_eq7: bool = False) -> Tensor:
+def sgca_weights(
+    distances: Tensor, sizes: Sequence[float], alpha: float, *, normalize: bool = False, literal_eq7: bool = False
+) -> Tensor:
     """FedSCA's per-client aggregation weights (SGCA, Eq. 7), one row per client.
 
     FedSCA: "FedSCA: Federated Tuning with Similarity-guided Collaborative Aggregation for Heterogeneous Medical
@@ -179,8 +180,9 @@ def sgca_log(weights: Tensor, clients: Sequence[str], distances: Tensor) -> dict
     ``sgca/own_weight_mean`` (the mean of ``W_ii``; ``1 / N`` for FedAvg-like mixing, 1 without collaboration) and
     ``sgca/distance_mean`` (the mean off-diagonal raw distance ``d_ij``)."""
     n = len(clients)
-    log = {f"sgca/weight/{ci}/{cj}": float(weights[i, j])
-           for i, ci in enumerate(clients) for j, cj in enumerate(clients)}
+    log = {
+        f"sgca/weight/{ci}/{cj}": float(weights[i, j]) for i, ci in enumerate(clients) for j, cj in enumerate(clients)
+    }
     log["sgca/own_weight_mean"] = float(weights.diagonal().mean()) if n else float("nan")
     off = distances[~torch.eye(n, dtype=torch.bool)]
     log["sgca/distance_mean"] = float(off.mean()) if off.numel() else 0.0
@@ -272,8 +274,9 @@ class FedSCA(Strategy):
         states = [u.state for u in updates]
         sizes = client_weights(updates)
         distances = flat_distances(states)
-        self.weights = sgca_weights(distances, sizes, self.alpha,
-                                    normalize=self.normalize_distances, literal_eq7=self.literal_eq7)
+        self.weights = sgca_weights(
+            distances, sizes, self.alpha, normalize=self.normalize_distances, literal_eq7=self.literal_eq7
+        )
         self.weight_clients = [u.client_id for u in updates]
         self._round_log = sgca_log(self.weights, self.weight_clients, distances)
 
@@ -295,15 +298,17 @@ class FedSCA(Strategy):
         knows it without the server's ``mixes`` (a deployed client has only what it receives)."""
         return {"has_mix": client_id in self.mixes}
 
-    def on_client_fit_start(self, server_round: int, received: dict[str, Tensor],
-                            received_extras: dict[str, Any]) -> None:
+    def on_client_fit_start(
+        self, server_round: int, received: dict[str, Tensor], received_extras: dict[str, Any]
+    ) -> None:
         """Keep the received mix as the cosine target, except in round 1 or before the client has a mix."""
         regularize = self.beta > 0 and server_round > 1 and bool(received_extras["has_mix"])
         self._target = {n: t.detach().clone() for n, t in received.items()} if regularize else None
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``loss + beta * (-cos(Theta_i, sum_j W_ij Theta_j))`` over the shared parameters; ``loss`` in round 1."""
         if self._target is None:
             return loss
@@ -315,8 +320,12 @@ class FedSCA(Strategy):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus every client's mix and the last round's weights, so a resumed run is exact."""
-        return {**super().state_dict(), "mixes": self.mixes, "weights": self.weights,
-                "weight_clients": list(self.weight_clients)}
+        return {
+            **super().state_dict(),
+            "mixes": self.mixes,
+            "weights": self.weights,
+            "weight_clients": list(self.weight_clients),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

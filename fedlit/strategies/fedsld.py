@@ -133,8 +133,9 @@ class FedSLD(FedAvg):
         self._received_prior = received_extras["prior"]
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """Eq. (3) on the batch's logits and targets; replaces the module's loss."""
         if not isinstance(outputs, Mapping) or "logits" not in outputs or "targets" not in outputs:
             got = f"keys {sorted(outputs)}" if isinstance(outputs, Mapping) else type(outputs).__name__

@@ -71,8 +71,9 @@ def two_class(logits: Tensor) -> Tensor:
     return logits
 
 
-def fml_losses(ce_local: Tensor, ce_meme: Tensor, logits_local: Tensor, logits_meme: Tensor, alpha: float,
-               beta: float) -> tuple[Tensor, Tensor]:
+def fml_losses(
+    ce_local: Tensor, ce_meme: Tensor, logits_local: Tensor, logits_meme: Tensor, alpha: float, beta: float
+) -> tuple[Tensor, Tensor]:
     """FML's ``(L_local, L_meme)``: ``alpha CE_local + (1 - alpha) KL(p_meme || p_local)`` and ``beta CE_meme +
     (1 - beta) KL(p_local || p_meme)``, each KL batch-mean with its teacher detached (Shen et al., 2020)."""
     local = alpha * ce_local + (1 - alpha) * distillation_kl(logits_local, logits_meme).to(ce_local.dtype)
@@ -93,11 +94,14 @@ class FML(FedAvg):
     #: The server is FedAvg's weighted mean of the memes (the local models never leave the clients).
     secure_aggregation = True
 
-    def __init__(self, *, alpha: float = 0.5, beta: float = 0.5,
-                 weighting: Literal["num_examples", "uniform"] = "num_examples") -> None:
-        problems = [f"strategy.init_args.{key}={value!r} must be in [0, 1] (0.5 in the paper)"
-                    for key, value in (("alpha", alpha), ("beta", beta))
-                    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1]
+    def __init__(
+        self, *, alpha: float = 0.5, beta: float = 0.5, weighting: Literal["num_examples", "uniform"] = "num_examples"
+    ) -> None:
+        problems = [
+            f"strategy.init_args.{key}={value!r} must be in [0, 1] (0.5 in the paper)"
+            for key, value in (("alpha", alpha), ("beta", beta))
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
+        ]
         if problems:
             raise ConfigError("Invalid FML settings: " + "; ".join(problems) + ".")
         super().__init__(weighting=weighting)
@@ -110,33 +114,42 @@ class FML(FedAvg):
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: FederatedModule, client_state: dict[str, Any],
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self, pl_module: FederatedModule, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Take the local model (a copy of the received meme at the client's first turn)."""
         local, trainable = personal_copy(pl_module, client_state.get("local"))
         self._turn = {
-            "client": client, "local": local, "trainable": trainable, "optimizer": None,
+            "client": client,
+            "local": local,
+            "trainable": trainable,
+            "optimizer": None,
             "training_step": MethodCall(pl_module, "training_step"),
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``L_meme + L_local``: one backward gives each model its own gradient (the teachers are detached)."""
         turn = self._turn
         if not turn:
             return loss
         if not isinstance(outputs, Mapping) or "logits" not in outputs:
-            raise ConfigError(f"FML distils between logits, but {type(pl_module).__name__}.training_step returns "
-                              "no 'logits': use fedlit.tasks.ClassificationModule.")
+            raise ConfigError(
+                f"FML distils between logits, but {type(pl_module).__name__}.training_step returns "
+                "no 'logits': use fedlit.tasks.ClassificationModule."
+            )
         client = turn["client"]
         with client.autocast():
-            out = functional_call(turn["training_step"], {f"module.{n}": t for n, t in turn["local"].items()},
-                                  (batch, 0))
+            out = functional_call(
+                turn["training_step"], {f"module.{n}": t for n, t in turn["local"].items()}, (batch, 0)
+            )
         out = client.convert_output(out)
-        local, meme = fml_losses(out["loss"], loss, two_class(out["logits"]), two_class(outputs["logits"]),
-                                 self.alpha, self.beta)
+        local, meme = fml_losses(
+            out["loss"], loss, two_class(out["logits"]), two_class(outputs["logits"]), self.alpha, self.beta
+        )
         return meme + local.to(meme.dtype)
 
     @override

@@ -44,8 +44,12 @@ from fedlit.strategies.common.aggregate import common_keys
 from fedlit.strategies.fedavg import FedAvg
 
 
-def ida_weights(states: Sequence[Mapping[str, Tensor]], reference: Mapping[str, Tensor] | None = None,
-                prior: Sequence[float] | None = None, p: float = 2.0) -> list[float]:
+def ida_weights(
+    states: Sequence[Mapping[str, Tensor]],
+    reference: Mapping[str, Tensor] | None = None,
+    prior: Sequence[float] | None = None,
+    p: float = 2.0,
+) -> list[float]:
     """IDA's normalized weights ``a_k = prior_k d_k^-1 / sum_j prior_j d_j^-1``, ``d_k = ||reference - theta_k||_p``
     over the floating tensors the states share (flattened together), in float64.
 
@@ -59,19 +63,32 @@ def ida_weights(states: Sequence[Mapping[str, Tensor]], reference: Mapping[str, 
     """
     if not states:
         return []
-    prior_t = torch.ones(len(states), dtype=torch.float64) if prior is None else torch.tensor(
-        [float(w) for w in prior], dtype=torch.float64)
+    prior_t = (
+        torch.ones(len(states), dtype=torch.float64)
+        if prior is None
+        else torch.tensor([float(w) for w in prior], dtype=torch.float64)
+    )
     if prior_t.shape[0] != len(states) or bool((prior_t < 0).any()) or not float(prior_t.sum()) > 0:
-        raise ValueError(f"ida_weights: prior {list(prior_t.tolist())} must give {len(states)} non-negative "
-                         "weights, not all 0.")
+        raise ValueError(
+            f"ida_weights: prior {list(prior_t.tolist())} must give {len(states)} non-negative weights, not all 0."
+        )
     names = [n for n in common_keys(states) if states[0][n].is_floating_point()]
-    vectors = torch.stack([torch.cat([s[n].detach().reshape(-1).to("cpu", torch.float64) for n in names])
-                           if names else torch.zeros(0, dtype=torch.float64) for s in states])
+    vectors = torch.stack(
+        [
+            torch.cat([s[n].detach().reshape(-1).to("cpu", torch.float64) for n in names])
+            if names
+            else torch.zeros(0, dtype=torch.float64)
+            for s in states
+        ]
+    )
     if reference is None:
         ref = vectors.mean(dim=0)
     else:
-        ref = torch.cat([reference[n].detach().reshape(-1).to("cpu", torch.float64) for n in names]) if names \
+        ref = (
+            torch.cat([reference[n].detach().reshape(-1).to("cpu", torch.float64) for n in names])
+            if names
             else torch.zeros(0, dtype=torch.float64)
+        )
     distances = torch.linalg.vector_norm(vectors - ref, ord=p, dim=1)
     at_zero = distances == 0
     raw = prior_t * at_zero if bool(at_zero.any()) else prior_t / distances
@@ -94,8 +111,13 @@ class IDA(FedAvg):
     #: Each client's model is needed for its distance: SecAgg+ (which reveals the sum only) cannot carry it.
     secure_aggregation = False
 
-    def __init__(self, *, weighting: Literal["uniform", "num_examples"] = "uniform",
-                 reference: Literal["mean", "global"] = "mean", p: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        weighting: Literal["uniform", "num_examples"] = "uniform",
+        reference: Literal["mean", "global"] = "mean",
+        p: float = 2.0,
+    ) -> None:
         problems = []
         if reference not in ("mean", "global"):
             problems.append(f"strategy.init_args.reference={reference!r} is not one of ['mean', 'global']")

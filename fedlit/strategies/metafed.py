@@ -125,6 +125,7 @@ def personal_lambda(own: float, common: float, lam: float, threshold: float) -> 
 @contextlib.contextmanager
 def recorded_input(layer: nn.Module, turn: dict[str, Any], key: str) -> Iterator[None]:
     """While open, ``layer`` records its input in ``turn[key]``."""
+
     def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
         turn[key] = args[0]
 
@@ -152,14 +153,23 @@ class MetaFed(Strategy):
 
     accepted_tasks = frozenset({"multiclass", "binary"})
 
-    def __init__(self, *, lam: float = 1.0, threshold: float = 0.6, personal_threshold: float = 0.5,
-                 warmup_rounds: int = 30, rounds: int | None = None, head: str = "head.*") -> None:
+    def __init__(
+        self,
+        *,
+        lam: float = 1.0,
+        threshold: float = 0.6,
+        personal_threshold: float = 0.5,
+        warmup_rounds: int = 30,
+        rounds: int | None = None,
+        head: str = "head.*",
+    ) -> None:
         super().__init__()
         key = "strategy.init_args."
-        problems = [f"{key}{name}={value!r} must be a number >= 0"
-                    for name, value in (("lam", lam), ("threshold", threshold),
-                                        ("personal_threshold", personal_threshold))
-                    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0]
+        problems = [
+            f"{key}{name}={value!r} must be a number >= 0"
+            for name, value in (("lam", lam), ("threshold", threshold), ("personal_threshold", personal_threshold))
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0
+        ]
         if isinstance(warmup_rounds, bool) or not isinstance(warmup_rounds, int) or warmup_rounds < 0:
             problems.append(f"{key}warmup_rounds={warmup_rounds!r} must be an integer >= 0 (30 by default)")
         if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
@@ -178,17 +188,22 @@ class MetaFed(Strategy):
         """Take ``R`` (``rounds``, else ``federation.rounds``); refuse a schedule without a ring hop."""
         total = self.rounds if self.rounds is not None else int(trainer.settings.rounds)
         if int(trainer.settings.rounds) > total:
-            raise ConfigError(f"MetaFed personalizes at strategy.init_args.rounds={total}, but federation.rounds="
-                              f"{trainer.settings.rounds} goes past it: make them equal (or leave rounds null).")
+            raise ConfigError(
+                f"MetaFed personalizes at strategy.init_args.rounds={total}, but federation.rounds="
+                f"{trainer.settings.rounds} goes past it: make them equal (or leave rounds null)."
+            )
         if total < self.warmup_rounds + 2:
-            raise ConfigError(f"MetaFed needs a warm-up of strategy.init_args.warmup_rounds={self.warmup_rounds}, "
-                              f"at least one ring round and the personalization round, but R={total}: raise "
-                              f"federation.rounds to at least {self.warmup_rounds + 2} or lower warmup_rounds.")
+            raise ConfigError(
+                f"MetaFed needs a warm-up of strategy.init_args.warmup_rounds={self.warmup_rounds}, "
+                f"at least one ring round and the personalization round, but R={total}: raise "
+                f"federation.rounds to at least {self.warmup_rounds + 2} or lower warmup_rounds."
+            )
         self._fit_rounds = total
 
     @override
-    def select_clients(self, server_round: int, client_ids: list[str], num_clients: int,
-                       generator: torch.Generator) -> list[str]:
+    def select_clients(
+        self, server_round: int, client_ids: list[str], num_clients: int, generator: torch.Generator
+    ) -> list[str]:
         """The ring hop's one client; every client in the warm-up and the personalization."""
         stage, hop = ring_stage(server_round, self.warmup_rounds, self._fit_rounds)
         return [ring_client(hop, client_ids)] if stage == RING else list(client_ids)
@@ -197,8 +212,11 @@ class MetaFed(Strategy):
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
         """The stage, whether what is sent is a teacher, and whether the client updates its flag afterwards."""
         stage, hop = ring_stage(server_round, self.warmup_rounds, self._fit_rounds)
-        return {"stage": stage, "teacher": stage == PERSONALIZE or hop > 0,
-                "check": stage == RING or server_round == self.warmup_rounds}
+        return {
+            "stage": stage,
+            "teacher": stage == PERSONALIZE or hop > 0,
+            "check": stage == RING or server_round == self.warmup_rounds,
+        }
 
     @override
     def global_model_state(self, client_id: str) -> dict[str, Tensor]:
@@ -219,8 +237,10 @@ class MetaFed(Strategy):
         """The live module's accuracy on the client's validation split (in eval mode)."""
         loader = client.eval_dataloader("val")
         if loader is None or client.num_examples("val") == 0:
-            raise DataError(f"MetaFed: client {client_id!r} has no validation split to measure its model's accuracy "
-                            "on; give every client one (or set strategy.init_args.threshold above 1: always copy).")
+            raise DataError(
+                f"MetaFed: client {client_id!r} has no validation split to measure its model's accuracy "
+                "on; give every client one (or set strategy.init_args.threshold above 1: always copy)."
+            )
         pl_module.eval()
         pl_module.reset_metrics()
         with torch.no_grad():
@@ -232,18 +252,34 @@ class MetaFed(Strategy):
         pl_module.set_train_mode()
         return value
 
-    def on_client_fit_start(self, pl_module: FederatedModule, client_id: str, received_extras: dict[str, Any],
-                            client_state: dict[str, Any], client: ClientContext) -> None:
+    def on_client_fit_start(
+        self,
+        pl_module: FederatedModule,
+        client_id: str,
+        received_extras: dict[str, Any],
+        client_state: dict[str, Any],
+        client: ClientContext,
+    ) -> None:
         """Copy the teacher (already loaded) or, once the flag is set, take the client's own model to distil into."""
         own, flag = client_state.get("own"), bool(client_state.get("flag", False))
-        turn: dict[str, Any] = {"client": client, "client_id": client_id, "flag": flag, "lam": 0.0,
-                                "check": bool(received_extras["check"]) and self.threshold < 1}
+        turn: dict[str, Any] = {
+            "client": client,
+            "client_id": client_id,
+            "flag": flag,
+            "lam": 0.0,
+            "check": bool(received_extras["check"]) and self.threshold < 1,
+        }
         if received_extras["teacher"] and flag and own is not None:
             teacher = {n: t.detach().clone() for n, t in pl_module.named_tensors("shared").items()}
             common = self.accuracy(pl_module, client, client_id) if received_extras["stage"] == PERSONALIZE else None
             load_into(pl_module, own)
-            lam = self.lam if common is None else personal_lambda(
-                self.accuracy(pl_module, client, client_id), common, self.lam, self.personal_threshold)
+            lam = (
+                self.lam
+                if common is None
+                else personal_lambda(
+                    self.accuracy(pl_module, client, client_id), common, self.lam, self.personal_threshold
+                )
+            )
             if lam > 0:
                 _, layer = linear_head(pl_module, self.head_rule, "MetaFed")
                 turn.update(teacher=teacher, lam=lam, layer=layer, step=MethodCall(pl_module, "training_step"))
@@ -258,8 +294,9 @@ class MetaFed(Strategy):
         return recorded_input(turn["layer"], turn, "student") if "teacher" in turn else contextlib.nullcontext()
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``CE + lam mean (g_i - g_t)^2``, the teacher's features from its tensors in eval mode, without gradient."""
         turn = self._turn
         if "teacher" not in turn:
@@ -273,8 +310,9 @@ class MetaFed(Strategy):
             pl_module.set_train_mode()
         return loss + (turn["lam"] * feature_distillation(turn["student"], turn["features"])).to(loss.dtype)
 
-    def on_client_fit_end(self, pl_module: FederatedModule, update: ClientUpdate, client_state: dict[str, Any],
-                          client: ClientContext) -> None:
+    def on_client_fit_end(
+        self, pl_module: FederatedModule, update: ClientUpdate, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Keep the client's model; after a ring hop (and the warm-up's last round), update its flag."""
         turn = self._turn
         if not turn:

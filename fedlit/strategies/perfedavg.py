@@ -72,8 +72,10 @@ def _single_sample_with_batch_norm(module: nn.Module, batch: Any) -> bool:
         first = next(iter(first.values())) if isinstance(first, dict) else first[0]
     if not isinstance(first, Tensor) or first.dim() == 0 or first.shape[0] != 1:
         return False
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
-               for m in module.modules())
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
+        for m in module.modules()
+    )
 
 
 class PerFedAvg(FedAvg):
@@ -90,11 +92,18 @@ class PerFedAvg(FedAvg):
     #: uploads (with the default aggregator and ``weighting="num_examples"``).
     secure_aggregation = True
 
-    def __init__(self, *, alpha: float = 0.005, weighting: Literal["num_examples", "uniform"] = "num_examples",
-                 aggregator: Aggregator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        alpha: float = 0.005,
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
         if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
-            raise ConfigError(f"strategy.init_args.alpha={alpha!r} must be > 0 (the adaptation step size; 0.005 in "
-                              "the pFedMe authors' Per-FedAvg runs).")
+            raise ConfigError(
+                f"strategy.init_args.alpha={alpha!r} must be > 0 (the adaptation step size; 0.005 in "
+                "the pFedMe authors' Per-FedAvg runs)."
+            )
         super().__init__(weighting=weighting, aggregator=aggregator)
         self.alpha = float(alpha)
         self.eval_finetune_steps = 1  # the one-step adaptation, with configure_eval_finetune's optimizer
@@ -106,13 +115,17 @@ class PerFedAvg(FedAvg):
         return dict(self.global_state)
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self, pl_module: FederatedModule, server_round: int, client_id: str, client: ClientContext
+    ) -> None:
         """Open the second pass over the train split, from which each step's ``D'`` comes."""
         live = pl_module.named_tensors("shared", "personal")
-        self._turn = {"client": client, "training_step": MethodCall(pl_module, "training_step"),
-                      "names": [n for n, p in pl_module.named_parameters() if p.requires_grad and n in live],
-                      "batches": self._cycle(client, ("perfedavg-second-batch", server_round, client_id))}
+        self._turn = {
+            "client": client,
+            "training_step": MethodCall(pl_module, "training_step"),
+            "names": [n for n, p in pl_module.named_parameters() if p.requires_grad and n in live],
+            "batches": self._cycle(client, ("perfedavg-second-batch", server_round, client_id)),
+        }
 
     @staticmethod
     def _cycle(client: ClientContext, stream: tuple[Any, ...]) -> Iterator[Any]:
@@ -133,8 +146,9 @@ class PerFedAvg(FedAvg):
         return client.prepare_batch(next(batches))
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``f_i(w - alpha grad f_i(w; D); D')`` with the inner gradient held fixed: its gradient with respect to
         ``w`` is the FO step's ``grad f_i(temp; D')``."""
         turn = self._turn

@@ -63,8 +63,9 @@ from fedlit.strategies.fedavg import FedAvg
 from fedlit.strategies.fedprox import squared_distance
 
 
-def pfedme_inner_step(theta: Mapping[str, Tensor], grad: Mapping[str, Tensor | None], w: Mapping[str, Tensor],
-                      lam: float, lr: float) -> dict[str, Tensor]:
+def pfedme_inner_step(
+    theta: Mapping[str, Tensor], grad: Mapping[str, Tensor | None], w: Mapping[str, Tensor], lam: float, lr: float
+) -> dict[str, Tensor]:
     """``theta - lr (grad f(theta) + lam (theta - w))`` per tensor of ``theta`` (one gradient step of pFedMe's
     inner problem); a missing gradient counts as zero."""
     out = {}
@@ -80,8 +81,10 @@ def pfedme_inner_step(theta: Mapping[str, Tensor], grad: Mapping[str, Tensor | N
 def pfedme_server_mix(previous: Mapping[str, Tensor], mean: Mapping[str, Tensor], beta: float) -> dict[str, Tensor]:
     """``(1 - beta) previous + beta mean`` per tensor of ``mean`` (Eq. 10), in ``mean``'s dtype, computed in
     float64."""
-    return {n: ((1 - beta) * previous[n].to(m.device, torch.float64) + beta * m.to(torch.float64)).to(m.dtype)
-            for n, m in mean.items()}
+    return {
+        n: ((1 - beta) * previous[n].to(m.device, torch.float64) + beta * m.to(torch.float64)).to(m.dtype)
+        for n, m in mean.items()
+    }
 
 
 class pFedMe(FedAvg):
@@ -101,9 +104,16 @@ class pFedMe(FedAvg):
     #: The server reads the uploads through FedAvg's weighted mean only (then mixes it with its own state).
     secure_aggregation = True
 
-    def __init__(self, *, lam: float = 15.0, K: int = 5, personal_lr: float = 0.01, beta: float = 1.0,
-                 weighting: Literal["num_examples", "uniform"] = "num_examples",
-                 aggregator: Aggregator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        lam: float = 15.0,
+        K: int = 5,
+        personal_lr: float = 0.01,
+        beta: float = 1.0,
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        aggregator: Aggregator | None = None,
+    ) -> None:
         problems = []
         key = "strategy.init_args."
         if isinstance(lam, bool) or not isinstance(lam, int | float) or not lam > 0:
@@ -140,8 +150,12 @@ class pFedMe(FedAvg):
     def on_client_fit_start(self, pl_module: FederatedModule, client: ClientContext) -> None:
         """Start ``theta`` from the received ``w`` (and the client's personal tensors)."""
         theta, trainable = personal_copy(pl_module)
-        self._turn = {"client": client, "theta": theta, "trainable": trainable,
-                      "training_step": MethodCall(pl_module, "training_step")}
+        self._turn = {
+            "client": client,
+            "theta": theta,
+            "trainable": trainable,
+            "training_step": MethodCall(pl_module, "training_step"),
+        }
 
     def solve_inner(self, pl_module: FederatedModule, batch: Any) -> None:
         """``K`` gradient steps of ``f(theta; D) + lam/2 ||theta - w_i||^2`` from the current ``theta``."""
@@ -152,14 +166,16 @@ class pFedMe(FedAvg):
         for _ in range(self.K):
             loss = functional_loss(turn["training_step"], theta, batch, turn["client"])
             grads = torch.autograd.grad(loss, [theta[n] for n in names], allow_unused=True)
-            stepped = pfedme_inner_step({n: theta[n] for n in names}, dict(zip(names, grads, strict=True)), w,
-                                        self.lam, self.personal_lr)
+            stepped = pfedme_inner_step(
+                {n: theta[n] for n in names}, dict(zip(names, grads, strict=True)), w, self.lam, self.personal_lr
+            )
             for name in names:
                 theta[name] = stepped[name].requires_grad_(True)
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """Solve the inner problem on the batch, then return ``lam/2 ||w_i - theta||^2`` (``theta`` fixed), whose
         gradient ``lam (w_i - theta)`` the loop's step takes (Eq. 8)."""
         turn = self._turn

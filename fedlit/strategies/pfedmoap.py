@@ -64,8 +64,9 @@ def nearest_experts(reference: Tensor, candidates: dict[str, Tensor], count: int
     if not names or count <= 0:
         return []
     ref = reference.detach().double().flatten()
-    distances = torch.stack([torch.linalg.vector_norm(candidates[n].detach().double().flatten().to(ref.device) - ref)
-                             for n in names])
+    distances = torch.stack(
+        [torch.linalg.vector_norm(candidates[n].detach().double().flatten().to(ref.device) - ref) for n in names]
+    )
     order = torch.sort(distances, stable=True).indices.tolist()
     return [names[i] for i in order[:count]]
 
@@ -81,8 +82,10 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
     def __init__(self, *, num_experts: int = 10) -> None:
         super().__init__()
         if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-            raise ConfigError(f"strategy.init_args.num_experts={num_experts!r} must be an integer >= 1 (K: the own "
-                              "prompt and K - 1 non-local ones; 10 in the paper).")
+            raise ConfigError(
+                f"strategy.init_args.num_experts={num_experts!r} must be an integer >= 1 (K: the own "
+                "prompt and K - 1 non-local ones; 10 in the paper)."
+            )
         self.num_experts = num_experts
         self.prompts: dict[str, Tensor] = {}
         self._experts: Tensor | None = None
@@ -92,16 +95,19 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
     def setup_server_state(self) -> None:
         """Check that the model shares its prompt; no client has a stored prompt yet."""
         if CONTEXT not in self.shared_parameter_names():
-            raise ConfigError(f"pFedMoAP shares the CLIP prompt {CONTEXT!r}, which this model does not share: use "
-                              "model fedlit.tasks.CLIPPromptModule with gating: true (it shares its prompt).")
+            raise ConfigError(
+                f"pFedMoAP shares the CLIP prompt {CONTEXT!r}, which this model does not share: use "
+                "model fedlit.tasks.CLIPPromptModule with gating: true (it shares its prompt)."
+            )
         self.prompts = {}
 
     @override
     def on_fit_start(self, trainer: ServerContext, pl_module: FederatedModule | None = None) -> None:
         """Refuse a module without the gate."""
         if pl_module is not None and getattr(pl_module, "gate", None) is None:
-            raise ConfigError("pFedMoAP needs the attention gate: set model.init_args.gating: true "
-                              "(fedlit.tasks.CLIPPromptModule).")
+            raise ConfigError(
+                "pFedMoAP needs the attention gate: set model.init_args.gating: true (fedlit.tasks.CLIPPromptModule)."
+            )
 
     @override
     def configure_client_extras(self, server_round: int, client_id: str) -> dict[str, Any]:
@@ -135,8 +141,9 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
             return dict(self.global_state)
         self.check_uploads(updates)
         for update in updates:
-            self.prompts[update.client_id] = update.state[CONTEXT].detach().to(self.global_state[CONTEXT].device,
-                                                                               copy=True)
+            self.prompts[update.client_id] = (
+                update.state[CONTEXT].detach().to(self.global_state[CONTEXT].device, copy=True)
+            )
         return weighted_average([u.state for u in updates], [u.num_examples for u in updates])
 
     @override
@@ -156,8 +163,9 @@ class pFedMoAP(Strategy):  # noqa: N801  (the paper's spelling)
         self._experts = pl_module.expert_features(received_extras["experts"])
         pl_module.set_experts(self._experts if len(self._experts) else None)
 
-    def on_client_fit_end(self, pl_module: CLIPPromptModule, client_state: dict[str, Any],
-                          client: ClientContext) -> None:
+    def on_client_fit_end(
+        self, pl_module: CLIPPromptModule, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Keep the trained prompt and the turn's expert features on the client; clear them from the module."""
         store = client.store.device
         client_state["prompt"] = pl_module.context.detach().to(store, copy=True)

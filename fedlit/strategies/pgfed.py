@@ -94,8 +94,10 @@ def mean_loss_and_gradient(
     sums = {n: torch.zeros(p.shape, dtype=torch.float64, device=p.device) for n, p in params.items()}
     loss_sum, count = 0.0, 0
     pl_module.set_train_mode()
-    batch_statistics = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
-                           for m in pl_module.modules())
+    batch_statistics = any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
+        for m in pl_module.modules()
+    )
     try:
         for batch_idx, batch in enumerate(batches):
             if batch_statistics and _num_samples(batch) == 1:
@@ -174,8 +176,10 @@ def momentum_mix(new: State, previous: State | None, beta: float) -> dict[str, T
     (copied) when there is no ``previous``. Computed in float64, cast back to ``new``'s dtypes."""
     if previous is None:
         return {n: t.clone() for n, t in new.items()}
-    return {n: ((1 - beta) * t.to(torch.float64) + beta * previous[n].to(t.device, torch.float64)).to(t.dtype)
-            for n, t in new.items()}
+    return {
+        n: ((1 - beta) * t.to(torch.float64) + beta * previous[n].to(t.device, torch.float64)).to(t.dtype)
+        for n, t in new.items()
+    }
 
 
 class PGFed(Strategy):
@@ -246,18 +250,24 @@ class PGFed(Strategy):
             return dict(self.global_state)
         self.check_uploads(updates)
         previous = list(self.grads)
-        problems = [u.client_id for u in updates if not {"grad", "l", "a"} <= set(u.extras)
-                    or len(u.extras["a"]) != len(previous)]
+        problems = [
+            u.client_id
+            for u in updates
+            if not {"grad", "l", "a"} <= set(u.extras) or len(u.extras["a"]) != len(previous)
+        ]
         if problems:
-            raise KeyError(f"Clients {problems} uploaded no PGFed extras (update.extras 'grad', 'l' and 'a' with one "
-                           f"coefficient per client of the previous round, {len(previous)}).")
+            raise KeyError(
+                f"Clients {problems} uploaded no PGFed extras (update.extras 'grad', 'l' and 'a' with one "
+                f"coefficient per client of the previous round, {len(previous)})."
+            )
 
         def on_server(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
             return {n: t.detach().to(self.global_state[n].device) for n, t in state.items()}
 
         for update in updates:
             self.coefficients.setdefault(update.client_id, {}).update(
-                zip(previous, update.extras["a"].tolist(), strict=True))
+                zip(previous, update.extras["a"].tolist(), strict=True)
+            )
             self.local_states[update.client_id] = on_server(update.state)
         self.grads = {u.client_id: on_server(u.extras["grad"]) for u in updates}
         self.mu_losses = {u.client_id: self.mu * float(u.extras["l"]) for u in updates}
@@ -266,8 +276,13 @@ class PGFed(Strategy):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The server state plus the last round's gradients and losses, every row of ``a`` and every ``theta_i``."""
-        return {**super().state_dict(), "grads": self.grads, "mu_losses": self.mu_losses,
-                "coefficients": self.coefficients, "local_states": self.local_states}
+        return {
+            **super().state_dict(),
+            "grads": self.grads,
+            "mu_losses": self.mu_losses,
+            "coefficients": self.coefficients,
+            "local_states": self.local_states,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -316,7 +331,11 @@ class PGFed(Strategy):
         turn["a"] = pgfed_coefficient_step(turn["a"], turn["mu_l"], dot, self.lam)
 
     def on_client_fit_end(
-        self, pl_module: FederatedModule, server_round: int, client_id: str, update: ClientUpdate,
+        self,
+        pl_module: FederatedModule,
+        server_round: int,
+        client_id: str,
+        update: ClientUpdate,
         client_state: dict[str, Any],
         client: ClientContext,
     ) -> None:
@@ -327,8 +346,13 @@ class PGFed(Strategy):
             return
         params = turn["params"]
         mean_loss, grad = mean_loss_and_gradient(
-            pl_module, params, client.train_dataloader("pgfed", server_round, client_id),
-            prepare=client.prepare_batch, autocast=client.autocast, convert_output=client.convert_output)
+            pl_module,
+            params,
+            client.train_dataloader("pgfed", server_round, client_id),
+            prepare=client.prepare_batch,
+            autocast=client.autocast,
+            convert_output=client.convert_output,
+        )
         device = next(iter(update.state.values())).device if update.state else torch.device("cpu")  # the store's
         update.extras["grad"] = {n: g.detach().to(device, copy=True) for n, g in grad.items()}
         update.extras["l"] = pgfed_risk_offset(mean_loss, grad, {n: p.detach() for n, p in params.items()})

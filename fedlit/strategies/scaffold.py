@@ -153,8 +153,10 @@ class SCAFFOLD(Strategy):
         if weighting not in WEIGHTINGS:
             problems.append(f"strategy.init_args.weighting={weighting!r} is not one of {list(WEIGHTINGS)}")
         if control_weighting not in ("same", *WEIGHTINGS):
-            problems.append(f"strategy.init_args.control_weighting={control_weighting!r} is not one of "
-                            f"{['same', *WEIGHTINGS]} ('same' follows weighting)")
+            problems.append(
+                f"strategy.init_args.control_weighting={control_weighting!r} is not one of "
+                f"{['same', *WEIGHTINGS]} ('same' follows weighting)"
+            )
         if problems:
             raise ConfigError("Invalid SCAFFOLD settings: " + "; ".join(problems) + ".")
         self.eta_g, self.weighting, self.control_weighting = eta_g, weighting, control_weighting
@@ -193,11 +195,19 @@ class SCAFFOLD(Strategy):
         if missing:
             raise KeyError(f"Clients {missing} uploaded no SCAFFOLD control variate (update.extras['delta_c']).")
         x = {n: self.global_state[n] for n in updates[0].state}
-        new_state = {**self.global_state, **server_step(x, [u.state for u in updates], self.client_weights(updates),
-                                                        self.eta_g)}
+        new_state = {
+            **self.global_state,
+            **server_step(x, [u.state for u in updates], self.client_weights(updates), self.eta_g),
+        }
         control = self.weighting if self.control_weighting == "same" else self.control_weighting
-        self.c.update(scaffold_server_control(self.c, [u.extras["delta_c"] for u in updates],
-                                              self.client_weights(updates, control), len(self.client_ids)))
+        self.c.update(
+            scaffold_server_control(
+                self.c,
+                [u.extras["delta_c"] for u in updates],
+                self.client_weights(updates, control),
+                len(self.client_ids),
+            )
+        )
         return new_state
 
     @override
@@ -211,8 +221,11 @@ class SCAFFOLD(Strategy):
 
     # ------------------------------------------------------------------------------------------ client
     def on_client_fit_start(
-        self, pl_module: FederatedModule, received: dict[str, Tensor], received_extras: dict[str, Any],
-        client_state: dict[str, Any]
+        self,
+        pl_module: FederatedModule,
+        received: dict[str, Tensor],
+        received_extras: dict[str, Any],
+        client_state: dict[str, Any],
     ) -> None:
         """Keep ``x`` and ``c``; load ``c_i`` (0 the first time) and precompute the correction ``c - c_i``."""
         params = {n: p for n, p in pl_module.shared_parameters() if n in received_extras["c"]}
@@ -289,8 +302,11 @@ class SCAFFOLD(Strategy):
         """Warn once unless the local step is Eq. 3's plain SGD (no momentum, no weight decay)."""
         groups = optimizer.param_groups
         decays = sorted({float(g.get("weight_decay", 0.0)) for g in groups})
-        plain_sgd = (isinstance(optimizer, torch.optim.SGD) and all(g.get("momentum", 0) == 0 for g in groups)
-                     and decays == [0.0])
+        plain_sgd = (
+            isinstance(optimizer, torch.optim.SGD)
+            and all(g.get("momentum", 0) == 0 for g in groups)
+            and decays == [0.0]
+        )
         if plain_sgd or self._warned:
             return
         self._warned = True

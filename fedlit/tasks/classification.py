@@ -61,29 +61,35 @@ def build_metrics(task: Task, num_classes: int) -> torchmetrics.MetricCollection
     """
     if task == "multiclass":
         kw: dict[str, Any] = {"num_classes": num_classes}
-        return torchmetrics.MetricCollection({
-            "accuracy": torchmetrics.classification.MulticlassAccuracy(average="micro", **kw),
-            "balanced_accuracy": torchmetrics.classification.MulticlassAccuracy(average="macro", **kw),
-            "f1": torchmetrics.classification.MulticlassF1Score(average="macro", **kw),
-            "auroc": torchmetrics.classification.MulticlassAUROC(average="macro", **kw),
-            "auprc": torchmetrics.classification.MulticlassAveragePrecision(average="macro", **kw),
-        })
+        return torchmetrics.MetricCollection(
+            {
+                "accuracy": torchmetrics.classification.MulticlassAccuracy(average="micro", **kw),
+                "balanced_accuracy": torchmetrics.classification.MulticlassAccuracy(average="macro", **kw),
+                "f1": torchmetrics.classification.MulticlassF1Score(average="macro", **kw),
+                "auroc": torchmetrics.classification.MulticlassAUROC(average="macro", **kw),
+                "auprc": torchmetrics.classification.MulticlassAveragePrecision(average="macro", **kw),
+            }
+        )
     if task == "binary":
-        return torchmetrics.MetricCollection({
-            "accuracy": torchmetrics.classification.BinaryAccuracy(),
-            "balanced_accuracy": _BalancedAccuracy(1),
-            "f1": _BinaryMacroF1(),
-            "auroc": torchmetrics.classification.BinaryAUROC(),
-            "auprc": torchmetrics.classification.BinaryAveragePrecision(),
-        })
+        return torchmetrics.MetricCollection(
+            {
+                "accuracy": torchmetrics.classification.BinaryAccuracy(),
+                "balanced_accuracy": _BalancedAccuracy(1),
+                "f1": _BinaryMacroF1(),
+                "auroc": torchmetrics.classification.BinaryAUROC(),
+                "auprc": torchmetrics.classification.BinaryAveragePrecision(),
+            }
+        )
     kw = {"num_labels": num_classes}
-    return torchmetrics.MetricCollection({
-        "accuracy": torchmetrics.classification.MultilabelAccuracy(average="micro", **kw),
-        "balanced_accuracy": _BalancedAccuracy(num_classes),
-        "f1": torchmetrics.classification.MultilabelF1Score(average="macro", **kw),
-        "auroc": torchmetrics.classification.MultilabelAUROC(average="macro", **kw),
-        "auprc": torchmetrics.classification.MultilabelAveragePrecision(average="macro", **kw),
-    })
+    return torchmetrics.MetricCollection(
+        {
+            "accuracy": torchmetrics.classification.MultilabelAccuracy(average="micro", **kw),
+            "balanced_accuracy": _BalancedAccuracy(num_classes),
+            "f1": torchmetrics.classification.MultilabelF1Score(average="macro", **kw),
+            "auroc": torchmetrics.classification.MultilabelAUROC(average="macro", **kw),
+            "auprc": torchmetrics.classification.MultilabelAveragePrecision(average="macro", **kw),
+        }
+    )
 
 
 class _BinaryMacroF1(torchmetrics.classification.MulticlassF1Score):
@@ -137,8 +143,15 @@ class ClassificationModule(FederatedModule):
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: Literal["round", "step"] = "round",
     ) -> None:
-        super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                         lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
+        super().__init__(
+            roles=roles,
+            optimizer=optimizer,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            lr_scheduler=lr_scheduler,
+            lr_scheduler_interval=lr_scheduler_interval,
+        )
         if task not in ("multiclass", "binary", "multilabel"):
             raise ConfigError(f"model.init_args.task={task!r} is not one of ['multiclass', 'binary', 'multilabel'].")
         if task == "binary" and num_classes != 1:

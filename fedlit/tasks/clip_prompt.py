@@ -42,8 +42,9 @@ def strided_pool(features: Tensor, dim: int) -> Tensor:
     return features[..., :: features.shape[-1] // dim]
 
 
-def gate_attention(query: Tensor, keys: Tensor, attention: nn.MultiheadAttention, scale: float,
-                   dropout: float = 0.0) -> Tensor:
+def gate_attention(
+    query: Tensor, keys: Tensor, attention: nn.MultiheadAttention, scale: float, dropout: float = 0.0
+) -> Tensor:
     """Multi-head attention of every query over each class's experts, with the scores scaled by ``scale``.
 
     The parameters are those of ``attention`` (input and output projections); the scores are
@@ -71,9 +72,18 @@ def gate_attention(query: Tensor, keys: Tensor, attention: nn.MultiheadAttention
     return attention.out_proj(mixed).transpose(0, 1)
 
 
-def moap_logits(image: Tensor, local_text: Tensor, expert_text: Tensor | None, logit_scale: Tensor,
-                attention: nn.MultiheadAttention | None, *, dim: int, scale: float, lam: float,
-                dropout: float = 0.0) -> Tensor:
+def moap_logits(
+    image: Tensor,
+    local_text: Tensor,
+    expert_text: Tensor | None,
+    logit_scale: Tensor,
+    attention: nn.MultiheadAttention | None,
+    *,
+    dim: int,
+    scale: float,
+    lam: float,
+    dropout: float = 0.0,
+) -> Tensor:
     """pFedMoAP's logits (B, C) from raw image features (B, D), the local prompt's text features (C, D) and the
     experts' normalized, pooled text features (E, C, dim) (None or E = 0: CoOp's logits ``s cos(I, T_L)``)."""
     image = F.normalize(image, dim=-1)
@@ -148,9 +158,16 @@ class CLIPPromptModule(ClassificationModule):
     ) -> None:
         # ClassificationModule's constructor builds a backbone and a linear head, which CLIP replaces: its metrics
         # and loss bookkeeping are set here as it sets them.
-        FederatedModule.__init__(self, roles=roles, optimizer=optimizer, lr=lr, momentum=momentum,
-                                 weight_decay=weight_decay, lr_scheduler=lr_scheduler,
-                                 lr_scheduler_interval=lr_scheduler_interval)
+        FederatedModule.__init__(
+            self,
+            roles=roles,
+            optimizer=optimizer,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            lr_scheduler=lr_scheduler,
+            lr_scheduler_interval=lr_scheduler_interval,
+        )
         key = "model.init_args."
         problems = []
         if task not in ("multiclass", "binary"):
@@ -159,8 +176,9 @@ class CLIPPromptModule(ClassificationModule):
         if not names_ok or len(set(class_names)) != len(class_names) or len(class_names) < 2:
             problems.append(f"{key}class_names={class_names!r} must be 2 or more distinct non-empty names")
         elif task == "binary" and len(class_names) != 2:
-            problems.append(f"{key}class_names has {len(class_names)} names; a binary task takes 2 (negative, "
-                            "positive)")
+            problems.append(
+                f"{key}class_names has {len(class_names)} names; a binary task takes 2 (negative, positive)"
+            )
         if not isinstance(num_context, int) or num_context < 1:
             problems.append(f"{key}num_context={num_context!r} must be an integer >= 1 (16 in CoOp)")
         if not context_std > 0:
@@ -168,8 +186,10 @@ class CLIPPromptModule(ClassificationModule):
         if gating and (gate_dim < 1 or gate_heads < 1 or gate_dim % gate_heads):
             problems.append(f"{key}gate_dim={gate_dim!r} must be a positive multiple of gate_heads={gate_heads!r}")
         if gating and not (gate_scale > 0 and 0 <= gate_dropout < 1 and lam >= 0):
-            problems.append(f"{key}gate_scale={gate_scale!r} must be > 0, gate_dropout={gate_dropout!r} in [0, 1) "
-                            f"and lam={lam!r} >= 0")
+            problems.append(
+                f"{key}gate_scale={gate_scale!r} must be > 0, gate_dropout={gate_dropout!r} in [0, 1) "
+                f"and lam={lam!r} >= 0"
+            )
         if pixel_norm not in ("clip", "none"):
             problems.append(f"{key}pixel_norm={pixel_norm!r} is not one of ['clip', 'none']")
         if in_channels not in (1, 3) or isinstance(in_channels, bool):
@@ -181,15 +201,22 @@ class CLIPPromptModule(ClassificationModule):
         self.num_classes = 1 if task == "binary" else len(class_names)
         self.clip = clip.build()
         if gating and self.clip.num_features % gate_dim:
-            raise ConfigError(f"{key}gate_dim={gate_dim} must divide CLIP's projection dimension "
-                              f"{self.clip.num_features} (pooling takes every {self.clip.num_features}/d-th value).")
+            raise ConfigError(
+                f"{key}gate_dim={gate_dim} must divide CLIP's projection dimension "
+                f"{self.clip.num_features} (pooling takes every {self.clip.num_features}/d-th value)."
+            )
         ids, eos = self.clip.prompt_tokens(self.class_names, num_context)
         self.register_buffer("prompt_ids", ids)
         self.register_buffer("prompt_eos", eos)
         self.prompt = nn.Module()
         self.prompt.ctx = nn.Parameter(torch.randn(num_context, self.clip.width) * context_std)
         self.gating, self.gate_dim, self.gate_scale, self.gate_dropout, self.lam = (
-            gating, gate_dim, gate_scale, gate_dropout, lam)
+            gating,
+            gate_dim,
+            gate_scale,
+            gate_dropout,
+            lam,
+        )
         self.gate = nn.MultiheadAttention(gate_dim, gate_heads) if gating else None
         self.pixel_norm, self.in_channels = pixel_norm, in_channels
         self.experts: Tensor | None = None
@@ -205,15 +232,21 @@ class CLIPPromptModule(ClassificationModule):
 
     @override
     def default_role_rules(self) -> list[RoleRule]:
-        return [RoleRule("clip.*", "frozen"), RoleRule("prompt_*", "frozen"), RoleRule("prompt.*", "shared"),
-                RoleRule("gate.*", "personal")]
+        return [
+            RoleRule("clip.*", "frozen"),
+            RoleRule("prompt_*", "frozen"),
+            RoleRule("prompt.*", "shared"),
+            RoleRule("gate.*", "personal"),
+        ]
 
     # ------------------------------------------------------------------------------------------------ features
     def image_features(self, images: Tensor) -> Tensor:
         """CLIP's image features (B, D), not normalized."""
         if images.shape[1] != self.in_channels:
-            raise DataError(f"CLIPPromptModule expects {self.in_channels}-channel images "
-                            f"(model.init_args.in_channels), got a batch of shape {tuple(images.shape)}.")
+            raise DataError(
+                f"CLIPPromptModule expects {self.in_channels}-channel images "
+                f"(model.init_args.in_channels), got a batch of shape {tuple(images.shape)}."
+            )
         if self.in_channels == 1:
             images = images.expand(-1, 3, -1, -1)
         if self.pixel_norm == "clip":
@@ -227,8 +260,9 @@ class CLIPPromptModule(ClassificationModule):
         ctx = self.context if ctx is None else ctx.to(self.context)
         embeddings = self.clip.token_embedding(self.prompt_ids)
         count = len(ctx)
-        embeddings = torch.cat([embeddings[:, :1], ctx.unsqueeze(0).expand(len(embeddings), -1, -1),
-                                embeddings[:, 1 + count:]], dim=1)
+        embeddings = torch.cat(
+            [embeddings[:, :1], ctx.unsqueeze(0).expand(len(embeddings), -1, -1), embeddings[:, 1 + count :]], dim=1
+        )
         return self.clip.encode_prompts(embeddings, self.prompt_eos)
 
     @torch.no_grad()
@@ -236,8 +270,7 @@ class CLIPPromptModule(ClassificationModule):
         """The gate's keys of non-local experts: normalized, pooled text features (E, C, d) of contexts (E, M, w)."""
         if len(contexts) == 0:
             return torch.zeros(0, len(self.class_names), self.gate_dim, device=self.context.device)
-        return torch.stack([strided_pool(F.normalize(self.text_features(c), dim=-1), self.gate_dim)
-                            for c in contexts])
+        return torch.stack([strided_pool(F.normalize(self.text_features(c), dim=-1), self.gate_dim) for c in contexts])
 
     def set_experts(self, features: Tensor | None) -> None:
         """Use the experts' features (E, C, d) (from :meth:`expert_features`) in the forward; None: none."""
@@ -252,9 +285,17 @@ class CLIPPromptModule(ClassificationModule):
         if experts is None:
             logits = moap_logits(image, text, None, self.clip.logit_scale, None, dim=0, scale=0.0, lam=1.0)
         else:
-            logits = moap_logits(image, text, experts, self.clip.logit_scale, self.gate, dim=self.gate_dim,
-                                 scale=self.gate_scale, lam=self.lam,
-                                 dropout=self.gate_dropout if self.training else 0.0)
+            logits = moap_logits(
+                image,
+                text,
+                experts,
+                self.clip.logit_scale,
+                self.gate,
+                dim=self.gate_dim,
+                scale=self.gate_scale,
+                lam=self.lam,
+                dropout=self.gate_dropout if self.training else 0.0,
+            )
         if self.task == "binary":
             return (logits[:, 1] - logits[:, 0]).unsqueeze(1)
         return logits

@@ -97,8 +97,15 @@ class SegmentationModule(FederatedModule):
         empty: Literal["penalize", "ignore"] = "penalize",
         dice_reduction: Literal["image", "pooled"] = "image",
     ) -> None:
-        super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                         lr_scheduler=lr_scheduler, lr_scheduler_interval=lr_scheduler_interval)
+        super().__init__(
+            roles=roles,
+            optimizer=optimizer,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            lr_scheduler=lr_scheduler,
+            lr_scheduler_interval=lr_scheduler_interval,
+        )
         problems = []
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             problems.append(f"model.init_args.num_classes={num_classes!r} must be an integer >= 1 (mask channels)")
@@ -108,10 +115,15 @@ class SegmentationModule(FederatedModule):
             problems.append(f"model.init_args.pos_weight={pos_weight!r} must be a number > 0 (1 = unweighted)")
         if isinstance(log_images, bool) or not isinstance(log_images, int) or log_images < 0:
             problems.append(f"model.init_args.log_images={log_images!r} must be an integer >= 0 (0 = no images)")
-        if class_names is not None and (len(class_names) != num_classes or len(set(class_names)) != len(class_names)
-                                        or not all(isinstance(n, str) and n for n in class_names)):
-            problems.append(f"model.init_args.class_names={class_names!r} must be {num_classes} distinct non-empty "
-                            "names, one per mask channel (e.g. [disc, cup])")
+        if class_names is not None and (
+            len(class_names) != num_classes
+            or len(set(class_names)) != len(class_names)
+            or not all(isinstance(n, str) and n for n in class_names)
+        ):
+            problems.append(
+                f"model.init_args.class_names={class_names!r} must be {num_classes} distinct non-empty "
+                "names, one per mask channel (e.g. [disc, cup])"
+            )
         if empty not in EMPTY:
             problems.append(f"model.init_args.empty={empty!r} is not one of {list(EMPTY)}")
         if dice_reduction not in REDUCTIONS:
@@ -150,9 +162,11 @@ class SegmentationModule(FederatedModule):
     def loss(self, logits: Tensor, masks: Tensor) -> Tensor:
         """The configured loss of ``logits`` against 0/1 ``masks``, both (B, C, H, W)."""
         if logits.shape != masks.shape:
-            raise ConfigError(f"the network gives logits of shape {tuple(logits.shape)} but the masks have shape "
-                             f"{tuple(masks.shape)}; set model.init_args.num_classes to the mask channels "
-                             f"({masks.shape[1] if masks.ndim == 4 else '?'})")
+            raise ConfigError(
+                f"the network gives logits of shape {tuple(logits.shape)} but the masks have shape "
+                f"{tuple(masks.shape)}; set model.init_args.num_classes to the mask channels "
+                f"({masks.shape[1] if masks.ndim == 4 else '?'})"
+            )
         masks = masks.to(logits.dtype)
         total = logits.new_zeros(())
         if self.loss_name in ("bce", "bce+dice"):
@@ -225,8 +239,9 @@ class SegmentationModule(FederatedModule):
         out: dict[str, float] = {}
         for name, per_channel in self._scores.per_channel().items():
             if self.num_classes > 1:
-                out.update({f"{name}_{c}": float(value) for c, value in zip(self.channel_names, per_channel,
-                                                                                  strict=True)})
+                out.update(
+                    {f"{name}_{c}": float(value) for c, value in zip(self.channel_names, per_channel, strict=True)}
+                )
             out[name] = mean_over_channels(per_channel)
         out["loss"] = self._loss_sum / self._loss_count if self._loss_count else float("nan")
         return out

@@ -38,8 +38,9 @@ REDUCTIONS = ("image", "pooled")
 def overlap_counts(predicted: Tensor, masks: Tensor) -> Tensor:
     """(B, C, 3) pixel counts of (B, C, H, W) 0/1 masks: |A n B|, |A| (predicted) and |B| (true), float64."""
     predicted, masks = predicted.detach().double() > 0.5, masks.detach().double() > 0.5
-    return torch.stack([(predicted & masks).sum(dim=(-2, -1)), predicted.sum(dim=(-2, -1)),
-                        masks.sum(dim=(-2, -1))], dim=-1).double()
+    return torch.stack(
+        [(predicted & masks).sum(dim=(-2, -1)), predicted.sum(dim=(-2, -1)), masks.sum(dim=(-2, -1))], dim=-1
+    ).double()
 
 
 def dice_iou_per_image(counts: Tensor, empty: str = "penalize") -> tuple[Tensor, Tensor]:

@@ -125,8 +125,9 @@ class CoxModule(FederatedModule):
     ) -> None:
         super().__init__(roles=roles, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
         if loss_normalization not in ("events", "samples"):
-            raise ConfigError(f"model.init_args.loss_normalization must be 'events' or 'samples', got "
-                              f"{loss_normalization!r}")
+            raise ConfigError(
+                f"model.init_args.loss_normalization must be 'events' or 'samples', got {loss_normalization!r}"
+            )
         self.loss_normalization = loss_normalization
         self.backbone = backbone.build()
         self.head = nn.Linear(cast(int, self.backbone.num_features), 1, bias=False)  # Backbone.build's contract

@@ -54,8 +54,14 @@ def adapter_module() -> ClassificationModule:
 
 
 def test_fedsca_with_one_adapter_uploads_an_eighth_of_fedavg():
-    report = estimate_costs(adapter_module(), [FedSCA(num_shared_adapters=1), FedAvg()], num_clients=5,
-                            clients_per_round=0.6, rounds=3, eval_every=2)
+    report = estimate_costs(
+        adapter_module(),
+        [FedSCA(num_shared_adapters=1), FedAvg()],
+        num_clients=5,
+        clients_per_round=0.6,
+        rounds=3,
+        eval_every=2,
+    )
     assert report["clients"] == {"total": 5, "per_round": 3, "clients_per_round": 0.6}
     assert report["evaluated_rounds"] == 2  # rounds 2 and 3 (the last is always evaluated)
     sca, avg = report["strategies"]
@@ -65,8 +71,12 @@ def test_fedsca_with_one_adapter_uploads_an_eighth_of_fedavg():
     assert sca["roles"]["personal"] == {"tensors": 7 * 4 + 2, "parameters": 7 * 22 + 10, "bytes": (7 * 22 + 10) * 4}
     assert sca["roles"]["frozen"] == {"tensors": 8, "parameters": 80, "bytes": 320}
     assert sca["trainable_parameters"] == 22 + 7 * 22 + 10
-    assert sca["per_client_per_round"] == {"upload_parameters": 22, "upload_bytes": 88, "download_parameters": 22,
-                                           "download_bytes": 88}
+    assert sca["per_client_per_round"] == {
+        "upload_parameters": 22,
+        "upload_bytes": 88,
+        "download_parameters": 22,
+        "download_bytes": 88,
+    }
     assert sca["per_round"]["upload_bytes"] == 3 * 88
     assert sca["run"]["upload_bytes"] == 3 * 3 * 88
     assert sca["per_client_run"]["upload_bytes"] == round(3 * 3 / 5 * 88)  # 158: sampled 3 rounds x 3/5
@@ -95,10 +105,12 @@ def test_quickstart_costs_through_the_cli_as_json(capsys, tmp_path, monkeypatch)
     assert fedbn["per_client_per_round"]["upload_bytes"] == shared * 4
     assert fedbn["run"]["upload_bytes"] == 10 * 4 * shared * 4
     assert fedbn["eval_download_bytes"]["run"] == 10 * 4 * shared * 4
-    assert fedavg["per_client_per_round"] == {"upload_parameters": shared + 96 + 96 + 2,
-                                              "upload_bytes": shared * 4 + bn_bytes,
-                                              "download_parameters": shared + 96 + 96 + 2,
-                                              "download_bytes": shared * 4 + bn_bytes}
+    assert fedavg["per_client_per_round"] == {
+        "upload_parameters": shared + 96 + 96 + 2,
+        "upload_bytes": shared * 4 + bn_bytes,
+        "download_parameters": shared + 96 + 96 + 2,
+        "download_bytes": shared * 4 + bn_bytes,
+    }
     assert fedavg["upload_ratio"] == pytest.approx((shared * 4 + bn_bytes) / (shared * 4))
     # SCAFFOLD also uploads delta c_i and downloads c: one value per shared parameter (buffers have none).
     control = (shared + 96) * 4
@@ -150,8 +162,10 @@ def test_cost_and_dry_run_of_a_recipe_whose_data_is_absent(capsys, tmp_path, mon
 
 def test_cost_errors_are_one_line(capsys, tmp_path):
     for argv, expected in (
-        (["cost", "--config", QUICKSTART, "--compare", "FedAvgg"], "--compare 'FedAvgg' is not a known Strategy. "
-                                                                   "Did you mean 'FedAvg'?"),
+        (
+            ["cost", "--config", QUICKSTART, "--compare", "FedAvgg"],
+            "--compare 'FedAvgg' is not a known Strategy. Did you mean 'FedAvg'?",
+        ),
         (["cost", "--config", QUICKSTART, "--federation.rounds", "0"], "federation.rounds=0 must be >= 1"),
         (["cost", "--config", QUICKSTART, "--compare", "FedSCA"], "no shared tensor of the model has 'adapter'"),
     ):
@@ -199,8 +213,10 @@ def test_feddbe_estimate_equals_a_real_run_but_the_noted_warm_up_upload(tmp_path
     estimate = estimate_costs(federation.module, [FedDBE(kappa=0.5)], num_clients=3, rounds=3)["strategies"][0]
     measured = federation.fit()["comm"]
     mean = 8 * 4  # the global mean: one float32 per input of the head (TinyMLP's 8 hidden features)
-    assert estimate["per_client_first_round"]["download_bytes"] + mean == estimate["per_client_per_round"][
-        "download_bytes"]
+    assert (
+        estimate["per_client_first_round"]["download_bytes"] + mean
+        == estimate["per_client_per_round"]["download_bytes"]
+    )
     assert measured["download_bytes"] == estimate["run"]["download_bytes"]
     # the warm-up's running means (3 clients, round 1) are the note's, not the table's
     assert measured["upload_bytes"] == estimate["run"]["upload_bytes"] + 3 * mean

@@ -30,18 +30,29 @@ DATA = {"num_clients": 3, "samples_per_client": 40, "num_classes": 3, "image_siz
 
 
 def _vit(lora: bool = True) -> TimmBackbone:
-    return TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4) if lora else None,
-                        model_args={"in_chans": 1})
+    return TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4) if lora else None, model_args={"in_chans": 1})
 
 
 def _lora_recipe(path: Path) -> Path:
     """A frozen tiny ViT with personal LoRA adapters and a shared head (FedAvg)."""
     recipe = {
-        "model": {"class_path": "fedlit.tasks.ClassificationModule", "init_args": {
-            "backbone": {"class_path": "fedlit.models.TimmBackbone", "init_args": {
-                "name": "fedlit_test_vit", "lora": {"r": 2, "alpha": 4}, "model_args": {"in_chans": 1}}},
-            "num_classes": 3, "lr": 0.05, "momentum": 0.9,
-            "roles": [{"pattern": "backbone.*lora_*", "role": "personal"}]}},
+        "model": {
+            "class_path": "fedlit.tasks.ClassificationModule",
+            "init_args": {
+                "backbone": {
+                    "class_path": "fedlit.models.TimmBackbone",
+                    "init_args": {
+                        "name": "fedlit_test_vit",
+                        "lora": {"r": 2, "alpha": 4},
+                        "model_args": {"in_chans": 1},
+                    },
+                },
+                "num_classes": 3,
+                "lr": 0.05,
+                "momentum": 0.9,
+                "roles": [{"pattern": "backbone.*lora_*", "role": "personal"}],
+            },
+        },
         "data": {"class_path": "fedlit.data.SyntheticImages", "init_args": DATA},
         "strategy": {"class_path": "FedAvg"},
         "federation": {"rounds": 2, "local_steps": 3, "seed": 0, "progress_bar": False},
@@ -52,14 +63,28 @@ def _lora_recipe(path: Path) -> Path:
 
 CASES = {
     # FedBN: the BatchNorm layers personal, the rest shared (no frozen tensor)
-    "quickstart": (["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--data.init_args.samples_per_client", "40",
-                    "--federation.local_epochs", "1", "--federation.progress_bar", "false"],
-                   lambda: ClassificationModule(backbone=SmallCNN(in_channels=1, width=16, depth=2), num_classes=3,
-                                                roles=[RoleRule("backbone.*", "shared")]),
-                   {**DATA, "num_clients": 4, "batch_size": 32}),
+    "quickstart": (
+        [
+            "--config",
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            "--data.init_args.samples_per_client",
+            "40",
+            "--federation.local_epochs",
+            "1",
+            "--federation.progress_bar",
+            "false",
+        ],
+        lambda: ClassificationModule(
+            backbone=SmallCNN(in_channels=1, width=16, depth=2), num_classes=3, roles=[RoleRule("backbone.*", "shared")]
+        ),
+        {**DATA, "num_clients": 4, "batch_size": 32},
+    ),
     # a frozen random backbone: the export holds only LoRA and head, the rest is rebuilt from the seed
-    "lora": (None, lambda: ClassificationModule(backbone=_vit(), num_classes=3, roles=[
-        RoleRule("backbone.*lora_*", "personal")]), DATA),
+    "lora": (
+        None,
+        lambda: ClassificationModule(backbone=_vit(), num_classes=3, roles=[RoleRule("backbone.*lora_*", "personal")]),
+        DATA,
+    ),
 }
 
 
@@ -81,7 +106,8 @@ def _test_metrics(module, data, client_id) -> dict[str, float]:
 
 def _same(a: dict[str, float], b: dict[str, float | None]) -> bool:
     return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and (b[k] is None or math.isnan(b[k]))) or a[k] == b[k] for k in a)
+        (math.isnan(a[k]) and (b[k] is None or math.isnan(b[k]))) or a[k] == b[k] for k in a
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -112,8 +138,7 @@ def test_exported_clients_reproduce_the_runs_test_metrics(case, tmp_path):
             assert sorted(exported) == sorted(n for n, _ in module.named_parameters() if "lora_" in n or "head" in n)
             assert {meta["roles"][n] for n in exported if "lora_" in n} == {"personal"}
         else:
-            assert {n for n in exported if meta["roles"][n] == "personal"} == {
-                n for n in exported if ".bn." in n}
+            assert {n for n in exported if meta["roles"][n] == "personal"} == {n for n in exported if ".bn." in n}
         assert all(roles[n] != "frozen" for n in exported)
         trained[client_id] = exported
     # personal tensors differ between clients, shared ones are the server's
@@ -134,12 +159,15 @@ def test_the_peft_adapter_folder_loads_with_peft_alone(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", "--run", str(run_dir), "--clients", "site_1,site_7"])
     assert "--clients: ['site_7'] are not clients of this run; its clients are site_0, site_1, site_2" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     written = run(["export", "--run", str(run_dir), "--clients", "site_1"])
     assert list(written) == ["site_1"]
     folder = written["site_1"]
-    assert sorted(p.name for p in (folder / "adapter").iterdir()) == ["adapter_config.json",
-                                                                     "adapter_model.safetensors"]
+    assert sorted(p.name for p in (folder / "adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     meta = json.loads((folder / "export.json").read_text())
     assert meta["adapter"]["not_included"] == ["head.bias", "head.weight"]
     images = torch.randn(4, 1, 16, 16)
@@ -154,8 +182,15 @@ def test_the_peft_adapter_folder_loads_with_peft_alone(tmp_path, capsys):
         assert not torch.allclose(before, expected, atol=1e-3)  # training moved the adapters away from B = 0
     loaded = get_peft_model_state_dict(adapted)
     assert len(loaded) == 4  # 2 blocks x (A, B)
-    assert all(torch.equal(v, fedlit_model.backbone.get_parameter(
-        k.removeprefix("base_model.model.").replace(".weight", ".default.weight"))) for k, v in loaded.items())
+    assert all(
+        torch.equal(
+            v,
+            fedlit_model.backbone.get_parameter(
+                k.removeprefix("base_model.model.").replace(".weight", ".default.weight")
+            ),
+        )
+        for k, v in loaded.items()
+    )
 
 
 def test_a_run_folder_without_checkpoint_is_one_clear_error(tmp_path, capsys):
@@ -179,8 +214,11 @@ def test_a_tensor_of_another_shape_is_refused(tmp_path):
     tensors = {n: t.detach().clone() for n, t in module.named_parameters()}
     save_file({**tensors, "head.weight": torch.zeros(4, 32)}, tmp_path / "model.safetensors")
     before = module.head.weight.detach().clone()
-    with pytest.raises(CheckpointError, match=r"1 tensors differ in shape \(head.weight \[4, 32\] in the export, "
-                                              r"\[3, 32\] in the module\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"1 tensors differ in shape \(head.weight \[4, 32\] in the export, "
+        r"\[3, 32\] in the module\)",
+    ):
         load_export(tmp_path, module)
     assert torch.equal(module.head.weight, before)  # nothing was copied
     save_file({"backbone.extra.weight": torch.zeros(2)}, tmp_path / "model.safetensors")
@@ -199,8 +237,9 @@ def test_a_bert_adapter_is_relative_to_the_transformers_model(tmp_path):
     from fedlit.commands.export import _peft_modules, _save_adapters
     from fedlit.models import HFEncoder, tiny_bert_config
 
-    module = _fresh(lambda: ClassificationModule(backbone=HFEncoder(config=tiny_bert_config(), lora=LoRA(r=2)),
-                                                 num_classes=2))
+    module = _fresh(
+        lambda: ClassificationModule(backbone=HFEncoder(config=tiny_bert_config(), lora=LoRA(r=2)), num_classes=2)
+    )
     with torch.no_grad():
         for name, parameter in module.named_parameters():
             if "lora_B" in name:
@@ -208,13 +247,19 @@ def test_a_bert_adapter_is_relative_to_the_transformers_model(tmp_path):
     adapters = _peft_modules(module)
     assert list(adapters) == ["backbone.bert"]
     info = _save_adapters(adapters, tmp_path, {"head.weight", "head.bias"})
-    assert info == {"folders": {"adapter": {"module": "backbone.bert", "tensors": 8}},
-                    "not_included": ["head.bias", "head.weight"]}
+    assert info == {
+        "folders": {"adapter": {"module": "backbone.bert", "tensors": 8}},
+        "not_included": ["head.bias", "head.weight"],
+    }
     tokens = {"input_ids": torch.tensor([[101, 2023, 2003, 102]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
-    plain = _fresh(lambda: BertModel(BertConfig(**{k: v for k, v in tiny_bert_config().items() if k != "model_type"}),
-                                     add_pooling_layer=False)).eval()
-    plain.load_state_dict({k.replace(".base_layer.", "."): v for k, v in module.backbone.bert.state_dict().items()
-                           if "lora_" not in k})
+    plain = _fresh(
+        lambda: BertModel(
+            BertConfig(**{k: v for k, v in tiny_bert_config().items() if k != "model_type"}), add_pooling_layer=False
+        )
+    ).eval()
+    plain.load_state_dict(
+        {k.replace(".base_layer.", "."): v for k, v in module.backbone.bert.state_dict().items() if "lora_" not in k}
+    )
     before = plain(**tokens).last_hidden_state
     adapted = PeftModel.from_pretrained(plain, tmp_path / "adapter").eval()
     with torch.no_grad():
@@ -247,9 +292,13 @@ def test_export_never_writes_outside_out_even_for_unchecked_client_ids(tmp_path,
     fed = make_federation(tmp_path / "run", FedBN(), rounds=1, names=["c0", "../escaped", str(tmp_path / "abs")])
     fed.setup()
     out = tmp_path / "out"
-    with pytest.raises(DataError, match=re.escape(
+    with pytest.raises(
+        DataError,
+        match=re.escape(
             "fedlit export: the federation's clients: client ids that are not safe as file names: '../escaped' "
-            f"holds a path separator; {str(tmp_path / 'abs')!r} holds a path separator.")):
+            f"holds a path separator; {str(tmp_path / 'abs')!r} holds a path separator."
+        ),
+    ):
         export_federation(fed, out)
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "abs").exists()
     assert not out.exists()  # checked before anything is written, c0 included
@@ -268,7 +317,7 @@ def test_export_refuses_a_client_folder_that_links_outside_out(tmp_path):
 
 
 def test_client_ids_with_spaces_and_signs_are_exported_under_their_own_names(tmp_path):
-    names = ["site a 50%", "$x_1$ Zürich", "O'Brien \"n\""]
+    names = ["site a 50%", "$x_1$ Zürich", 'O\'Brien "n"']
     fed = make_federation(tmp_path / "run", FedBN(), rounds=1, names=names)
     fed.setup()
     written = export_federation(fed, tmp_path / "out")

@@ -24,8 +24,10 @@ from fedlit.tasks import ClassificationModule
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a real timm ViT shrunk to 2 blocks on 16 x 16 one-channel images: plain timm builds it without fedlit
-VIT = {"name": "vit_tiny_patch16_224",
-       "model_args": {"img_size": 16, "patch_size": 8, "depth": 2, "embed_dim": 16, "num_heads": 2, "in_chans": 1}}
+VIT = {
+    "name": "vit_tiny_patch16_224",
+    "model_args": {"img_size": 16, "patch_size": 8, "depth": 2, "embed_dim": 16, "num_heads": 2, "in_chans": 1},
+}
 DATA = {"num_clients": 2, "samples_per_client": 30, "num_classes": 3, "image_size": 16, "seed": 0, "batch_size": 8}
 PLACEHOLDER = '"runs/vit_lora/version_0/export/site_0"'
 
@@ -48,9 +50,15 @@ def _snippet() -> str:
 
 def test_the_plain_pytorch_snippet_of_the_docs_predicts_as_fedlit_does(tmp_path, capsys):
     recipe = {
-        "model": {"class_path": "fedlit.tasks.ClassificationModule", "init_args": {
-            "backbone": {"class_path": "fedlit.models.TimmBackbone", "init_args": {**VIT, "lora": {"r": 2}}},
-            "num_classes": 3, "lr": 0.5, "roles": [{"pattern": "backbone.*lora_*", "role": "personal"}]}},
+        "model": {
+            "class_path": "fedlit.tasks.ClassificationModule",
+            "init_args": {
+                "backbone": {"class_path": "fedlit.models.TimmBackbone", "init_args": {**VIT, "lora": {"r": 2}}},
+                "num_classes": 3,
+                "lr": 0.5,
+                "roles": [{"pattern": "backbone.*lora_*", "role": "personal"}],
+            },
+        },
         "data": {"class_path": "fedlit.data.SyntheticImages", "init_args": DATA},
         "strategy": {"class_path": "FedAvg"},
         "federation": {"rounds": 1, "local_steps": 3, "seed": 0, "progress_bar": False},
@@ -73,14 +81,24 @@ def test_the_plain_pytorch_snippet_of_the_docs_predicts_as_fedlit_does(tmp_path,
     assert torch.allclose(namespace["probabilities"], expected, atol=1e-5)
     assert not torch.allclose(namespace["model"].head.weight, _build(None).head.weight)  # trained, not fresh
     pre = json.loads((folder / "preprocessing.json").read_text())
-    assert pre == {"task": "multiclass", "num_classes": 3, "class_names": ["0", "1", "2"], "normalization": None,
-                   "input": {"kind": "image", "shape": [1, 16, 16], "dtype": "float32", "channels": 1,
-                             "size": [16, 16]}}
+    assert pre == {
+        "task": "multiclass",
+        "num_classes": 3,
+        "class_names": ["0", "1", "2"],
+        "normalization": None,
+        "input": {"kind": "image", "shape": [1, 16, 16], "dtype": "float32", "channels": 1, "size": [16, 16]},
+    }
     assert json.loads((folder / "export.json").read_text())["inference"] == {
-        "weights": "inference.safetensors", "preprocessing": "preprocessing.json"}
+        "weights": "inference.safetensors",
+        "preprocessing": "preprocessing.json",
+    }
     run(["export", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "small"), "--full", "false"])
     assert sorted(p.name for p in (tmp_path / "small" / "site_0").iterdir()) == [
-        "adapter", "export.json", "model.safetensors", "preprocessing.json"]
+        "adapter",
+        "export.json",
+        "model.safetensors",
+        "preprocessing.json",
+    ]
 
 
 @pytest.mark.parametrize("fused_qkv", ["all", "qv"])
@@ -99,39 +117,66 @@ def test_merged_lora_loads_strictly_into_the_model_without_lora_and_computes_the
         assert not torch.allclose(before, plain(images), atol=1e-3)
     # by hand for block 0's qkv: W + (alpha / r) B A, q, k and v alike, or q and v slices only
     qkv = adapted.backbone.blocks[0].attn.qkv
-    a, b = (torch.cat([qkv.lora_A[s].weight for s in ("q", "v")]), None) if fused_qkv == "qv" else (
-        qkv.lora_A["default"].weight, qkv.lora_B["default"].weight)
+    a, b = (
+        (torch.cat([qkv.lora_A[s].weight for s in ("q", "v")]), None)
+        if fused_qkv == "qv"
+        else (qkv.lora_A["default"].weight, qkv.lora_B["default"].weight)
+    )
     delta = torch.zeros_like(qkv.base_layer.weight)
     if fused_qkv == "qv":
         width = delta.shape[0] // 3
         delta[:width] = qkv.lora_B["q"].weight @ qkv.lora_A["q"].weight
-        delta[2 * width:] = qkv.lora_B["v"].weight @ qkv.lora_A["v"].weight
+        delta[2 * width :] = qkv.lora_B["v"].weight @ qkv.lora_A["v"].weight
     else:
         delta = b @ a
-    assert torch.allclose(merged_state_dict(adapted)["backbone.blocks.0.attn.qkv.weight"],
-                          qkv.base_layer.weight + 2.0 * delta, atol=1e-6)
+    assert torch.allclose(
+        merged_state_dict(adapted)["backbone.blocks.0.attn.qkv.weight"], qkv.base_layer.weight + 2.0 * delta, atol=1e-6
+    )
     assert not any("lora_" in k or "base_layer" in k for k in merged_state_dict(adapted))
 
 
 def test_preprocessing_of_a_site_table_holds_its_columns_and_train_statistics(tmp_path):
-    frame = pd.DataFrame({"site": ["a"] * 6 + ["b"] * 6, "age": [30, 40, 50, 60, 70, 80, 1, 2, 3, 4, 5, 6],
-                          "dose": [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 0, 10, 0, 10, 0, 10], "y": [0, 1] * 6})
+    frame = pd.DataFrame(
+        {
+            "site": ["a"] * 6 + ["b"] * 6,
+            "age": [30, 40, 50, 60, 70, 80, 1, 2, 3, 4, 5, 6],
+            "dose": [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 0, 10, 0, 10, 0, 10],
+            "y": [0, 1] * 6,
+        }
+    )
     frame.to_csv(tmp_path / "t.csv", index=False)
-    data = SiteTable(path=tmp_path / "t.csv", site_column="site", target_column="y", task="binary",
-                     split_fractions=(0.5, 0.0, 0.5), seed=0)
+    data = SiteTable(
+        path=tmp_path / "t.csv",
+        site_column="site",
+        target_column="y",
+        task="binary",
+        split_fractions=(0.5, 0.0, 0.5),
+        seed=0,
+    )
     data.setup()
     for site in ("a", "b"):
         train = frame.loc[data.data.details["rows"][site], ["age", "dose"]].to_numpy()[
-            data.data.splits[site]["train"] - data.data.details["pool"][site][0]]
+            data.data.splits[site]["train"] - data.data.details["pool"][site][0]
+        ]
         pre = data.preprocessing(site)
         assert pre["feature_columns"] == ["age", "dose"]
         assert pre["normalization"]["kind"] == "standardize"
         assert pre["normalization"]["mean"] == pytest.approx(train.mean(axis=0).tolist())
         assert pre["normalization"]["std"] == pytest.approx(train.std(axis=0, ddof=1).tolist())
-        assert pre["class_names"] == ["0", "1"] and pre["input"] == {"kind": "features", "shape": [2],
-                                                                  "dtype": "float32"}
-    unscaled = SiteTable(path=tmp_path / "t.csv", site_column="site", target_column="y", task="binary",
-                         split_fractions=(0.5, 0.0, 0.5), seed=0, standardize=False)
+        assert pre["class_names"] == ["0", "1"] and pre["input"] == {
+            "kind": "features",
+            "shape": [2],
+            "dtype": "float32",
+        }
+    unscaled = SiteTable(
+        path=tmp_path / "t.csv",
+        site_column="site",
+        target_column="y",
+        task="binary",
+        split_fractions=(0.5, 0.0, 0.5),
+        seed=0,
+        standardize=False,
+    )
     assert unscaled.preprocessing("a")["normalization"] is None
 
 

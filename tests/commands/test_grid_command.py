@@ -23,11 +23,15 @@ TINY = "--federation.progress_bar false --data.init_args.samples_per_client 20 -
 
 
 def write_grid(folder: Path, methods: str, datasets: str | None = None, seeds: str = "[0, 1]") -> Path:
-    datasets = datasets or (f"  a: {{recipes: [{QUICKSTART}]}}\n"
-                            f"  b: {{recipes: [{QUICKSTART}], overrides: --data.init_args.num_clients 3}}\n")
+    datasets = datasets or (
+        f"  a: {{recipes: [{QUICKSTART}]}}\n"
+        f"  b: {{recipes: [{QUICKSTART}], overrides: --data.init_args.num_clients 3}}\n"
+    )
     path = folder / "grid.yaml"
-    path.write_text(f"seeds: {seeds}\nout_dir: {folder / 'out'}\noverrides: {TINY} --federation.rounds 2\n"
-                    f"datasets:\n{datasets}methods:\n{methods}")
+    path.write_text(
+        f"seeds: {seeds}\nout_dir: {folder / 'out'}\noverrides: {TINY} --federation.rounds 2\n"
+        f"datasets:\n{datasets}methods:\n{methods}"
+    )
     return path
 
 
@@ -94,8 +98,9 @@ def test_a_second_invocation_runs_nothing_and_a_deleted_seed_alone_is_rerun(fini
     config = str(write_grid(tmp_path, METHODS))
     started: list[str] = []
     run_cell = grid_command._run_cell
-    monkeypatch.setattr(grid_command, "_run_cell", lambda argv, in_process: started.append(argv) or run_cell(
-        argv, in_process))
+    monkeypatch.setattr(
+        grid_command, "_run_cell", lambda argv, in_process: started.append(argv) or run_cell(argv, in_process)
+    )
     main(["grid", "--config", config, "--in_process"])
     assert started == [] and capsys.readouterr().out.count("finished before, skipped") == 4
 
@@ -150,22 +155,31 @@ def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, capsys, monkey
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("method", "unknown key 'method' (did you mean 'methods'?)"),
-    ("datasets-missing", "datasets.x.recipes: nope.yaml not found"),
-    ("entry-key", "methods.M: unknown key 'override' (did you mean 'overrides'?)"),
-    ("seed-override", "methods.M.overrides: --seeds is set by the grid"),
-    ("seeds", "seeds: [0, 0]; give distinct integers"),
-    ("only", "--only z/*: no cell"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("method", "unknown key 'method' (did you mean 'methods'?)"),
+        ("datasets-missing", "datasets.x.recipes: nope.yaml not found"),
+        ("entry-key", "methods.M: unknown key 'override' (did you mean 'overrides'?)"),
+        ("seed-override", "methods.M.overrides: --seeds is set by the grid"),
+        ("seeds", "seeds: [0, 0]; give distinct integers"),
+        ("only", "--only z/*: no cell"),
+    ],
+)
 def test_a_bad_grid_file_is_one_line_naming_the_file_and_key(text, expected, tmp_path, capsys):
-    base = {"seeds": "[0, 0]" if text == "seeds" else "[0]",
-            "datasets": ("{x: {recipes: [nope.yaml]}}" if text == "datasets-missing"
-                         else f"{{x: {{recipes: [{QUICKSTART}]}}}}"),
-            "method" if text == "method" else "methods": (
-                "{M: {override: --strategy FedAvg}}" if text == "entry-key"
-                else "{M: {overrides: --strategy FedAvg --seeds 3}}" if text == "seed-override"
-                else "{M: {overrides: --strategy FedAvg}}")}
+    base = {
+        "seeds": "[0, 0]" if text == "seeds" else "[0]",
+        "datasets": (
+            "{x: {recipes: [nope.yaml]}}" if text == "datasets-missing" else f"{{x: {{recipes: [{QUICKSTART}]}}}}"
+        ),
+        "method" if text == "method" else "methods": (
+            "{M: {override: --strategy FedAvg}}"
+            if text == "entry-key"
+            else "{M: {overrides: --strategy FedAvg --seeds 3}}"
+            if text == "seed-override"
+            else "{M: {overrides: --strategy FedAvg}}"
+        ),
+    }
     path = tmp_path / "g.yaml"
     path.write_text("".join(f"{k}: {v}\n" for k, v in base.items()))
     with pytest.raises(SystemExit) as exit_info:
@@ -188,7 +202,8 @@ def test_shipped_grids_name_existing_recipes_and_each_cell_parses(path, monkeypa
     monkeypatch.chdir(ROOT)
     grid = load_grid(path)
     assert path.read_text().startswith("# ") and f"# Run: fedlit grid --config recipes/grids/{path.name}" in (
-        path.read_text())
+        path.read_text()
+    )
     for dataset, method in grid.cells():
         seeds, argv = split_seeds(grid.argv(dataset, method))
         cfg = build_parser().parse_args(argv).fit
@@ -201,10 +216,21 @@ def test_the_modalities_grid_has_fhbench_columns_on_lora_backbones_over_offline_
     grid = load_grid(ROOT / "recipes" / "grids" / "fhbench_cpu_modalities.yaml")
     assert grid.seeds == [0, 1, 2]
     cells = list(grid.cells())
-    assert sorted({d for d, _ in cells}) == ["medical_abstracts", "pneumoniamnist", "signals_generated",
-                                             "sounds_generated"]
+    assert sorted({d for d, _ in cells}) == [
+        "medical_abstracts",
+        "pneumoniamnist",
+        "signals_generated",
+        "sounds_generated",
+    ]
     assert [m for d, m in cells if d == "pneumoniamnist"] == [
-        "FedAvg", "FedProx", "SCAFFOLD", "APFL", "FedALA", "APPLE", "EPFL"]
+        "FedAvg",
+        "FedProx",
+        "SCAFFOLD",
+        "APFL",
+        "FedALA",
+        "APPLE",
+        "EPFL",
+    ]
     for dataset, method in cells:
         cfg = build_parser().parse_args(split_seeds(grid.argv(dataset, method))[1]).fit
         assert cfg.model.init_args.backbone.init_args.lora.r == 8  # EPFL's column needs LoRA in every row

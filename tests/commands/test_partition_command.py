@@ -26,8 +26,7 @@ def test_quickstart_counts_equal_class_counts_and_the_png_exists(tmp_path, capsy
     assert (tmp_path / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.startswith("site_2  train"))
-    assert row == ["site_2", "train", str(data.num_examples("site_2", "train")),
-                   *map(str, expected["site_2"]["train"])]
+    assert row == ["site_2", "train", str(data.num_examples("site_2", "train")), *map(str, expected["site_2"]["train"])]
 
 
 class _NoClasses:

@@ -17,21 +17,36 @@ LOCAL = "fedlit.strategies.local.Local"
 FEDAVG = "fedlit.strategies.fedavg.FedAvg"
 
 
-def make_run(folder: Path, strategy: str, seed: int, last: dict[str, float], best: dict[str, float] | None = None,
-             val: dict[int, float] | None = None, lr: float = 0.1) -> Path:
+def make_run(
+    folder: Path,
+    strategy: str,
+    seed: int,
+    last: dict[str, float],
+    best: dict[str, float] | None = None,
+    val: dict[int, float] | None = None,
+    lr: float = 0.1,
+) -> Path:
     """A minimal run folder: results.json (last/best per client accuracy), config.json and metrics.csv."""
     folder.mkdir(parents=True)
-    results = {"strategy_class": strategy, "seed": seed, "comm": {"upload_bytes": 1000 * (seed + 1)},
-               "last": {"round": 3, "clients": {c: {"accuracy": v} for c, v in last.items()}}}
+    results = {
+        "strategy_class": strategy,
+        "seed": seed,
+        "comm": {"upload_bytes": 1000 * (seed + 1)},
+        "last": {"round": 3, "clients": {c: {"accuracy": v} for c, v in last.items()}},
+    }
     if best is not None:
         results["best"] = {"round": 2, "clients": {c: {"accuracy": v} for c, v in best.items()}}
     (folder / "results.json").write_text(json.dumps(results))
-    (folder / "config.json").write_text(json.dumps({"model": {"init_args": {"lr": lr}},
-                                                    "federation": {"seed": seed}, "out_dir": str(folder)}))
+    (folder / "config.json").write_text(
+        json.dumps({"model": {"init_args": {"lr": lr}}, "federation": {"seed": seed}, "out_dir": str(folder)})
+    )
     rows = ["round,client,split,metric,value"]
     for r, v in (val or {1: 0.5, 2: 0.6, 3: 0.7}).items():
-        rows += [f"{r},,val,accuracy_mean,{v}", f"{r},,comm,upload_bytes_cumulative,{100 * r}",
-                 f"{r},,system,trainable_parameters,1234"]
+        rows += [
+            f"{r},,val,accuracy_mean,{v}",
+            f"{r},,comm,upload_bytes_cumulative,{100 * r}",
+            f"{r},,system,trainable_parameters,1234",
+        ]
     (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
     return folder
 
@@ -97,8 +112,9 @@ def test_sampling_standard_error_of_a_client() -> None:
 
 def test_report_shows_each_clients_sampling_error(experiment: Path, tmp_path: Path) -> None:
     for run in experiment.glob("*/seed_*"):
-        (run / "class_counts.json").write_text(json.dumps({"a": {"train": [1, 1], "test": [20, 5]},
-                                                           "b": {"train": [1, 1], "test": [100, 0]}}))
+        (run / "class_counts.json").write_text(
+            json.dumps({"a": {"train": [1, 1], "test": [20, 5]}, "b": {"train": [1, 1], "test": [100, 0]}})
+        )
     report.write([experiment], tmp_path / "out")
     text = (tmp_path / "out" / "report.md").read_text()
     best = text.split("## Per-client test accuracy at the best")[1].split("## Per-client test accuracy at the last")[0]
@@ -137,8 +153,9 @@ def test_write_report_bold_best_and_config_differences(experiment: Path, tmp_pat
     assert page.count("data:image/png;base64,") == 2 and "<b>0.7000 ± 0.1000</b>" in page
 
 
-def test_corrupt_files_are_named_and_the_others_reported(experiment: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_corrupt_files_are_named_and_the_others_reported(
+    experiment: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     broken = experiment / "fedavg" / "seed_1" / "results.json"
     broken.write_text("{not json")
     bad_csv = experiment / "local" / "seed_1" / "metrics.csv"
@@ -165,8 +182,21 @@ def test_no_readable_run_is_a_data_error(tmp_path: Path) -> None:
 
 def test_report_of_a_real_quickstart_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "quickstart"
-    cli_run(["fit", "--config", "recipes/quickstart.yaml", "--federation.rounds", "2", "--federation.local_epochs", "1",
-             "--data.init_args.samples_per_client", "60", "--out_dir", str(run_dir)])
+    cli_run(
+        [
+            "fit",
+            "--config",
+            "recipes/quickstart.yaml",
+            "--federation.rounds",
+            "2",
+            "--federation.local_epochs",
+            "1",
+            "--data.init_args.samples_per_client",
+            "60",
+            "--out_dir",
+            str(run_dir),
+        ]
+    )
     out = tmp_path / "report"
     cli_run(["report", str(run_dir), "--out", str(out)])
     text = (out / "report.md").read_text()
@@ -184,8 +214,9 @@ def test_labels_are_drawn_as_plain_text_and_escaped_in_tables(tmp_path: Path) ->
     odd, clients = "$\\frac{x$", ["$\\frac{x$", "a|b", "<b>&"]
     for folder, lr, values in ((odd, 0.1, [0.8, 0.6, 0.5]), ("b|c", 0.2, [0.7, 0.9, 0.4])):
         run = make_run(tmp_path / "runs" / folder, FEDAVG, 0, last=dict(zip(clients, values, strict=True)), lr=lr)
-        (run / "class_counts.json").write_text(json.dumps({c: {"train": [3, 1], "val": [1, 1], "test": [1, 1]}
-                                                          for c in clients}))
+        (run / "class_counts.json").write_text(
+            json.dumps({c: {"train": [3, 1], "val": [1, 1], "test": [1, 1]} for c in clients})
+        )
     out = tmp_path / "out"
     report.main([str(tmp_path / "runs"), "--out", str(out)])
     text = (out / "report.md").read_text()
@@ -246,8 +277,9 @@ def _counts(clients: dict[str, list[int]]) -> str:
 
 
 @pytest.mark.long
-def test_each_seed_has_its_own_partition_figure_and_the_cost_figure_its_own_heading(experiment: Path,
-                                                                                    tmp_path: Path) -> None:
+def test_each_seed_has_its_own_partition_figure_and_the_cost_figure_its_own_heading(
+    experiment: Path, tmp_path: Path
+) -> None:
     # seed 0 and seed 1 drew other partitions; FedAvg and Local of one seed share theirs
     for method in ("fedavg", "local"):
         (experiment / method / "seed_0" / "class_counts.json").write_text(_counts({"a": [17, 3], "b": [2, 29]}))
@@ -256,8 +288,12 @@ def test_each_seed_has_its_own_partition_figure_and_the_cost_figure_its_own_head
     report.main([str(experiment), "--out", str(out), "--vector", "svg"])
     text = (out / "report.md").read_text()
     headings = [line for line in text.splitlines() if line.startswith("#")]
-    assert headings[-4:] == ["## Cost", "### Mean validation accuracy against bytes uploaded", "## Partition",
-                             "## Configurations: the keys that differ"]
+    assert headings[-4:] == [
+        "## Cost",
+        "### Mean validation accuracy against bytes uploaded",
+        "## Partition",
+        "## Configurations: the keys that differ",
+    ]
     cost_section = text.split("### Mean validation accuracy against bytes uploaded")[1].split("## Partition")[0]
     assert "(cost.png)" in cost_section and "partition" not in cost_section
     partition = text.split("## Partition")[1]
@@ -270,17 +306,21 @@ def test_each_seed_has_its_own_partition_figure_and_the_cost_figure_its_own_head
         assert any(t.startswith(f"seed {seed}: ") for t in labels)
         assert all(n in labels for n in shown) and not any(n in labels for n in absent)
     assert (out / "report.html").read_text().count("data:image/png;base64,") == 4  # convergence, cost, 2 seeds
-    assert sorted(p.name for p in out.glob("*.svg")) == ["convergence.svg", "cost.svg", "partition_seed_0.svg",
-                                                         "partition_seed_1.svg"]
+    assert sorted(p.name for p in out.glob("*.svg")) == [
+        "convergence.svg",
+        "cost.svg",
+        "partition_seed_0.svg",
+        "partition_seed_1.svg",
+    ]
     # a run of seed 0 on other data is named, not drawn
     (experiment / "local" / "seed_0" / "class_counts.json").write_text(_counts({"a": [1, 1], "b": [1, 1]}))
     report.main([str(experiment), "--out", str(out)])
-    assert f"Seed 0: the runs {experiment / 'local' / 'seed_0'} have another partition" in (
-        out / "report.md").read_text()
+    assert (
+        f"Seed 0: the runs {experiment / 'local' / 'seed_0'} have another partition" in (out / "report.md").read_text()
+    )
 
 
-def test_figures_are_written_as_pdf_with_embedded_truetype_fonts_or_png_only(experiment: Path,
-                                                                              tmp_path: Path) -> None:
+def test_figures_are_written_as_pdf_with_embedded_truetype_fonts_or_png_only(experiment: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     report.main([str(experiment), "--out", str(out)])  # default: PDF beside each PNG
     pdf = (out / "convergence.pdf").read_bytes()

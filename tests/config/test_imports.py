@@ -72,8 +72,7 @@ def test_fit_and_export_through_the_cli_without_pythonpath(tmp_path):
     elsewhere.mkdir()
     (folder / "my_strategies.py").write_text(STRATEGIES)
     recipe = folder / "mine.yaml"
-    recipe.write_text(recipe_text("{class_path: my_strategies.MyFedAvg, init_args: {tag: hand}}",
-                                  "[my_strategies.py]"))
+    recipe.write_text(recipe_text("{class_path: my_strategies.MyFedAvg, init_args: {tag: hand}}", "[my_strategies.py]"))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = tmp_path / "run"
     fit = run_child([str(FEDLIT), "fit", "--config", str(recipe), "--out_dir", str(out)], cwd=elsewhere, env=env)
@@ -100,8 +99,7 @@ def test_the_import_option_works_as_the_recipes_imports(tmp_path, monkeypatch, i
     assert json.loads((out / "config.json").read_text())["imports"] == [str(tmp_path / "user_cli_strategies.py")]
     written = run(["export", "--run", str(out), "--import", "user_cli_strategies.py"])
     assert sorted(written) == ["site_0", "site_1"]
-    assert json.loads((out / "export" / "site_0" / "export.json").read_text())["strategy"] == (
-        "MyFedAvg(tag='option')")
+    assert json.loads((out / "export" / "site_0" / "export.json").read_text())["strategy"] == ("MyFedAvg(tag='option')")
 
 
 def test_a_module_of_a_package_beside_the_recipe(tmp_path, isolated):
@@ -115,18 +113,37 @@ def test_a_module_of_a_package_beside_the_recipe(tmp_path, isolated):
     assert report["strategies"][0]["strategy"] == "MyFedAvg(tag='mine')"
 
 
-@pytest.mark.parametrize(("imports", "option", "expected"), [
-    ("[missing.py]", [], "imports of {recipe}: 'missing.py': no such file ({folder}/missing.py; a relative path is "
-                         "read from the recipe's folder"),
-    ("[my_nowhere.strategies]", [], "imports of {recipe}: 'my_nowhere.strategies': no module named 'my_nowhere', "
-                                    "neither installed nor in the recipe's folder ({folder})"),
-    ("my_strategies.py", [], "imports of {recipe}: expected a list of module names or .py files, got "
-                             "'my_strategies.py'. Write it as `imports: [my_strategies.py]`"),
-    (None, ["--import", "absent.py"], "--import: 'absent.py': no such file ({cwd}/absent.py; a relative path is "
-                                      "read from the current folder"),
-])
-def test_a_bad_entry_is_refused_with_the_entry_the_place_and_the_fix(imports, option, expected, tmp_path, capsys,
-                                                                     isolated):
+@pytest.mark.parametrize(
+    ("imports", "option", "expected"),
+    [
+        (
+            "[missing.py]",
+            [],
+            "imports of {recipe}: 'missing.py': no such file ({folder}/missing.py; a relative path is "
+            "read from the recipe's folder",
+        ),
+        (
+            "[my_nowhere.strategies]",
+            [],
+            "imports of {recipe}: 'my_nowhere.strategies': no module named 'my_nowhere', "
+            "neither installed nor in the recipe's folder ({folder})",
+        ),
+        (
+            "my_strategies.py",
+            [],
+            "imports of {recipe}: expected a list of module names or .py files, got "
+            "'my_strategies.py'. Write it as `imports: [my_strategies.py]`",
+        ),
+        (
+            None,
+            ["--import", "absent.py"],
+            "--import: 'absent.py': no such file ({cwd}/absent.py; a relative path is read from the current folder",
+        ),
+    ],
+)
+def test_a_bad_entry_is_refused_with_the_entry_the_place_and_the_fix(
+    imports, option, expected, tmp_path, capsys, isolated
+):
     folder = tmp_path / "recipes"
     folder.mkdir()
     recipe = folder / "bad.yaml"
@@ -158,8 +175,9 @@ def test_the_flower_app_ships_the_recipes_code_to_its_nodes(tmp_path, monkeypatc
 
     (tmp_path / "my_flower_strategies.py").write_text(STRATEGIES)
     recipe = tmp_path / "app.yaml"
-    recipe.write_text(recipe_text("{class_path: my_flower_strategies.MyFedAvg, init_args: {tag: node}}",
-                                  "[my_flower_strategies.py]"))
+    recipe.write_text(
+        recipe_text("{class_path: my_flower_strategies.MyFedAvg, init_args: {tag: node}}", "[my_flower_strategies.py]")
+    )
     path = run(["flower-app", "--config", str(recipe), "--out", str(tmp_path / "app")])
     config = tomli.loads(path.read_text())["tool"]["flwr"]["app"]["config"]
     assert json.loads(config["imports"]) == {"files": {"my_flower_strategies.py": STRATEGIES}, "import": []}
@@ -174,8 +192,9 @@ def test_the_flower_app_ships_the_recipes_code_to_its_nodes(tmp_path, monkeypatc
     assert Path(sys.modules["my_flower_strategies"].__file__).parent == node / "work" / "recipe"
     # the server and its nodes, in-process: each writes the code beside its copy of the recipe
     config = {**config, "out-dir": str(tmp_path / "server"), "connect-timeout": 5}
-    transport = InProcessTransport({c: (lambda c=c: node_run(config, {"client-id": c}, node / c / "run"))
-                                    for c in ("site_0", "site_1")})
+    transport = InProcessTransport(
+        {c: (lambda c=c: node_run(config, {"client-id": c}, node / c / "run")) for c in ("site_0", "site_1")}
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results = run_server(transport, config)
@@ -210,8 +229,11 @@ def test_fit_and_cost_are_peers_over_the_config_layer():
     assert "fedlit.commands.cost" not in _fedlit_imports(commands / "fit.py")
     assert "fedlit.commands.fit" not in _fedlit_imports(commands / "cost.py")
     for module in ("parser", "resolve", "build", "costing", "imports"):  # the config layer never calls up
-        assert not {m for m in _fedlit_imports(ROOT / "fedlit" / "config" / f"{module}.py")
-                    if m.startswith(("fedlit.commands", "fedlit.cli", "fedlit.flower"))}, module
+        assert not {
+            m
+            for m in _fedlit_imports(ROOT / "fedlit" / "config" / f"{module}.py")
+            if m.startswith(("fedlit.commands", "fedlit.cli", "fedlit.flower"))
+        }, module
 
 
 def test_fit_dry_run_prints_the_estimate_of_the_cost_command(capsys):

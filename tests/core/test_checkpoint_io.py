@@ -41,27 +41,39 @@ def test_a_checkpoint_round_trips(tmp_path):
     assert not (tmp_path / "checkpoints" / "last.ckpt.tmp").exists()
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda good, bad: bad.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2]),
-     "its zip archive is incomplete"),
-    (lambda good, bad: bad.write_bytes(b""), "it ends before any data"),
-    (lambda good, bad: bad.write_text("model: {lr: 0.1}\n"), r"\w+Error while unpickling"),
-    (lambda good, bad: bad.write_bytes(pickle.dumps({"x": NotData()})), r"\w+Error while unpickling"),
-    (lambda good, bad: torch.save({"x": NotData()}, bad),
-     re.escape(f"it holds a Python object of class {__name__}.NotData, which a fedlit checkpoint never does")),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (
+            lambda good, bad: bad.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2]),
+            "its zip archive is incomplete",
+        ),
+        (lambda good, bad: bad.write_bytes(b""), "it ends before any data"),
+        (lambda good, bad: bad.write_text("model: {lr: 0.1}\n"), r"\w+Error while unpickling"),
+        (lambda good, bad: bad.write_bytes(pickle.dumps({"x": NotData()})), r"\w+Error while unpickling"),
+        (
+            lambda good, bad: torch.save({"x": NotData()}, bad),
+            re.escape(f"it holds a Python object of class {__name__}.NotData, which a fedlit checkpoint never does"),
+        ),
+    ],
+)
 def test_an_unreadable_file_names_itself_and_never_suggests_unpickling(tmp_path, make, reason):
     bad = tmp_path / "bad.ckpt"
     make(saved(tmp_path), bad)
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(bad)
-    assert re.match(re.escape(f"ckpt_path: {bad} is not a readable fedlit checkpoint (") + reason
-                    + re.escape("): the file is truncated or corrupted"), str(error.value))
+    assert re.match(
+        re.escape(f"ckpt_path: {bad} is not a readable fedlit checkpoint (")
+        + reason
+        + re.escape("): the file is truncated or corrupted"),
+        str(error.value),
+    )
     assert "weights_only" not in chain(error.value)
 
 
-@pytest.mark.parametrize("payload, held", [(torch.ones(2), "a Tensor"), ({"w": torch.ones(2)},
-                                                                          "a dict without format_version")])
+@pytest.mark.parametrize(
+    "payload, held", [(torch.ones(2), "a Tensor"), ({"w": torch.ones(2)}, "a dict without format_version")]
+)
 def test_a_foreign_torch_file_is_not_a_checkpoint(tmp_path, payload, held):
     torch.save(payload, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match=f"other.pt holds {held}, not a fedlit checkpoint"):
@@ -90,8 +102,9 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", save_until_the_disk_is_full)
     with pytest.raises(RunDirError) as error:
         save_checkpoint(path, {"server_round": 4})
-    assert str(error.value).startswith(f"no space left on device (ENOSPC) writing {path}; the previous checkpoint "
-                                       "is kept.")
+    assert str(error.value).startswith(
+        f"no space left on device (ENOSPC) writing {path}; the previous checkpoint is kept."
+    )
     assert path.read_bytes() == before and not path.with_suffix(".ckpt.tmp").exists()
     with pytest.raises(RunDirError, match="ENOSPC.*no checkpoint was written before"):
         save_checkpoint(tmp_path / "fresh" / "last.ckpt", {"server_round": 1})

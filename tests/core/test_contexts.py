@@ -25,10 +25,19 @@ class LinearOnly(Backbone):
 
 def _federation(out_dir, callbacks, rounds) -> Federation:
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=LinearOnly(), num_classes=3, lr=0.01,
-                                  roles=[RoleRule("backbone.*", "shared")])
-    return Federation(module, TinyTabular(), Local(), rounds=rounds, out_dir=out_dir, progress_bar=False,
-                      accelerator="cpu", callbacks=callbacks)
+    module = ClassificationModule(
+        backbone=LinearOnly(), num_classes=3, lr=0.01, roles=[RoleRule("backbone.*", "shared")]
+    )
+    return Federation(
+        module,
+        TinyTabular(),
+        Local(),
+        rounds=rounds,
+        out_dir=out_dir,
+        progress_bar=False,
+        accelerator="cpu",
+        callbacks=callbacks,
+    )
 
 
 class ServerSide(Callback):
@@ -42,8 +51,11 @@ class ServerSide(Callback):
 
     def on_round_start(self, trainer, server_round) -> None:
         self.seen.append(("round_start", server_round, trainer.server_round, trainer.client_ids))
-        for change in (lambda: setattr(trainer, "server_round", 99), lambda: setattr(trainer.settings, "rounds", 1),
-                       lambda: setattr(trainer, "should_stop", True)):
+        for change in (
+            lambda: setattr(trainer, "server_round", 99),
+            lambda: setattr(trainer.settings, "rounds", 1),
+            lambda: setattr(trainer, "should_stop", True),
+        ):
             with pytest.raises(AttributeError, match="read-only") as err:
                 change()
             self.refused.append(str(err.value))
@@ -61,8 +73,10 @@ def test_server_hooks_get_a_read_only_server_context_whose_stop_ends_the_run_aft
     ids = ["c0", "c1", "c2"]
     assert watcher.seen == [
         ("fit_start", ServerContext, 0, 5),
-        ("round_start", 1, 1, ids), ("round_end", 1, 3, False),
-        ("round_start", 2, 2, ids), ("round_end", 2, 3, False),  # stopped after round 2 of 5: no round 3
+        ("round_start", 1, 1, ids),
+        ("round_end", 1, 3, False),
+        ("round_start", 2, 2, ids),
+        ("round_end", 2, 3, False),  # stopped after round 2 of 5: no round 3
     ]
     assert len(watcher.refused) == 6 and "request_stop" in watcher.refused[2]
     assert federation.server_round == 2 and federation.settings.rounds == 5
@@ -75,8 +89,17 @@ def test_client_hooks_get_the_turn_context_as_trainer_in_a_simulation(tmp_path):
             self.turns = []
 
         def on_client_fit_start(self, trainer, client, server_round, client_id) -> None:
-            self.turns.append((server_round, client_id, trainer is client, isinstance(trainer, ClientContext),
-                               trainer.client_id, trainer.rounds, trainer.num_examples("train")))
+            self.turns.append(
+                (
+                    server_round,
+                    client_id,
+                    trainer is client,
+                    isinstance(trainer, ClientContext),
+                    trainer.client_id,
+                    trainer.rounds,
+                    trainer.num_examples("train"),
+                )
+            )
 
     watcher = ClientSide()
     federation = _federation(tmp_path, [watcher], rounds=2)

@@ -39,8 +39,27 @@ REFUSED = {
     "LPT9.site": "is a device name Windows reserves (no folder can have it there)",
     "aux .x": "is a device name Windows reserves (no folder can have it there)",
 }
-ALLOWED = ["site_0", "site a 50%", "$x_1$", "{x$", "Zürich", "東京", "O'Brien \"north\"", "a,b;c", "a|b", "x-1",
-           "...", ".hidden", "CONSOLE", "COM0", "COM10", "site.NUL", "LPT", "x" * MAX_LENGTH, "\U0001f3e5" * 63]
+ALLOWED = [
+    "site_0",
+    "site a 50%",
+    "$x_1$",
+    "{x$",
+    "Zürich",
+    "東京",
+    'O\'Brien "north"',
+    "a,b;c",
+    "a|b",
+    "x-1",
+    "...",
+    ".hidden",
+    "CONSOLE",
+    "COM0",
+    "COM10",
+    "site.NUL",
+    "LPT",
+    "x" * MAX_LENGTH,
+    "\U0001f3e5" * 63,
+]
 
 
 @pytest.mark.parametrize(("client_id", "why"), list(REFUSED.items()), ids=[repr(c)[:20] for c in REFUSED])
@@ -60,7 +79,8 @@ def test_one_error_names_every_refused_id_the_source_and_the_fix() -> None:
     message = str(err.value)
     assert message.startswith("column 'site' of t.csv: client ids that are not safe as file names: ")
     assert "'../../x' holds a path separator; '/abs' holds a path separator; 'a\\nb' holds a control character" in (
-        message)
+        message
+    )
     assert "'north'" not in message and "'ok'" not in message
     assert "Rename these sites" in message
     with pytest.raises(DataError, match=r"and 5 more\. .*do this"):
@@ -73,11 +93,12 @@ def test_table_cell_escapes_the_pipe() -> None:
 
 
 def test_ids_that_differ_only_by_case_are_refused_together() -> None:
-    assert case_collisions(["SiteA", "b", "sitea", "B", "c", "SITEA", "c"]) == [["SITEA", "SiteA", "sitea"],
-                                                                              ["B", "b"]]
+    assert case_collisions(["SiteA", "b", "sitea", "B", "c", "SITEA", "c"]) == [["SITEA", "SiteA", "sitea"], ["B", "b"]]
     assert case_collisions(["a", "a", "b"]) == []  # the same id twice is one folder, not a collision
     with pytest.raises(DataError) as err:
         check_client_ids(["SiteA", "north", "sitea"], "folders of /data")
-    assert str(err.value).startswith("folders of /data: client ids that are not safe as file names: 'SiteA' and "
-                                     "'sitea' differ only by case (one folder on Windows and macOS). ")
+    assert str(err.value).startswith(
+        "folders of /data: client ids that are not safe as file names: 'SiteA' and "
+        "'sitea' differ only by case (one folder on Windows and macOS). "
+    )
     assert "Rename these sites" in str(err.value)

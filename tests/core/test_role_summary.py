@@ -36,10 +36,16 @@ def test_role_summary_counts_tensors_parameters_and_megabytes_per_role():
 
 
 def test_a_role_rule_that_matches_nothing_warns_with_the_pattern_and_the_option():
-    module = ClassificationModule(backbone=TinyMLP(), num_classes=3,
-                                  roles=[RoleRule("backbone.*", "shared"), RoleRule("backbone.*lora_*", "shared")])
-    with pytest.warns(UserWarning, match=r"model.init_args.roles\[1\]: role rule pattern 'backbone.\*lora_\*' "
-                                         r"\(-> shared\) matches no parameter or buffer of ClassificationModule"):
+    module = ClassificationModule(
+        backbone=TinyMLP(),
+        num_classes=3,
+        roles=[RoleRule("backbone.*", "shared"), RoleRule("backbone.*lora_*", "shared")],
+    )
+    with pytest.warns(
+        UserWarning,
+        match=r"model.init_args.roles\[1\]: role rule pattern 'backbone.\*lora_\*' "
+        r"\(-> shared\) matches no parameter or buffer of ClassificationModule",
+    ):
         module.parameter_roles()
     quiet = ClassificationModule(backbone=TinyMLP(), num_classes=3, roles=[RoleRule("head.*", "personal")])
     with warnings.catch_warnings():

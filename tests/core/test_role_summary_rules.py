@@ -26,8 +26,9 @@ def test_a_default_rule_that_matches_nothing_is_not_reported(capsys):
 
 
 def test_a_recipe_rule_that_matches_nothing_is_reported(capsys):
-    module = ClassificationModule(backbone=Identity(num_features=4), num_classes=2,
-                                  roles=[RoleRule("backbone.fc.*", "personal")])
+    module = ClassificationModule(
+        backbone=Identity(num_features=4), num_classes=2, roles=[RoleRule("backbone.fc.*", "personal")]
+    )
     with pytest.warns(UserWarning, match="role rule pattern 'backbone.fc.\\*'"):
         rounds.log_role_summary(_Run(module))
     assert "Role rules that match no tensor: 'backbone.fc.*' -> personal" in capsys.readouterr().out

@@ -31,8 +31,12 @@ def test_depth_selection_first_and_last_layers():
     first = ParameterRoles.from_module(net, [RoleRule("*", "frozen"), RoleRule("blocks.*", "shared", first=2)])
     assert first["blocks.1.0.weight"] == "shared" and first["blocks.2.0.weight"] == "frozen"
     last = ParameterRoles.from_module(net, [RoleRule("*", "frozen"), RoleRule("blocks.*", "shared", last=1)])
-    assert [n for n in last.names("shared", buffers=False)] == ["blocks.3.0.weight", "blocks.3.0.bias",
-                                                                  "blocks.3.1.weight", "blocks.3.1.bias"]
+    assert [n for n in last.names("shared", buffers=False)] == [
+        "blocks.3.0.weight",
+        "blocks.3.0.bias",
+        "blocks.3.1.weight",
+        "blocks.3.1.bias",
+    ]
 
 
 def test_regex_patterns_and_norm_detection():
@@ -51,11 +55,14 @@ def test_with_roles_and_replace_return_new_objects():
     assert fedbn.counts()["personal"] == 4 * 5
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"role": "global"}, "not one of"),
-    ({"role": "shared", "first": 1, "last": 1}, "not both"),
-    ({"role": "shared", "first": 0}, "must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"role": "global"}, "not one of"),
+        ({"role": "shared", "first": 1, "last": 1}, "not both"),
+        ({"role": "shared", "first": 0}, "must be >= 1"),
+    ],
+)
 def test_invalid_rules_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RoleRule("x", **kwargs)

@@ -20,8 +20,14 @@ def tiny_t5() -> nn.Module:
 
 def tiny_llama() -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=2, vocab_size=32)
+    config = transformers.LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=32,
+    )
     return transformers.LlamaModel(config)
 
 
@@ -37,13 +43,32 @@ LLAMA_NORM = {
 }
 
 
-@pytest.mark.parametrize("build, expected, not_norm", [
-    (tiny_t5, T5_NORM, ["shared.weight", "encoder.block.0.layer.0.SelfAttention.q.weight",
-                        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                        "encoder.block.0.layer.1.DenseReluDense.wo.weight"]),
-    (tiny_llama, LLAMA_NORM, ["embed_tokens.weight", "layers.0.self_attn.q_proj.weight",
-                              "layers.0.mlp.down_proj.weight", "rotary_emb.inv_freq"]),
-], ids=["t5", "llama"])
+@pytest.mark.parametrize(
+    "build, expected, not_norm",
+    [
+        (
+            tiny_t5,
+            T5_NORM,
+            [
+                "shared.weight",
+                "encoder.block.0.layer.0.SelfAttention.q.weight",
+                "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                "encoder.block.0.layer.1.DenseReluDense.wo.weight",
+            ],
+        ),
+        (
+            tiny_llama,
+            LLAMA_NORM,
+            [
+                "embed_tokens.weight",
+                "layers.0.self_attn.q_proj.weight",
+                "layers.0.mlp.down_proj.weight",
+                "rotary_emb.inv_freq",
+            ],
+        ),
+    ],
+    ids=["t5", "llama"],
+)
 def test_custom_norm_classes_of_transformers_encoders_are_norm(build, expected, not_norm):
     roles = ParameterRoles.from_module(build(), [])
     assert {n for n in roles if roles.is_norm(n)} == expected
@@ -128,10 +153,18 @@ def test_norm_by_class_name_and_by_structure_and_never_otherwise():
     roles = ParameterRoles.from_module(Mixed(), [])
     assert {n for n in roles if roles.is_norm(n)} == {
         "pre.scale",
-        "ln_f.weight", "ln_f.bias",
-        "norms.0.weight", "norms.0.bias", "norms.1.weight", "norms.1.bias",
-        "block.norm.weight", "block.norm.bias",
-        "frozen_bn.weight", "frozen_bn.bias", "frozen_bn.running_mean", "frozen_bn.running_var",
+        "ln_f.weight",
+        "ln_f.bias",
+        "norms.0.weight",
+        "norms.0.bias",
+        "norms.1.weight",
+        "norms.1.bias",
+        "block.norm.weight",
+        "block.norm.bias",
+        "frozen_bn.weight",
+        "frozen_bn.bias",
+        "frozen_bn.running_mean",
+        "frozen_bn.running_var",
     }
     # The spectral normalization's power-iteration vectors are buffers, but not normalization statistics.
     assert "snorm.parametrizations.weight.0._u" in roles and not roles.is_norm("snorm.parametrizations.weight.0._u")
@@ -140,29 +173,36 @@ def test_norm_by_class_name_and_by_structure_and_never_otherwise():
 def test_silobn_keeps_the_buffers_of_a_custom_batchnorm_local():
     roles = SiloBN().configure_roles(ParameterRoles.from_module(Mixed(), []))
     assert set(roles.names("personal")) == {
-        "frozen_bn.weight", "frozen_bn.bias", "frozen_bn.running_mean", "frozen_bn.running_var",
+        "frozen_bn.weight",
+        "frozen_bn.bias",
+        "frozen_bn.running_mean",
+        "frozen_bn.running_var",
     }
 
 
-@pytest.mark.parametrize("module, name, expected", [
-    (RmsNorm(4), "", True),
-    (LayerNorm2d(4), "neck.1", True),
-    (nn.BatchNorm2d(4), "", True),
-    (MyRMSNorm(4), "", True),
-    (Affine(4), "layer.0.LayerNorm", True),
-    (Affine(4), "blocks.3.norm1", True),
-    (Affine(4), "q_norm", True),
-    (Affine(4), "", False),
-    (Affine(4), "enormous", False),
-    (LayerScale(4), "blocks.0.ls1", False),
-    (LayerScale(4), "norm", False),
-    (nn.Linear(4, 4), "norm", False),
-    (nn.Conv2d(4, 4, 1), "bn1", False),
-    (nn.Embedding(4, 4), "layer_norm", False),
-    (BiasOnly(4), "norm", False),
-    (nn.LayerNorm(4, elementwise_affine=False), "", True),
-    (nn.Identity(), "norm", False),
-    (PreNorm(4), "layers.0.attn", False),
-], ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else repr(v))
+@pytest.mark.parametrize(
+    "module, name, expected",
+    [
+        (RmsNorm(4), "", True),
+        (LayerNorm2d(4), "neck.1", True),
+        (nn.BatchNorm2d(4), "", True),
+        (MyRMSNorm(4), "", True),
+        (Affine(4), "layer.0.LayerNorm", True),
+        (Affine(4), "blocks.3.norm1", True),
+        (Affine(4), "q_norm", True),
+        (Affine(4), "", False),
+        (Affine(4), "enormous", False),
+        (LayerScale(4), "blocks.0.ls1", False),
+        (LayerScale(4), "norm", False),
+        (nn.Linear(4, 4), "norm", False),
+        (nn.Conv2d(4, 4, 1), "bn1", False),
+        (nn.Embedding(4, 4), "layer_norm", False),
+        (BiasOnly(4), "norm", False),
+        (nn.LayerNorm(4, elementwise_affine=False), "", True),
+        (nn.Identity(), "norm", False),
+        (PreNorm(4), "layers.0.attn", False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else repr(v),
+)
 def test_is_norm_module(module, name, expected):
     assert is_norm_module(module, name) is expected

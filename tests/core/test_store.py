@@ -69,8 +69,9 @@ def test_a_federation_stores_only_personal_tensors_per_client(tmp_path):
     from tests.conftest import make_federation
 
     # backbone shared, head personal: the store must hold N x head, never a copy of the shared backbone
-    federation = make_federation(tmp_path, FedAvg(), rounds=1,
-                                 roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")])
+    federation = make_federation(
+        tmp_path, FedAvg(), rounds=1, roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")]
+    )
     federation.fit()
     head_bytes = (3 * 8 + 3) * 4  # TinyMLP's 8 features -> 3 classes: weight 3x8 + bias 3, float32
     for client in ("c0", "c1", "c2"):

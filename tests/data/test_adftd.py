@@ -19,8 +19,14 @@ pytest.importorskip("eeglabio", reason="eeglabio is not installed (pip install -
 
 RATE = 50.0
 # subject -> (Group, seconds): 6 subjects, 2 per group, of different lengths.
-SUBJECTS = {"sub-001": ("A", 9), "sub-002": ("A", 10), "sub-003": ("F", 11), "sub-004": ("F", 8),
-            "sub-005": ("C", 12), "sub-006": ("C", 9)}
+SUBJECTS = {
+    "sub-001": ("A", 9),
+    "sub-002": ("A", 10),
+    "sub-003": ("F", 11),
+    "sub-004": ("F", 8),
+    "sub-005": ("C", 12),
+    "sub-006": ("C", 9),
+}
 
 
 def signal_of(subject: str, derivatives: bool) -> np.ndarray:
@@ -64,8 +70,9 @@ def test_subjects_become_clients_whole_and_windows_are_labelled_by_group(root):
     assert data.client_ids == list(SUBJECTS)  # one client per subject, named after it
     assert built.class_names == ["AD", "FTD", "CN"] and built.num_classes == 3
     for subject, (group, seconds) in SUBJECTS.items():
-        expected = [[f"derivatives/{subject}/eeg/{subject}_task-eyesclosed_eeg.set", s]
-                    for s in windows_of(seconds, 2, 2)]
+        expected = [
+            [f"derivatives/{subject}/eeg/{subject}_task-eyesclosed_eeg.set", s] for s in windows_of(seconds, 2, 2)
+        ]
         assert built.samples[subject] == expected
         assert built.targets[subject].tolist() == [{"A": 0, "F": 1, "C": 2}[group]] * len(expected)
         sizes = [len(built.splits[subject][s]) for s in ("train", "val", "test")]
@@ -81,12 +88,13 @@ def test_a_window_is_the_recordings_slice_in_microvolts(root):
     assert x.dtype == torch.float32 and x.shape == (3, 3, 75)
     file, start = data.data.samples[client][int(data.data.splits[client]["test"][0])]
     subject = Path(file).parent.parent.name
-    np.testing.assert_allclose(x[0].numpy(), signal_of(subject, True)[:, start:start + 75], atol=1e-3)
+    np.testing.assert_allclose(x[0].numpy(), signal_of(subject, True)[:, start : start + 75], atol=1e-3)
     assert y[0].item() == {"A": 0, "F": 1, "C": 2}[SUBJECTS[subject][0]]
     raw = ADFTD(root=root, derivatives=False, window_seconds=2, num_clients=1, partitioner=IID()).data
     file, start = raw.samples["client_0"][0]
     assert file.startswith("sub-") and raw.read([file, start])[0, 0].item() == pytest.approx(
-        signal_of(file[:7], False)[0, start], abs=1e-3)
+        signal_of(file[:7], False)[0, start], abs=1e-3
+    )
 
 
 def test_subject_unit_keeps_every_subject_in_one_client_window_unit_does_not(root):
@@ -96,8 +104,9 @@ def test_subject_unit_keeps_every_subject_in_one_client_window_unit_does_not(roo
         for subject in subjects:
             owners.setdefault(subject, []).append(client)
     assert sorted(owners) == sorted(SUBJECTS) and all(len(c) == 1 for c in owners.values())
-    assert sum(len(s) for s in by_subject.samples.values()) == sum(len(windows_of(s, 1, 1))
-                                                                   for _, s in SUBJECTS.values())
+    assert sum(len(s) for s in by_subject.samples.values()) == sum(
+        len(windows_of(s, 1, 1)) for _, s in SUBJECTS.values()
+    )
     by_window = ADFTD(root=root, window_seconds=1, num_clients=3, partitioner=IID(), unit="window", seed=1).data
     assert all(len(s) >= 4 for s in by_window.details["subjects"].values())
 
@@ -115,9 +124,12 @@ def test_the_reader_pickles_and_keeps_a_bounded_number_of_recordings_open(root):
 
 
 def test_absent_data_and_bad_files_say_what_to_do(root, tmp_path):
-    with pytest.raises(DataError, match=r"no folder .*participants.tsv \(participant_id, Group A/F/C\) and "
-                                        r"derivatives/sub-XXX/eeg/sub-XXX_task-eyesclosed_eeg.set .*"
-                                        r"https://openneuro.org/datasets/ds004504"):
+    with pytest.raises(
+        DataError,
+        match=r"no folder .*participants.tsv \(participant_id, Group A/F/C\) and "
+        r"derivatives/sub-XXX/eeg/sub-XXX_task-eyesclosed_eeg.set .*"
+        r"https://openneuro.org/datasets/ds004504",
+    ):
         ADFTD(root=tmp_path / "absent")
     partial = make_adftd(tmp_path / "partial", {"sub-001": ("A", 9)})
     (partial / "participants.tsv").write_text("participant_id\tGroup\nsub-001\tA\nsub-002\tX\n")

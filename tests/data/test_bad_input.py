@@ -125,6 +125,7 @@ def test_heart_center_left_without_complete_rows_names_the_client(heart_copy: Pa
     ):
         FedHeartDisease(root=heart_copy).setup()
 
+
 def test_heart_too_few_train_rows_for_a_validation_split(heart_copy: Path) -> None:
     path = heart_copy / "processed.switzerland.data"
     lines = path.read_text().splitlines()
@@ -394,7 +395,6 @@ def test_no_client_at_all() -> None:
         data.setup()
 
 
-
 # Image files (read lazily by SiteFolders, the segmentation sites) ----------------------------------------------
 
 
@@ -430,8 +430,9 @@ def test_decompression_bomb_names_the_file_the_size_and_the_limit(
         ImageFile(root=str(tmp_path))("huge.png")
 
 
-@pytest.mark.parametrize(("name", "why"), [("cut.png", "OSError: image file is truncated"),
-                                           ("text.png", "UnidentifiedImageError")])
+@pytest.mark.parametrize(
+    ("name", "why"), [("cut.png", "OSError: image file is truncated"), ("text.png", "UnidentifiedImageError")]
+)
 def test_truncated_or_garbage_image_names_the_file(tmp_path: Path, name: str, why: str) -> None:
     from fedlit.data.common.samples import ImageFile
     from fedlit.data.segmentation_sites import decode_image
@@ -457,11 +458,13 @@ def _tiny_medmnist() -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     ("key", "shape", "expected"),
-    [("train_images", (20,), "(N, H, W) for grey images or (N, H, W, 3)"),
-     ("val_images", (6, 8, 8, 3, 1), "(N, H, W) for grey images"),
-     ("test_images", (6, 8, 8, 2), "(N, H, W) for grey images"),
-     ("train_labels", (), "(N,) or (N, L): one row of L labels per image"),
-     ("val_labels", (6, 1, 1), "(N,) or (N, L)")],
+    [
+        ("train_images", (20,), "(N, H, W) for grey images or (N, H, W, 3)"),
+        ("val_images", (6, 8, 8, 3, 1), "(N, H, W) for grey images"),
+        ("test_images", (6, 8, 8, 2), "(N, H, W) for grey images"),
+        ("train_labels", (), "(N,) or (N, L): one row of L labels per image"),
+        ("val_labels", (6, 1, 1), "(N,) or (N, L)"),
+    ],
 )
 def test_medmnist_array_of_the_wrong_dimensions_names_file_key_and_shape(
     tmp_path: Path, key: str, shape: tuple[int, ...], expected: str
@@ -474,14 +477,23 @@ def test_medmnist_array_of_the_wrong_dimensions_names_file_key_and_shape(
 
 def test_medmnist_splits_of_different_image_or_label_shapes(tmp_path: Path) -> None:
     path = _write(tmp_path / "tinymnist.npz", dict(_tiny_medmnist(), test_images=np.zeros((6, 8, 8, 3), np.uint8)))
-    with pytest.raises(DataError, match=re.escape(f"{path}: the splits' images differ in shape (train_images ('N', 8, "
-                                                  "8), val_images ('N', 8, 8), test_images ('N', 8, 8, 3))")):
+    with pytest.raises(
+        DataError,
+        match=re.escape(
+            f"{path}: the splits' images differ in shape (train_images ('N', 8, "
+            "8), val_images ('N', 8, 8), test_images ('N', 8, 8, 3))"
+        ),
+    ):
         MedMNIST(path=path, num_clients=2).setup()
     arrays = dict(_tiny_medmnist(), val_labels=np.zeros((6, 2), np.uint8))
     with pytest.raises(DataError, match=re.escape("the splits' labels differ in shape")):
         MedMNIST(path=_write(path, arrays), num_clients=2).setup()
-    arrays = dict(_tiny_medmnist(), train_labels=np.zeros(20, np.uint8), val_labels=np.zeros((0, 1), np.uint8),
-                  val_images=np.zeros((0, 8, 8), np.uint8))
+    arrays = dict(
+        _tiny_medmnist(),
+        train_labels=np.zeros(20, np.uint8),
+        val_labels=np.zeros((0, 1), np.uint8),
+        val_images=np.zeros((0, 8, 8), np.uint8),
+    )
     assert MedMNIST(path=_write(path, arrays), num_clients=1).task == "multiclass"  # (N,) labels, an empty split
 
 
@@ -516,12 +528,21 @@ def _small_medmnist() -> dict[str, np.ndarray]:
     return arrays | {f"{s}_labels": (np.arange(n) % 2).astype(np.uint8)[:, None] for s, n in sizes.items()}
 
 
-@pytest.mark.parametrize(("scale", "expected"), [
-    (1e6, r"train_images\[0, 0, 0\] is \d+\.0, outside the pixel range 0\.\.255 \(MedMNIST images are uint8; "
-          r"rescale to 0\.\.255 and save as np\.uint8\); 2560 such values in train_images"),
-    (1 / 255, r"train_images\[0, 0, 0\] is 0\.\d+, not a whole number: pixels are uint8 0\.\.255 \(an array "
-              r"scaled to \[0, 1\]\? save \(images \* 255\)\.round\(\)\.astype\(np\.uint8\)\)"),
-])
+@pytest.mark.parametrize(
+    ("scale", "expected"),
+    [
+        (
+            1e6,
+            r"train_images\[0, 0, 0\] is \d+\.0, outside the pixel range 0\.\.255 \(MedMNIST images are uint8; "
+            r"rescale to 0\.\.255 and save as np\.uint8\); 2560 such values in train_images",
+        ),
+        (
+            1 / 255,
+            r"train_images\[0, 0, 0\] is 0\.\d+, not a whole number: pixels are uint8 0\.\.255 \(an array "
+            r"scaled to \[0, 1\]\? save \(images \* 255\)\.round\(\)\.astype\(np\.uint8\)\)",
+        ),
+    ],
+)
 def test_medmnist_float_pixels_outside_0_255_or_scaled_are_refused(tmp_path: Path, scale: float, expected: str) -> None:
     arrays = _small_medmnist()
     arrays["train_images"] = arrays["train_images"].astype(np.float64) * scale

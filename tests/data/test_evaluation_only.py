@@ -41,9 +41,16 @@ class Sites(FederatedDataModule):
         none = np.array([], dtype=int)
         splits = {site: {"train": np.arange(6), "val": none, "test": np.array([6, 7])} for site in "ab"}
         splits["c"] = {"train": none, "val": none, "test": np.arange(8)}
-        return SampleList(name="points", task="multiclass", num_classes=2, samples=samples,
-                          targets={s: torch.tensor([i % 2 for i in ids]) for s, ids in samples.items()},
-                          splits=splits, read=DatasetInput(Points()), evaluation_only=self.evaluation_only_sites)
+        return SampleList(
+            name="points",
+            task="multiclass",
+            num_classes=2,
+            samples=samples,
+            targets={s: torch.tensor([i % 2 for i in ids]) for s, ids in samples.items()},
+            splits=splits,
+            read=DatasetInput(Points()),
+            evaluation_only=self.evaluation_only_sites,
+        )
 
 
 def test_an_evaluation_only_client_is_tested_with_the_global_model_and_never_trained(tmp_path: Path) -> None:

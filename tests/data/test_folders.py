@@ -17,8 +17,11 @@ from fedlit.core.errors import DataError
 from fedlit.data import SiteFolders
 
 # site -> class -> number of images; site_c lists its images in a labels.csv instead of class folders.
-COUNTS = {"site_a": {"benign": 8, "malignant": 4}, "site_b": {"benign": 6, "malignant": 6},
-          "site_c": {"benign": 4, "malignant": 4, "normal": 4}}
+COUNTS = {
+    "site_a": {"benign": 8, "malignant": 4},
+    "site_b": {"benign": 6, "malignant": 6},
+    "site_c": {"benign": 4, "malignant": 4, "normal": 4},
+}
 
 
 def _png(path: Path, value: int, size: int, mode: str = "L") -> None:
@@ -39,8 +42,12 @@ def sites(tmp_path: Path) -> Path:
                     _png(root / site / "images" / f"{name}_{i}.png", 40 * c, 16)
                     rows.append(f"images/{name}_{i}.png,{name}")
                 else:
-                    _png(root / site / name / f"img_{i}.png", 40 * c, 20 if site == "site_a" else 12,
-                         "L" if site == "site_a" else "RGB")
+                    _png(
+                        root / site / name / f"img_{i}.png",
+                        40 * c,
+                        20 if site == "site_a" else 12,
+                        "L" if site == "site_a" else "RGB",
+                    )
         if site == "site_c":
             (root / site / "labels.csv").write_text("\n".join(rows) + "\n")
     return root
@@ -71,8 +78,11 @@ def test_sites_classes_counts_and_manifest(sites: Path) -> None:
         assert [data.num_examples(site, s) for s in ("train", "val", "test")] == [len(files[s]) for s in files]
     # stratified: site_b (6 + 6) puts 3 + 3 in train
     assert counts["site_b"]["train"] == [3, 3, 0]
-    assert manifest["details"]["layouts"] == {"site_a": "class folders", "site_b": "class folders",
-                                              "site_c": "labels.csv"}
+    assert manifest["details"]["layouts"] == {
+        "site_a": "class folders",
+        "site_b": "class folders",
+        "site_c": "labels.csv",
+    }
 
 
 def test_same_seed_same_split_other_seed_other_split(sites: Path) -> None:
@@ -178,9 +188,13 @@ def test_bad_folders_are_refused_naming_the_file(sites: Path, tmp_path: Path) ->
 
 def test_a_site_folder_named_like_an_option_is_refused_naming_the_root(sites: Path) -> None:
     (sites / "site_b").rename(sites / "--site_b")
-    with pytest.raises(DataError, match=re.escape(
+    with pytest.raises(
+        DataError,
+        match=re.escape(
             f"the site folders of {sites} (data.init_args.root, data.init_args.sites): client ids that are not "
-            "safe as file names: '--site_b' starts with '-' (it would read as an option).")):
+            "safe as file names: '--site_b' starts with '-' (it would read as an option)."
+        ),
+    ):
         _data(sites).setup()
 
 
@@ -246,8 +260,9 @@ def test_recipe_trains_two_rounds_through_the_cli(sites: Path, tmp_path: Path) -
     counts = json.loads((out / "class_counts.json").read_text())
     assert counts["site_a"]["train"] == [4, 2, 0]
     # the file manifest is rebuilt identically, so the run resumes; the test subcommand reads the checkpoint
-    resumed = run(["fit", "--config", str(recipe), "--out_dir", str(out), "--federation.rounds", "3",
-                   "--ckpt_path", "last"])
+    resumed = run(
+        ["fit", "--config", str(recipe), "--out_dir", str(out), "--federation.rounds", "3", "--ckpt_path", "last"]
+    )
     assert resumed["last"]["round"] == 3
     tested = run(["test", "--config", str(recipe), "--out_dir", str(out), "--federation.rounds", "3"])
     assert tested["summary"]["accuracy_mean"] == pytest.approx(resumed["last"]["summary"]["accuracy_mean"])
@@ -289,8 +304,9 @@ def test_binary_task_with_a_third_label_names_where_each_class_is_first_seen(sit
     assert f"'benign' first at {sites / 'site_a' / 'benign'}" in str(info.value)
 
 
-def test_a_node_holding_only_its_site_builds_it_as_among_all_with_the_recipe_label_map(sites: Path,
-                                                                                       tmp_path: Path) -> None:
+def test_a_node_holding_only_its_site_builds_it_as_among_all_with_the_recipe_label_map(
+    sites: Path, tmp_path: Path
+) -> None:
     """site_a has benign and malignant only: with class_names it keeps 'malignant' = 1 of [benign, malignant,
     normal], and a node whose root holds only site_a (the recipe listing all three sites) builds the same files,
     splits and targets as the pooled folders."""
@@ -315,6 +331,9 @@ def test_a_node_holding_only_its_site_builds_it_as_among_all_with_the_recipe_lab
 
 def test_a_label_outside_the_recipe_label_map_is_refused(sites: Path) -> None:
     data = _data(sites, class_names=["benign", "malignant"])
-    with pytest.raises(DataError, match=r"class_names \['benign', 'malignant'\] lacks labels of .*: 'normal' first "
-                                        r"at .*site_c/labels\.csv, line 10"):
+    with pytest.raises(
+        DataError,
+        match=r"class_names \['benign', 'malignant'\] lacks labels of .*: 'normal' first "
+        r"at .*site_c/labels\.csv, line 10",
+    ):
         data.setup()

@@ -35,10 +35,15 @@ print(json.dumps(out))
 
 
 def _digests(threads: int) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = run_child([sys.executable, "-c", BUILD, str(threads), str(ROOT / "recipes" / "quickstart.yaml")],
-                     cwd=ROOT, env=env)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = run_child(
+        [sys.executable, "-c", BUILD, str(threads), str(ROOT / "recipes" / "quickstart.yaml")], cwd=ROOT, env=env
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -39,9 +39,7 @@ def _flamby_reference(root: Path) -> dict[str, dict[str, tuple[torch.Tensor, tor
     """FLamby's HeartDiseaseRaw written again, row by row as FLamby does, for an independent comparison."""
     features, labels, centers, sets = pd.DataFrame(), pd.DataFrame(), [], []
     for number, center in enumerate(CENTERS):
-        df = pd.read_csv(
-            root / f"processed.{center}.data", header=None, skiprows=1
-        )  # these copies have a header
+        df = pd.read_csv(root / f"processed.{center}.data", header=None, skiprows=1)  # these copies have a header
         df = df.replace("?", np.nan).drop([10, 11, 12], axis=1).dropna(axis=0).apply(pd.to_numeric)
         center_x, center_y = df.iloc[:, :-1], df.iloc[:, -1]
         features = pd.concat((features, center_x), ignore_index=True)
@@ -168,9 +166,11 @@ def test_one_hospital_alone_builds_its_client_as_among_all_four(root: Path, tmp_
         assert alone.num_examples("hungarian", split) == full.num_examples("hungarian", split)
         if not alone.num_examples("hungarian", split):
             continue
-        loader = {"train": lambda d: d.train_dataloader("hungarian", torch.Generator().manual_seed(0)),
-                  "val": lambda d: d.val_dataloader("hungarian"),
-                  "test": lambda d: d.test_dataloader("hungarian")}[split]
+        loader = {
+            "train": lambda d: d.train_dataloader("hungarian", torch.Generator().manual_seed(0)),
+            "val": lambda d: d.val_dataloader("hungarian"),
+            "test": lambda d: d.test_dataloader("hungarian"),
+        }[split]
         (xa, ya), (xf, yf) = _all(loader(alone)), _all(loader(full))
         assert torch.equal(xa, xf) and torch.equal(ya, yf), split
     assert alone.data.details["rows"]["hungarian"] == full.data.details["rows"]["hungarian"]
@@ -198,7 +198,5 @@ def test_a_category_outside_its_documented_values_is_refused(root: Path, tmp_pat
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.0])
 def test_bad_val_fraction(root: Path, fraction: float) -> None:
-    with pytest.raises(
-        ValueError, match=rf"data\.init_args\.val_fraction must be in \[0, 1\), got {fraction}"
-    ):
+    with pytest.raises(ValueError, match=rf"data\.init_args\.val_fraction must be in \[0, 1\), got {fraction}"):
         FedHeartDisease(root=root, val_fraction=fraction)

@@ -67,9 +67,7 @@ def test_token_ids_are_the_real_tokenizers(built, root):
 def test_same_seed_same_clients_other_seed_other_clients(root, built):
     again = MedicalAbstracts(root=root, max_length=32, num_clients=4, seed=0).data
     assert torch.equal(again.inputs, built.inputs)
-    assert all(
-        np.array_equal(again.splits[c][s], built.splits[c][s]) for c in built.splits for s in built.splits[c]
-    )
+    assert all(np.array_equal(again.splits[c][s], built.splits[c][s]) for c in built.splits for s in built.splits[c])
     other = MedicalAbstracts(root=root, max_length=32, num_clients=4, seed=1).data
     assert not np.array_equal(other.splits["client_0"]["train"], built.splits["client_0"]["train"])
 

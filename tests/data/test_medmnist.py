@@ -151,9 +151,7 @@ def test_missing_file_says_where_to_get_it(tmp_path: Path) -> None:
     assert str(missing) in str(info.value)
     assert "download organamnist.npz from https://zenodo.org/records/10519652" in str(info.value)
     (tmp_path / "x.npz").touch()
-    with pytest.raises(
-        FileNotFoundError, match=r"it is a folder; give the \.npz file inside it \(\['x\.npz'\]\)"
-    ):
+    with pytest.raises(FileNotFoundError, match=r"it is a folder; give the \.npz file inside it \(\['x\.npz'\]\)"):
         MedMNIST(path=tmp_path)
 
 
@@ -161,9 +159,7 @@ def test_missing_keys_are_listed(tmp_path: Path) -> None:
     path = tmp_path / "broken.npz"
     np.savez(path, train_images=np.zeros((4, 8, 8), np.uint8), train_labels=np.zeros((4, 1), np.uint8))
     data = MedMNIST(path=path, num_clients=2)
-    with pytest.raises(
-        ValueError, match=r"lacks keys \['val_images', 'val_labels', 'test_images', 'test_labels'\]"
-    ):
+    with pytest.raises(ValueError, match=r"lacks keys \['val_images', 'val_labels', 'test_images', 'test_labels'\]"):
         data.setup()
 
 
@@ -172,9 +168,7 @@ def test_task_that_does_not_fit_the_labels_is_refused(tiny_multilabel: Path) -> 
         MedMNIST(path=tiny_multilabel, num_clients=2, task="multiclass").setup()
     multiclass = _write_tiny(
         tiny_multilabel.with_name("tiny3.npz"),
-        labels_per_split={
-            s: np.arange(n).reshape(-1, 1) % 3 for s, n in (("train", 12), ("val", 3), ("test", 3))
-        },
+        labels_per_split={s: np.arange(n).reshape(-1, 1) % 3 for s, n in (("train", 12), ("val", 3), ("test", 3))},
         rgb=False,
     )
     with pytest.raises(ValueError, match=r"task='binary' needs 0/1 labels"):
@@ -182,9 +176,7 @@ def test_task_that_does_not_fit_the_labels_is_refused(tiny_multilabel: Path) -> 
 
 
 def test_bad_options_are_collected(tiny_multilabel: Path) -> None:
-    with pytest.raises(
-        ValueError, match=r"task must be one of .*; data\.init_args\.channels must be null, 1 or 3"
-    ):
+    with pytest.raises(ValueError, match=r"task must be one of .*; data\.init_args\.channels must be null, 1 or 3"):
         MedMNIST(path=tiny_multilabel, task="segmentation", channels=2)  # type: ignore[arg-type]
 
 

@@ -68,9 +68,7 @@ def test_dirichlet_covers_every_index_once(case: tuple[np.ndarray, int], alpha: 
 
 @FAST
 @given(labelled(), st.integers(1, 6), st.integers(0, 2**16))
-def test_pathological_covers_every_index_once_with_k_classes(
-    case: tuple[np.ndarray, int], k: int, seed: int
-) -> None:
+def test_pathological_covers_every_index_once_with_k_classes(case: tuple[np.ndarray, int], k: int, seed: int) -> None:
     labels, num_clients = case
     num_classes = len(np.unique(labels))
     k = min(k, num_classes)
@@ -182,9 +180,7 @@ def test_reprs_show_hyperparameters() -> None:
 
 @pytest.mark.parametrize("alpha", [0.0, -1.0])
 def test_dirichlet_rejects_non_positive_alpha(alpha: float) -> None:
-    with pytest.raises(
-        ValueError, match=rf"data\.init_args\.partitioner\.init_args\.alpha must be > 0, got {alpha}"
-    ):
+    with pytest.raises(ValueError, match=rf"data\.init_args\.partitioner\.init_args\.alpha must be > 0, got {alpha}"):
         Dirichlet(alpha=alpha)
 
 
@@ -197,9 +193,7 @@ def test_dirichlet_reports_impossible_min_size() -> None:
 
 
 def test_pathological_rejects_bad_classes_per_client() -> None:
-    with pytest.raises(
-        ValueError, match=r"partitioner\.init_args\.classes_per_client must be an integer >= 1"
-    ):
+    with pytest.raises(ValueError, match=r"partitioner\.init_args\.classes_per_client must be an integer >= 1"):
         Pathological(classes_per_client=0)
     with pytest.raises(ValueError, match=r"classes_per_client=4 is more than the 3 classes"):
         Pathological(classes_per_client=4)(np.repeat([0, 1, 2], 5), 2, np.random.default_rng(0))
@@ -213,9 +207,7 @@ def test_more_clients_than_samples_is_refused() -> None:
 
 
 def test_shards_rejects_major_plus_minor_above_one() -> None:
-    with pytest.raises(
-        ValueError, match=r"init_args\.major \+ data\.init_args\.partitioner\.init_args\.minor"
-    ):
+    with pytest.raises(ValueError, match=r"init_args\.major \+ data\.init_args\.partitioner\.init_args\.minor"):
         Shards(major=0.8, minor=0.3)
     with pytest.raises(ValueError, match="needs 3 or more clients"):
         Shards()(np.repeat([0, 1], 10), 2, np.random.default_rng(0))
@@ -245,9 +237,7 @@ def test_split_clients_with_zero_val_fraction_gives_empty_val() -> None:
                            np.random.default_rng(0), ["a", "b"])  # fmt: skip
     assert [len(splits["a"][s]) for s in ("train", "val", "test")] == [10, 0, 10]
     with pytest.raises(ValueError, match=r"client 'b' got 2 samples, fewer than the 3 non-empty splits"):
-        split_clients(
-            [np.arange(5), np.arange(5, 7)], labels, (0.4, 0.3, 0.3), np.random.default_rng(0), ["a", "b"]
-        )
+        split_clients([np.arange(5), np.arange(5, 7)], labels, (0.4, 0.3, 0.3), np.random.default_rng(0), ["a", "b"])
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,13 @@ def pranet(tmp_path: Path) -> Path:
     for stem in ("cju0qkwl35piu0993l0dewei2", "cju0roawvklrq0799vmjorwfv", "cju0rx1idathl0835detmsp84", "1", "2", "3"):
         _pair(train / "image", train / "mask", stem)
     test = tmp_path / "TestDataset"
-    for site, stems in (("Kvasir", ["cju0s2a9ekvms080138tjjpxr", "cju0s690hkp960855tjuaqvv0"]),
-                        ("CVC-ClinicDB", ["600", "601"]), ("CVC-ColonDB", [str(i) for i in range(1, 6)]),
-                        ("ETIS-LaribPolypDB", [str(i) for i in range(1, 6)]), ("CVC-300", ["150", "151"])):
+    for site, stems in (
+        ("Kvasir", ["cju0s2a9ekvms080138tjjpxr", "cju0s690hkp960855tjuaqvv0"]),
+        ("CVC-ClinicDB", ["600", "601"]),
+        ("CVC-ColonDB", [str(i) for i in range(1, 6)]),
+        ("ETIS-LaribPolypDB", [str(i) for i in range(1, 6)]),
+        ("CVC-300", ["150", "151"]),
+    ):
         for stem in stems:
             _pair(test / site / "images", test / site / "masks", stem)
     return tmp_path
@@ -45,16 +49,26 @@ def test_pranet_layout_gives_four_sites_with_the_train_files_sorted_by_name(pran
     assert data.client_ids == ["Kvasir", "ETIS-LaribPolypDB", "CVC-ColonDB", "CVC-ClinicDB"]  # FedSCA's C1-C4
     assert data.task == "segmentation" and data.num_classes == 1 and data.class_counts() is None
     manifest = json.loads(json.dumps(data.manifest()))
-    held = {site: sorted(image for split in ("train", "val", "test") for image, _ in manifest["clients"][site][split])
-            for site in data.client_ids}
-    assert held["Kvasir"] == sorted(["TrainDataset/image/cju0qkwl35piu0993l0dewei2.png",
-                                     "TrainDataset/image/cju0roawvklrq0799vmjorwfv.png",
-                                     "TrainDataset/image/cju0rx1idathl0835detmsp84.png",
-                                     "TestDataset/Kvasir/images/cju0s2a9ekvms080138tjjpxr.png",
-                                     "TestDataset/Kvasir/images/cju0s690hkp960855tjuaqvv0.png"])
-    assert held["CVC-ClinicDB"] == sorted([*(f"TrainDataset/image/{i}.png" for i in (1, 2, 3)),
-                                           "TestDataset/CVC-ClinicDB/images/600.png",
-                                           "TestDataset/CVC-ClinicDB/images/601.png"])
+    held = {
+        site: sorted(image for split in ("train", "val", "test") for image, _ in manifest["clients"][site][split])
+        for site in data.client_ids
+    }
+    assert held["Kvasir"] == sorted(
+        [
+            "TrainDataset/image/cju0qkwl35piu0993l0dewei2.png",
+            "TrainDataset/image/cju0roawvklrq0799vmjorwfv.png",
+            "TrainDataset/image/cju0rx1idathl0835detmsp84.png",
+            "TestDataset/Kvasir/images/cju0s2a9ekvms080138tjjpxr.png",
+            "TestDataset/Kvasir/images/cju0s690hkp960855tjuaqvv0.png",
+        ]
+    )
+    assert held["CVC-ClinicDB"] == sorted(
+        [
+            *(f"TrainDataset/image/{i}.png" for i in (1, 2, 3)),
+            "TestDataset/CVC-ClinicDB/images/600.png",
+            "TestDataset/CVC-ClinicDB/images/601.png",
+        ]
+    )
     assert held["CVC-ColonDB"] == sorted(f"TestDataset/CVC-ColonDB/images/{i}.png" for i in range(1, 6))
     for site in data.client_ids:  # 5 pairs split 8:0:2
         assert [data.num_examples(site, s) for s in ("train", "val", "test")] == [4, 0, 1]

@@ -23,12 +23,26 @@ def test_site_folders_record_redoes_the_loader(tmp_path: Path) -> None:
             for i in range(4):
                 (tmp_path / site / label).mkdir(parents=True, exist_ok=True)
                 Image.new("L", (6, 6), 102).save(tmp_path / site / label / f"{i}.png")
-    data = SiteFolders(root=str(tmp_path), image_size=4, channels=1, mean=[0.2], std=[0.5],
-                       split_fractions=(0.5, 0.0, 0.5), batch_size=2)
+    data = SiteFolders(
+        root=str(tmp_path),
+        image_size=4,
+        channels=1,
+        mean=[0.2],
+        std=[0.5],
+        split_fractions=(0.5, 0.0, 0.5),
+        batch_size=2,
+    )
     data.setup()
     record = data.preprocessing("a")["normalization"]
-    assert record == {"kind": "image", "channels": 1, "size": 4, "scale": "8-bit / 255, 16-bit / 65535",
-                      "mean": [0.2], "std": [0.5], "eval_transform": None}
+    assert record == {
+        "kind": "image",
+        "channels": 1,
+        "size": 4,
+        "scale": "8-bit / 255, 16-bit / 65535",
+        "mean": [0.2],
+        "std": [0.5],
+        "eval_transform": None,
+    }
     # a uniform 8-bit grey 102 stays 102 when resized: (102 / 255 - 0.2) / 0.5 = (0.4 - 0.2) / 0.5 = 0.4
     assert torch.allclose(_first_test_input(data), torch.full((1, 4, 4), 0.4), atol=1e-6)
 

@@ -51,20 +51,51 @@ def make_ptbxl(root: Path, count: int = 36, sites=None) -> Path:
     (root / "records100" / "00000").mkdir(parents=True)
     with (root / "scp_statements.csv").open("w", newline="") as handle:
         csv.writer(handle).writerows(STATEMENTS)
-    columns = ["ecg_id", "patient_id", "age", "sex", "site", "device", "report", "scp_codes", "strat_fold",
-               "filename_lr", "filename_hr"]
+    columns = [
+        "ecg_id",
+        "patient_id",
+        "age",
+        "sex",
+        "site",
+        "device",
+        "report",
+        "scp_codes",
+        "strat_fold",
+        "filename_lr",
+        "filename_hr",
+    ]
     with (root / "ptbxl_database.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(columns)
         for i in range(count):
             ecg_id = i + 1
             site = "" if sites is None and i == 0 else (sites[i] if sites else f"{float(i % 3)}")
-            writer.writerow([ecg_id, f"{1000.0 + i // 2}", "56.0", "1", site, "CS-12   E", "sinusrhythmus, normal",
-                             repr(record_codes(i)), i % 10 + 1, f"records100/00000/{ecg_id:05d}_lr",
-                             f"records500/00000/{ecg_id:05d}_hr"])
-            wfdb.wrsamp(f"{ecg_id:05d}_lr", fs=100, units=["mV"] * 12, sig_name=LEADS, p_signal=signal_of(i),
-                        fmt=["16"] * 12, adc_gain=[1000.0] * 12, baseline=[0] * 12,
-                        write_dir=str(root / "records100" / "00000"))
+            writer.writerow(
+                [
+                    ecg_id,
+                    f"{1000.0 + i // 2}",
+                    "56.0",
+                    "1",
+                    site,
+                    "CS-12   E",
+                    "sinusrhythmus, normal",
+                    repr(record_codes(i)),
+                    i % 10 + 1,
+                    f"records100/00000/{ecg_id:05d}_lr",
+                    f"records500/00000/{ecg_id:05d}_hr",
+                ]
+            )
+            wfdb.wrsamp(
+                f"{ecg_id:05d}_lr",
+                fs=100,
+                units=["mV"] * 12,
+                sig_name=LEADS,
+                p_signal=signal_of(i),
+                fmt=["16"] * 12,
+                adc_gain=[1000.0] * 12,
+                baseline=[0] * 12,
+                write_dir=str(root / "records100" / "00000"),
+            )
     return root
 
 
@@ -115,8 +146,10 @@ def test_strat_fold_keeps_folds_1_8_9_10(root):
     data = PTBXL(root=root, num_clients=1, partitioner=IID(), split="strat_fold", seed=0)
     built = data.data
     for client, identities in built.samples.items():
-        folds = {s: sorted({(int(Path(identities[p]).name[:5]) - 1) % 10 + 1 for p in built.splits[client][s]})
-                 for s in ("train", "val", "test")}
+        folds = {
+            s: sorted({(int(Path(identities[p]).name[:5]) - 1) % 10 + 1 for p in built.splits[client][s]})
+            for s in ("train", "val", "test")
+        }
         assert set(folds["train"]) <= set(range(1, 9)) and folds["val"] == [9] and folds["test"] == [10]
         assert [len(built.splits[client][s]) for s in ("train", "val", "test")] == [24, 3, 3]
 
@@ -164,8 +197,11 @@ def test_absent_folder_names_the_layout_and_the_download_page(tmp_path):
 def test_missing_record_and_bad_scp_codes_are_named(tmp_path):
     root = make_ptbxl(tmp_path / "a", count=12)
     (root / "records100/00000/00004_lr.hea").unlink()
-    with pytest.raises(DataError, match=r"1 of the 12 records used from ptbxl_database.csv are missing \(records100/"
-                                        r"00000/00004_lr.hea\)"):
+    with pytest.raises(
+        DataError,
+        match=r"1 of the 12 records used from ptbxl_database.csv are missing \(records100/"
+        r"00000/00004_lr.hea\)",
+    ):
         PTBXL(root=root, num_clients=2, partitioner=IID()).setup()
     root = make_ptbxl(tmp_path / "b", count=12)
     text = (root / "ptbxl_database.csv").read_text().replace("{'NORM': 100.0, 'SR': 0.0}", "{'NORM': 100.0", 1)
@@ -178,7 +214,10 @@ def test_options_are_checked():
     with pytest.raises(ConfigError) as error:
         PTBXL(root="nowhere", sampling_rate=250, labels="superclass", num_clients=0, partitioner=Dirichlet)
     message = str(error.value)
-    for part in ("sampling_rate must be one of [100, 500], got 250", "labels must be one of ['single', "
-                 "'max_likelihood', 'multilabel'], got 'superclass'", "num_clients must be an integer >= 1",
-                 "partitioner must be a Partitioner"):
+    for part in (
+        "sampling_rate must be one of [100, 500], got 250",
+        "labels must be one of ['single', 'max_likelihood', 'multilabel'], got 'superclass'",
+        "num_clients must be an integer >= 1",
+        "partitioner must be a Partitioner",
+    ):
         assert part in message

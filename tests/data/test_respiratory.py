@@ -47,8 +47,9 @@ def test_icbhi_cycles_labels_and_patients(tmp_path):
 
 
 def test_icbhi_natural_split_by_patient_and_loaders(tmp_path):
-    data = ICBHI(root=write_icbhi(tmp_path / "icbhi"), partitioner=Natural(), num_clients=2, clip_seconds=0.5,
-                 batch_size=8)
+    data = ICBHI(
+        root=write_icbhi(tmp_path / "icbhi"), partitioner=Natural(), num_clients=2, clip_seconds=0.5, batch_size=8
+    )
     built = data.data
     assert data.client_ids == ["patient_101", "patient_102"]
     assert len(built.samples["patient_101"]) == 6 and len(built.samples["patient_102"]) == 4
@@ -63,14 +64,17 @@ def test_icbhi_natural_split_by_patient_and_loaders(tmp_path):
 
 
 def test_icbhi_fraction_and_official_split(tmp_path):
-    root = write_icbhi(tmp_path / "icbhi", split={"101_1b1_Al_sc_Meditron": "train", "101_2b1_Ar_sc_Meditron": "test",
-                                                  "102_1b1_Tc_sc_LittC2SE": "train"})
+    root = write_icbhi(
+        tmp_path / "icbhi",
+        split={"101_1b1_Al_sc_Meditron": "train", "101_2b1_Ar_sc_Meditron": "test", "102_1b1_Tc_sc_LittC2SE": "train"},
+    )
     half = ICBHI(root=root, partitioner=IID(), num_clients=1, fraction=0.5).data
     assert len(half.samples["client_0"]) == 5  # int(10 * 0.5)
     official = ICBHI(root=root, split="official", partitioner=IID(), num_clients=1).data
     samples, splits = official.samples["client_0"], official.splits["client_0"]
     assert sorted(samples[i] for i in splits["test"]) == sorted(
-        f"101_2b1_Ar_sc_Meditron.wav@{a}:{b}" for a, b, _, _ in ICBHI_FILES["101_2b1_Ar_sc_Meditron"][2])
+        f"101_2b1_Ar_sc_Meditron.wav@{a}:{b}" for a, b, _, _ in ICBHI_FILES["101_2b1_Ar_sc_Meditron"][2]
+    )
     # the 7 others split 4:3 into train and val: 4, 3
     assert (len(splits["train"]), len(splits["val"])) == (4, 3)
 
@@ -116,18 +120,30 @@ def test_icbhi_errors_name_the_file_and_line(tmp_path):
 
 def write_sprsound(root):
     events = {
-        "train_json/40000001_3.3_0_p1_11": [(0, 1000, "Normal"), (1000, 2000, "Wheeze & Crackle"), (2000, 3000,
-                                                                                                   "Rhonchi")],
+        "train_json/40000001_3.3_0_p1_11": [
+            (0, 1000, "Normal"),
+            (1000, 2000, "Wheeze & Crackle"),
+            (2000, 3000, "Rhonchi"),
+        ],
         "train_json/40000001_3.3_0_p2_12": [(500, 1500, "Fine Crackle"), (1500, 2500, "Stridor")],
         "train_json/40000002_5.0_1_p1_13": [],  # a poor-quality recording: no event
-        "test2022_json/40000003_7.1_1_p3_14": [(0, 800, "Coarse Crackle"), (800, 1600, "Wheeze+Crackle"),
-                                               (1600, 2400, "Wheeze")],
+        "test2022_json/40000003_7.1_1_p3_14": [
+            (0, 800, "Coarse Crackle"),
+            (800, 1600, "Wheeze+Crackle"),
+            (1600, 2400, "Wheeze"),
+        ],
     }
     for name, items in events.items():
         notes = root / f"{name}.json"
         notes.parent.mkdir(parents=True, exist_ok=True)
-        notes.write_text(json.dumps({"record_annotation": "Normal", "event_annotation": [
-            {"start": str(a), "end": str(b), "type": kind} for a, b, kind in items]}))
+        notes.write_text(
+            json.dumps(
+                {
+                    "record_annotation": "Normal",
+                    "event_annotation": [{"start": str(a), "end": str(b), "type": kind} for a, b, kind in items],
+                }
+            )
+        )
         wav = root / "wav" / f"{notes.stem}.wav"
         wav.parent.mkdir(exist_ok=True)
         soundfile.write(wav, tone(8000, 3.0), 8000)
@@ -144,8 +160,9 @@ def test_sprsound_events_labels_and_official_split(tmp_path):
     official = SPRSound(root=root, split="official", partitioner=IID(), num_clients=1).data
     samples, splits = official.samples["client_0"], official.splits["client_0"]
     assert sorted(samples[i] for i in splits["test"]) == sorted(c.identity for c in cycles[:3])
-    (root / "train_json" / "40000001_3.3_0_p2_12.json").write_text(json.dumps(
-        {"event_annotation": [{"start": "0", "end": "10", "type": "Squeak"}]}))
+    (root / "train_json" / "40000001_3.3_0_p2_12.json").write_text(
+        json.dumps({"event_annotation": [{"start": "0", "end": "10", "type": "Squeak"}]})
+    )
     with pytest.raises(DataError, match=r"40000001_3\.3_0_p2_12\.json, event 0: type 'Squeak' is not one of"):
         SPRSound(root=root).cycles()
     with pytest.raises(DataError, match=r"no folder .*SJTU-YONGFU-RESEARCH-GRP/SPRSound"):

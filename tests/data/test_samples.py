@@ -46,7 +46,8 @@ def test_site_dataset_builds_counts_and_manifest_without_reading_inputs() -> Non
         assert sorted(held["train"] + held["val"] + held["test"]) == members
         assert [len(held[s]) for s in ("train", "val", "test")] == [9, 3, 3]
         assert np.sum([counts[site][s] for s in held], axis=0).tolist() == [
-            sum(1 for i in members if i % 3 == c) for c in range(3)]
+            sum(1 for i in members if i % 3 == c) for c in range(3)
+        ]
     x, y = next(iter(data.test_dataloader("h1")))
     indices = x[:, 0].long().tolist()
     assert indices == manifest["clients"]["h1"]["test"] and y.tolist() == [i % 3 for i in indices]
@@ -84,14 +85,19 @@ def test_site_ids_that_are_not_file_names_are_refused_naming_the_attribute() -> 
     assert str(info.value).startswith(
         "data.init_args.sites (attribute 'hospital' of Counting): client ids that are not safe as file names: "
         "'-h1' starts with '-' (it would read as an option); '..' names a folder itself; 'h\\ni' holds a control "
-        "character.")
+        "character."
+    )
     with pytest.raises(DataError, match=r"^data.init_args.sites: client ids .*: '/h' holds a path separator"):
         SiteDataset(dataset=dataset, sites=lambda i: "/h" if i % 2 else "h").setup()
 
 
 def test_train_and_eval_transforms_are_separate() -> None:
-    data = SiteDataset(dataset=Counting(), sites="hospital", train_transform=[lambda x: x + 100, lambda x: -x],
-                       eval_transform=lambda x: x * 0)
+    data = SiteDataset(
+        dataset=Counting(),
+        sites="hospital",
+        train_transform=[lambda x: x + 100, lambda x: -x],
+        eval_transform=lambda x: x * 0,
+    )
     x_train, _ = next(iter(data.train_dataloader("h0", torch.Generator().manual_seed(0))))
     assert (x_train <= -100).all()
     assert (next(iter(data.val_dataloader("h0")))[0] == 0).all()
@@ -107,8 +113,11 @@ class Scans(FederatedDataModule):
     def build_samples(self) -> SampleList:
         targets = {c: torch.tensor([y for _, y in rows]) for c, rows in self.files.items()}
         return SampleList(
-            name="scans", task="multiclass", num_classes=2,
-            samples={c: [f for f, _ in rows] for c, rows in self.files.items()}, targets=targets,
+            name="scans",
+            task="multiclass",
+            num_classes=2,
+            samples={c: [f for f, _ in rows] for c, rows in self.files.items()},
+            targets=targets,
             splits=split_samples(targets, (0.5, 0.0, 0.5), np.random.default_rng(self.seed), "multiclass"),
             read=ImageFile(root=str(self.root), channels=1, image_size=4),
         )
@@ -148,12 +157,18 @@ class Given(FederatedDataModule):
 
 def test_empty_test_split_and_bad_binary_targets_name_the_client() -> None:
     def listing(task, targets, test):
-        return SampleList(name="given", task=task, num_classes=1, samples={"c0": [0, 1, 2], "c1": [3, 4]},
-                          targets={"c0": targets, "c1": torch.zeros(2)},
-                          splits={"c0": {"train": np.array([0, 1]), "val": np.array([], dtype=int), "test": test},
-                                  "c1": {"train": np.array([0]), "val": np.array([], dtype=int),
-                                         "test": np.array([1])}},
-                          read=DatasetInput(Counting()))
+        return SampleList(
+            name="given",
+            task=task,
+            num_classes=1,
+            samples={"c0": [0, 1, 2], "c1": [3, 4]},
+            targets={"c0": targets, "c1": torch.zeros(2)},
+            splits={
+                "c0": {"train": np.array([0, 1]), "val": np.array([], dtype=int), "test": test},
+                "c1": {"train": np.array([0]), "val": np.array([], dtype=int), "test": np.array([1])},
+            },
+            read=DatasetInput(Counting()),
+        )
 
     with pytest.raises(DataError, match=r"client 'c0' has 0 test samples in Given \(given\) \(train 2, val 0, test 0"):
         Given(listing("binary", torch.zeros(3), np.array([], dtype=int))).setup()

@@ -55,8 +55,7 @@ def test_prostate_skip_warns_naming_the_files_then_refuses_the_emptied_split(pro
 
 
 def test_a_site_left_without_train_pairs_can_be_evaluated_only(prostate_root: Path) -> None:
-    data = FedProstateSlices(root=str(prostate_root), unmatched="skip", sites_without_train="evaluate",
-                             image_size=32)
+    data = FedProstateSlices(root=str(prostate_root), unmatched="skip", sites_without_train="evaluate", image_size=32)
     with pytest.warns(UserWarning) as caught:
         data.setup()
     messages = " | ".join(str(w.message) for w in caught)
@@ -101,8 +100,9 @@ def test_shapes_and_ranges_after_resize_and_manifest(fundus_root: Path, prostate
     assert image.dtype == mask.dtype == torch.float32 and 0 <= image.min() and image.max() <= 1
     assert set(mask.unique().tolist()) == {0.0, 1.0}
     manifest = json.loads(json.dumps(fundus.manifest()))
-    assert manifest["clients"]["Domain2"]["train"] == [["Domain2/train/ROIs/image/G-1-L.png",
-                                                        "Domain2/train/ROIs/mask/G-1-L.png"]]
+    assert manifest["clients"]["Domain2"]["train"] == [
+        ["Domain2/train/ROIs/image/G-1-L.png", "Domain2/train/ROIs/mask/G-1-L.png"]
+    ]
     assert manifest["class_names"] == ["disc", "cup"] and manifest["details"]["unmatched_skipped"] == []
     image, mask = next(iter(FedProstateSlices(root=prostate_root, image_size=40, sites=["UCL"]).test_dataloader("UCL")))
     assert image.shape == mask.shape == (1, 1, 40, 40)
@@ -205,9 +205,21 @@ def test_the_real_slices_recipe_trains_a_segmentation_model_through_the_cli(shar
     from fedlit.cli import run
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "prostate_samples_tiny_unet.yaml"
-    results = run(["fit", "--config", str(recipe), "--data.init_args.root", str(shared_data / "site_samples" /
-                   "ProstateSlice"), "--out_dir", str(tmp_path), "--federation.rounds", "1",
-                   "--federation.progress_bar", "false"])
+    results = run(
+        [
+            "fit",
+            "--config",
+            str(recipe),
+            "--data.init_args.root",
+            str(shared_data / "site_samples" / "ProstateSlice"),
+            "--out_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "1",
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     assert list(results["last"]["clients"]) == ["BIDMC", "BMC", "HK", "RUNMC", "UCL"]
     assert set(results["last"]["summary"]) >= {"dice_mean", "iou_mean", "loss_mean"}
     assert not (tmp_path / "class_counts.json").exists()
@@ -220,8 +232,11 @@ def test_the_real_slices_recipe_trains_a_segmentation_model_through_the_cli(shar
 
 def _windows(full: torch.Tensor, size: int) -> dict[tuple[int, int], torch.Tensor]:
     side = full.shape[-1]
-    return {(top, left): full[..., top:top + size, left:left + size]
-            for top in range(side - size + 1) for left in range(side - size + 1)}
+    return {
+        (top, left): full[..., top : top + size, left : left + size]
+        for top in range(side - size + 1)
+        for left in range(side - size + 1)
+    }
 
 
 def test_crops_are_windows_of_the_train_pair_reproducible_per_seed_and_test_stays_whole(prostate_root: Path) -> None:
@@ -243,7 +258,7 @@ def test_crops_are_windows_of_the_train_pair_reproducible_per_seed_and_test_stay
         corner = [c for c, w in windows.items() if torch.equal(w, image[0])]
         assert corner, "a train crop is not a window of the train image"
         top, left = corner[0]
-        assert torch.equal(mask[0], full_mask[:, top:top + 16, left:left + 16])  # the mask is cut at the same place
+        assert torch.equal(mask[0], full_mask[:, top : top + 16, left : left + 16])  # the mask is cut at the same place
         again = crop(seed)
         assert torch.equal(image, again[0]) and torch.equal(mask, again[1])
         corners.append(corner[0])
@@ -275,8 +290,11 @@ def test_crop_options_are_checked(prostate_root: Path) -> None:
     data = FedProstateSlices(root=prostate_root, image_size=None, crop_size=400, sites=["UCL"])
     with pytest.raises(DataError, match=r"crop_size=400 is larger than a train image of 384x384"):
         next(iter(data.train_dataloader("UCL", torch.Generator().manual_seed(0))))
-    assert FedProstateSlices(root=prostate_root, crop_size=320, sites=["UCL"]).manifest()["details"][
-        "train_transform"].startswith("Compose([PairRandomCrop(size=320), PairFlip(")
+    assert (
+        FedProstateSlices(root=prostate_root, crop_size=320, sites=["UCL"])
+        .manifest()["details"]["train_transform"]
+        .startswith("Compose([PairRandomCrop(size=320), PairFlip(")
+    )
 
 
 # ---------- generated fundus masks
@@ -329,7 +347,8 @@ def test_fundus_site_folders_named_site_are_found(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cls", [FedProstateSlices, FedFundus, FedPolyp, FedProstateVolumes])
 @pytest.mark.parametrize("site", ["../outside", "/etc", "a\\b", "..", "-x"])
 def test_unsafe_site_names_are_refused_before_any_file_is_looked_at(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cls: type, site: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cls: type, site: str
+) -> None:
     root = tmp_path / "root"
     (root / "BIDMC").mkdir(parents=True)
     (tmp_path / "outside").mkdir()  # "../outside" exists: only the name can refuse it
@@ -337,8 +356,11 @@ def test_unsafe_site_names_are_refused_before_any_file_is_looked_at(
     for name in ("is_dir", "exists", "iterdir", "glob"):
         original = getattr(Path, name)
         monkeypatch.setattr(Path, name, lambda self, *a, _o=original, **k: looked_at.append(self) or _o(self, *a, **k))
-    with pytest.raises(ConfigError, match=r"^data\.init_args\.sites: .*; name site folders directly under "
-                                          r"data\.init_args\.root"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^data\.init_args\.sites: .*; name site folders directly under "
+        r"data\.init_args\.root",
+    ):
         cls(root=str(root), sites=["BIDMC", site])
     assert looked_at == []
 

@@ -55,11 +55,18 @@ def test_prostate_slices_split_is_the_sites_own_and_checked(tmp_path: Path) -> N
         _slices(tmp_path, site, "test", 3)
     full = FedProstateSlices(root=tmp_path, image_size=None, split_fractions=(0.5, 0.25, 0.25), seed=1)
     assert [full.num_examples("UCL", s) for s in ("train", "val", "test")] == [4, 2, 2]
-    alone = FedProstateSlices(root=tmp_path, image_size=None, split_fractions=(0.5, 0.25, 0.25), seed=1,
-                              sites=["UCL"])
+    alone = FedProstateSlices(root=tmp_path, image_size=None, split_fractions=(0.5, 0.25, 0.25), seed=1, sites=["UCL"])
     assert alone.manifest()["clients"]["UCL"] == full.manifest()["clients"]["UCL"]
-    seeds = {tuple(np.ravel(FedProstateSlices(root=tmp_path, image_size=None, split_fractions=(0.5, 0.25, 0.25),
-                                              seed=s).manifest()["clients"]["UCL"]["test"])) for s in range(5)}
+    seeds = {
+        tuple(
+            np.ravel(
+                FedProstateSlices(root=tmp_path, image_size=None, split_fractions=(0.5, 0.25, 0.25), seed=s).manifest()[
+                    "clients"
+                ]["UCL"]["test"]
+            )
+        )
+        for s in range(5)
+    }
     assert len(seeds) > 1  # the seed picks the split
     with pytest.raises(ConfigError, match=r"val_fraction=0\.1 and data\.init_args\.split_fractions are both given"):
         FedProstateSlices(root=tmp_path, val_fraction=0.1, split_fractions=(0.8, 0.0, 0.2))

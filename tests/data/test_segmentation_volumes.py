@@ -64,14 +64,17 @@ def test_slices_with_foreground_kept_and_split_by_whole_case(saml: Path) -> None
     assert manifest["details"]["cases"]["HK"]["test"][0]["mask"].endswith("_Segmentation.nii.gz")
     again = FedProstateVolumes(root=saml, image_size=None, seed=1).manifest()["clients"]
     assert again == manifest["clients"]
-    tested = {FedProstateVolumes(root=saml, seed=s).manifest()["details"]["cases"]["BIDMC"]["test"][0]["image"]
-              for s in range(6)}
+    tested = {
+        FedProstateVolumes(root=saml, seed=s).manifest()["details"]["cases"]["BIDMC"]["test"][0]["image"]
+        for s in range(6)
+    }
     assert len(tested) > 1  # the seed picks the test case
 
 
 def test_each_volume_is_clipped_at_its_99th_percentile_and_scaled(saml: Path) -> None:
-    data = FedProstateVolumes(root=saml, image_size=None, sites=["BIDMC"], split_fractions=(0.6, 0.2, 0.2),
-                              augment=False)
+    data = FedProstateVolumes(
+        root=saml, image_size=None, sites=["BIDMC"], split_fractions=(0.6, 0.2, 0.2), augment=False
+    )
     expected = np.minimum(RAMP, P99) / P99  # (ramp * s + 7 - 7) / (P99 * s): the same for every scale s
     for split in ("train", "val", "test"):
         dataset = data._loader("BIDMC", split, 1, shuffle=False).dataset
@@ -142,8 +145,11 @@ def test_missing_folders_shape_mismatch_and_bad_options_are_named(saml: Path, tm
     with pytest.raises(ConfigError, match=r"crop_size=20 is larger than data\.init_args\.image_size=16"):
         FedProstateVolumes(root=saml, image_size=16, crop_size=20)
     _save(np.zeros((SIDE, 8, SLICES), np.uint8) + 1, saml / "HK" / "Case10_Segmentation.nii.gz")
-    with pytest.raises(DataError, match=r"HK/Case10_Segmentation\.nii\.gz: a volume of shape \(16, 8, 4\) but its "
-                                        r"image .*HK/Case10\.nii\.gz has \(16, 16, 4\)"):
+    with pytest.raises(
+        DataError,
+        match=r"HK/Case10_Segmentation\.nii\.gz: a volume of shape \(16, 8, 4\) but its "
+        r"image .*HK/Case10\.nii\.gz has \(16, 16, 4\)",
+    ):
         FedProstateVolumes(root=saml).setup()
     (saml / "BIDMC" / "Case02.nii.gz").write_bytes(b"not a volume")
     with pytest.raises(DataError, match=r"BIDMC/Case02\.nii\.gz: cannot be read as a NIfTI volume"):
@@ -154,19 +160,38 @@ def test_volumes_with_train_crops_go_through_the_cli(saml: Path, tmp_path: Path)
     from fedlit.cli import run
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "prostate_samples_tiny_unet.yaml"
-    results = run(["fit", "--config", str(recipe), "--data", "fedlit.data.FedProstateVolumes",
-                   "--data.init_args.root", str(saml), "--data.init_args.sites", "[BIDMC, HK]",
-                   "--data.init_args.image_size", "16",
-                   "--data.init_args.crop_size", "8", "--out_dir", str(tmp_path / "run"), "--federation.rounds", "1",
-                   "--federation.progress_bar", "false"])
+    results = run(
+        [
+            "fit",
+            "--config",
+            str(recipe),
+            "--data",
+            "fedlit.data.FedProstateVolumes",
+            "--data.init_args.root",
+            str(saml),
+            "--data.init_args.sites",
+            "[BIDMC, HK]",
+            "--data.init_args.image_size",
+            "16",
+            "--data.init_args.crop_size",
+            "8",
+            "--out_dir",
+            str(tmp_path / "run"),
+            "--federation.rounds",
+            "1",
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     assert list(results["last"]["clients"]) == ["BIDMC", "HK"]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["class"] == "FedProstateVolumes" and manifest["details"]["crop_size"] == 8
     assert len(manifest["clients"]["HK"]["test"]) == 3  # one case of 3 slices with prostate
 
 
-def test_fed_prostate_reads_either_layout_and_names_both_when_neither(saml: Path, shared_data: Path,
-                                                                      tmp_path: Path) -> None:
+def test_fed_prostate_reads_either_layout_and_names_both_when_neither(
+    saml: Path, shared_data: Path, tmp_path: Path
+) -> None:
     from fedlit.data import FedProstate
 
     volumes = FedProstate(root=str(saml), image_size=8)
@@ -174,13 +199,15 @@ def test_fed_prostate_reads_either_layout_and_names_both_when_neither(saml: Path
     assert isinstance(volumes.reader, FedProstateVolumes)
     assert volumes.client_ids == FedProstateVolumes(root=str(saml), image_size=8).client_ids
     assert volumes.manifest()["details"]["layout"] == "volumes"
-    slices = FedProstate(root=str(shared_data / "site_samples" / "ProstateSlice"), image_size=8,
-                         sites=["BIDMC", "UCL"])
+    slices = FedProstate(root=str(shared_data / "site_samples" / "ProstateSlice"), image_size=8, sites=["BIDMC", "UCL"])
     assert slices.expected_num_clients() == 2
     assert slices.layout == "slices" and slices.client_ids == ["BIDMC", "UCL"]
     assert slices.num_examples("UCL", "train") == 1 and slices.num_examples("UCL", "test") == 1
-    with pytest.raises(DataError, match=r"data\.init_args\.root: no folder .*CaseXX\.nii\.gz.*train,test.*"
-                                        r"liuquande\.github\.io/SAML"):
+    with pytest.raises(
+        DataError,
+        match=r"data\.init_args\.root: no folder .*CaseXX\.nii\.gz.*train,test.*"
+        r"liuquande\.github\.io/SAML",
+    ):
         FedProstate(root=str(tmp_path / "absent"))
     (tmp_path / "empty" / "UCL").mkdir(parents=True)
     with pytest.raises(DataError, match=r"holds neither layout"):

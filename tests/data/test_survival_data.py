@@ -43,7 +43,7 @@ def test_sites_differ_in_covariates_and_censoring_with_a_known_true_risk():
     # censoring shares spread over [0.2, 0.6] (within sampling noise of 200 patients), feature means apart
     assert sorted(shares) == pytest.approx([0.2, 0.2 + 0.4 / 3, 0.2 + 0.8 / 3, 0.6], abs=0.05)
     assert max(shares) - min(shares) > 0.25
-    assert min(np.linalg.norm(a - b) for i, a in enumerate(means) for b in means[i + 1:]) > 0.5
+    assert min(np.linalg.norm(a - b) for i, a in enumerate(means) for b in means[i + 1 :]) > 0.5
     for cid in data.client_ids:  # stratified by the event flag: every split has events
         for split in ("train", "val", "test"):
             rows = torch.as_tensor(built.splits[cid][split])
@@ -71,8 +71,16 @@ class Pool(FederatedDataModule):
         task, targets, finite = self.pool
         n = len(targets)
         splits = {"c": {"train": np.arange(n - 1), "val": np.arange(0), "test": np.array([n - 1])}}
-        return PartitionedData(name="pool", task=task, num_classes=0, inputs=torch.zeros(n, 2), targets=targets,
-                               splits=splits, partitioner="natural", finite_targets=finite)
+        return PartitionedData(
+            name="pool",
+            task=task,
+            num_classes=0,
+            inputs=torch.zeros(n, 2),
+            targets=targets,
+            splits=splits,
+            partitioner="natural",
+            finite_targets=finite,
+        )
 
 
 def test_targets_of_other_tasks_are_accepted_with_any_shape_and_have_no_class_counts():
@@ -88,14 +96,20 @@ def test_targets_of_other_tasks_are_accepted_with_any_shape_and_have_no_class_co
         Pool("regression", missing).setup()
 
 
-@pytest.mark.parametrize(("targets", "expected"), [
-    (torch.tensor([1.0, 2.0, 3.0]), r"survival targets must be a float tensor of shape \(N, 2\).*got torch.float32 "
-                                    r"of shape \(3,\)"),
-    (torch.tensor([[1, 1], [2, 0]]), r"got torch.int64 of shape \(2, 2\)"),
-    (torch.tensor([[1.0, 1.0], [-2.0, 0.0]]), r"target of sample 1 is \[-2.0, 0.0\]; column 0 must be a time >= 0"),
-    (torch.tensor([[1.0, 2.0], [2.0, 0.0]]), r"target of sample 0 is \[1.0, 2.0\]; column 1 must be an event 0"),
-    (torch.tensor([[1.0, 1.0], [float("inf"), 0.0]]), r"target of sample 1 holds inf"),
-])
+@pytest.mark.parametrize(
+    ("targets", "expected"),
+    [
+        (
+            torch.tensor([1.0, 2.0, 3.0]),
+            r"survival targets must be a float tensor of shape \(N, 2\).*got torch.float32 "
+            r"of shape \(3,\)",
+        ),
+        (torch.tensor([[1, 1], [2, 0]]), r"got torch.int64 of shape \(2, 2\)"),
+        (torch.tensor([[1.0, 1.0], [-2.0, 0.0]]), r"target of sample 1 is \[-2.0, 0.0\]; column 0 must be a time >= 0"),
+        (torch.tensor([[1.0, 2.0], [2.0, 0.0]]), r"target of sample 0 is \[1.0, 2.0\]; column 1 must be an event 0"),
+        (torch.tensor([[1.0, 1.0], [float("inf"), 0.0]]), r"target of sample 1 holds inf"),
+    ],
+)
 def test_bad_survival_targets_are_refused(targets, expected):
     with pytest.raises(DataError, match=expected):
         Pool("survival", targets).setup()

@@ -65,18 +65,14 @@ def test_same_seed_same_data_other_seed_different(synthetic: SyntheticImages) ->
 
 def test_train_loader_order_follows_the_generator(synthetic: SyntheticImages) -> None:
     def first_targets(seed: int) -> list[int]:
-        return next(iter(synthetic.train_dataloader("site_0", torch.Generator().manual_seed(seed))))[
-            1
-        ].tolist()
+        return next(iter(synthetic.train_dataloader("site_0", torch.Generator().manual_seed(seed))))[1].tolist()
 
     assert first_targets(3) == first_targets(3)
     assert first_targets(3) != first_targets(4)
 
 
 def test_sites_differ_in_mean_intensity(synthetic: SyntheticImages) -> None:
-    means = sorted(
-        synthetic.data.inputs[_site_rows(synthetic, c)].mean().item() for c in synthetic.client_ids
-    )
+    means = sorted(synthetic.data.inputs[_site_rows(synthetic, c)].mean().item() for c in synthetic.client_ids)
     # Offsets are spread evenly over [0, 0.6]: 4 sites sit 0.2 apart, up to the noise's mean.
     assert np.allclose(means, [0.0, 0.2, 0.4, 0.6], atol=0.02)
     sites = synthetic.manifest()["details"]["sites"]
@@ -86,10 +82,7 @@ def test_sites_differ_in_mean_intensity(synthetic: SyntheticImages) -> None:
 
 def _label_shares(data: SyntheticImages) -> np.ndarray:
     counts = data.class_counts()
-    return (
-        np.array([np.sum([counts[c][s] for s in ("train", "val", "test")], axis=0) for c in data.client_ids])
-        / 200
-    )
+    return np.array([np.sum([counts[c][s] for s in ("train", "val", "test")], axis=0) for c in data.client_ids]) / 200
 
 
 def test_label_mixes_differ_between_sites_and_follow_label_alpha(synthetic: SyntheticImages) -> None:

@@ -50,7 +50,7 @@ def test_sites_differ_in_intensity_contrast_noise_and_blur():
     for key in ("offset", "contrast", "blur_sigma", "noise_std"):
         assert len({round(v[key], 6) for v in sites.values()}) == 4  # four distinct values
     # the recorded offsets are the images' mean intensities (each site is centered on its own offset)
-    means = [float(data.inputs[40 * s: 40 * (s + 1)].mean()) for s in range(4)]
+    means = [float(data.inputs[40 * s : 40 * (s + 1)].mean()) for s in range(4)]
     assert means == pytest.approx([sites[f"site_{s}"]["offset"] for s in range(4)], abs=0.05)
     assert max(means) - min(means) > 0.4
 

@@ -60,8 +60,9 @@ def test_each_class_holds_its_event() -> None:
 def test_sites_record_differently(ecg: SyntheticSignals) -> None:
     sites = ecg.manifest()["details"]["sites"]
     assert sorted(round(s["gain"], 6) for s in sites.values()) == pytest.approx([0.6, 0.8667, 1.1333, 1.4], abs=1e-4)
-    assert sorted(round(s["noise_std"], 6) for s in sites.values()) == pytest.approx([0.05, 0.1333, 0.2167, 0.3],
-                                                                                      abs=1e-4)
+    assert sorted(round(s["noise_std"], 6) for s in sites.values()) == pytest.approx(
+        [0.05, 0.1333, 0.2167, 0.3], abs=1e-4
+    )
     # The noisiest site's signals carry the most energy above every event's band (0.3-0.5 cycles/sample).
     noisiest = max(sites, key=lambda c: sites[c]["noise_std"])
     quietest = min(sites, key=lambda c: sites[c]["noise_std"])
@@ -102,13 +103,16 @@ def test_a_linear_model_on_spectra_learns_it() -> None:
     assert accuracy > 0.7  # chance is 0.2
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"num_classes": 6}, "data.init_args.num_classes must be between 2 and 5"),
-    ({"length": 32}, "data.init_args.length must be an integer >= 64, got 32"),
-    ({"channels": 0}, "data.init_args.channels must be an integer >= 1, got 0"),
-    ({"samples_per_client": 2}, "data.init_args.samples_per_client must be an integer >= 3 (one per split)"),
-    ({"label_alpha": 0}, "data.init_args.label_alpha must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_classes": 6}, "data.init_args.num_classes must be between 2 and 5"),
+        ({"length": 32}, "data.init_args.length must be an integer >= 64, got 32"),
+        ({"channels": 0}, "data.init_args.channels must be an integer >= 1, got 0"),
+        ({"samples_per_client": 2}, "data.init_args.samples_per_client must be an integer >= 3 (one per split)"),
+        ({"label_alpha": 0}, "data.init_args.label_alpha must be > 0"),
+    ],
+)
 def test_bad_options_name_themselves(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         SyntheticSignals(**kwargs)

@@ -142,8 +142,10 @@ def test_site_names_that_are_paths_are_refused_naming_them_and_the_column(tmp_pa
     with pytest.raises(DataError) as info:
         _data(tmp_path / "paths.csv").setup()
     message = str(info.value)
-    assert message.startswith(f"column 'hospital' of {tmp_path / 'paths.csv'} (data.init_args.site_column): "
-                              "client ids that are not safe as file names: ")
+    assert message.startswith(
+        f"column 'hospital' of {tmp_path / 'paths.csv'} (data.init_args.site_column): "
+        "client ids that are not safe as file names: "
+    )
     assert f"'../../x' holds a path separator; {outside!r} holds a path separator." in message
     assert "'east'" not in message and "Rename these sites" in message
     # a space, a percent sign, a dollar sign and quotes are data: kept as they are
@@ -199,7 +201,8 @@ def test_parquet_text_not_utf8_names_row_and_column(tmp_path: Path) -> None:
     sites[5] = b"nor\xffth"
     binary = pa.array(sites, type=pa.binary())
     table = pa.Table.from_pandas(frame.drop(columns="hospital")).append_column(
-        "hospital", pa.Array.from_buffers(pa.string(), len(sites), binary.buffers())  # unchecked: not valid UTF-8
+        "hospital",
+        pa.Array.from_buffers(pa.string(), len(sites), binary.buffers()),  # unchecked: not valid UTF-8
     )
     path = tmp_path / "cohort.parquet"
     pq.write_table(table, path)

@@ -13,13 +13,24 @@ from fedlit.data import SiteTable
 
 def _frame(site: str, labels: list[str], start: int = 0) -> pd.DataFrame:
     n = len(labels)
-    return pd.DataFrame({"site": [site] * n, "f1": np.arange(start, start + n, dtype=float),
-                         "f2": np.arange(n, dtype=float) ** 2, "label": labels})
+    return pd.DataFrame(
+        {
+            "site": [site] * n,
+            "f1": np.arange(start, start + n, dtype=float),
+            "f2": np.arange(n, dtype=float) ** 2,
+            "label": labels,
+        }
+    )
 
 
 def _all(data: SiteTable, client: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    loader = data.test_dataloader(client) if split == "test" else data.val_dataloader(client) if split == "val" \
+    loader = (
+        data.test_dataloader(client)
+        if split == "test"
+        else data.val_dataloader(client)
+        if split == "val"
         else data.train_dataloader(client, torch.Generator().manual_seed(0))
+    )
     xs, ys = zip(*loader, strict=True)
     return torch.cat(xs), torch.cat(ys)
 
@@ -51,9 +62,12 @@ def test_a_site_lacking_a_class_keeps_the_recipe_numbers(files):
 
 def test_a_label_outside_the_recipe_list_is_refused_naming_its_line(files):
     data = SiteTable(path=files / "a.csv", class_names=["x", "z"])
-    with pytest.raises(DataError, match=r"a\.csv: column 'label' holds values that are not in "
-                                        r"data\.init_args\.class_names \['x', 'z'\]: line 3: 'y'; line 6: 'y'; "
-                                        r"line 9: 'y'"):
+    with pytest.raises(
+        DataError,
+        match=r"a\.csv: column 'label' holds values that are not in "
+        r"data\.init_args\.class_names \['x', 'z'\]: line 3: 'y'; line 6: 'y'; "
+        r"line 9: 'y'",
+    ):
         data.setup()
 
 
@@ -78,6 +92,9 @@ def test_a_node_with_its_own_file_builds_its_site_as_the_pooled_file_does(files)
 def test_a_node_whose_site_is_not_in_the_file_is_refused(files):
     data = SiteTable(path=files / "a.csv")
     data.only_site("b")
-    with pytest.raises(DataError, match=r"client-id='b' is not a site of SiteTable \(the sites of column 'site' "
-                                        r"of .*a\.csv: \['a'\]\)"):
+    with pytest.raises(
+        DataError,
+        match=r"client-id='b' is not a site of SiteTable \(the sites of column 'site' "
+        r"of .*a\.csv: \['a'\]\)",
+    ):
         data.setup()

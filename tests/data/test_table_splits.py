@@ -24,10 +24,18 @@ def _cohort(seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     parts = []
     for k, site in enumerate(("b", "a")):
-        parts.append(pd.DataFrame({
-            "x1": rng.normal(5 * k, 1 + k, 10), "x2": rng.normal(0, 1, 10),
-            "time": rng.exponential(1.0, 10).round(3), "event": [1, 0] * 5, "site": site, "split": SPLIT_OF,
-        }))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "x1": rng.normal(5 * k, 1 + k, 10),
+                    "x2": rng.normal(0, 1, 10),
+                    "time": rng.exponential(1.0, 10).round(3),
+                    "event": [1, 0] * 5,
+                    "site": site,
+                    "split": SPLIT_OF,
+                }
+            )
+        )
     frame = pd.concat(parts, ignore_index=True)
     return frame.iloc[np.ravel(np.stack([np.arange(10), np.arange(10, 20)], axis=1))].reset_index(drop=True)
 
@@ -77,17 +85,24 @@ def test_bad_split_values_and_sites_without_train_rows_are_refused(tmp_path: Pat
     frame.to_csv(tmp_path / "c.csv", index=False)
     with pytest.raises(DataError) as info:
         _survival(tmp_path / "c.csv", split_column="split").setup()
-    assert str(info.value) == (f"{tmp_path / 'c.csv'}: line 5, column 'split': 'Train' is not a split; line 10, "
-                               "column 'split': 'validation' is not a split (data.init_args.split_column: each "
-                               "value must be one of ['train', 'val', 'test'], lower case)")
+    assert str(info.value) == (
+        f"{tmp_path / 'c.csv'}: line 5, column 'split': 'Train' is not a split; line 10, "
+        "column 'split': 'validation' is not a split (data.init_args.split_column: each "
+        "value must be one of ['train', 'val', 'test'], lower case)"
+    )
     frame.to_parquet(tmp_path / "c.parquet")
     with pytest.raises(DataError, match=r"c\.parquet: row 3, column 'split': 'Train' is not a split"):
         _survival(tmp_path / "c.parquet", split_column="split").setup()
     frame = _cohort()
     frame.loc[frame["site"] == "b", "split"] = "test"
     frame.to_csv(tmp_path / "c.csv", index=False)
-    with pytest.raises(DataError, match=re.escape("column 'split' (data.init_args.split_column): site 'b' has no "
-                                                  "train row; every site needs train and test rows")):
+    with pytest.raises(
+        DataError,
+        match=re.escape(
+            "column 'split' (data.init_args.split_column): site 'b' has no "
+            "train row; every site needs train and test rows"
+        ),
+    ):
         _survival(tmp_path / "c.csv", split_column="split").setup()
     with pytest.raises(ConfigError, match=r"split_fractions=\[0.5, 0.25, 0.25\] with split_column='split'"):
         _survival(tmp_path / "c.csv", split_column="split", split_fractions=(0.5, 0.25, 0.25))
@@ -98,9 +113,14 @@ def test_bad_split_values_and_sites_without_train_rows_are_refused(tmp_path: Pat
 def test_survival_splits_are_stratified_by_the_event_flag(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     n = 40  # 8 events per site: 4 train, 2 val, 2 test when split 0.5 / 0.25 / 0.25 in proportion
-    frame = pd.DataFrame({"x": rng.normal(size=2 * n), "time": rng.exponential(1.0, 2 * n),
-                          "event": np.tile(np.r_[np.ones(8), np.zeros(n - 8)], 2).astype(int),
-                          "site": np.repeat(["s0", "s1"], n)})
+    frame = pd.DataFrame(
+        {
+            "x": rng.normal(size=2 * n),
+            "time": rng.exponential(1.0, 2 * n),
+            "event": np.tile(np.r_[np.ones(8), np.zeros(n - 8)], 2).astype(int),
+            "site": np.repeat(["s0", "s1"], n),
+        }
+    )
     frame.to_csv(tmp_path / "c.csv", index=False)
     for seed in range(8):
         data = _survival(tmp_path / "c.csv", split_fractions=(0.5, 0.25, 0.25), seed=seed)
@@ -111,14 +131,18 @@ def test_survival_splits_are_stratified_by_the_event_flag(tmp_path: Path) -> Non
     assert "stratified by the event flag" in data.manifest()["details"]["splits_from"]
 
 
-@pytest.mark.parametrize(("column", "value", "message"), [
-    ("time", -1.5, "line 6, column 'time': -1.5 is negative (survival times are >= 0)"),
-    ("time", np.inf, "line 6, column 'time': inf is not finite"),
-    ("event", 2, "line 6, column 'event': 2 is not an event flag (1 = event, 0 = censored)"),
-    ("event", "yes", "line 6, column 'event': 'yes' is not a number"),
-])
-def test_bad_survival_targets_name_file_line_and_column(tmp_path: Path, column: str, value: object,
-                                                        message: str) -> None:
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        ("time", -1.5, "line 6, column 'time': -1.5 is negative (survival times are >= 0)"),
+        ("time", np.inf, "line 6, column 'time': inf is not finite"),
+        ("event", 2, "line 6, column 'event': 2 is not an event flag (1 = event, 0 = censored)"),
+        ("event", "yes", "line 6, column 'event': 'yes' is not a number"),
+    ],
+)
+def test_bad_survival_targets_name_file_line_and_column(
+    tmp_path: Path, column: str, value: object, message: str
+) -> None:
     frame = _cohort()
     frame[column] = frame[column].astype(object)
     frame.loc[4, column] = value
@@ -144,9 +168,11 @@ def test_splits_without_events_warn_once_per_site(tmp_path: Path) -> None:
     frame.to_csv(tmp_path / "c.csv", index=False)
     messages = _warned(_survival(tmp_path / "c.csv", split_column="split"))
     assert len(messages) == 2
-    assert messages[0].startswith(f"SiteTable ({tmp_path / 'c.csv'}): site 'a' has no event in its test split (2 "
-                                  "rows): its C-index is undefined there (NaN), so the mean over clients of that "
-                                  "split leaves it out and covers fewer clients; mark rows with an event as val/test")
+    assert messages[0].startswith(
+        f"SiteTable ({tmp_path / 'c.csv'}): site 'a' has no event in its test split (2 "
+        "rows): its C-index is undefined there (NaN), so the mean over clients of that "
+        "split leaves it out and covers fewer clients; mark rows with an event as val/test"
+    )
     assert "site 'b' has no event in its val split (2 rows) or its test split (2 rows)" in messages[1]
     # drawn splits: one event at site a lands in one split, so its val or its test split has none
     frame = _cohort().drop(columns="split")
@@ -200,7 +226,7 @@ def test_csv_not_utf8_far_into_the_file_names_its_byte_and_line(tmp_path: Path) 
     rows = "".join(f"{i},{i % 2},x{i % 3}\n" for i in range(30_000))  # past the first chunk pandas decodes
     data = ("f,site,label\n" + rows).encode()
     at = data.index(b"\n", len(data) - 40) + 1
-    (tmp_path / "big.csv").write_bytes(data[:at] + b"\xe9" + data[at + 1:])
+    (tmp_path / "big.csv").write_bytes(data[:at] + b"\xe9" + data[at + 1 :])
     line = data[:at].count(b"\n") + 1
     with pytest.raises(DataError, match=re.escape(f"not UTF-8 text: byte {at} (line {line}) is 0xe9")):
         SiteTable(path=tmp_path / "big.csv").setup()
@@ -224,9 +250,16 @@ federation: {rounds: 2, local_epochs: 1, seed: 0, progress_bar: false}
 def test_cox_recipe_on_a_split_column_trains_through_the_cli(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(80, 2))
-    frame = pd.DataFrame({"x1": x[:, 0], "x2": x[:, 1], "time": rng.exponential(np.exp(-x[:, 0])),
-                          "event": (rng.random(80) < 0.7).astype(int), "site": np.repeat(["a", "b"], 40),
-                          "split": np.tile(["train"] * 24 + ["val"] * 8 + ["test"] * 8, 2)})
+    frame = pd.DataFrame(
+        {
+            "x1": x[:, 0],
+            "x2": x[:, 1],
+            "time": rng.exponential(np.exp(-x[:, 0])),
+            "event": (rng.random(80) < 0.7).astype(int),
+            "site": np.repeat(["a", "b"], 40),
+            "split": np.tile(["train"] * 24 + ["val"] * 8 + ["test"] * 8, 2),
+        }
+    )
     frame.to_csv(tmp_path / "c.csv", index=False)
     recipe = tmp_path / "cox.yaml"
     recipe.write_text(RECIPE.replace("PATH", str(tmp_path / "c.csv")))
@@ -235,7 +268,9 @@ def test_cox_recipe_on_a_split_column_trains_through_the_cli(tmp_path: Path) -> 
     assert saved["last"]["round"] == 2 and sorted(saved["last"]["clients"]) == ["a", "b"]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert {s: [len(manifest["clients"][s][k]) for k in ("train", "val", "test")] for s in ("a", "b")} == {
-        "a": [24, 8, 8], "b": [24, 8, 8]}
+        "a": [24, 8, 8],
+        "b": [24, 8, 8],
+    }
     assert manifest["clients"]["b"]["test"] == list(range(72, 80))  # the pool rows of b's last 8 file rows
     for site in ("a", "b"):
         assert 0.0 <= saved["last"]["clients"][site]["c_index"] <= 1.0  # test metrics

@@ -37,8 +37,23 @@ def test_ptb_s0010_re_two_signal_files(shared_data):
     dat = np.fromfile(folder / "s0010_re.dat", dtype="<i2").reshape(-1, 12)
     xyz = np.fromfile(folder / "s0010_re.xyz", dtype="<i2").reshape(-1, 3)
     first = [-489, -458, 31, 474, -260, -214, -88, -241, -112, 212, 393, 390, -3, 120, -18]
-    checksums = [-8337, -16369, 6829, 4582, 11687, -16657, -12469, 5636, -14299, -17916, -6668, -17545, -13009,
-                 7109, -1992]
+    checksums = [
+        -8337,
+        -16369,
+        6829,
+        4582,
+        11687,
+        -16657,
+        -12469,
+        5636,
+        -14299,
+        -17916,
+        -6668,
+        -17545,
+        -13009,
+        7109,
+        -1992,
+    ]
     adu = np.concatenate([dat, xyz], axis=1).T.astype(np.int64)
     assert adu[:, 0].tolist() == first
     assert ((adu.sum(axis=1) + 32768) % 65536 - 32768).tolist() == checksums
@@ -51,8 +66,17 @@ def test_ptb_s0010_re_two_signal_files(shared_data):
 def test_missing_and_damaged_records_are_named(tmp_path):
     with pytest.raises(DataError, match=r"nothing\.hea: WFDB header not found"):
         read_wfdb(tmp_path / "nothing")
-    wfdb.wrsamp("rec", fs=100, units=["mV"], sig_name=["I"], p_signal=np.zeros((50, 1)), fmt=["16"],
-                adc_gain=[1000], baseline=[0], write_dir=str(tmp_path))
+    wfdb.wrsamp(
+        "rec",
+        fs=100,
+        units=["mV"],
+        sig_name=["I"],
+        p_signal=np.zeros((50, 1)),
+        fmt=["16"],
+        adc_gain=[1000],
+        baseline=[0],
+        write_dir=str(tmp_path),
+    )
     (tmp_path / "rec.dat").write_bytes(b"\x00")  # truncated: 1 byte of the 100 the header promises
     with pytest.raises(DataError, match=r"rec\.hea: the WFDB record cannot be read"):
         read_wfdb(tmp_path / "rec")
@@ -60,8 +84,17 @@ def test_missing_and_damaged_records_are_named(tmp_path):
 
 def test_wfdb_record_checks_rate_and_length(tmp_path):
     values = np.arange(200, dtype=np.float64).reshape(100, 2) / 1000
-    wfdb.wrsamp("r", fs=100, units=["mV", "mV"], sig_name=["I", "II"], p_signal=values, fmt=["16", "16"],
-                adc_gain=[1000, 1000], baseline=[0, 0], write_dir=str(tmp_path))
+    wfdb.wrsamp(
+        "r",
+        fs=100,
+        units=["mV", "mV"],
+        sig_name=["I", "II"],
+        p_signal=values,
+        fmt=["16", "16"],
+        adc_gain=[1000, 1000],
+        baseline=[0, 0],
+        write_dir=str(tmp_path),
+    )
     x = WFDBRecord(str(tmp_path), fs=100.0, samples=100)("r")
     assert x.dtype == torch.float32 and x.shape == (2, 100)
     np.testing.assert_allclose(x.numpy(), values.T, atol=1e-7)

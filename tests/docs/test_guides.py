@@ -36,7 +36,7 @@ def _blocks(name: str) -> list[tuple[str, str, str | None]]:
     text = (ROOT / "docs" / name).read_text(encoding="utf-8")
     found = []
     for match in FENCE.finditer(text):
-        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = MARKER.search(before)
         found.append((match.group(1).strip(), match.group(2), marker.group(1) if marker else None))
     return found
@@ -78,8 +78,9 @@ def test_every_python_block_of_the_guides_runs(name):
 def test_every_python_block_of_runs_md_is_run_by_a_named_test():
     blocks = [(code, marker) for language, code, marker in _blocks("runs.md") if language == "python"]
     unmarked = [code.splitlines()[0] for code, marker in blocks if marker is None]
-    assert not unmarked, ("docs/runs.md: python blocks without a `<!-- tests/... -->` marker naming the test that "
-                          f"runs them: {unmarked}")
+    assert not unmarked, (
+        f"docs/runs.md: python blocks without a `<!-- tests/... -->` marker naming the test that runs them: {unmarked}"
+    )
     for _, marker in blocks:
         assert (ROOT / marker).is_file(), f"docs/runs.md names {marker}, which does not exist"
         if marker != THIS:  # run elsewhere: that test reads docs/runs.md or does what the block does
@@ -91,9 +92,23 @@ def test_every_python_block_of_runs_md_is_run_by_a_named_test():
 def test_the_marked_blocks_of_runs_md_run_on_a_tiny_run(tmp_path, monkeypatch):
     # The run the blocks name: the quickstart (FedBN, a SmallCNN) on fewer samples, 2 rounds of 1 local epoch.
     run_dir = tmp_path / "runs" / "quickstart_fedbn" / "version_0"
-    run(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--data.init_args.samples_per_client", "40",
-         "--federation.local_epochs", "1", "--federation.rounds", "2", "--federation.progress_bar", "false",
-         "--out_dir", str(run_dir)])
+    run(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            "--data.init_args.samples_per_client",
+            "40",
+            "--federation.local_epochs",
+            "1",
+            "--federation.rounds",
+            "2",
+            "--federation.progress_bar",
+            "false",
+            "--out_dir",
+            str(run_dir),
+        ]
+    )
     written = run(["export", "--run", str(run_dir)])
     monkeypatch.chdir(tmp_path)  # the blocks name the run folder relative to the working directory
     namespace: dict = {}

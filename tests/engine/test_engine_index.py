@@ -12,8 +12,12 @@ PARTS = ("loop", "records", "speedups")
 
 def test_every_engine_module_is_in_the_index() -> None:
     index = fedlit.engine.__doc__ or ""
-    missing = [f"{part}.{path.stem}" for part in PARTS for path in sorted((ENGINE / part).glob("*.py"))
-               if path.stem != "__init__" and f"~.{part}.{path.stem}`" not in index]
+    missing = [
+        f"{part}.{path.stem}"
+        for part in PARTS
+        for path in sorted((ENGINE / part).glob("*.py"))
+        if path.stem != "__init__" and f"~.{part}.{path.stem}`" not in index
+    ]
     assert not missing, f"fedlit/engine/__init__.py's index does not name: {missing}"
 
 

@@ -17,8 +17,16 @@ from fedlit.cli import main  # noqa: E402
 def test_certificates_verify_for_the_hosts(tmp_path, capsys):
     main(["certs", "--out", str(tmp_path), "--host", "10.1.2.3", "--host", "superlink.example.org", "--nodes", "2"])
     names = {line.rsplit("/", 1)[1] for line in capsys.readouterr().out.split()}
-    assert names == {"ca.crt", "ca.key", "server.pem", "server.key", "node_0.key", "node_0.pub", "node_1.key",
-                     "node_1.pub"}
+    assert names == {
+        "ca.crt",
+        "ca.key",
+        "server.pem",
+        "server.key",
+        "node_0.key",
+        "node_0.pub",
+        "node_1.key",
+        "node_1.pub",
+    }
     ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
     server = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
     for host in (x509.IPAddress(ipaddress.ip_address("10.1.2.3")), x509.DNSName("superlink.example.org")):

@@ -18,18 +18,28 @@ from fedlit.flower.client import handle_message  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # 2 sites of 20 images: train/val/test = 12/4/4 each (fractions 0.6/0.2/0.2)
-OVERRIDES = ("--data.init_args.num_clients 2 --data.init_args.samples_per_client 20 --data.init_args.image_size 8 "
-             "--model.init_args.backbone.init_args.width 4 --federation.rounds 1")
+OVERRIDES = (
+    "--data.init_args.num_clients 2 --data.init_args.samples_per_client 20 --data.init_args.image_size 8 "
+    "--model.init_args.backbone.init_args.width 4 --federation.rounds 1"
+)
 
 
 @pytest.fixture
 def context(tmp_path, monkeypatch):
     for attr, value in (("_run_id", 9), ("_node_id", 0), ("_task_id", 0)):  # what a ServerApp process has
         monkeypatch.setattr(TaskIdentity, attr, value)
-    run_config = {"recipe": (ROOT / "recipes" / "quickstart.yaml").read_text(), "overrides": OVERRIDES,
-                  "out-dir": str(tmp_path / "server_run")}
-    return Context(run_id=9, node_id=42, node_config={"client-id": "site_1", "state-dir": str(tmp_path / "state")},
-                   state=RecordDict(), run_config=run_config)
+    run_config = {
+        "recipe": (ROOT / "recipes" / "quickstart.yaml").read_text(),
+        "overrides": OVERRIDES,
+        "out-dir": str(tmp_path / "server_run"),
+    }
+    return Context(
+        run_id=9,
+        node_id=42,
+        node_config={"client-id": "site_1", "state-dir": str(tmp_path / "state")},
+        state=RecordDict(),
+        run_config=run_config,
+    )
 
 
 def _ask(context, message_type, content):
@@ -47,8 +57,17 @@ def test_query_train_evaluate_with_state_in_files(context, tmp_path):
 
     # what the server sends: every shared tensor (FedBN: all but the normalization layers), here zeros
     from fedlit.cli import prepare
-    shared = prepare(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), *OVERRIDES.split(),
-                      "--out_dir", str(tmp_path / "probe")]).federation
+
+    shared = prepare(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            *OVERRIDES.split(),
+            "--out_dir",
+            str(tmp_path / "probe"),
+        ]
+    ).federation
     shared.setup()
     received = {n: t.detach().clone().zero_() for n, t in shared.module.named_tensors("shared").items()}
     content = RecordDict({"task": ConfigRecord({"client-id": "site_1", "round": 1, "checkpointed": 0})})
@@ -62,8 +81,19 @@ def test_query_train_evaluate_with_state_in_files(context, tmp_path):
     snapshots = sorted(p.relative_to(tmp_path / "state").parts[1:] for p in (tmp_path / "state").rglob("*.pt"))
     assert snapshots == [("site_1", "round_1.pt")]
 
-    content = RecordDict({"task": ConfigRecord({"client-id": "site_1", "round": 1, "checkpointed": 0,
-                                                "splits": json.dumps(["val", "test"]), "images": False})})
+    content = RecordDict(
+        {
+            "task": ConfigRecord(
+                {
+                    "client-id": "site_1",
+                    "round": 1,
+                    "checkpointed": 0,
+                    "splits": json.dumps(["val", "test"]),
+                    "images": False,
+                }
+            )
+        }
+    )
     codec.put_tree(content, "received", state)
     codec.put_tree(content, "global", None)
     reply = _ask(context, "evaluate", content)
@@ -84,7 +114,8 @@ def test_a_node_whose_client_id_is_a_path_answers_why_and_writes_nothing(context
         "DataError: --node-config client-id of this SuperNode: client ids that are not safe as file names: "
         "'../../outside' holds a path separator. Client ids become folders (fedlit export), TensorBoard tags and "
         "metrics.csv rows. Give the node the id of its site as the data names it, and rename sites whose names are "
-        "not file names.")
+        "not file names."
+    )
     assert not (tmp_path / "state").exists() and not (tmp_path / "outside").exists()
 
 
@@ -97,4 +128,5 @@ def test_a_recipe_with_a_key_given_twice_is_refused_on_the_node_as_in_simulation
     reply = handle_message(Message(RecordDict(), 42, "query", group_id="q"), context)
     assert reply.content["error"]["detail"] == (
         f"ConfigError: the run config's recipe: key 'federation' is given twice (line {first} and line {second}); "
-        "YAML would silently keep the last one. Merge the two into one.")
+        "YAML would silently keep the last one. Merge the two into one."
+    )

@@ -39,11 +39,13 @@ from tests.children import popen_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-OVERRIDES = ("--data.init_args.num_clients 2 --federation.rounds 2 --federation.local_epochs 1 "
-             "--federation.on_client_error skip")
+OVERRIDES = (
+    "--data.init_args.num_clients 2 --federation.rounds 2 --federation.local_epochs 1 --federation.on_client_error skip"
+)
 # site_1's turn raises in round 2 (a recipe callback, so it runs on site_1's node): it is left out of that round
-FAULT = ("\ncallbacks:\n  - class_path: tests.flower.faults.RaiseAt\n"
-         "    init_args: {client_id: site_1, server_round: 2}\n")
+FAULT = (
+    "\ncallbacks:\n  - class_path: tests.flower.faults.RaiseAt\n    init_args: {client_id: site_1, server_round: 2}\n"
+)
 CLIENTS = ["site_0", "site_1"]
 #: Wall-clock limit (seconds) of every wait here: `flwr run`, the nodes' connection and turns, the SuperLink's start.
 #: Generous (an hour, or FEDLIT_TEST_TIMEOUT) so that only a hung deployment fails, never a slow machine.
@@ -128,13 +130,19 @@ def _stop(processes: list[subprocess.Popen]) -> None:
         p.wait(timeout=10)
 
 
-NEEDS_SUPERLINK = pytest.mark.skipif(shutil.which("flower-superlink", path=str(BIN)) is None,
-                                     reason=f"flower-superlink is not installed next to {sys.executable}")
+NEEDS_SUPERLINK = pytest.mark.skipif(
+    shutil.which("flower-superlink", path=str(BIN)) is None,
+    reason=f"flower-superlink is not installed next to {sys.executable}",
+)
 
 
 @contextlib.contextmanager
-def _deployment(tmp_path: Path, state_dir: Path | None = None, clients: list[str] = CLIENTS,
-                node_config: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+def _deployment(
+    tmp_path: Path,
+    state_dir: Path | None = None,
+    clients: list[str] = CLIENTS,
+    node_config: dict[str, str] | None = None,
+) -> Iterator[dict[str, str]]:
     """A SuperLink (TLS, SuperNode authentication) and one authenticated SuperNode per client of ``clients`` on
     127.0.0.1 (the second keeps its client's state in ``state_dir`` when given; ``node_config`` adds a client's own
     node config entries); yields the environment for ``flwr`` and stops every process, checking that none is
@@ -142,45 +150,89 @@ def _deployment(tmp_path: Path, state_dir: Path | None = None, clients: list[str
     certs = _certificates(tmp_path / "certs")
     home = tmp_path / "flwr_home"
     home.mkdir()
-    env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
+        "OMP_NUM_THREADS": "1",
+    }
     port = _free_port()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-                                      f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs["ca.crt"]}"\n')
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs["ca.crt"]}"\n'
+    )
     processes: list[subprocess.Popen] = []
     groups = tmp_path / "process_groups"
     groups.write_text("")
-    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(groups), str(os.getpid())],
-                                start_new_session=True)
+    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(groups), str(os.getpid())], start_new_session=True)
 
     def start(args: list[str], log: str) -> None:
         with open(tmp_path / log, "w") as out:
-            processes.append(subprocess.Popen([str(BIN / args[0]), *args[1:]], env=env, cwd=tmp_path, stdout=out,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+            processes.append(
+                subprocess.Popen(
+                    [str(BIN / args[0]), *args[1:]],
+                    env=env,
+                    cwd=tmp_path,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         with open(groups, "a") as listed:
             listed.write(f"{processes[-1].pid}\n")
 
     try:
-        start(["flower-superlink", "--ssl-ca-certfile", str(certs["ca.crt"]),
-               "--ssl-certfile", str(certs["server.pem"]), "--ssl-keyfile", str(certs["server.key"]),
-               "--port", str(port), "--enable-supernode-auth",
-               "--disable-runtime-dependency-installation"], "superlink.log")
+        start(
+            [
+                "flower-superlink",
+                "--ssl-ca-certfile",
+                str(certs["ca.crt"]),
+                "--ssl-certfile",
+                str(certs["server.pem"]),
+                "--ssl-keyfile",
+                str(certs["server.key"]),
+                "--port",
+                str(port),
+                "--enable-supernode-auth",
+                "--disable-runtime-dependency-installation",
+            ],
+            "superlink.log",
+        )
         for i, client in enumerate(clients):
             deadline = time.monotonic() + LIMIT
             while True:  # until the SuperLink answers
-                registered = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(certs[f"node_{i}.pub"]),
-                                             "test"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                                            timeout=LIMIT)
+                registered = subprocess.run(
+                    [str(BIN / "flwr"), "supernode", "register", str(certs[f"node_{i}.pub"]), "test"],
+                    env=env,
+                    cwd=tmp_path,
+                    capture_output=True,
+                    text=True,
+                    timeout=LIMIT,
+                )
                 if registered.returncode == 0 or time.monotonic() > deadline:
                     break
                 time.sleep(1)
             assert registered.returncode == 0, registered.stdout + registered.stderr
-            start(["flower-supernode", "--root-certificates", str(certs["ca.crt"]), "--superlink", f"127.0.0.1:{port}",
-                   "--port", str(_free_port()), "--auth-supernode-private-key", str(certs[f"node_{i}.key"]),
-                   "--node-config", f"client-id='{client}'" + (f" state-dir='{state_dir}'" if i and state_dir else "")
-                   + (f" {node_config[client]}" if node_config and client in node_config else "")],
-                  f"supernode_{i}.log")
+            start(
+                [
+                    "flower-supernode",
+                    "--root-certificates",
+                    str(certs["ca.crt"]),
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--port",
+                    str(_free_port()),
+                    "--auth-supernode-private-key",
+                    str(certs[f"node_{i}.key"]),
+                    "--node-config",
+                    f"client-id='{client}'"
+                    + (f" state-dir='{state_dir}'" if i and state_dir else "")
+                    + (f" {node_config[client]}" if node_config and client in node_config else ""),
+                ],
+                f"supernode_{i}.log",
+            )
         yield env
     finally:
         _stop(processes)
@@ -191,8 +243,14 @@ def _deployment(tmp_path: Path, state_dir: Path | None = None, clients: list[str
 
 def _flwr_run(app: Path, env: dict[str, str], cwd: Path) -> None:
     start = time.monotonic()
-    deployed = subprocess.run([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env, cwd=cwd,
-                              capture_output=True, text=True, timeout=LIMIT)
+    deployed = subprocess.run(
+        [str(BIN / "flwr"), "run", str(app), "test", "--stream"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+    )
     print(f"flwr run took {time.monotonic() - start:.0f} s (limit {LIMIT:g} s, FEDLIT_TEST_TIMEOUT)")
     assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
 
@@ -202,9 +260,15 @@ def _flwr_run(app: Path, env: dict[str, str], cwd: Path) -> None:
 def test_tls_authenticated_deployment_equals_simulation(tmp_path):
     recipe = tmp_path / "quickstart_fault.yaml"
     recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text() + FAULT)
-    app = write_app(recipe, tmp_path / "app", overrides=OVERRIDES,
-                    out_dir=str(tmp_path / "deployed"), client_ids=",".join(CLIENTS), connect_timeout=LIMIT,
-                    client_timeout=LIMIT).parent
+    app = write_app(
+        recipe,
+        tmp_path / "app",
+        overrides=OVERRIDES,
+        out_dir=str(tmp_path / "deployed"),
+        client_ids=",".join(CLIENTS),
+        connect_timeout=LIMIT,
+        client_timeout=LIMIT,
+    ).parent
     with _deployment(tmp_path, state_dir=tmp_path / "state") as env:
         _flwr_run(app, env, tmp_path)
     logs = "".join((tmp_path / f"supernode_{i}.log").read_text() for i in range(len(CLIENTS)))
@@ -213,11 +277,24 @@ def test_tls_authenticated_deployment_equals_simulation(tmp_path):
     assert sorted(p.name for p in (tmp_path / "state").glob("*/site_1/*")) == ["round_1.pt", "round_2.pt"]
 
     with pytest.warns(UserWarning, match="Round 2: client 'site_1' raised RuntimeError: disk full on site_1"):
-        simulated = run(["fit", "--config", str(recipe), *OVERRIDES.split(),
-                         "--out_dir", str(tmp_path / "simulated"), "--federation.progress_bar", "false"])
+        simulated = run(
+            [
+                "fit",
+                "--config",
+                str(recipe),
+                *OVERRIDES.split(),
+                "--out_dir",
+                str(tmp_path / "simulated"),
+                "--federation.progress_bar",
+                "false",
+            ]
+        )
     results = json.loads((tmp_path / "deployed" / "results.json").read_text())
-    assert results["faults"] == simulated["faults"] == [
-        {"round": 2, "client": "site_1", "kind": "error", "detail": "RuntimeError: disk full on site_1"}]
+    assert (
+        results["faults"]
+        == simulated["faults"]
+        == [{"round": 2, "client": "site_1", "kind": "error", "detail": "RuntimeError: disk full on site_1"}]
+    )
     assert results["comm"] == simulated["comm"]
     for key in ("last", "best"):
         assert results[key]["round"] == simulated[key]["round"]
@@ -235,19 +312,37 @@ def test_secagg_plus_fedavg_deployment_gives_the_simulations_aggregate(tmp_path)
     it aggregates is the plain simulation's to the protocol's quantization error (2**22 levels over +-8: a few 1e-6
     per value per round)."""
     recipe = tmp_path / "quickstart_fedavg.yaml"
-    recipe.write_text((ROOT / "recipes" / "quickstart.yaml").read_text().replace("class_path: FedBN",
-                                                                                  "class_path: FedAvg"))
+    recipe.write_text(
+        (ROOT / "recipes" / "quickstart.yaml").read_text().replace("class_path: FedBN", "class_path: FedAvg")
+    )
     overrides = OVERRIDES.replace(" --federation.on_client_error skip", "")
-    app = write_app(recipe, tmp_path / "app", overrides=overrides, out_dir=str(tmp_path / "deployed"),
-                    client_ids=",".join(CLIENTS), connect_timeout=LIMIT, client_timeout=LIMIT,
-                    secure_aggregation='{"max_weight": 200}').parent  # about the clients' sizes: a finer grid
+    app = write_app(
+        recipe,
+        tmp_path / "app",
+        overrides=overrides,
+        out_dir=str(tmp_path / "deployed"),
+        client_ids=",".join(CLIENTS),
+        connect_timeout=LIMIT,
+        client_timeout=LIMIT,
+        secure_aggregation='{"max_weight": 200}',
+    ).parent  # about the clients' sizes: a finer grid
     with _deployment(tmp_path) as env:
         _flwr_run(app, env, tmp_path)
     logs = "".join((tmp_path / f"supernode_{i}.log").read_text() for i in range(len(CLIENTS)))
     # SecAgg+'s four stages (setup, share keys, collect masked vectors, unmask) are four train messages a round
     assert logs.count("Receiving: train message") == 4 * 2 * len(CLIENTS)
-    simulated = run(["fit", "--config", str(recipe), *overrides.split(), "--out_dir", str(tmp_path / "simulated"),
-                     "--federation.progress_bar", "false"])
+    simulated = run(
+        [
+            "fit",
+            "--config",
+            str(recipe),
+            *overrides.split(),
+            "--out_dir",
+            str(tmp_path / "simulated"),
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     deployed = load_checkpoint(tmp_path / "deployed" / "checkpoints" / "last.ckpt")["strategy"]["global_state"]
     plain = load_checkpoint(tmp_path / "simulated" / "checkpoints" / "last.ckpt")["strategy"]["global_state"]
     assert set(deployed) == set(plain)
@@ -269,13 +364,24 @@ def test_a_node_killed_in_round_2_is_reported_with_flowers_reason(tmp_path):
     train message: the SuperLink answers for the gone node, and the server stops the run naming the node, Flower's
     reason (NODE_UNAVAILABLE) and the seconds it waited (well under the client timeout), keeping round 1's
     checkpoint."""
-    app = write_app(ROOT / "recipes" / "quickstart.yaml", tmp_path / "app",
-                    overrides=OVERRIDES.replace(" --federation.on_client_error skip", ""),
-                    out_dir=str(tmp_path / "deployed"), client_ids=",".join(CLIENTS), connect_timeout=LIMIT,
-                    client_timeout=LIMIT).parent
+    app = write_app(
+        ROOT / "recipes" / "quickstart.yaml",
+        tmp_path / "app",
+        overrides=OVERRIDES.replace(" --federation.on_client_error skip", ""),
+        out_dir=str(tmp_path / "deployed"),
+        client_ids=",".join(CLIENTS),
+        connect_timeout=LIMIT,
+        client_timeout=LIMIT,
+    ).parent
     with _deployment(tmp_path) as env:
-        deployed = popen_child([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env, cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deployed = popen_child(
+            [str(BIN / "flwr"), "run", str(app), "test", "--stream"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         node_log = tmp_path / "supernode_1.log"
         deadline = time.monotonic() + LIMIT
         while node_log.read_text().count("Receiving: train message") < 2:
@@ -284,8 +390,11 @@ def test_a_node_killed_in_round_2_is_reported_with_flowers_reason(tmp_path):
         node = int((tmp_path / "process_groups").read_text().split()[2])  # the SuperLink, then one per client
         os.killpg(node, signal.SIGKILL)
         output, _ = deployed.communicate(timeout=LIMIT)
-    said = re.search(r"Round 2: the turn of client 'site_1' \(Flower node \d+\) failed: node \d+ failed after "
-                     r"(\d+) s: Flower error NODE_UNAVAILABLE", output)
+    said = re.search(
+        r"Round 2: the turn of client 'site_1' \(Flower node \d+\) failed: node \d+ failed after "
+        r"(\d+) s: Flower error NODE_UNAVAILABLE",
+        output,
+    )
     assert said is not None, output[-6000:]
     assert int(said.group(1)) < LIMIT
     assert load_checkpoint(tmp_path / "deployed" / "checkpoints" / "last.ckpt")["server_round"] == 1
@@ -309,18 +418,40 @@ def test_each_hospital_holds_only_its_own_file_and_the_deployment_equals_the_sim
         folders[site].mkdir(parents=True)
         shutil.copy(HEART / f"processed.{site}.data", folders[site])
     recipe = tmp_path / "heart.yaml"
-    recipe.write_text((ROOT / "recipes" / "heart_disease_fedavg.yaml").read_text().replace(
-        "root: ../shared/data/heart_disease", f"root: {tmp_path / 'not_on_the_server'}"))
+    recipe.write_text(
+        (ROOT / "recipes" / "heart_disease_fedavg.yaml")
+        .read_text()
+        .replace("root: ../shared/data/heart_disease", f"root: {tmp_path / 'not_on_the_server'}")
+    )
     overrides = "--data.init_args.sites [cleveland,hungarian] --federation.rounds 2 --federation.local_steps 10"
-    app = write_app(recipe, tmp_path / "app", overrides=overrides, out_dir=str(tmp_path / "deployed"),
-                    client_ids=",".join(sites), connect_timeout=LIMIT, client_timeout=LIMIT).parent
+    app = write_app(
+        recipe,
+        tmp_path / "app",
+        overrides=overrides,
+        out_dir=str(tmp_path / "deployed"),
+        client_ids=",".join(sites),
+        connect_timeout=LIMIT,
+        client_timeout=LIMIT,
+    ).parent
     node_config = {site: f"overrides='--data.init_args.root {folders[site]}'" for site in sites}
     with _deployment(tmp_path, clients=sites, node_config=node_config) as env:
         _flwr_run(app, env, tmp_path)
     assert sorted(p.name for p in folders["cleveland"].iterdir()) == ["processed.cleveland.data"]
     assert not (tmp_path / "not_on_the_server").exists()
-    simulated = run(["fit", "--config", str(recipe), *overrides.split(), "--data.init_args.root", str(HEART),
-                     "--out_dir", str(tmp_path / "simulated"), "--federation.progress_bar", "false"])
+    simulated = run(
+        [
+            "fit",
+            "--config",
+            str(recipe),
+            *overrides.split(),
+            "--data.init_args.root",
+            str(HEART),
+            "--out_dir",
+            str(tmp_path / "simulated"),
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     deployed = json.loads((tmp_path / "deployed" / "results.json").read_text())
     assert set(deployed["last"]["clients"]) == set(sites)
     for site in sites:

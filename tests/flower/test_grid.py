@@ -36,14 +36,18 @@ class FakeGrid:
             message.metadata.__dict__["_message_id"] = f"m{i}"
 
         def reply(to: int, sender: int, **fields):
-            return SimpleNamespace(metadata=SimpleNamespace(src_node_id=sender, reply_to_message_id=f"m{to}"),
-                                   **fields)
+            return SimpleNamespace(metadata=SimpleNamespace(src_node_id=sender, reply_to_message_id=f"m{to}"), **fields)
 
         ok = reply(0, 1, has_error=lambda: False, content=RecordDict({"turn": ConfigRecord({"n": 1})}))
-        failed = reply(1, 2, has_error=lambda: True, error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                                                 "<class 'MemoryError'>:<'oom'>"))
-        unavailable = reply(2, 0, has_error=lambda: True, error=Error(ErrorCode.NODE_UNAVAILABLE,
-                                                                      NODE_UNAVAILABLE_ERROR_REASON))
+        failed = reply(
+            1,
+            2,
+            has_error=lambda: True,
+            error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "<class 'MemoryError'>:<'oom'>"),
+        )
+        unavailable = reply(
+            2, 0, has_error=lambda: True, error=Error(ErrorCode.NODE_UNAVAILABLE, NODE_UNAVAILABLE_ERROR_REASON)
+        )
         return [failed, *([unavailable] if self.gone else []), ok]  # in any order, node 3 missing or gone
 
 
@@ -60,16 +64,24 @@ def test_replies_are_matched_to_nodes_and_failures_described():
     assert {(m.metadata.message_type, m.metadata.group_id) for m in grid.sent} == {("train", "4")}
     assert grid.timeout == 30.0
     assert replies[0]["turn"]["n"] == 1
-    assert re.fullmatch(r"node 2 failed after \d+ s: Flower error CLIENT_APP_RAISED_EXCEPTION \(code 2\): "
-                        r"<class 'MemoryError'>:<'oom'>", replies[1])
-    assert re.fullmatch(r"no reply from node 3 after \d+ s \(client timeout 30.0 s: timed out, or the node is "
-                        r"gone\)", replies[2])
+    assert re.fullmatch(
+        r"node 2 failed after \d+ s: Flower error CLIENT_APP_RAISED_EXCEPTION \(code 2\): "
+        r"<class 'MemoryError'>:<'oom'>",
+        replies[1],
+    )
+    assert re.fullmatch(
+        r"no reply from node 3 after \d+ s \(client timeout 30.0 s: timed out, or the node is "
+        r"gone\)",
+        replies[2],
+    )
 
 
 def test_the_superlinks_error_for_a_gone_node_is_that_nodes_failure_with_flowers_reason():
     # The error reply for node 3 comes from the SuperLink (sender 0): matched by the message it answers.
-    replies = GridTransport(FakeGrid(gone=True)).exchange([(n, "train", RecordDict()) for n in (1, 2, 3)], "4",
-                                                         3600.0)
+    replies = GridTransport(FakeGrid(gone=True)).exchange([(n, "train", RecordDict()) for n in (1, 2, 3)], "4", 3600.0)
     assert replies[0]["turn"]["n"] == 1 and replies[1].startswith("node 2 failed after ")
-    assert re.fullmatch(r"node 3 failed after \d+ s: Flower error NODE_UNAVAILABLE \(code 5\): Error: Node "
-                        r"Unavailable — The destination node failed to report a heartbeat within .*", replies[2])
+    assert re.fullmatch(
+        r"node 3 failed after \d+ s: Flower error NODE_UNAVAILABLE \(code 5\): Error: Node "
+        r"Unavailable — The destination node failed to report a heartbeat within .*",
+        replies[2],
+    )

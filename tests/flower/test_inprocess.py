@@ -125,8 +125,9 @@ def test_a_client_that_raises_in_round_2_is_left_out_with_a_warning(tmp_path):
     transport = InProcessTransport({c: _fed(tmp_path / "node", on_client_error="skip") for c in CLIENTS})
     with pytest.warns(UserWarning, match=r"Round 2: client 'c1' \(Flower node 102\) failed: RuntimeError: disk full"):
         results = deploy(_fed(tmp_path / "dep", on_client_error="skip")(), transport)
-    assert results["faults"] == [{"round": 2, "client": "c1", "kind": "error",
-                                  "detail": "RuntimeError: disk full on c1"}]
+    assert results["faults"] == [
+        {"round": 2, "client": "c1", "kind": "error", "detail": "RuntimeError: disk full on c1"}
+    ]
     rows = list(csv.reader((tmp_path / "dep" / "metrics.csv").open()))[1:]
     trained = {(r[0], r[1]) for r in rows if r[2:4] == ["train", "loss"]}
     assert trained == {("1", "c0"), ("1", "c1"), ("1", "c2"), ("2", "c0"), ("2", "c2")}
@@ -135,8 +136,11 @@ def test_a_client_that_raises_in_round_2_is_left_out_with_a_warning(tmp_path):
 
 def test_a_client_that_raises_stops_the_run_naming_it_with_raise(tmp_path):
     transport = InProcessTransport({c: _fed(tmp_path / "node") for c in CLIENTS})
-    with pytest.raises(FedlitError, match=r"Round 2: the turn of client 'c1' \(Flower node 102\) failed: "
-                                          r"RuntimeError: disk full on c1"):
+    with pytest.raises(
+        FedlitError,
+        match=r"Round 2: the turn of client 'c1' \(Flower node 102\) failed: "
+        r"RuntimeError: disk full on c1",
+    ):
         deploy(_fed(tmp_path / "dep")(), transport)
     assert torch.load(tmp_path / "dep" / "checkpoints" / "last.ckpt", weights_only=True)["server_round"] == 1
 
@@ -149,8 +153,10 @@ def test_dead_nodes_below_min_clients_stop_the_run_and_keep_the_checkpoint(tmp_p
     builder = lambda: make_federation(tmp_path / "node", S.FedAvg(), on_client_error="skip", min_clients=2)  # noqa: E731
     transport = InProcessTransport({c: builder for c in CLIENTS}, fail=die)
     server = make_federation(tmp_path / "dep", S.FedAvg(), on_client_error="skip", min_clients=2)
-    with pytest.warns(UserWarning, match="client 'c2'"), \
-            pytest.raises(FedlitError, match=r"Round 2: only 1 of 3 clients .*min_clients=2.*last good checkpoint"):
+    with (
+        pytest.warns(UserWarning, match="client 'c2'"),
+        pytest.raises(FedlitError, match=r"Round 2: only 1 of 3 clients .*min_clients=2.*last good checkpoint"),
+    ):
         deploy(server, transport)
     assert torch.load(tmp_path / "dep" / "checkpoints" / "last.ckpt", weights_only=True)["server_round"] == 1
 
@@ -171,12 +177,17 @@ def test_client_ids_the_nodes_report_are_checked_as_names(tmp_path):
             return [1, 2]
 
         def exchange(self, messages, message_type, timeout):
-            return [RecordDict({"query": ConfigRecord({"client-id": c, "position": i})})
-                    for i, c in enumerate(["c0", "../../x"])]
+            return [
+                RecordDict({"query": ConfigRecord({"client-id": c, "position": i})})
+                for i, c in enumerate(["c0", "../../x"])
+            ]
 
     data = RemoteData(_fed(tmp_path / "dep")().datamodule, Nodes(), num_clients=2, connect_timeout=0.1)
-    with pytest.raises(DataError, match=r"^--node-config client-id of the SuperNodes: client ids that are not safe "
-                                        r"as file names: '\.\./\.\./x' holds a path separator\."):
+    with pytest.raises(
+        DataError,
+        match=r"^--node-config client-id of the SuperNodes: client ids that are not safe "
+        r"as file names: '\.\./\.\./x' holds a path separator\.",
+    ):
         data.setup()
 
 
@@ -194,11 +205,25 @@ def _scheduled(path, **kwargs):
     def build():
         torch.manual_seed(0)
         module = ClassificationModule(
-            backbone=TinyMLP(), num_classes=3, lr=0.1, momentum=0.9, roles=[RoleRule("backbone.*", "shared")],
+            backbone=TinyMLP(),
+            num_classes=3,
+            lr=0.1,
+            momentum=0.9,
+            roles=[RoleRule("backbone.*", "shared")],
             lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
-            lr_scheduler_interval="round")
-        return Federation(module, tests.conftest.TinyTabular(), S.FedAvg(), rounds=3, out_dir=path,
-                          progress_bar=False, accelerator="cpu", **kwargs)
+            lr_scheduler_interval="round",
+        )
+        return Federation(
+            module,
+            tests.conftest.TinyTabular(),
+            S.FedAvg(),
+            rounds=3,
+            out_dir=path,
+            progress_bar=False,
+            accelerator="cpu",
+            **kwargs,
+        )
+
     return build
 
 
@@ -227,8 +252,9 @@ def test_secure_aggregation_refuses_client_level_dp(tmp_path):
     from fedlit.privacy import ClientLevelDP
 
     transport = InProcessTransport({c: _fed(tmp_path / "node") for c in CLIENTS})
-    server = make_federation(tmp_path / "dep", S.FedAvg(), callbacks=[ClientLevelDP(noise_multiplier=1.0,
-                                                                                    clip_norm=1.0)])
+    server = make_federation(
+        tmp_path / "dep", S.FedAvg(), callbacks=[ClientLevelDP(noise_multiplier=1.0, clip_norm=1.0)]
+    )
     server.datamodule = RemoteData(server.datamodule, transport, num_clients=len(CLIENTS), connect_timeout=1.0)
     server.executor = FlowerExecutor(transport, server.datamodule, secure_aggregation=True)
     with pytest.raises(ConfigError, match="secure-aggregation = true with ClientLevelDP"):
@@ -249,9 +275,13 @@ def test_secure_aggregation_refuses_a_max_weight_below_a_clients_train_size_befo
     limit = min(train.values()) - 1
     server.executor = FlowerExecutor(transport, server.datamodule, secure_aggregation={"max_weight": limit})
     listed = ", ".join(f"{c} ({train[c]})" for c in CLIENTS if train[c] > limit)
-    with pytest.raises(ConfigError, match=re.escape(
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
             f"secure-aggregation.max_weight={limit} is below the training examples of {listed}, which could never "
-            f"upload; set max_weight to at least {max(train.values())}")):
+            f"upload; set max_weight to at least {max(train.values())}"
+        ),
+    ):
         server.fit()
     assert not (tmp_path / "dep" / "metrics.csv").exists()
 
@@ -271,9 +301,11 @@ def test_a_resumed_server_gets_the_nodes_state_of_its_checkpoint(tmp_path):
     """The server dies in round 3, after the nodes trained (their state moved on) but before its checkpoint (the
     last one is round 2's): resumed, the nodes restart from their round-2 state and the run ends as if never
     interrupted."""
+
     def build(path, *callbacks):
-        return lambda: make_federation(path, S.FedBN(), rounds=4, checkpoint_every=2, optimizer_state="persist",
-                                       callbacks=list(callbacks))
+        return lambda: make_federation(
+            path, S.FedBN(), rounds=4, checkpoint_every=2, optimizer_state="persist", callbacks=list(callbacks)
+        )
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -283,8 +315,7 @@ def test_a_resumed_server_gets_the_nodes_state_of_its_checkpoint(tmp_path):
         with pytest.raises(KeyboardInterrupt):
             deploy(build(tmp_path / "dep", CrashAt(3))(), transport)
         assert {k for t in transport.tables.values() for k in t} == {"round_2", "round_3"}
-        resumed = deploy(build(tmp_path / "dep")(), transport,
-                         ckpt_path=tmp_path / "dep" / "checkpoints" / "last.ckpt")
+        resumed = deploy(build(tmp_path / "dep")(), transport, ckpt_path=tmp_path / "dep" / "checkpoints" / "last.ckpt")
     _close(straight["last"], resumed["last"], "last")
     _close(straight["comm"], resumed["comm"], "comm")
     assert {k for t in transport.tables.values() for k in t} == {"round_2", "round_3", "round_4"}
@@ -298,8 +329,11 @@ def test_a_node_uses_its_own_client_only(tmp_path):
     assert fed.client_ids == fed.train_client_ids == ["c1"] and data.position() == 1
     assert list(data.manifest()["clients"]) == ["c1"] and list(data.class_counts()) == ["c1"]
     assert len(data.train_dataloader("c1", torch.Generator()).dataset) == 15  # TinyTabular: half of 30 samples
-    for read in (lambda: data.train_dataloader("c0", torch.Generator()), lambda: data.test_dataloader("c2"),
-                 lambda: data.num_examples("c0", "train")):
+    for read in (
+        lambda: data.train_dataloader("c0", torch.Generator()),
+        lambda: data.test_dataloader("c2"),
+        lambda: data.num_examples("c0", "train"),
+    ):
         with pytest.raises(KeyError, match="This node holds client 'c1', not"):
             read()
     with pytest.raises(DataError, match="node config client-id='c7' is not a client of TinyTabular"):
@@ -314,8 +348,9 @@ def test_a_turn_that_timed_out_on_its_node_is_recorded_as_a_timeout(tmp_path, mo
     monkeypatch.setattr(local, "_clock", lambda: clock[0])
 
     def fed(path):
-        return lambda: make_federation(path, S.FedAvg(), client_timeout=10.0,
-                                       callbacks=[SlowFor(clock, "c2", round=2, seconds=30.0)])
+        return lambda: make_federation(
+            path, S.FedAvg(), client_timeout=10.0, callbacks=[SlowFor(clock, "c2", round=2, seconds=30.0)]
+        )
 
     transport = InProcessTransport({c: fed(tmp_path / "node") for c in CLIENTS})
     with pytest.warns(UserWarning, match=r"Round 2: client 'c2' timed out"):

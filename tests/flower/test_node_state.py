@@ -20,8 +20,9 @@ DAY = 86400
 def _run(state_dir, out_dir, clients, rounds, age_days):
     """Snapshots as a node writes them, last written ``age_days`` ago."""
     for client in clients:
-        context = SimpleNamespace(run_config={"out-dir": out_dir}, node_config={"state-dir": str(state_dir),
-                                                                                "client-id": client}, run_id=1)
+        context = SimpleNamespace(
+            run_config={"out-dir": out_dir}, node_config={"state-dir": str(state_dir), "client-id": client}, run_id=1
+        )
         snapshots = snapshots_of(context)
         for r in rounds:
             snapshots.save(r, b"x" * 1000)
@@ -58,10 +59,13 @@ def test_delete_one_server_runs_state(tmp_path, capsys):
     assert not one.exists() and two.is_dir()
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--delete"], "--delete needs --older_than DAYS or --out_dir RUN_FOLDER"),
-    (["--older_than", "-1"], "--older_than -1: must be >= 0 days"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--delete"], "--delete needs --older_than DAYS or --out_dir RUN_FOLDER"),
+        (["--older_than", "-1"], "--older_than -1: must be >= 0 days"),
+    ],
+)
 def test_refused(tmp_path, capsys, argv, message):
     kept = _run(tmp_path, "/abs/runs/one", ["site_0"], [1], 100)
     with pytest.raises(SystemExit):

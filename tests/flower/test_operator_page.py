@@ -54,10 +54,19 @@ def _program(args: list[str]) -> tuple[list[str], list[str]]:
 
 def test_the_page_has_the_steps():
     programs = [_program(c)[0] for c in _commands()]
-    assert programs == [["fedlit", "certs"], ["flower-superlink"], ["flwr", "supernode", "register"],
-                        ["flwr", "supernode", "register"], ["flower-supernode"], ["flower-supernode"],
-                        ["fedlit", "recipes"], ["fedlit", "flower-app"], ["flwr", "run"],
-                        ["fedlit", "node-state"], ["fedlit", "node-state"]]
+    assert programs == [
+        ["fedlit", "certs"],
+        ["flower-superlink"],
+        ["flwr", "supernode", "register"],
+        ["flwr", "supernode", "register"],
+        ["flower-supernode"],
+        ["flower-supernode"],
+        ["fedlit", "recipes"],
+        ["fedlit", "flower-app"],
+        ["flwr", "run"],
+        ["fedlit", "node-state"],
+        ["fedlit", "node-state"],
+    ]
     superlink = _commands()[1]
     assert superlink[superlink.index("--host") + 1] == "0.0.0.0"  # remote sites can connect
     assert len(_blocks("operator-config")) == 1
@@ -65,8 +74,11 @@ def test_the_page_has_the_steps():
 
 @pytest.mark.long
 def test_every_documented_option_exists():
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     helps: dict[tuple[str, ...], str] = {}
     for args in _commands():
         program, options = _program(args)
@@ -80,8 +92,14 @@ def test_every_documented_option_exists():
 
 def _start(args: list[str], env: dict[str, str], cwd: Path, log: Path, groups: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        process = subprocess.Popen([str(BIN / args[0]), *args[1:]], env=env, cwd=cwd, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     with open(groups, "a") as listed:
         listed.write(f"{process.pid}\n")
     return process
@@ -110,13 +128,18 @@ def test_the_documented_steps_run(tmp_path, monkeypatch):
     home.mkdir()
     config = _blocks("operator-config")[0].replace("/abs/path/certs/ca.crt", str(tmp_path / "certs" / "ca.crt"))
     (home / "config.toml").write_text(config.replace("127.0.0.1:9093", f"127.0.0.1:{ports['9093']}"))
-    env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "PWD": str(tmp_path),
-           "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PWD": str(tmp_path),
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
+        "OMP_NUM_THREADS": "1",
+    }
     groups = tmp_path / "process_groups"
     groups.write_text("")
-    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(groups), str(os.getpid())],
-                                start_new_session=True)
+    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(groups), str(os.getpid())], start_new_session=True)
     daemons: list[subprocess.Popen] = []
     outputs = {}
     try:

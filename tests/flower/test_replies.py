@@ -36,8 +36,7 @@ NAN = float("nan")
 
 
 def _sent() -> dict[str, torch.Tensor]:
-    return {"head.weight": torch.zeros(3, 8), "head.bias": torch.zeros(3),
-            "bn.num_batches_tracked": torch.tensor(0)}
+    return {"head.weight": torch.zeros(3, 8), "head.bias": torch.zeros(3), "bn.num_batches_tracked": torch.tensor(0)}
 
 
 TASK = FitTask("site_1", _sent())
@@ -45,8 +44,11 @@ TASK = FitTask("site_1", _sent())
 
 def _reply(state=None, *, client_id="site_1", num_examples=10, metrics=None, extras=None, problem=None):
     """A train reply as a node encodes it, from an honest upload with the given fields replaced."""
-    state = {"head.weight": torch.ones(3, 8), "head.bias": torch.ones(3),
-             "bn.num_batches_tracked": torch.tensor(4)} if state is None else state
+    state = (
+        {"head.weight": torch.ones(3, 8), "head.bias": torch.ones(3), "bn.num_batches_tracked": torch.tensor(4)}
+        if state is None
+        else state
+    )
     metrics = {"loss": 0.5, "steps": 4.0} if metrics is None else metrics
     update = ClientUpdate(client_id, num_examples, state, metrics, extras or {})
     return encode_turn(ClientTurn(update, 999, problem))
@@ -72,8 +74,10 @@ def test_a_quarantined_reply_may_carry_nan():
 
 
 def _replace(**kw):
-    return {**{"head.weight": torch.ones(3, 8), "head.bias": torch.ones(3),
-               "bn.num_batches_tracked": torch.tensor(4)}, **kw}
+    return {
+        **{"head.weight": torch.ones(3, 8), "head.bias": torch.ones(3), "bn.num_batches_tracked": torch.tensor(4)},
+        **kw,
+    }
 
 
 def _without(name):
@@ -82,42 +86,68 @@ def _without(name):
     return state
 
 
-@pytest.mark.parametrize(("reply", "reason"), [
-    (_reply(_replace(**{"head.weight": torch.ones(1)})),
-     "client 'site_1' replied a state whose 'head.weight' has shape (1,), not (3, 8) as sent"),
-    (_reply(_replace(**{"head.bias": torch.ones(3, dtype=torch.float64)})),
-     "client 'site_1' replied a state whose 'head.bias' is float64, not float32 as sent"),
-    (_reply(_without("head.bias")),
-     "client 'site_1' replied a state without 'head.bias' (2 tensors, 3 expected)"),
-    (_reply(_replace(extra=torch.ones(2))),
-     "client 'site_1' replied a state with 'extra', which the server did not send or does not expect back"),
-    (_reply(_replace(**{"head.weight": [1.0, 2.0]})),
-     "client 'site_1' replied a state whose 'head.weight' is a list, not a tensor"),
-    (_reply(_replace(**{"head.bias": torch.tensor([0.0, math.inf, 0.0])})),
-     "client 'site_1' replied a state whose 'head.bias' is not finite, with no problem reported"),
-    (_reply(client_id="site_0"), "client 'site_1' replied as client 'site_0' (the task was for 'site_1')"),
-    (_reply(num_examples=10**12),
-     "client 'site_1' replied num_examples=1000000000000, not an int in 1..15 (its train split's size, as its "
-     "node reported)"),
-    (_reply(num_examples=-5), "client 'site_1' replied num_examples=-5, not an int in 1..15"),
-    (_reply(num_examples=0), "client 'site_1' replied num_examples=0, not an int in 1..15"),
-    (_reply(metrics={"loss": NAN, "steps": 4.0}),
-     "client 'site_1' replied a metric 'loss' = nan with no problem reported"),
-    (_reply(metrics={"loss": 0.5, "steps": 4.0, "dp": math.inf}),
-     "client 'site_1' replied a metric 'dp' = inf with no problem reported"),
-    (_reply(metrics={"loss": math.inf, "steps": 4.0}, problem="quarantined"), "client 'site_1' replied a metric "
-     "'loss' = inf"),
-    (_reply(metrics={"loss": 0.5}), "client 'site_1' replied metrics without 'steps'"),
-    (_reply(metrics={"loss": 0.5, "steps": -1.0}), "client 'site_1' replied a metric 'steps' = -1.0, below 0"),
-    (_reply(metrics={"loss": True, "steps": 4.0}),
-     "client 'site_1' replied a metric 'loss' of type bool, not a number"),
-    (_reply(metrics={"loss": torch.tensor(0.5), "steps": 4.0}),
-     "client 'site_1' replied a metric 'loss' of type Tensor, not a number"),
-    (_reply(extras={"delta": {"w": torch.full((2,), NAN)}}),
-     "client 'site_1' replied an extra whose 'delta.w' is not finite, with no problem reported"),
-    (_reply(problem=7), "client 'site_1' replied a problem of type int, not a string or null"),
-    (RecordDict(), "client 'site_1' sent a train reply the server cannot read (KeyError"),
-])
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (
+            _reply(_replace(**{"head.weight": torch.ones(1)})),
+            "client 'site_1' replied a state whose 'head.weight' has shape (1,), not (3, 8) as sent",
+        ),
+        (
+            _reply(_replace(**{"head.bias": torch.ones(3, dtype=torch.float64)})),
+            "client 'site_1' replied a state whose 'head.bias' is float64, not float32 as sent",
+        ),
+        (_reply(_without("head.bias")), "client 'site_1' replied a state without 'head.bias' (2 tensors, 3 expected)"),
+        (
+            _reply(_replace(extra=torch.ones(2))),
+            "client 'site_1' replied a state with 'extra', which the server did not send or does not expect back",
+        ),
+        (
+            _reply(_replace(**{"head.weight": [1.0, 2.0]})),
+            "client 'site_1' replied a state whose 'head.weight' is a list, not a tensor",
+        ),
+        (
+            _reply(_replace(**{"head.bias": torch.tensor([0.0, math.inf, 0.0])})),
+            "client 'site_1' replied a state whose 'head.bias' is not finite, with no problem reported",
+        ),
+        (_reply(client_id="site_0"), "client 'site_1' replied as client 'site_0' (the task was for 'site_1')"),
+        (
+            _reply(num_examples=10**12),
+            "client 'site_1' replied num_examples=1000000000000, not an int in 1..15 (its train split's size, as its "
+            "node reported)",
+        ),
+        (_reply(num_examples=-5), "client 'site_1' replied num_examples=-5, not an int in 1..15"),
+        (_reply(num_examples=0), "client 'site_1' replied num_examples=0, not an int in 1..15"),
+        (
+            _reply(metrics={"loss": NAN, "steps": 4.0}),
+            "client 'site_1' replied a metric 'loss' = nan with no problem reported",
+        ),
+        (
+            _reply(metrics={"loss": 0.5, "steps": 4.0, "dp": math.inf}),
+            "client 'site_1' replied a metric 'dp' = inf with no problem reported",
+        ),
+        (
+            _reply(metrics={"loss": math.inf, "steps": 4.0}, problem="quarantined"),
+            "client 'site_1' replied a metric 'loss' = inf",
+        ),
+        (_reply(metrics={"loss": 0.5}), "client 'site_1' replied metrics without 'steps'"),
+        (_reply(metrics={"loss": 0.5, "steps": -1.0}), "client 'site_1' replied a metric 'steps' = -1.0, below 0"),
+        (
+            _reply(metrics={"loss": True, "steps": 4.0}),
+            "client 'site_1' replied a metric 'loss' of type bool, not a number",
+        ),
+        (
+            _reply(metrics={"loss": torch.tensor(0.5), "steps": 4.0}),
+            "client 'site_1' replied a metric 'loss' of type Tensor, not a number",
+        ),
+        (
+            _reply(extras={"delta": {"w": torch.full((2,), NAN)}}),
+            "client 'site_1' replied an extra whose 'delta.w' is not finite, with no problem reported",
+        ),
+        (_reply(problem=7), "client 'site_1' replied a problem of type int, not a string or null"),
+        (RecordDict(), "client 'site_1' sent a train reply the server cannot read (KeyError"),
+    ],
+)
 def test_a_bad_reply_is_refused_with_a_reason_naming_the_client(reply, reason):
     why = _check(reply)
     assert isinstance(why, str) and why.startswith(reason) and "\n" not in why
@@ -151,30 +181,48 @@ def test_an_honest_evaluation_reply_may_report_an_undefined_metric_as_nan():
     assert isinstance(result, EvaluateResult) and result.download_bytes == 40
     assert result.metrics["test"] == {"loss": 0.8, "accuracy": 1} and math.isnan(result.metrics["val"]["auroc"])
     with_global = EvaluateTask("site_1", _sent(), _sent(), ("val",))
-    both = evaluate_reply(_evaluation({"val": {"loss": 0.7}, "global/val": {"loss": 0.9}}), with_global,
-                          sent_bytes=216)
+    both = evaluate_reply(_evaluation({"val": {"loss": 0.7}, "global/val": {"loss": 0.9}}), with_global, sent_bytes=216)
     assert isinstance(both, EvaluateResult) and both.metrics["global/val"] == {"loss": 0.9}
 
 
-@pytest.mark.parametrize(("reply", "reason"), [
-    (_evaluation({"val": {"loss": 0.7}}, client_id="site_0"),
-     "client 'site_1' replied as client 'site_0' (the task was for 'site_1')"),
-    (_evaluation({"val": {"loss": math.inf}}), "client 'site_1' replied an evaluation metric val/loss = inf"),
-    (_evaluation({"val": {"loss": "low"}}),
-     "client 'site_1' replied an evaluation metric val/loss of type str, not a number"),
-    (_evaluation({"train": {"loss": 0.7}}),
-     "client 'site_1' replied evaluation metrics for 'train', which the server did not ask for"),
-    (_evaluation({"global/val": {"loss": 0.7}}),
-     "client 'site_1' replied evaluation metrics for 'global/val', which the server did not ask for"),
-    (_evaluation({"val": [0.7]}),
-     "client 'site_1' replied evaluation metrics for 'val' of type list, not a dict of numbers"),
-    (_evaluation({"val": {"loss": 0.7}}, download=10**9),
-     "client 'site_1' replied download bytes 1000000000, not an int in 0..108"),
-    (_evaluation({"val": {"loss": 0.7}}, image=[1]),
-     "client 'site_1' replied a validation image of type list, not a tensor"),
-    (RecordDict({"evaluation": ConfigRecord({"download-bytes": 0})}),
-     "client 'site_1' sent an evaluation reply the server cannot read (KeyError"),
-])
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (
+            _evaluation({"val": {"loss": 0.7}}, client_id="site_0"),
+            "client 'site_1' replied as client 'site_0' (the task was for 'site_1')",
+        ),
+        (_evaluation({"val": {"loss": math.inf}}), "client 'site_1' replied an evaluation metric val/loss = inf"),
+        (
+            _evaluation({"val": {"loss": "low"}}),
+            "client 'site_1' replied an evaluation metric val/loss of type str, not a number",
+        ),
+        (
+            _evaluation({"train": {"loss": 0.7}}),
+            "client 'site_1' replied evaluation metrics for 'train', which the server did not ask for",
+        ),
+        (
+            _evaluation({"global/val": {"loss": 0.7}}),
+            "client 'site_1' replied evaluation metrics for 'global/val', which the server did not ask for",
+        ),
+        (
+            _evaluation({"val": [0.7]}),
+            "client 'site_1' replied evaluation metrics for 'val' of type list, not a dict of numbers",
+        ),
+        (
+            _evaluation({"val": {"loss": 0.7}}, download=10**9),
+            "client 'site_1' replied download bytes 1000000000, not an int in 0..108",
+        ),
+        (
+            _evaluation({"val": {"loss": 0.7}}, image=[1]),
+            "client 'site_1' replied a validation image of type list, not a tensor",
+        ),
+        (
+            RecordDict({"evaluation": ConfigRecord({"download-bytes": 0})}),
+            "client 'site_1' sent an evaluation reply the server cannot read (KeyError",
+        ),
+    ],
+)
 def test_a_bad_evaluation_reply_is_refused_with_a_reason_naming_the_client(reply, reason):
     why = evaluate_reply(reply, EVAL, sent_bytes=108)
     assert isinstance(why, str) and why.startswith(reason) and "\n" not in why
@@ -206,12 +254,14 @@ def _state(edit):
         state = codec.get_tree(reply, "state")
         edit(state)
         codec.put_tree(reply, "state", state)
+
     return tamper
 
 
 def _turn(key, value):
     def tamper(reply):
         reply.config_records["turn"][key] = value
+
     return tamper
 
 
@@ -221,18 +271,29 @@ def _loss_nan(reply):
 
 
 TAMPERS = {  # name: (tamper, the reason recorded)
-    "shape (1,)": (_state(lambda s: s.update({"backbone.0.weight": torch.full((1,), 1000.0)})),
-                   "client 'c1' replied a state whose 'backbone.0.weight' has shape (1,), not (8, 4) as sent"),
-    "num_examples 1e12": (_turn("num-examples", 10**12), "client 'c1' replied num_examples=1000000000000, not an "
-                          "int in 1..15 (its train split's size, as its node reported)"),
+    "shape (1,)": (
+        _state(lambda s: s.update({"backbone.0.weight": torch.full((1,), 1000.0)})),
+        "client 'c1' replied a state whose 'backbone.0.weight' has shape (1,), not (8, 4) as sent",
+    ),
+    "num_examples 1e12": (
+        _turn("num-examples", 10**12),
+        "client 'c1' replied num_examples=1000000000000, not an "
+        "int in 1..15 (its train split's size, as its node reported)",
+    ),
     "num_examples -5": (_turn("num-examples", -5), "client 'c1' replied num_examples=-5, not an int in 1..15"),
-    "missing key": (_state(lambda s: s.pop("backbone.0.bias")), "client 'c1' replied a state without "
-                    "'backbone.0.bias'"),
-    "extra key": (_state(lambda s: s.update({"intruder": torch.zeros(2)})), "client 'c1' replied a state with "
-                  "'intruder', which the server did not send"),
+    "missing key": (
+        _state(lambda s: s.pop("backbone.0.bias")),
+        "client 'c1' replied a state without 'backbone.0.bias'",
+    ),
+    "extra key": (
+        _state(lambda s: s.update({"intruder": torch.zeros(2)})),
+        "client 'c1' replied a state with 'intruder', which the server did not send",
+    ),
     "another client's id": (_turn("client-id", "c0"), "client 'c1' replied as client 'c0' (the task was for 'c1')"),
-    "NaN state, problem null": (_state(lambda s: s["backbone.0.weight"].fill_(NAN)), "client 'c1' replied a state "
-                                "whose 'backbone.0.weight' is not finite, with no problem reported"),
+    "NaN state, problem null": (
+        _state(lambda s: s["backbone.0.weight"].fill_(NAN)),
+        "client 'c1' replied a state whose 'backbone.0.weight' is not finite, with no problem reported",
+    ),
     "NaN loss": (_loss_nan, "client 'c1' replied a metric 'loss' = nan with no problem reported"),
 }
 
@@ -244,6 +305,7 @@ def _builder(path, **kwargs):
 @pytest.fixture(scope="module")
 def honest_only(tmp_path_factory):
     """The global model of the run in which c1's node dies in round 2: the honest clients' aggregate."""
+
     def die(client_id, message_type, server_round):
         if (client_id, message_type, server_round) == ("c1", "train", 2):
             raise ConnectionError("node process killed")
@@ -285,6 +347,9 @@ def test_a_tampered_evaluation_stops_the_run_naming_its_client_with_raise(tmp_pa
         codec.put_tree(reply, "metrics", {"val": {"loss": math.inf}})
 
     transport = Tampering({c: _builder(tmp_path / "node") for c in CLIENTS}, tamper, kind="evaluate")
-    with pytest.raises(FedlitError, match=r"Round 2: the evaluation of client 'c1' \(Flower node 102\) failed: "
-                                          r"client 'c1' replied an evaluation metric val/loss = inf"):
+    with pytest.raises(
+        FedlitError,
+        match=r"Round 2: the evaluation of client 'c1' \(Flower node 102\) failed: "
+        r"client 'c1' replied an evaluation metric val/loss = inf",
+    ):
         deploy(_builder(tmp_path / "dep")(), transport)

@@ -66,8 +66,9 @@ class InProcessGrid(Grid):
 
     def __init__(self, app: ClientApp, nodes: list[int], silent: dict[int, str] | None = None) -> None:
         self.app = app
-        self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={})
-                         for n in nodes}
+        self.contexts = {
+            n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in nodes
+        }
         self.silent = silent or {}
         self.masked: dict[int, Message] = {}
 
@@ -78,8 +79,9 @@ class InProcessGrid(Grid):
     def run(self) -> Any:
         return SimpleNamespace(run_id=1)
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:
@@ -106,7 +108,8 @@ class InProcessGrid(Grid):
                 reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(ex)}:<'{ex}'>"), reply_to=msg)
             reply = _wire(reply)
             if reply.has_content() and Key.MASKED_PARAMETERS in reply.content.config_records.get(
-                    RECORD_KEY_CONFIGS, {}):
+                RECORD_KEY_CONFIGS, {}
+            ):
                 self.masked[node] = reply
             replies.append(reply)
         return replies
@@ -126,13 +129,21 @@ WEIGHTED_B = torch.full((3,), -0.25)
 
 
 def _upload(cid: str) -> dict[str, torch.Tensor]:
-    return {"w": C[cid] * P + D[cid], "b": torch.full((3,), D[cid]),
-            "bn.num_batches_tracked": torch.tensor(T[cid]), "s": torch.tensor([1.5], dtype=torch.bfloat16)}
+    return {
+        "w": C[cid] * P + D[cid],
+        "b": torch.full((3,), D[cid]),
+        "bn.num_batches_tracked": torch.tensor(T[cid]),
+        "s": torch.tensor([1.5], dtype=torch.bfloat16),
+    }
 
 
 def _received() -> dict[str, torch.Tensor]:
-    return {"w": torch.zeros(2, 3), "b": torch.ones(3), "bn.num_batches_tracked": torch.tensor(0),
-            "s": torch.tensor([1.25], dtype=torch.bfloat16)}
+    return {
+        "w": torch.zeros(2, 3),
+        "b": torch.ones(3),
+        "bn.num_batches_tracked": torch.tensor(0),
+        "s": torch.tensor([1.25], dtype=torch.bfloat16),
+    }
 
 
 def _client_app(train: Any) -> ClientApp:
@@ -146,8 +157,9 @@ def _client_app(train: Any) -> ClientApp:
     return app
 
 
-def _run(ids: list[str], train: Any, options: SecAggOptions, strategy: Any = None,
-         silent: dict[int, str] | None = None) -> tuple[list[ClientTurn | str], InProcessGrid]:
+def _run(
+    ids: list[str], train: Any, options: SecAggOptions, strategy: Any = None, silent: dict[int, str] | None = None
+) -> tuple[list[ClientTurn | str], InProcessGrid]:
     nodes = {cid: 100 + i for i, cid in enumerate(ids)}
     grid = InProcessGrid(_client_app(train), list(nodes.values()), silent)
     tasks = [FitTask(cid, _received()) for cid in ids]
@@ -160,6 +172,7 @@ def _train(got: dict[str, Any]) -> Any:
         got[client_id] = (server_round, received, extras)
         update = ClientUpdate(client_id, N[client_id], _upload(client_id), {"loss": 0.5, "steps": 4.0})
         return ClientTurn(update, 0)
+
     return train
 
 
@@ -171,19 +184,22 @@ def _bound(options: SecAggOptions, k: int, total: int, peak: float) -> float:
 # ---- which strategies --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("strategy", [FedAvg(), FedProx(), FedBN(), SiloBN(), FedAdam(), APFL(), FedALA()],
-                         ids=repr)
+@pytest.mark.parametrize("strategy", [FedAvg(), FedProx(), FedBN(), SiloBN(), FedAdam(), APFL(), FedALA()], ids=repr)
 def test_weighted_mean_strategies_may_aggregate_securely(strategy: Any) -> None:
     check_secure_aggregation(strategy)
 
 
-@pytest.mark.parametrize(("strategy", "why"), [
-    (SCAFFOLD(), "needs each client's upload"),
-    (Krum(), "needs each client's upload"),
-    (FedSCA(), "needs each client's upload"),
-    (FedMedian(), "needs each client's upload"),
-    (FedAvg(weighting="uniform"), "weighting='uniform'"),
-], ids=lambda x: x if isinstance(x, str) else type(x).__name__)
+@pytest.mark.parametrize(
+    ("strategy", "why"),
+    [
+        (SCAFFOLD(), "needs each client's upload"),
+        (Krum(), "needs each client's upload"),
+        (FedSCA(), "needs each client's upload"),
+        (FedMedian(), "needs each client's upload"),
+        (FedAvg(weighting="uniform"), "weighting='uniform'"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else type(x).__name__,
+)
 def test_other_strategies_are_refused_with_their_name_and_the_compatible_ones(strategy: Any, why: str) -> None:
     with pytest.raises(ConfigError) as err:
         check_secure_aggregation(strategy)
@@ -191,8 +207,21 @@ def test_other_strategies_are_refused_with_their_name_and_the_compatible_ones(st
     assert type(strategy).__name__ in message and why in message and "secure-aggregation" in message
     compatible = message.split("need no more: ")[1].split(".")[0].split(", ")
     assert {"FedAvg", "FedProx", "FedBN", "SiloBN", "FedAdam", "FedYogi", "FedAdagrad"} <= set(compatible)
-    assert not {"SCAFFOLD", "Krum", "FedSCA", "FedMedian", "FedTrimmedAvg", "FedSLD", "FedDyn", "PGFed", "EPFL",
-                "APPLE", "FedMetaMed", "FedHEAL", "Local"} & set(compatible)
+    assert not {
+        "SCAFFOLD",
+        "Krum",
+        "FedSCA",
+        "FedMedian",
+        "FedTrimmedAvg",
+        "FedSLD",
+        "FedDyn",
+        "PGFed",
+        "EPFL",
+        "APPLE",
+        "FedMetaMed",
+        "FedHEAL",
+        "Local",
+    } & set(compatible)
 
 
 def test_a_subclass_that_overrides_aggregate_must_declare_it_again() -> None:
@@ -245,8 +274,9 @@ def test_secure_round_gives_the_weighted_mean_to_every_client_and_fedavg_the_sam
         # What the client received: the server's tensors, dtypes kept, with the round and no extras.
         server_round, received, extras = got[cid]
         assert server_round == 3 and extras == {}
-        assert {n: (t.dtype, t.tolist()) for n, t in received.items()} == \
-            {n: (t.dtype, t.tolist()) for n, t in _received().items()}
+        assert {n: (t.dtype, t.tolist()) for n, t in received.items()} == {
+            n: (t.dtype, t.tolist()) for n, t in _received().items()
+        }
         update = turn.update
         assert update.client_id == cid and update.num_examples == N[cid]
         assert update.metrics == {"loss": 0.5, "steps": 4.0}
@@ -281,8 +311,11 @@ def test_what_a_client_uploads_is_masked() -> None:
         weight, w = vectors[0], vectors[1]
         # Unmasked, the weight would be round(n / W * Q) and w its quantized weighted values, within one step.
         plain_weight = round(N[cid] / options.max_weight * options.quantization_range)
-        plain_w = ((C[cid] * P + D[cid]).double().numpy() * N[cid] / options.max_weight + options.clipping_range) \
-            * options.quantization_range / (2 * options.clipping_range)
+        plain_w = (
+            ((C[cid] * P + D[cid]).double().numpy() * N[cid] / options.max_weight + options.clipping_range)
+            * options.quantization_range
+            / (2 * options.clipping_range)
+        )
         assert abs(int(weight[0]) - plain_weight) > 1000
         assert (abs(w - plain_w) > 1000).all()
         assert ((w >= 0) & (w < 2**32)).all()
@@ -296,8 +329,12 @@ def test_dropped_and_quarantined_clients_are_left_out_of_the_sum() -> None:
         if client_id == "b":
             raise DataError("Client 'b' has no training batch")
         value = {"a": 1.0, "c": float("nan"), "d": -0.5}[client_id]
-        state = {"w": torch.full((2, 3), value), "b": torch.zeros(3), "bn.num_batches_tracked": torch.tensor(1),
-                 "s": torch.ones(1, dtype=torch.bfloat16)}
+        state = {
+            "w": torch.full((2, 3), value),
+            "b": torch.zeros(3),
+            "bn.num_batches_tracked": torch.tensor(1),
+            "s": torch.ones(1, dtype=torch.bfloat16),
+        }
         update = ClientUpdate(client_id, n[client_id], state, {"loss": 0.25, "steps": 2.0})
         return ClientTurn(update, 0, "non-finite tensor 'w'" if client_id == "c" else None)
 
@@ -322,8 +359,12 @@ def test_too_few_live_clients_halt_the_round() -> None:
     assert isinstance(turns[1], str) and "no reply in time" in turns[1]
     # By hand: (10 (0.6 P + 1) + 30 (-0.2 P + 0.5)) / 40 = 25 / 40 = 0.625 everywhere; a's values reach 3.4.
     assert (turns[0].update.state["w"] - 0.625).abs().max() <= _bound(options, 2, 40, peak=3.4)
-    turns, _ = _run(["a", "b", "c"], _train({}), options,
-                    silent={101: Stage.COLLECT_MASKED_VECTORS, 102: Stage.COLLECT_MASKED_VECTORS})
+    turns, _ = _run(
+        ["a", "b", "c"],
+        _train({}),
+        options,
+        silent={101: Stage.COLLECT_MASKED_VECTORS, 102: Stage.COLLECT_MASKED_VECTORS},
+    )
     assert isinstance(turns[0], str) and "halted" in turns[0]
     assert all(isinstance(t, str) and "no reply in time" in t for t in turns[1:])
 
@@ -337,8 +378,7 @@ def test_a_value_that_would_be_clipped_is_refused_by_its_client() -> None:
     assert "above 1.933" in turns[1]
     options = SecAggOptions(max_weight=25)
     turns, _ = _run(["a", "b", "c"], _train({}), options)
-    assert isinstance(turns[2], str) and "30 training examples exceed secure-aggregation.max_weight=25" \
-        in turns[2]
+    assert isinstance(turns[2], str) and "30 training examples exceed secure-aggregation.max_weight=25" in turns[2]
     # the fix, as the operator types it, with this client's count
     assert """--run-config 'secure-aggregation="{\\"max_weight\\": 30}"'""" in turns[2]
 
@@ -351,13 +391,25 @@ def test_secure_fit_refuses_rounds_it_cannot_protect() -> None:
     with pytest.raises(ConfigError, match="share a Flower node"):
         secure_fit(InProcessGrid(app, [1, 2]), fed, 1, tasks, {"a": 1, "b": 1, "c": 2}, options)
     with pytest.raises(ConfigError, match="sends extras"):
-        secure_fit(InProcessGrid(app, [1, 2]), fed, 1, [FitTask("a", {}, {"c": torch.zeros(1)}), FitTask("b", {})],
-                   {"a": 1, "b": 2}, options)
+        secure_fit(
+            InProcessGrid(app, [1, 2]),
+            fed,
+            1,
+            [FitTask("a", {}, {"c": torch.zeros(1)}), FitTask("b", {})],
+            {"a": 1, "b": 2},
+            options,
+        )
     with pytest.raises(ConfigError, match="at least 2 clients"):
         secure_fit(InProcessGrid(app, [1]), fed, 1, tasks[:1], {"a": 1}, options)
     with pytest.raises(ConfigError, match="SCAFFOLD"):
-        secure_fit(InProcessGrid(app, [1, 2, 3]), SimpleNamespace(strategy=SCAFFOLD()), 1, tasks,
-                   {"a": 1, "b": 2, "c": 3}, options)
+        secure_fit(
+            InProcessGrid(app, [1, 2, 3]),
+            SimpleNamespace(strategy=SCAFFOLD()),
+            1,
+            tasks,
+            {"a": 1, "b": 2, "c": 3},
+            options,
+        )
 
 
 # ---- the executor's checks of the secure turns ----------------------------------------------------------------------
@@ -384,15 +436,24 @@ def test_a_client_whose_weight_exceeds_its_train_size_spoils_the_secure_mean_for
     # c uploads with num_examples 30 where its node reported 25: its weight is in the mean, which no one can use.
     with pytest.warns(UserWarning) as caught:
         turns = _executor_fit({**N, "c": 25})
-    assert turns[2] == "client 'c' replied num_examples=30, not an int in 1..25 (its train split's size, as its node " \
-                       "reported)"
-    assert turns[0] == turns[1] == "its update is the SecAgg+ mean of the round, which holds the refused upload of " \
-                                   "client 'c'"
+    assert (
+        turns[2] == "client 'c' replied num_examples=30, not an int in 1..25 (its train split's size, as its node "
+        "reported)"
+    )
+    assert (
+        turns[0] == turns[1] == "its update is the SecAgg+ mean of the round, which holds the refused upload of "
+        "client 'c'"
+    )
     assert [str(w.message).split(" failed:")[0] for w in caught] == [
-        "Round 3: client 'c' (Flower node 102)", "Round 3: client 'a' (Flower node 100)",
-        "Round 3: client 'b' (Flower node 101)"]
-    with pytest.raises(FedlitError, match=r"Round 3: the turn of client 'c' \(Flower node 102\) failed: client 'c' "
-                                          r"replied num_examples=30"):
+        "Round 3: client 'c' (Flower node 102)",
+        "Round 3: client 'a' (Flower node 100)",
+        "Round 3: client 'b' (Flower node 101)",
+    ]
+    with pytest.raises(
+        FedlitError,
+        match=r"Round 3: the turn of client 'c' \(Flower node 102\) failed: client 'c' "
+        r"replied num_examples=30",
+    ):
         _executor_fit({**N, "c": 25}, on_client_error="raise")
 
 

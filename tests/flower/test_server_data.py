@@ -24,8 +24,10 @@ from tests.flower.test_inprocess import _close  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-TINY = ("--data.init_args.num_clients 2 --data.init_args.samples_per_client 20 --data.init_args.image_size 8 "
-        "--model.init_args.backbone.init_args.width 4 --federation.rounds 1")
+TINY = (
+    "--data.init_args.num_clients 2 --data.init_args.samples_per_client 20 --data.init_args.image_size 8 "
+    "--model.init_args.backbone.init_args.width 4 --federation.rounds 1"
+)
 
 
 class NodeOnlyImages(SyntheticImages):
@@ -36,29 +38,51 @@ class NodeOnlyImages(SyntheticImages):
         **kwargs: as :class:`~fedlit.data.SyntheticImages`.
     """
 
-    def __init__(self, *, root: str, num_clients: int = 4, samples_per_client: int = 200, num_classes: int = 3,
-                 image_size: int = 16, batch_size: int = 32, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        root: str,
+        num_clients: int = 4,
+        samples_per_client: int = 200,
+        num_classes: int = 3,
+        image_size: int = 16,
+        batch_size: int = 32,
+        seed: int = 0,
+    ) -> None:
         if not Path(root).is_dir():
             raise InputFileError(f"data.init_args.root: no folder {root}")
-        super().__init__(num_clients=num_clients, samples_per_client=samples_per_client, num_classes=num_classes,
-                         image_size=image_size, batch_size=batch_size, seed=seed)
+        super().__init__(
+            num_clients=num_clients,
+            samples_per_client=samples_per_client,
+            num_classes=num_classes,
+            image_size=image_size,
+            batch_size=batch_size,
+            seed=seed,
+        )
 
 
 def _nodes(run_config, clients, node_overrides, tmp_path):
-    return InProcessTransport({c: (lambda c=c: node_run(run_config, {"client-id": c, "overrides": node_overrides(c)},
-                                                         tmp_path / "node")) for c in clients})
+    return InProcessTransport(
+        {
+            c: (lambda c=c: node_run(run_config, {"client-id": c, "overrides": node_overrides(c)}, tmp_path / "node"))
+            for c in clients
+        }
+    )
 
 
 def test_the_server_builds_its_run_without_constructing_the_data_module(tmp_path):
-    recipe = (ROOT / "recipes" / "quickstart.yaml").read_text().replace(
-        "class_path: fedlit.data.SyntheticImages", "class_path: tests.flower.test_server_data.NodeOnlyImages"
-    ).replace("init_args: {num_clients: 4,", f"init_args: {{root: {tmp_path / 'not_on_the_server'}, num_clients: 4,")
+    recipe = (
+        (ROOT / "recipes" / "quickstart.yaml")
+        .read_text()
+        .replace("class_path: fedlit.data.SyntheticImages", "class_path: tests.flower.test_server_data.NodeOnlyImages")
+        .replace("init_args: {num_clients: 4,", f"init_args: {{root: {tmp_path / 'not_on_the_server'}, num_clients: 4,")
+    )
     assert "NodeOnlyImages" in recipe and "not_on_the_server" in recipe
     (tmp_path / "site").mkdir()
-    run_config = {"recipe": recipe, "overrides": TINY,
-                  "out-dir": str(tmp_path / "server"), "connect-timeout": 5}
-    transport = _nodes(run_config, ["site_0", "site_1"], lambda c: f"--data.init_args.root {tmp_path / 'site'}",
-                       tmp_path)
+    run_config = {"recipe": recipe, "overrides": TINY, "out-dir": str(tmp_path / "server"), "connect-timeout": 5}
+    transport = _nodes(
+        run_config, ["site_0", "site_1"], lambda c: f"--data.init_args.root {tmp_path / 'site'}", tmp_path
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results = run_server(transport, run_config)
@@ -80,14 +104,27 @@ def test_each_heart_disease_node_holding_only_its_file_gives_the_simulation_resu
     overrides = "--federation.rounds 2 --federation.local_steps 5 --data.init_args.val_fraction 0.2"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        simulated = prepare(["fit", "--config", str(ROOT / "recipes" / "heart_disease_fedavg.yaml"),
-                             *overrides.split(), "--data.init_args.root", str(heart),
-                             "--out_dir", str(tmp_path / "sim")])()
+        simulated = prepare(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "heart_disease_fedavg.yaml"),
+                *overrides.split(),
+                "--data.init_args.root",
+                str(heart),
+                "--out_dir",
+                str(tmp_path / "sim"),
+            ]
+        )()
     for center in CENTERS:
         (tmp_path / center).mkdir()
         shutil.copy(heart / f"processed.{center}.data", tmp_path / center)
-    run_config = {"recipe": recipe, "overrides": f"{overrides} --data.init_args.root {tmp_path / 'none'}",
-                  "out-dir": str(tmp_path / "dep"), "connect-timeout": 5}
+    run_config = {
+        "recipe": recipe,
+        "overrides": f"{overrides} --data.init_args.root {tmp_path / 'none'}",
+        "out-dir": str(tmp_path / "dep"),
+        "connect-timeout": 5,
+    }
     transport = _nodes(run_config, CENTERS, lambda c: f"--data.init_args.root {tmp_path / c}", tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

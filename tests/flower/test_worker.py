@@ -29,8 +29,10 @@ from fedlit.flower import clientapp, codec  # noqa: E402
 from fedlit.flower.client import handle_message  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERRIDES = ("--data.init_args.num_clients 2 --data.init_args.samples_per_client 20 --data.init_args.image_size 8 "
-             "--model.init_args.backbone.init_args.width 4 --federation.rounds 2")
+OVERRIDES = (
+    "--data.init_args.num_clients 2 --data.init_args.samples_per_client 20 --data.init_args.image_size 8 "
+    "--model.init_args.backbone.init_args.width 4 --federation.rounds 2"
+)
 EXIT = "\ncallbacks:\n  - class_path: tests.flower.faults.ExitAt\n    init_args: {client_id: site_1, server_round: 2}\n"
 
 
@@ -73,18 +75,29 @@ def make_context(tmp_path, monkeypatch):
         monkeypatch.setattr(TaskIdentity, attr, value)
 
     def make(node_config, recipe_extra=""):
-        run_config = {"recipe": (ROOT / "recipes" / "quickstart.yaml").read_text() + recipe_extra,
-                      "overrides": OVERRIDES, "out-dir": str(tmp_path / "server_run")}
-        return Context(run_id=9, node_id=42, node_config={"client-id": "site_1", "worker-idle-s": 120, **node_config},
-                       state=RecordDict(), run_config=run_config)
+        run_config = {
+            "recipe": (ROOT / "recipes" / "quickstart.yaml").read_text() + recipe_extra,
+            "overrides": OVERRIDES,
+            "out-dir": str(tmp_path / "server_run"),
+        }
+        return Context(
+            run_id=9,
+            node_id=42,
+            node_config={"client-id": "site_1", "worker-idle-s": 120, **node_config},
+            state=RecordDict(),
+            run_config=run_config,
+        )
+
     return make
 
 
 def _received():
     from fedlit.cli import prepare
+
     with tempfile.TemporaryDirectory() as probe:
-        shared = prepare(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), *OVERRIDES.split(),
-                          "--out_dir", probe]).federation
+        shared = prepare(
+            ["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), *OVERRIDES.split(), "--out_dir", probe]
+        ).federation
         shared.setup()
         return {n: t.detach().clone() for n, t in shared.module.named_tensors("shared").items()}
 
@@ -97,8 +110,19 @@ def _messages(received):
         for name, tree in (("received", received), ("extras", {}), ("schedule", None)):
             codec.put_tree(content, name, tree)
         out.append(Message(content, 42, "train", group_id=str(server_round)))
-    content = RecordDict({"task": ConfigRecord({"client-id": "site_1", "round": 2, "checkpointed": 0,
-                                                "splits": json.dumps(["val", "test"]), "images": False})})
+    content = RecordDict(
+        {
+            "task": ConfigRecord(
+                {
+                    "client-id": "site_1",
+                    "round": 2,
+                    "checkpointed": 0,
+                    "splits": json.dumps(["val", "test"]),
+                    "images": False,
+                }
+            )
+        }
+    )
     codec.put_tree(content, "received", received)
     codec.put_tree(content, "global", None)
     out.append(Message(content, 42, "evaluate", group_id="2"))
@@ -137,8 +161,10 @@ def test_worker_answers_as_a_fresh_process_and_is_reused(make_context, folder, w
         assert oct(os.stat(folder / "state" / ".fedlit-worker").st_mode & 0o777) == "0o700"
     else:  # the snapshots travel back in context.state, as in a fresh process
         assert set(worker.state.config_records) == set(inline.state.config_records)
-        assert worker.state.config_records[next(iter(worker.state.config_records))].keys() == \
-            inline.state.config_records[next(iter(inline.state.config_records))].keys()
+        assert (
+            worker.state.config_records[next(iter(worker.state.config_records))].keys()
+            == inline.state.config_records[next(iter(inline.state.config_records))].keys()
+        )
     # Round 1 again (a server started afresh on the same run folder): no snapshot before round 1, so the kept client
     # starts from a fresh entry, not from what it trained, and answers as the first time.
     again = codec.get_tree(clientapp.answer(_messages(received)[1], worker, watch_pid=os.getpid()).content, "state")
@@ -148,8 +174,13 @@ def test_worker_answers_as_a_fresh_process_and_is_reused(make_context, folder, w
 
 def test_thin_module_imports_no_torch():
     code = "import fedlit.flower.clientapp, fedlit.flower.worker, sys; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -172,8 +203,9 @@ def test_a_worker_that_dies_mid_message_is_an_error_reply_and_a_new_one_starts(m
     with pytest.raises(clientapp.WorkerRaised, match="a SecAgg\\+ message reached the train function before the "):
         clientapp.answer(secure, context, watch_pid=os.getpid())
     reply = clientapp.answer(train_2, context, watch_pid=os.getpid())  # ExitAt ends the worker in round 2
-    assert reply.content["error"]["detail"] == ("the node's fedlit worker failed: WorkerError: the connection closed "
-                                                "before the whole answer arrived")
+    assert reply.content["error"]["detail"] == (
+        "the node's fedlit worker failed: WorkerError: the connection closed before the whole answer arrived"
+    )
     assert _gone(first)
     assert "query" in clientapp.answer(query, context, watch_pid=os.getpid()).content.config_records
     assert _worker_pid(context) != first
@@ -181,9 +213,20 @@ def test_a_worker_that_dies_mid_message_is_an_error_reply_and_a_new_one_starts(m
 
 def _start(folder: Path, idle_s: float, watch_pid: int) -> tuple[subprocess.Popen, Path]:
     path = folder / "w.sock"
-    worker = subprocess.Popen([sys.executable, "-m", "fedlit.flower.worker", "--socket", str(path),
-                               "--idle-s", str(idle_s), "--watch-pid", str(watch_pid)],
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedlit.flower.worker",
+            "--socket",
+            str(path),
+            "--idle-s",
+            str(idle_s),
+            "--watch-pid",
+            str(watch_pid),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     deadline = time.monotonic() + 60
     while not Path(f"{path}.pid").exists() and worker.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -74,8 +74,12 @@ def test_tiny_recipe_with_the_decoder_shared(capsys, tmp_path, monkeypatch):
     from fedlit.models import SamAdapter
 
     monkeypatch.chdir(tmp_path)
-    decoder = sum(p.numel() for p in SamAdapter(variant="tiny", image_size=64, in_channels=1, prompt="none")
-                  .build(out_channels=1).mask_decoder.parameters())
+    decoder = sum(
+        p.numel()
+        for p in SamAdapter(variant="tiny", image_size=64, in_channels=1, prompt="none")
+        .build(out_channels=1)
+        .mask_decoder.parameters()
+    )
     report = _cost("--config", TINY, "--compare", "FedAvg", "--model.init_args.roles", "[]")
     fedsca, fedavg = report["strategies"]
     assert fedsca["per_client_per_round"]["upload_parameters"] == TINY_ADAPTER
@@ -92,8 +96,10 @@ def test_the_flagship_recipe_without_its_data_names_the_layouts(capsys, tmp_path
         cli.main(["fit", "--config", PROSTATE])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert err.startswith("fedlit: error: data.init_args.root: no folder data/Fed-Prostate. FedProstate expects the "
-                          "SAML volumes (data/Fed-Prostate/<site>/CaseXX.nii.gz")
+    assert err.startswith(
+        "fedlit: error: data.init_args.root: no folder data/Fed-Prostate. FedProstate expects the "
+        "SAML volumes (data/Fed-Prostate/<site>/CaseXX.nii.gz"
+    )
     assert "{train,test}/{image,mask}/*.png" in err and "https://liuquande.github.io/SAML/" in err
     assert not (tmp_path / "runs").exists()
 
@@ -101,12 +107,33 @@ def test_the_flagship_recipe_without_its_data_names_the_layouts(capsys, tmp_path
 def test_the_flagship_recipe_runs_on_the_real_slices_with_the_tiny_sam(shared_data, tmp_path):
     samples = str(shared_data / "site_samples" / "ProstateSlice")
     with pytest.warns(UserWarning, match=r"I2CVB/train/image/00_01\.png \(no mask\), I2CVB/train/mask/00_00\.png"):
-        results = cli.run([
-            "fit", "--config", PROSTATE, "--data.init_args.root", samples, "--data.init_args.image_size", "64",
-            "--data.init_args.crop_size", "56", "--data.init_args.num_workers", "0", f"{NET}variant", "tiny",
-            f"{NET}checkpoint", "null", f"{NET}image_size", "64", "--federation.rounds", "1",
-            "--federation.progress_bar", "false", "--out_dir", str(tmp_path / "run"),
-        ])
+        results = cli.run(
+            [
+                "fit",
+                "--config",
+                PROSTATE,
+                "--data.init_args.root",
+                samples,
+                "--data.init_args.image_size",
+                "64",
+                "--data.init_args.crop_size",
+                "56",
+                "--data.init_args.num_workers",
+                "0",
+                f"{NET}variant",
+                "tiny",
+                f"{NET}checkpoint",
+                "null",
+                f"{NET}image_size",
+                "64",
+                "--federation.rounds",
+                "1",
+                "--federation.progress_bar",
+                "false",
+                "--out_dir",
+                str(tmp_path / "run"),
+            ]
+        )
     assert set(results["last"]["clients"]) == {"BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"}
     assert results["evaluation_only"] == ["I2CVB"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())

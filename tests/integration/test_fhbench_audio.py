@@ -14,8 +14,10 @@ from fedlit.commands.fit import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 # recipe -> (data class, classes, FHBench's SGD lr for that data set)
-AUDIO_RECIPES = {"fhbench_icbhi.yaml": ("fedlit.data.ICBHI", 4, 0.1),
-                 "fhbench_sprsound.yaml": ("fedlit.data.SPRSound", 7, 0.03)}
+AUDIO_RECIPES = {
+    "fhbench_icbhi.yaml": ("fedlit.data.ICBHI", 4, 0.1),
+    "fhbench_sprsound.yaml": ("fedlit.data.SPRSound", 7, 0.03),
+}
 
 
 @pytest.mark.parametrize("name", AUDIO_RECIPES)
@@ -34,14 +36,23 @@ def test_audio_recipes_use_fhbench_settings(name):
     assert cfg.data.class_path == data_class
     partitioner = data.partitioner
     assert (data.num_clients, partitioner.class_path, partitioner.init_args.alpha, partitioner.init_args.min_size) == (
-        20, "fedlit.data.Dirichlet", 0.1, 5)
+        20,
+        "fedlit.data.Dirichlet",
+        0.1,
+        5,
+    )
     assert tuple(data.split_fractions) == (0.4, 0.3, 0.3)
     assert (data.fraction, data.clip_seconds, data.sample_rate, data.batch_size) == (0.3, 8.0, 16000, 16)
     assert cfg.strategy.class_path == "fedlit.strategies.EPFL" and cfg.federation.local_epochs == 1
 
 
-@pytest.mark.parametrize("name, url", [("fhbench_icbhi.yaml", "https://bhichallenge.med.auth.gr/"),
-                                       ("fhbench_sprsound.yaml", "https://github.com/SJTU-YONGFU-RESEARCH-GRP/SPRSound")])
+@pytest.mark.parametrize(
+    "name, url",
+    [
+        ("fhbench_icbhi.yaml", "https://bhichallenge.med.auth.gr/"),
+        ("fhbench_sprsound.yaml", "https://github.com/SJTU-YONGFU-RESEARCH-GRP/SPRSound"),
+    ],
+)
 def test_audio_recipe_without_data_stops_with_one_line(name, url, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)  # the recipe's paths are relative to the repository root
     folder = ROOT / ".." / "shared" / "data" / name.removeprefix("fhbench_").removesuffix(".yaml")
@@ -60,8 +71,9 @@ def write_icbhi(root: Path) -> Path:
     """4 recordings of 2 patients, 6 one-second cycles each (labels cycling through the 4 classes), at 4 kHz."""
     root.mkdir()
     rng = np.random.default_rng(0)
-    for k, name in enumerate(["101_1b1_Al_sc_Meditron", "101_1b2_Ar_sc_Meditron", "102_1b1_Tc_sc_LittC2SE",
-                              "102_2b1_Pl_sc_LittC2SE"]):
+    for k, name in enumerate(
+        ["101_1b1_Al_sc_Meditron", "101_1b2_Ar_sc_Meditron", "102_1b1_Tc_sc_LittC2SE", "102_2b1_Pl_sc_LittC2SE"]
+    ):
         soundfile.write(root / f"{name}.wav", rng.normal(0, 0.1, 4000 * 6).astype(np.float32), 4000)
         lines = [f"{i}.0\t{i + 1}.0\t{(i + k) % 2}\t{(i + k) // 2 % 2}\n" for i in range(6)]
         (root / f"{name}.txt").write_text("".join(lines))
@@ -70,8 +82,15 @@ def write_icbhi(root: Path) -> Path:
 
 def test_tiny_audio_recipe_runs_epfl_and_resumes_exactly(tmp_path):
     root = write_icbhi(tmp_path / "icbhi")
-    args = ["fit", "--config", str(ROOT / "recipes" / "fhbench_icbhi_tiny.yaml"), "--data.init_args.root", str(root),
-            "--federation.progress_bar", "false"]
+    args = [
+        "fit",
+        "--config",
+        str(ROOT / "recipes" / "fhbench_icbhi_tiny.yaml"),
+        "--data.init_args.root",
+        str(root),
+        "--federation.progress_bar",
+        "false",
+    ]
     straight = run([*args, "--out_dir", str(tmp_path / "straight")])
     assert straight["last"]["round"] == 2 and sorted(straight["last"]["clients"]) == ["client_0", "client_1"]
     run([*args, "--out_dir", str(tmp_path / "resumed"), "--federation.rounds", "1"])

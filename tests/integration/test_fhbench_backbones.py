@@ -40,10 +40,23 @@ class TinyTokens(FederatedDataModule):
         n = 12 * len(self.names)
         y = np.arange(n) % 3  # every split of every client holds all three classes
         x, y = torch.from_numpy(self.inputs(rng, y)), torch.from_numpy(y)
-        splits = {name: {"train": np.arange(12 * k, 12 * k + 6), "val": np.arange(12 * k + 6, 12 * k + 9),
-                         "test": np.arange(12 * k + 9, 12 * k + 12)} for k, name in enumerate(self.names)}
-        return PartitionedData(name="tiny_tokens", task="multiclass", num_classes=3, inputs=x, targets=y,
-                               splits=splits, partitioner="natural")
+        splits = {
+            name: {
+                "train": np.arange(12 * k, 12 * k + 6),
+                "val": np.arange(12 * k + 6, 12 * k + 9),
+                "test": np.arange(12 * k + 9, 12 * k + 12),
+            }
+            for k, name in enumerate(self.names)
+        }
+        return PartitionedData(
+            name="tiny_tokens",
+            task="multiclass",
+            num_classes=3,
+            inputs=x,
+            targets=y,
+            splits=splits,
+            partitioner="natural",
+        )
 
 
 class TinySignals(TinyTokens):
@@ -63,8 +76,10 @@ def moment() -> MomentEncoder:
     return MomentEncoder(config=tiny_moment_config(), seq_len=None, lora=LoRA(r=2, alpha=16))
 
 
-BACKBONES = {"roberta": (roberta, TinyTokens, "roberta.encoder.layer.0.attention.self.query"),
-             "moment": (moment, TinySignals, "encoder.block.0.layer.0.SelfAttention.q")}
+BACKBONES = {
+    "roberta": (roberta, TinyTokens, "roberta.encoder.layer.0.attention.self.query"),
+    "moment": (moment, TinySignals, "encoder.block.0.layer.0.SelfAttention.q"),
+}
 
 
 @pytest.fixture(params=list(BACKBONES))
@@ -107,5 +122,7 @@ def test_tiny_roberta_is_a_roberta_with_lora_on_query_and_value():
     assert type(model.hf_model).__name__ == "RobertaModel" and model.num_features == 32
     assert [n for n, _ in model.named_parameters() if "lora_A" in n] == [
         f"roberta.encoder.layer.{i}.attention.self.{p}.lora_A.default.weight"
-        for i in range(2) for p in ("query", "value")]
+        for i in range(2)
+        for p in ("query", "value")
+    ]
     assert model.hf_model.embeddings.position_embeddings.padding_idx == 1

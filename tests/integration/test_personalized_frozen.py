@@ -31,8 +31,20 @@ def test_pretrained_backbone_loads_and_epfl_runs_one_round(tmp_path):
     args = bench.recipe_args("epfl", "frozen", checkpoint)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results = run(["fit", *args, "--data.init_args.samples_per_client", "40", "--federation.rounds", "1",
-                       "--federation.local_steps", "1", "--out_dir", str(tmp_path / "run")])
+        results = run(
+            [
+                "fit",
+                *args,
+                "--data.init_args.samples_per_client",
+                "40",
+                "--federation.rounds",
+                "1",
+                "--federation.local_steps",
+                "1",
+                "--out_dir",
+                str(tmp_path / "run"),
+            ]
+        )
     assert not [w for w in caught if "randomly initialized" in str(w.message)]
     config = json.loads(next((tmp_path / "run").rglob("config.json")).read_text())
     assert config["model"]["init_args"]["backbone"]["init_args"]["checkpoint_path"] == str(checkpoint)

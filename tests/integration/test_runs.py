@@ -82,16 +82,20 @@ def test_best_ckpt_holds_the_best_validation_round_and_reproduces_its_numbers(tm
     fed = make_federation(tmp_path, FedProx(mu=0.01), rounds=4)
     results = fed.fit()
     best = json.loads((tmp_path / "results.json").read_text())["best"]
-    assert results["checkpoints"] == {"last": "checkpoints/last.ckpt", "best": "checkpoints/best.ckpt",
-                                      "best_round": best["round"]}
+    assert results["checkpoints"] == {
+        "last": "checkpoints/last.ckpt",
+        "best": "checkpoints/best.ckpt",
+        "best_round": best["round"],
+    }
     saved = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=True)
     assert saved["server_round"] == best["round"]
     # the best round by hand: highest mean validation accuracy over the clients, earliest on ties
     means = {r: np.mean([m["accuracy"] for m in v["val"].values()]) for r, v in fed.history.rounds.items()}
     assert best["round"] == min(r for r in means if means[r] == max(means.values()))
     assert best["round"] < 4  # the best round is not the last: best.ckpt differs from last.ckpt
-    again = make_federation(tmp_path, FedProx(mu=0.01), rounds=4).evaluate("test", tmp_path / "checkpoints" /
-                                                                             "best.ckpt")
+    again = make_federation(tmp_path, FedProx(mu=0.01), rounds=4).evaluate(
+        "test", tmp_path / "checkpoints" / "best.ckpt"
+    )
     assert again["round"] == best["round"] and again["clients"] == best["clients"]
     assert again["summary"] == best["summary"]
     written = json.loads((tmp_path / "evaluations" / "test_best.json").read_text())
@@ -149,9 +153,19 @@ def test_hparams_are_a_curated_set(tmp_path):
     fed = make_federation(tmp_path, FedProx(mu=0.25), rounds=2, local_steps=5, clients_per_round=2)
     fed.setup()
     assert hparams(fed) == {
-        "strategy": "FedProx", "strategy.mu": 0.25, "strategy.weighting": "num_examples", "backbone": "Sequential",
-        "dataset": "TinyTabular", "partitioner": "natural", "num_clients": 3, "clients_per_round": 2, "rounds": 2,
-        "local_training": "5 steps", "lr": 0.1, "precision": "32-true", "seed": 0,
+        "strategy": "FedProx",
+        "strategy.mu": 0.25,
+        "strategy.weighting": "num_examples",
+        "backbone": "Sequential",
+        "dataset": "TinyTabular",
+        "partitioner": "natural",
+        "num_clients": 3,
+        "clients_per_round": 2,
+        "rounds": 2,
+        "local_training": "5 steps",
+        "lr": 0.1,
+        "precision": "32-true",
+        "seed": 0,
     }
 
 
@@ -169,15 +183,41 @@ class SigkillAtRoundEnd(Callback):
 def test_a_killed_run_keeps_its_rows_and_its_resume_writes_each_round_once(tmp_path):
     from fedlit.cli import run
 
-    args = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--federation.progress_bar", "false",
-            "--data.init_args.samples_per_client", "20", "--federation.local_epochs", "1", "--federation.rounds", "3"]
+    args = [
+        "--config",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        "--federation.progress_bar",
+        "false",
+        "--data.init_args.samples_per_client",
+        "20",
+        "--federation.local_epochs",
+        "1",
+        "--federation.rounds",
+        "3",
+    ]
     straight = run(["fit", *args, "--out_dir", str(tmp_path / "straight")])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     # killed in round 3 after its rows were written, before its checkpoint (checkpoint_every=2: round 2's is kept)
     folder = tmp_path / "killed"
     killer = f"[{{class_path: {__name__}.SigkillAtRoundEnd, init_args: {{at: 3}}}}]"
-    done = run_child([sys.executable, "-m", "fedlit", "fit", *args, "--out_dir", str(folder), "--callbacks",
-                      killer, "--federation.checkpoint_every", "2"], env=env, cwd=ROOT, text=False)
+    done = run_child(
+        [
+            sys.executable,
+            "-m",
+            "fedlit",
+            "fit",
+            *args,
+            "--out_dir",
+            str(folder),
+            "--callbacks",
+            killer,
+            "--federation.checkpoint_every",
+            "2",
+        ],
+        env=env,
+        cwd=ROOT,
+        text=False,
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
     assert {r["round"] for r in read_csv(folder / "metrics.csv")} == {"1", "2", "3"}
     resumed = run(["fit", *args, "--out_dir", str(folder), "--ckpt_path", "last"])

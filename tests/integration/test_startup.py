@@ -25,15 +25,18 @@ def _python(code: str, cwd: Path = ROOT) -> str:
 
 
 def test_help_and_version_import_neither_torch_nor_the_model_libraries():
-    loaded = json.loads(_python(
-        "import json, sys\n"
-        "import fedlit, fedlit.cli\n"
-        "for argv in (['--help'], ['--version']):\n"
-        "    try:\n"
-        "        fedlit.cli.main(argv)\n"
-        "    except SystemExit as exit:\n"
-        "        assert exit.code in (0, None), exit.code\n"
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"))
+    loaded = json.loads(
+        _python(
+            "import json, sys\n"
+            "import fedlit, fedlit.cli\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    try:\n"
+            "        fedlit.cli.main(argv)\n"
+            "    except SystemExit as exit:\n"
+            "        assert exit.code in (0, None), exit.code\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+        )
+    )
     assert not {"torch", "lightning", "torchmetrics", *MODEL_LIBRARIES} & set(loaded)
 
 
@@ -47,23 +50,26 @@ def test_building_the_quickstart_imports_no_model_library_from_fedlit(tmp_path):
     # Lightning imports torchmetrics, which imports transformers (and through it timm) when they are installed:
     # fedlit cannot change that. A spy on `import` statements records every model library that a fedlit module
     # asks for, whether or not it was already loaded.
-    report = json.loads(_python(
-        "import builtins, json, sys\n"
-        f"HEAVY = {MODEL_LIBRARIES!r}\n"
-        "asked, real = [], builtins.__import__\n"
-        "def spy(name, globals=None, locals=None, fromlist=(), level=0):\n"
-        "    importer = (globals or {}).get('__name__') or ''\n"
-        "    if level == 0 and name.split('.')[0] in HEAVY and importer.split('.')[0] == 'fedlit':\n"
-        "        asked.append(f'{importer} imports {name}')\n"
-        "    return real(name, globals, locals, fromlist, level)\n"
-        "builtins.__import__ = spy\n"
-        "import fedlit.cli\n"
-        f"job = fedlit.cli.prepare(['fit', '--config', {str(ROOT / 'recipes' / 'quickstart.yaml')!r},\n"
-        f"                          '--out_dir', {str(tmp_path / 'run')!r}])\n"
-        "assert type(job.federation.module).__name__ == 'ClassificationModule'\n"
-        "print(json.dumps({'asked': asked,\n"
-        "                  'fedlit_models': sorted(m for m in sys.modules if m.startswith('fedlit.models.'))}))",
-        cwd=tmp_path))
+    report = json.loads(
+        _python(
+            "import builtins, json, sys\n"
+            f"HEAVY = {MODEL_LIBRARIES!r}\n"
+            "asked, real = [], builtins.__import__\n"
+            "def spy(name, globals=None, locals=None, fromlist=(), level=0):\n"
+            "    importer = (globals or {}).get('__name__') or ''\n"
+            "    if level == 0 and name.split('.')[0] in HEAVY and importer.split('.')[0] == 'fedlit':\n"
+            "        asked.append(f'{importer} imports {name}')\n"
+            "    return real(name, globals, locals, fromlist, level)\n"
+            "builtins.__import__ = spy\n"
+            "import fedlit.cli\n"
+            f"job = fedlit.cli.prepare(['fit', '--config', {str(ROOT / 'recipes' / 'quickstart.yaml')!r},\n"
+            f"                          '--out_dir', {str(tmp_path / 'run')!r}])\n"
+            "assert type(job.federation.module).__name__ == 'ClassificationModule'\n"
+            "print(json.dumps({'asked': asked,\n"
+            "                  'fedlit_models': sorted(m for m in sys.modules if m.startswith('fedlit.models.'))}))",
+            cwd=tmp_path,
+        )
+    )
     assert report["asked"] == []
     assert not {"fedlit.models.hf", "fedlit.models.tiny", "fedlit.models.registry"} & set(report["fedlit_models"])
 
@@ -75,8 +81,12 @@ def test_lazy_names_still_import_and_resolve_as_class_paths():
 
     parser = ArgumentParser()
     parser.add_argument("--backbone", type=Backbone)
-    cfg = parser.parse_args(["--backbone", json.dumps({"class_path": "fedlit.models.HFEncoder",
-                                                         "init_args": {"config": tiny_bert_config()}})])
+    cfg = parser.parse_args(
+        [
+            "--backbone",
+            json.dumps({"class_path": "fedlit.models.HFEncoder", "init_args": {"config": tiny_bert_config()}}),
+        ]
+    )
     assert isinstance(parser.instantiate_classes(cfg).backbone, HFEncoder)
     assert SmallCNN.__module__ == "fedlit.models.backbones"
     assert {"Federation", "FedAvg", "RoleRule"} <= set(dir(fedlit)) and fedlit.Federation.__name__ == "Federation"

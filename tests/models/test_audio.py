@@ -43,10 +43,15 @@ def test_lora_defaults_to_q_and_v_projections_and_starts_as_the_original() -> No
     plain = _quiet_build(Wav2Vec2Encoder(config=tiny_wav2vec2_config())).eval()
     adapted = _quiet_build(Wav2Vec2Encoder(config=tiny_wav2vec2_config(), lora=LoRA(r=2, alpha=4))).eval()
     lora = sorted(name for name, _ in adapted.named_parameters() if "lora_" in name)
-    assert lora == sorted(f"wav2vec2.encoder.layers.{i}.attention.{p}_proj.lora_{ab}.default.weight"
-                          for i in range(2) for p in "qv" for ab in "AB")
-    state = {name.replace(".base_layer.", "."): value for name, value in adapted.state_dict().items()
-             if "lora_" not in name}
+    assert lora == sorted(
+        f"wav2vec2.encoder.layers.{i}.attention.{p}_proj.lora_{ab}.default.weight"
+        for i in range(2)
+        for p in "qv"
+        for ab in "AB"
+    )
+    state = {
+        name.replace(".base_layer.", "."): value for name, value in adapted.state_dict().items() if "lora_" not in name
+    }
     plain.load_state_dict(state)
     waves = torch.randn(2, 3000)
     assert torch.allclose(adapted(waves), plain(waves), atol=1e-6)  # B = 0 at the start

@@ -20,9 +20,7 @@ def _timm(name: str, **kwargs) -> torch.nn.Module:
 
 def _renamed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The same tensors under other names, as another implementation would save them."""
-    return {
-        f"other_impl.layer{i}.{key.rsplit('.', 1)[-1]}": value for i, (key, value) in enumerate(state.items())
-    }
+    return {f"other_impl.layer{i}.{key.rsplit('.', 1)[-1]}": value for i, (key, value) in enumerate(state.items())}
 
 
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
@@ -65,9 +63,7 @@ def test_complete_checkpoint_does_not_warn(tmp_path) -> None:
 
 def test_by_name_shape_mismatch_is_an_error(tmp_path) -> None:
     torch.save(_timm("fedlit_test_vit", num_classes=0, embed_dim=16).state_dict(), tmp_path / "vit16.pth")
-    with pytest.raises(
-        ValueError, match=r"have another shape.*cls_token \(1, 1, 32\) <- cls_token \(1, 1, 16\)"
-    ):
+    with pytest.raises(ValueError, match=r"have another shape.*cls_token \(1, 1, 32\) <- cls_token \(1, 1, 16\)"):
         TimmBackbone(name="fedlit_test_vit", checkpoint_path=tmp_path / "vit16.pth").build()
 
 
@@ -79,12 +75,8 @@ def test_by_position_maps_renamed_tensors(tmp_path, images: torch.Tensor) -> Non
     keys = list(state)
     state = {("_fc." + k.rsplit(".", 1)[-1] if k in keys[-2:] else k): v for k, v in state.items()}
     torch.save(state, tmp_path / "renamed.pth")
-    with pytest.warns(
-        UserWarning, match=r"by position\ndropped the checkpoint's classifier .*_fc\.weight, _fc\.bias"
-    ):
-        model = TimmBackbone(
-            name="fedlit_test_cnn", checkpoint_path=tmp_path / "renamed.pth", key_mapping="position"
-        )
+    with pytest.warns(UserWarning, match=r"by position\ndropped the checkpoint's classifier .*_fc\.weight, _fc\.bias"):
+        model = TimmBackbone(name="fedlit_test_cnn", checkpoint_path=tmp_path / "renamed.pth", key_mapping="position")
         model = model.build()
     for key, value in model.state_dict().items():
         assert torch.equal(value, source.state_dict()[key]), key
@@ -94,9 +86,7 @@ def test_by_position_maps_renamed_tensors(tmp_path, images: torch.Tensor) -> Non
 
 def test_by_position_pairs_counters_apart(tmp_path) -> None:
     source = _timm("fedlit_test_cnn", num_classes=0)
-    weights_only = {
-        k: v for k, v in _renamed(source.state_dict()).items() if not k.endswith("num_batches_tracked")
-    }
+    weights_only = {k: v for k, v in _renamed(source.state_dict()).items() if not k.endswith("num_batches_tracked")}
     torch.save(weights_only, tmp_path / "no_counters.pth")
     model = _timm("fedlit_test_cnn", num_classes=0)
     report = load_checkpoint(model, tmp_path / "no_counters.pth", key_mapping="position")

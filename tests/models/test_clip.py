@@ -30,8 +30,10 @@ def test_tiny_clip_builds_frozen_with_image_and_text_features_of_the_right_shape
     assert clip(torch.randn(2, 1, 28, 28)).shape == (2, 32)  # grey repeated to RGB, resized to 16
     ids, eos = clip.prompt_tokens(["ab", "c"], 4)
     x, dot = ord("X") + 1, ord(".") + 1  # bytes + 1; start 318, end 319, padding 0
-    assert ids.tolist() == [[318, x, x, x, x, ord("a") + 1, ord("b") + 1, dot, 319],
-                            [318, x, x, x, x, ord("c") + 1, dot, 319, 0]]
+    assert ids.tolist() == [
+        [318, x, x, x, x, ord("a") + 1, ord("b") + 1, dot, 319],
+        [318, x, x, x, x, ord("c") + 1, dot, 319, 0],
+    ]
     assert eos.tolist() == [8, 7]
     features = clip.encode_prompts(clip.token_embedding(ids), eos)
     assert features.shape == (2, 32)
@@ -65,6 +67,8 @@ def test_the_vit_b16_recipe_without_weights_stops_with_one_line(capsys, monkeypa
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("fedlit: error: CLIP: path='../shared/models/clip-vit-base-patch16' is not a transformers "
-                          "CLIP folder (it must hold config.json")
+    assert err.startswith(
+        "fedlit: error: CLIP: path='../shared/models/clip-vit-base-patch16' is not a transformers "
+        "CLIP folder (it must hold config.json"
+    )
     assert not (tmp_path / "run").exists()

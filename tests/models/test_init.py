@@ -26,8 +26,9 @@ def test_exports_and_all_list_the_same_names() -> None:
 def test_package_registry_names_come_with_fedlit_builders_registered() -> None:
     # registry.py no longer imports tiny.py (tiny imports the registry): the package does it before handing out
     # list_models/register_model. A fresh interpreter, since this one has imported tiny already.
-    code = ("import sys\nfrom fedlit.models import list_models\n"
-            "print(list_models(), 'fedlit.models.tiny' in sys.modules)")
+    code = (
+        "import sys\nfrom fedlit.models import list_models\nprint(list_models(), 'fedlit.models.tiny' in sys.modules)"
+    )
     done = run_child([sys.executable, "-c", code])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['fedlit_test_cnn',", "'fedlit_test_vit']", "True"]

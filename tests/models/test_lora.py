@@ -155,8 +155,9 @@ def test_qv_slice_lora_is_trainable_and_keeps_k(images: torch.Tensor) -> None:
 
 
 def test_qv_slice_lora_with_other_targets_and_errors() -> None:
-    model = _quiet_build(TimmBackbone(name="fedlit_test_vit",
-                                      lora=LoRA(r=2, fused_qkv="qv", target_modules=["qkv", "fc1"])))
+    model = _quiet_build(
+        TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, fused_qkv="qv", target_modules=["qkv", "fc1"]))
+    )
     names = [name for name, _ in model.named_parameters() if "lora_A" in name]
     assert "blocks.0.attn.qkv.lora_A.q.weight" in names and "blocks.0.mlp.fc1.lora_A.default.weight" in names
     with pytest.raises(ValueError, match="lora.fused_qkv='qv' adapts fused qkv Linears"):

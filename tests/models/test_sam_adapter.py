@@ -34,13 +34,28 @@ def tiny_sam(image_size: int = 64) -> Sam:
     fedlit), relative and absolute position tables randomized (SAM initializes them at zero)."""
     grid = image_size // 8
     sam = Sam(
-        image_encoder=ImageEncoderViT(img_size=image_size, patch_size=8, embed_dim=64, depth=2, num_heads=2,
-                                      mlp_ratio=4, out_chans=32, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-                                      use_rel_pos=True, global_attn_indexes=(1,), window_size=4),
-        prompt_encoder=PromptEncoder(embed_dim=32, image_embedding_size=(grid, grid),
-                                     input_image_size=(image_size, image_size), mask_in_chans=8),
-        mask_decoder=MaskDecoder(transformer_dim=32, num_multimask_outputs=3, iou_head_hidden_dim=32,
-                                 transformer=TwoWayTransformer(depth=2, embedding_dim=32, num_heads=2, mlp_dim=64)),
+        image_encoder=ImageEncoderViT(
+            img_size=image_size,
+            patch_size=8,
+            embed_dim=64,
+            depth=2,
+            num_heads=2,
+            mlp_ratio=4,
+            out_chans=32,
+            norm_layer=partial(nn.LayerNorm, eps=1e-6),
+            use_rel_pos=True,
+            global_attn_indexes=(1,),
+            window_size=4,
+        ),
+        prompt_encoder=PromptEncoder(
+            embed_dim=32, image_embedding_size=(grid, grid), input_image_size=(image_size, image_size), mask_in_chans=8
+        ),
+        mask_decoder=MaskDecoder(
+            transformer_dim=32,
+            num_multimask_outputs=3,
+            iou_head_hidden_dim=32,
+            transformer=TwoWayTransformer(depth=2, embedding_dim=32, num_heads=2, mlp_dim=64),
+        ),
     )
     with torch.no_grad():
         for name, tensor in sam.named_parameters():
@@ -63,8 +78,9 @@ def zero_adapters(net: nn.Module, kind: str = "") -> None:
 # --- shapes and errors ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("out_channels, shape, prompt", [(1, (64, 64), "none"), (2, (48, 40), "box"),
-                                                           (4, (80, 72), "none")])
+@pytest.mark.parametrize(
+    "out_channels, shape, prompt", [(1, (64, 64), "none"), (2, (48, 40), "box"), (4, (80, 72), "none")]
+)
 def test_logits_have_the_input_size_and_one_channel_per_class(out_channels, shape, prompt):
     net = SamAdapter(variant="tiny", prompt=prompt).build(out_channels)
     logits = net(torch.rand(2, 1, *shape))
@@ -120,8 +136,14 @@ def test_with_zeroed_adapters_the_network_is_sam_itself():
 
 
 def sam_block(window_size: int) -> Block:
-    block = Block(dim=16, num_heads=2, norm_layer=partial(nn.LayerNorm, eps=1e-6), use_rel_pos=True,
-                  window_size=window_size, input_size=(4, 4))
+    block = Block(
+        dim=16,
+        num_heads=2,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        use_rel_pos=True,
+        window_size=window_size,
+        input_size=(4, 4),
+    )
     with torch.no_grad():
         block.attn.rel_pos_h.normal_()
         block.attn.rel_pos_w.normal_()
@@ -189,7 +211,7 @@ def test_adapter_order_and_counts_without_allocating(variant, width, blocks, dep
         net = SamAdapter(variant=variant, depth_adapters=depth_adapters).build(1)
     assert all(p.is_meta for p in net.parameters())
     adapters = adapter_prefixes([n for n, _ in net.named_parameters()])
-    kinds = ["Depth_Adapter", "Space_Adapter", "MLP_Adapter"][0 if depth_adapters else 1:]
+    kinds = ["Depth_Adapter", "Space_Adapter", "MLP_Adapter"][0 if depth_adapters else 1 :]
     assert adapters == [f"image_encoder.blocks.{i}.{kind}" for i in range(blocks) for kind in kinds]
     assert len(adapters) == {("vit_b", False): 24, ("vit_b", True): 36}.get((variant, depth_adapters), len(adapters))
     adapter_params = sum(p.numel() for n, p in net.named_parameters() if "_Adapter." in n)
@@ -214,9 +236,13 @@ def test_a_sam_checkpoint_reloads_exactly_and_only_the_adapters_are_reported(tmp
     report = net.load_report
     assert report.missing == [] and report.unexpected == [] and report.resized == {}
     assert len(report.loaded) == len(state)
-    assert report.missing_adapters == [f"image_encoder.blocks.{i}.{kind}.{fc}.{p}" for i in range(2)
-                                       for kind in ("Space_Adapter", "MLP_Adapter") for fc in ("D_fc1", "D_fc2")
-                                       for p in ("weight", "bias")]
+    assert report.missing_adapters == [
+        f"image_encoder.blocks.{i}.{kind}.{fc}.{p}"
+        for i in range(2)
+        for kind in ("Space_Adapter", "MLP_Adapter")
+        for fc in ("D_fc1", "D_fc2")
+        for p in ("weight", "bias")
+    ]
 
 
 def test_a_renamed_key_is_refused_by_default_and_reported_on_both_sides_below_min_loaded(tmp_path):
@@ -284,8 +310,11 @@ def test_position_tables_are_interpolated_from_another_image_size(tmp_path):
     assert torch.equal(net.image_encoder.blocks[0].attn.rel_pos_h, state["image_encoder.blocks.0.attn.rel_pos_h"])
     expected_pos = F.interpolate(state["image_encoder.pos_embed"].permute(0, 3, 1, 2), size=(8, 8), mode="bicubic")
     assert torch.allclose(net.image_encoder.pos_embed, expected_pos.permute(0, 2, 3, 1), atol=1e-6)
-    assert set(net.load_report.resized) == {"image_encoder.pos_embed", "image_encoder.blocks.1.attn.rel_pos_h",
-                                            "image_encoder.blocks.1.attn.rel_pos_w"}
+    assert set(net.load_report.resized) == {
+        "image_encoder.pos_embed",
+        "image_encoder.blocks.1.attn.rel_pos_h",
+        "image_encoder.blocks.1.attn.rel_pos_w",
+    }
     assert net.load_report.resized["image_encoder.pos_embed"] == ((1, 12, 12, 64), (1, 8, 8, 64))
     assert net.load_report.missing == []
 
@@ -295,8 +324,13 @@ def test_a_missing_checkpoint_says_where_to_get_sam_and_loading_can_be_skipped(t
     with pytest.raises(ConfigError) as err:
         spec.build(1)
     message = str(err.value)
-    for part in ("model.init_args.network.init_args.checkpoint", "https://github.com/facebookresearch/segment-anything",
-                 "sam_vit_b_01ec64.pth", "https://github.com/bowang-lab/MedSAM", "medsam_vit_b.pth"):
+    for part in (
+        "model.init_args.network.init_args.checkpoint",
+        "https://github.com/facebookresearch/segment-anything",
+        "sam_vit_b_01ec64.pth",
+        "https://github.com/bowang-lab/MedSAM",
+        "medsam_vit_b.pth",
+    ):
         assert part in message
     with skip_weight_loading():
         assert spec.build(1).load_report is None
@@ -363,10 +397,19 @@ def test_depth_adapters_mix_slices_and_vanish_when_zeroed():
 def sam_federation(out_dir, rounds):
     torch.manual_seed(0)
     module = SegmentationModule(network=SamAdapter(variant="tiny"), loss="bce", lr=0.01)
-    data = SyntheticSegmentation(num_clients=3, samples_per_client=4, image_size=64, split_fractions=(0.5, 0.25, 0.25),
-                                 batch_size=2)
-    return Federation(module, data, FedSCA(alpha=1.0, beta=0.5), rounds=rounds, out_dir=out_dir, progress_bar=False,
-                      seed=0, accelerator="cpu")
+    data = SyntheticSegmentation(
+        num_clients=3, samples_per_client=4, image_size=64, split_fractions=(0.5, 0.25, 0.25), batch_size=2
+    )
+    return Federation(
+        module,
+        data,
+        FedSCA(alpha=1.0, beta=0.5),
+        rounds=rounds,
+        out_dir=out_dir,
+        progress_bar=False,
+        seed=0,
+        accelerator="cpu",
+    )
 
 
 def test_fedsca_on_sam_adapter_shares_the_lowest_adapter_and_resumes_exactly(tmp_path):
@@ -374,13 +417,16 @@ def test_fedsca_on_sam_adapter_shares_the_lowest_adapter_and_resumes_exactly(tmp
     initial = {n: t.detach().clone() for n, t in straight.module.state_dict().items()}
     results = straight.fit()
     prefix = "network.image_encoder.blocks.0.Space_Adapter."
-    assert set(straight.strategy.global_state) == {f"{prefix}{fc}.{p}" for fc in ("D_fc1", "D_fc2")
-                                                   for p in ("weight", "bias")}
+    assert set(straight.strategy.global_state) == {
+        f"{prefix}{fc}.{p}" for fc in ("D_fc1", "D_fc2") for p in ("weight", "bias")
+    }
     assert not torch.equal(straight.strategy.global_state[f"{prefix}D_fc1.weight"], initial[f"{prefix}D_fc1.weight"])
     client = straight.store.tensors(straight.client_ids[0])
     assert "network.mask_decoder.iou_token.weight" in client  # personal: trained, kept by the client
-    assert torch.equal(straight.module.state_dict()["network.image_encoder.blocks.0.attn.qkv.weight"],
-                       initial["network.image_encoder.blocks.0.attn.qkv.weight"])  # frozen
+    assert torch.equal(
+        straight.module.state_dict()["network.image_encoder.blocks.0.attn.qkv.weight"],
+        initial["network.image_encoder.blocks.0.attn.qkv.weight"],
+    )  # frozen
 
     sam_federation(tmp_path / "resumed", rounds=1).fit()
     torch.manual_seed(1234)

@@ -35,8 +35,9 @@ def test_prefixed_keys_are_refused_naming_the_prefix_and_load_once_it_is_given(t
     with pytest.raises(CheckpointError) as err:
         SamAdapter(variant="tiny", checkpoint=str(path)).build(1)
     message = str(err.value)
-    assert message.startswith(f"{path}: only 0 of the image encoder's 37 tensors are in the file ({OPTION}.min_loaded"
-                              "=1.0 needs 37)")
+    assert message.startswith(
+        f"{path}: only 0 of the image encoder's 37 tensors are in the file ({OPTION}.min_loaded=1.0 needs 37)"
+    )
     assert f"First unmatched file keys: ['{prefix}image_encoder.pos_embed'" in message
     assert f"the file's keys carry the prefix '{prefix}': set {OPTION}.checkpoint_key_prefix: '{prefix}'" in message
     with pytest.warns(UserWarning, match="16 adapter tensors kept"):
@@ -47,8 +48,11 @@ def test_prefixed_keys_are_refused_naming_the_prefix_and_load_once_it_is_given(t
 
 
 def test_an_encoder_saved_alone_is_told_which_prefix_its_keys_lack(tmp_path):
-    state = {k.removeprefix("image_encoder."): v for k, v in tiny_sam().state_dict().items()
-             if k.startswith("image_encoder.")}
+    state = {
+        k.removeprefix("image_encoder."): v
+        for k, v in tiny_sam().state_dict().items()
+        if k.startswith("image_encoder.")
+    }
     path = tmp_path / "encoder.pth"
     torch.save(state, path)
     with pytest.raises(CheckpointError, match="the file's keys lack the prefix 'image_encoder.'"):
@@ -70,8 +74,10 @@ def test_min_loaded_zero_keeps_the_old_warning_and_bad_values_are_named(tmp_path
 
 def test_key_prefix_fix_by_hand():
     model = {"image_encoder.blocks.0.attn.qkv.weight", "image_encoder.pos_embed", "mask_decoder.iou_token.weight"}
-    assert key_prefix_fix(["sam.image_encoder.pos_embed", "sam.mask_decoder.iou_token.weight"], model) == ("strip",
-                                                                                                           "sam.")
+    assert key_prefix_fix(["sam.image_encoder.pos_embed", "sam.mask_decoder.iou_token.weight"], model) == (
+        "strip",
+        "sam.",
+    )
     assert key_prefix_fix(["module.sam.image_encoder.pos_embed"], model) == ("strip", "module.sam.")
     assert key_prefix_fix(["blocks.0.attn.qkv.weight", "pos_embed"], model) == ("add", "image_encoder.")
     assert key_prefix_fix(["head.weight"], model) is None

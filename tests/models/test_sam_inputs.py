@@ -26,12 +26,15 @@ def twin(reference: torch.nn.Module, **options) -> torch.nn.Module:
 # --- adapter layout ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout, depth_adapters, kinds", [
-    ("fedlit", False, ["Space_Adapter", "MLP_Adapter"]),
-    ("fedlit", True, ["Depth_Adapter", "Space_Adapter", "MLP_Adapter"]),
-    ("reference", False, ["MLP_Adapter", "Space_Adapter", "Depth_Adapter"]),
-    ("reference", True, ["MLP_Adapter", "Space_Adapter", "Depth_Adapter"]),
-])
+@pytest.mark.parametrize(
+    "layout, depth_adapters, kinds",
+    [
+        ("fedlit", False, ["Space_Adapter", "MLP_Adapter"]),
+        ("fedlit", True, ["Depth_Adapter", "Space_Adapter", "MLP_Adapter"]),
+        ("reference", False, ["MLP_Adapter", "Space_Adapter", "Depth_Adapter"]),
+        ("reference", True, ["MLP_Adapter", "Space_Adapter", "Depth_Adapter"]),
+    ],
+)
 def test_vit_b_adapters_in_fedscas_order(layout, depth_adapters, kinds):
     with torch.device("meta"):
         net = SamAdapter(variant="vit_b", adapter_layout=layout, depth_adapters=depth_adapters).build(1)
@@ -48,8 +51,11 @@ def test_reference_layout_computes_the_same_and_its_2d_depth_adapters_never_trai
     reference = SamAdapter(variant="tiny", adapter_layout="reference").build(1)
     fedlit = twin(reference)
     assert set(reference.state_dict()) - set(fedlit.state_dict()) == {
-        f"image_encoder.blocks.{i}.Depth_Adapter.{fc}.{p}" for i in range(2) for fc in ("D_fc1", "D_fc2")
-        for p in ("weight", "bias")}
+        f"image_encoder.blocks.{i}.Depth_Adapter.{fc}.{p}"
+        for i in range(2)
+        for fc in ("D_fc1", "D_fc2")
+        for p in ("weight", "bias")
+    }
     images = torch.rand(2, 1, 64, 64)
     logits = reference(images)
     assert torch.allclose(logits, fedlit(images), atol=1e-6)

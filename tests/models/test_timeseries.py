@@ -40,11 +40,23 @@ def momentfm_state(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def write_moment_folder(folder, state) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"task_name": "reconstruction", "model_name": "MOMENT", "transformer_type": "encoder_only",
-              "d_model": None, "seq_len": 512, "patch_len": 8, "patch_stride_len": 8,
-              "transformer_backbone": "google/flan-t5-large",
-              "t5_config": {**tiny_moment_config(), "vocab_size": 32, "architectures": ["T5ForConditionalGeneration"],
-                            "is_encoder_decoder": True, "eos_token_id": 1}}
+    config = {
+        "task_name": "reconstruction",
+        "model_name": "MOMENT",
+        "transformer_type": "encoder_only",
+        "d_model": None,
+        "seq_len": 512,
+        "patch_len": 8,
+        "patch_stride_len": 8,
+        "transformer_backbone": "google/flan-t5-large",
+        "t5_config": {
+            **tiny_moment_config(),
+            "vocab_size": 32,
+            "architectures": ["T5ForConditionalGeneration"],
+            "is_encoder_decoder": True,
+            "eos_token_id": 1,
+        },
+    }
     (folder / "config.json").write_text(json.dumps(config))
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
 
@@ -76,8 +88,9 @@ def test_a_moment_folder_loads_by_name_and_computes_momentfm_embed(tmp_path):
         warnings.simplefilter("error")  # head.*, embed_tokens and the stored position table are left out silently
         model = MomentEncoder(path=tmp_path / "moment", seq_len=None).build().eval()
     loaded = model.state_dict()
-    assert sorted(loaded) == sorted(k for k in state if not k.startswith(
-        ("head.", "encoder.embed_tokens.", "patch_embedding.position_embedding.")))
+    assert sorted(loaded) == sorted(
+        k for k in state if not k.startswith(("head.", "encoder.embed_tokens.", "patch_embedding.position_embedding."))
+    )
     assert all(torch.equal(loaded[k], state[k]) for k in loaded)
     x = np.random.default_rng(0).normal(3.0, 2.0, size=(2, 3, 64))
     with torch.no_grad():
@@ -90,7 +103,7 @@ def test_channels_are_encoded_independently_and_averaged():
     x = torch.randn(2, 3, 32)
     with torch.no_grad():
         whole = model(x)
-        each = torch.stack([model(x[:, c:c + 1]) for c in range(3)]).mean(0)
+        each = torch.stack([model(x[:, c : c + 1]) for c in range(3)]).mean(0)
         single = model(x[:, 0])  # (B, L) is one channel
     torch.testing.assert_close(whole, each)
     torch.testing.assert_close(single, model(x[:, :1]))
@@ -102,8 +115,12 @@ def test_other_lengths_are_resampled_linearly_to_seq_len():
     grid = np.linspace(0, 99, 64)
     resampled = np.stack([[np.interp(grid, np.arange(100), row) for row in rows] for rows in x])
     with torch.no_grad():
-        torch.testing.assert_close(model(torch.tensor(x, dtype=torch.float32)),
-                                   model(torch.tensor(resampled, dtype=torch.float32)), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            model(torch.tensor(x, dtype=torch.float32)),
+            model(torch.tensor(resampled, dtype=torch.float32)),
+            rtol=1e-4,
+            atol=1e-5,
+        )
     unresampled = _quiet(MomentEncoder(config=tiny_moment_config(), seq_len=None))
     with pytest.raises(ConfigError, match="100 samples are not a multiple of patch_len=8"):
         unresampled(torch.randn(1, 1, 100))
@@ -115,8 +132,9 @@ def test_lora_adapts_q_and_v_of_every_layer_and_starts_as_the_original():
     torch.manual_seed(0)
     adapted = _quiet(MomentEncoder(config=tiny_moment_config(), seq_len=None, lora=LoRA(r=2))).eval()
     names = [n for n, _ in adapted.named_parameters() if "lora_A" in n]
-    assert names == [f"encoder.block.{i}.layer.0.SelfAttention.{p}.lora_A.default.weight"
-                     for i in range(2) for p in ("q", "v")]
+    assert names == [
+        f"encoder.block.{i}.layer.0.SelfAttention.{p}.lora_A.default.weight" for i in range(2) for p in ("q", "v")
+    ]
     x = torch.randn(2, 2, 32)
     with torch.no_grad():
         torch.testing.assert_close(adapted(x), plain(x))
@@ -127,8 +145,11 @@ def test_a_checkpoint_that_does_not_match_is_refused_naming_the_tensors(tmp_path
     del state["encoder.final_layer_norm.weight"]
     state["patch_embedding.value_embedding.weight"] = torch.randn(D, 16)
     write_moment_folder(tmp_path / "bad", state)
-    with pytest.raises(CheckpointError, match=r"missing \['encoder.final_layer_norm.weight'\].*"
-                                              r"patch_embedding.value_embedding.weight \(16, 16\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing \['encoder.final_layer_norm.weight'\].*"
+        r"patch_embedding.value_embedding.weight \(16, 16\)",
+    ):
         MomentEncoder(path=tmp_path / "bad").build()
     state = {**momentfm_state(), "extra.weight": torch.zeros(1)}
     write_moment_folder(tmp_path / "extra", state)

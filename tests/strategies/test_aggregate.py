@@ -18,8 +18,9 @@ positive = st.floats(0.01, 100.0, allow_nan=False)
 def client_states(draw, min_clients=1, max_clients=5):
     n = draw(st.integers(min_clients, max_clients))
     size = draw(st.integers(1, 4))
-    states = [{"w": torch.tensor(draw(st.lists(finite, min_size=size, max_size=size)), dtype=torch.float32)}
-              for _ in range(n)]
+    states = [
+        {"w": torch.tensor(draw(st.lists(finite, min_size=size, max_size=size)), dtype=torch.float32)} for _ in range(n)
+    ]
     weights = draw(st.lists(positive, min_size=n, max_size=n))
     return states, weights
 

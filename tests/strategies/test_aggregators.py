@@ -38,8 +38,9 @@ finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, width=32)
 def client_states(draw, min_clients=1, max_clients=7):
     n = draw(st.integers(min_clients, max_clients))
     size = draw(st.integers(1, 4))
-    return [{"w": torch.tensor(draw(st.lists(finite, min_size=size, max_size=size)), dtype=torch.float32)}
-            for _ in range(n)]
+    return [
+        {"w": torch.tensor(draw(st.lists(finite, min_size=size, max_size=size)), dtype=torch.float32)} for _ in range(n)
+    ]
 
 
 betas = st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.45])
@@ -92,8 +93,10 @@ def test_equal_to_numpy_median_and_to_flowers_trim_mean(states, beta):
 
 
 def test_trimmed_mean_with_beta_zero_is_the_plain_mean_and_dtypes_are_kept():
-    states = [{"w": torch.tensor([1.0, 4.0], dtype=torch.float64), "n": torch.tensor(3)},
-              {"w": torch.tensor([2.0, 8.0], dtype=torch.float64), "n": torch.tensor(6)}]
+    states = [
+        {"w": torch.tensor([1.0, 4.0], dtype=torch.float64), "n": torch.tensor(3)},
+        {"w": torch.tensor([2.0, 8.0], dtype=torch.float64), "n": torch.tensor(6)},
+    ]
     out = trimmed_mean(states, 0.0)
     assert out["w"].tolist() == [1.5, 6.0] and out["w"].dtype == torch.float64
     assert out["n"].item() == 4 and out["n"].dtype == torch.int64  # round(4.5) -> 4 (half to even)
@@ -123,8 +126,11 @@ def test_krum_scores_by_hand():
 
 
 def test_krum_distances_skip_integer_counters():
-    states = [{"w": torch.tensor([0.0]), "n": torch.tensor(1000)}, {"w": torch.tensor([0.1]), "n": torch.tensor(0)},
-              {"w": torch.tensor([5.0]), "n": torch.tensor(0)}]
+    states = [
+        {"w": torch.tensor([0.0]), "n": torch.tensor(1000)},
+        {"w": torch.tensor([0.1]), "n": torch.tensor(0)},
+        {"w": torch.tensor([5.0]), "n": torch.tensor(0)},
+    ]
     assert pairwise_squared_distances(states)[0, 1].item() == pytest.approx(0.01)
     out = KrumAggregator(num_malicious=0)(states, [1, 1, 1])
     assert out["w"].item() in (0.0, 0.1) and out["n"].dtype == torch.int64
@@ -138,8 +144,10 @@ def test_multikrum_averages_the_kept_updates_weighted_like_fedavg():
 
 def updates(*values, counts=None):
     counts = counts or [1] * len(values)
-    return [ClientUpdate(client_id=str(i), num_examples=n, state={"w": torch.tensor(v)})
-            for i, (v, n) in enumerate(zip(values, counts, strict=True))]
+    return [
+        ClientUpdate(client_id=str(i), num_examples=n, state={"w": torch.tensor(v)})
+        for i, (v, n) in enumerate(zip(values, counts, strict=True))
+    ]
 
 
 @pytest.mark.parametrize("strategy_class", [FedAvg, FedProx, FedBN, FedAdam])
@@ -156,8 +164,11 @@ def test_every_averaging_strategy_takes_an_aggregator(strategy_class):
 
 def test_robust_strategies_fix_their_aggregator():
     ups = updates([0.0], [1.0], [3.0], [10.0], [-50.0], counts=[1, 2, 3, 4, 5])
-    for strategy, expected in [(FedMedian(), 1.0), (FedTrimmedAvg(beta=0.2), (0 + 1 + 3) / 3),
-                               (Krum(num_malicious=1), 1.0)]:
+    for strategy, expected in [
+        (FedMedian(), 1.0),
+        (FedTrimmedAvg(beta=0.2), (0 + 1 + 3) / 3),
+        (Krum(num_malicious=1), 1.0),
+    ]:
         strategy.initialize({"w": torch.zeros(1)}, [])
         assert strategy.aggregate(1, ups)["w"].item() == pytest.approx(expected)
     assert repr(FedTrimmedAvg()) == "FedTrimmedAvg(beta=0.2)" and repr(FedMedian()) == "FedMedian()"
@@ -199,10 +210,17 @@ def test_constructors_name_bad_options():
 def test_aggregator_is_configured_by_short_name_in_a_recipe():
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(Strategy, "strategy")
-    cfg = parser.parse_object({"strategy": {
-        "class_path": "FedProx",
-        "init_args": {"mu": 0.1, "aggregator": {"class_path": "TrimmedMeanAggregator", "init_args": {"beta": 0.3}}},
-    }})
+    cfg = parser.parse_object(
+        {
+            "strategy": {
+                "class_path": "FedProx",
+                "init_args": {
+                    "mu": 0.1,
+                    "aggregator": {"class_path": "TrimmedMeanAggregator", "init_args": {"beta": 0.3}},
+                },
+            }
+        }
+    )
     strategy = parser.instantiate_classes(cfg).strategy
     assert isinstance(strategy, FedProx) and isinstance(strategy.aggregator, TrimmedMeanAggregator)
     assert strategy.aggregator.beta == 0.3

@@ -63,8 +63,13 @@ class Lin(FederatedModule):
 
 
 def fake_client():
-    return SimpleNamespace(autocast=contextlib.nullcontext, convert_output=lambda out: out, scaler=None,
-                           local=SimpleNamespace(optimizer_state="reset"), store=SimpleNamespace(device="cpu"))
+    return SimpleNamespace(
+        autocast=contextlib.nullcontext,
+        convert_output=lambda out: out,
+        scaler=None,
+        local=SimpleNamespace(optimizer_state="reset"),
+        store=SimpleNamespace(device="cpu"),
+    )
 
 
 def test_one_local_step_moves_w_v_and_alpha_as_worked_by_hand():
@@ -109,8 +114,9 @@ def test_a_skipped_step_moves_neither_v_nor_alpha():
     strategy.on_client_fit_start(pl_module=module, client_state=state, client=client)
     batch = (torch.tensor([[1.0, 1.0]]), torch.tensor([0.0]))
     strategy.training_loss(module, module.training_step(batch, 0)["loss"], batch).backward()
-    strategy.on_before_zero_grad(pl_module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
-                                 stepped=False)
+    strategy.on_before_zero_grad(
+        pl_module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1), stepped=False
+    )
     assert strategy._turn["v"][W].tolist() == [[0.0, 1.0]] and strategy._turn["alpha"] == 0.5
     assert strategy._turn["v"][W].grad is None
 
@@ -162,8 +168,21 @@ def test_alpha_one_held_still_is_local_training(tmp_path):
 
 
 def test_the_cli_selects_apfl_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "APFL", "--strategy.alpha", "0.7"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                "--strategy",
+                "APFL",
+                "--strategy.alpha",
+                "0.7",
+            ]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.APFL" and cfg.strategy.init_args.alpha == 0.7
 
 

@@ -48,21 +48,33 @@ class Lin(FederatedModule):
 def server(**kwargs):
     """Clients a, b, c; rounds 20 (R_d = 2); b's core w = 2, b = 2 and c's w = -1, b = 0.5 (a's: initial)."""
     strategy = APPLE(**{"mu": 1.0, "lr_p": 0.01, "p_momentum": 0.0, "schedule": "cosine", **kwargs})
-    strategy.initialize({W: torch.tensor([[0.0]]), B: torch.tensor([0.0])}, ["a", "b", "c"],
-                        roles=ParameterRoles({W: "shared", B: "shared"}))
-    strategy.on_fit_start(trainer=SimpleNamespace(settings=SimpleNamespace(rounds=20),
-                                                  num_examples=lambda c, split: SIZES[c]))
-    strategy.cores = {"b": {W: torch.tensor([[2.0]]), B: torch.tensor([2.0])},
-                      "c": {W: torch.tensor([[-1.0]]), B: torch.tensor([0.5])}}
+    strategy.initialize(
+        {W: torch.tensor([[0.0]]), B: torch.tensor([0.0])},
+        ["a", "b", "c"],
+        roles=ParameterRoles({W: "shared", B: "shared"}),
+    )
+    strategy.on_fit_start(
+        trainer=SimpleNamespace(settings=SimpleNamespace(rounds=20), num_examples=lambda c, split: SIZES[c])
+    )
+    strategy.cores = {
+        "b": {W: torch.tensor([[2.0]]), B: torch.tensor([2.0])},
+        "c": {W: torch.tensor([[-1.0]]), B: torch.tensor([0.5])},
+    }
     return strategy
 
 
 def client(strategy, client_state):
-    trainer = SimpleNamespace(scaler=None, store=SimpleNamespace(device=torch.device("cpu")),
-                              derive_seed=lambda *parts: 7)  # the turn's ClientContext, as hooks get it
+    trainer = SimpleNamespace(
+        scaler=None, store=SimpleNamespace(device=torch.device("cpu")), derive_seed=lambda *parts: 7
+    )  # the turn's ClientContext, as hooks get it
     module = Lin()  # a's live core: w = 3, b = -1
-    strategy.on_client_fit_start(pl_module=module, server_round=2, client_id="a",
-                                 received_extras=strategy.configure_client_extras(2, "a"), client_state=client_state)
+    strategy.on_client_fit_start(
+        pl_module=module,
+        server_round=2,
+        client_id="a",
+        received_extras=strategy.configure_client_extras(2, "a"),
+        client_state=client_state,
+    )
     return module, trainer
 
 
@@ -176,8 +188,9 @@ def test_the_bandwidth_limited_draw():
 def test_the_server_stores_every_core_and_sends_the_requested_ones():
     strategy = server(max_downloads=1)
     assert set(strategy.configure_client_extras(2, "a")["cores"]) == {"b", "c"}  # no request yet: all of them
-    updates = [ClientUpdate("a", 2, {W: torch.tensor([[4.0]]), B: torch.tensor([0.0])},
-                            extras={"request": torch.tensor([2])})]
+    updates = [
+        ClientUpdate("a", 2, {W: torch.tensor([[4.0]]), B: torch.tensor([0.0])}, extras={"request": torch.tensor([2])})
+    ]
     out = strategy.aggregate(2, updates)
     # global = p0 mix of the cores: 0.5 * 4 + 0.25 * 2 + 0.25 * -1 = 2.25
     assert out[W].item() == pytest.approx(2.25) and strategy.requests == {"a": [2]}
@@ -218,7 +231,8 @@ def test_bad_options_are_named():
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, all selected, 2 rounds, lr_p = 0.1 (so p moves visibly): train loss mean per round, validation
@@ -283,8 +297,7 @@ def test_swapped_parameters_puts_the_parameters_back_in_order_even_after_an_erro
 
 def _p_after_one_round(tmp_path, core_init):
     """Every client's ``p_i - p0`` after one round of 1 epoch (lr_p = 0.1, no proximal term)."""
-    federation = make_federation(tmp_path / core_init, APPLE(lr_p=0.1, decay_rounds=0, core_init=core_init),
-                                 rounds=1)
+    federation = make_federation(tmp_path / core_init, APPLE(lr_p=0.1, decay_rounds=0, core_init=core_init), rounds=1)
     federation.fit()
     return {c: federation.store.extra(c, "APPLE")["p"].double() - 1 / 3 for c in federation.client_ids}, federation
 
@@ -294,12 +307,12 @@ def test_own_cores_let_p_leave_the_all_ones_direction_in_round_one(tmp_path):
     # is one number for every j != i: those entries of p move together (only p_ii, on the live core, differs)
     shared, _ = _p_after_one_round(tmp_path, "shared")
     for i, delta in enumerate(shared.values()):
-        others = torch.cat([delta[:i], delta[i + 1:]])
+        others = torch.cat([delta[:i], delta[i + 1 :]])
         assert others.abs().max() > 1e-3 and (others.max() - others.min()) < 1e-6
     # own: each core its own draw, so the entries of p - p0 of the other cores differ by far more than rounding
     own, federation = _p_after_one_round(tmp_path, "own")
     for i, delta in enumerate(own.values()):
-        others = torch.cat([delta[:i], delta[i + 1:]])
+        others = torch.cat([delta[:i], delta[i + 1 :]])
         assert (others.max() - others.min()) > 1e-3
     # the drawn cores differ from each other
     cores = federation.strategy.cores

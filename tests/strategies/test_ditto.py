@@ -59,19 +59,22 @@ def test_a_skipped_step_does_not_move_v():
     module = Lin()
     client = fake_client()
     state = {"v": {W: torch.tensor([[0.0, 1.0]])}}
-    strategy.on_client_fit_start(pl_module=module, received={W: module.shared.weight.detach()}, client_state=state,
-                                 client=client)
+    strategy.on_client_fit_start(
+        pl_module=module, received={W: module.shared.weight.detach()}, client_state=state, client=client
+    )
     batch = (torch.tensor([[1.0, 1.0]]), torch.tensor([0.0]))
     strategy.training_loss(module, module.training_step(batch, 0)["loss"], batch).backward()
-    strategy.on_before_zero_grad(pl_module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
-                                 stepped=False)
+    strategy.on_before_zero_grad(
+        pl_module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1), stepped=False
+    )
     assert strategy._turn["v"][W].tolist() == [[0.0, 1.0]] and strategy._turn["v"][W].grad is None
 
 
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, all selected, 2 rounds: train loss mean per round (w's loss: FedAvg's), validation loss mean
@@ -109,8 +112,21 @@ def test_lam_zero_is_local_training(tmp_path):
 
 
 def test_the_cli_selects_ditto_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "Ditto", "--strategy.lam", "0.5"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                "--strategy",
+                "Ditto",
+                "--strategy.lam",
+                "0.5",
+            ]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.Ditto" and cfg.strategy.init_args.lam == 0.5
 
 

@@ -43,8 +43,13 @@ def lora_model(monkeypatch):
 
 # --- the weights -----------------------------------------------------------------------------------------------------
 
-NAMES = ["blocks.0.lora_A.weight", "blocks.0.lora_B.weight", "blocks.1.lora_A.weight", "blocks.1.lora_B.weight",
-         "head.weight"]
+NAMES = [
+    "blocks.0.lora_A.weight",
+    "blocks.0.lora_B.weight",
+    "blocks.1.lora_A.weight",
+    "blocks.1.lora_B.weight",
+    "head.weight",
+]
 B0, B1 = "blocks.0.lora_B.weight", "blocks.1.lora_B.weight"
 # Client B tensors (b1 = block 0's B, b2 = block 1's), chosen for round distances:
 #   c0: b1 = [0, 0], b2 = [0, 0];  c1: b1 = [3, 4], b2 = [0, 2];  c2: b1 = [0, 0], b2 = [0, 6].
@@ -65,8 +70,10 @@ def _aggregate(strategy: EPFL) -> None:
     updates = []
     for i, client in enumerate(("c0", "c1", "c2")):
         b1, b2 = B_UPLOADS[client]
-        state = {"blocks.0.lora_A.weight": torch.tensor([[A_UPLOADS[client]]]),
-                 "blocks.1.lora_A.weight": torch.tensor([[float(i)]])}
+        state = {
+            "blocks.0.lora_A.weight": torch.tensor([[A_UPLOADS[client]]]),
+            "blocks.1.lora_A.weight": torch.tensor([[float(i)]]),
+        }
         extras = {"lora_B": {B0: torch.tensor([b1]).T, B1: torch.tensor([b2]).T}}
         updates.append(ClientUpdate(client, num_examples=10 * (i + 1), state=state, extras=extras))
     strategy.global_state = strategy.aggregate(1, updates)  # as the loop stores it
@@ -130,7 +137,7 @@ def test_all_b_equal_gives_equal_weights_to_the_others_not_nan():
 
 
 def test_distances_are_frobenius_per_tensor_then_averaged():
-    states = [{"x": torch.zeros(2, 2), "y": torch.zeros(3)}, {"x": torch.ones(2, 2), "y": torch.tensor([0, 3., 4])}]
+    states = [{"x": torch.zeros(2, 2), "y": torch.zeros(3)}, {"x": torch.ones(2, 2), "y": torch.tensor([0, 3.0, 4])}]
     # ||1_(2x2)||_F = 2 and ||(0, 3, 4)|| = 5: mean 3.5 (a distance over the concatenation would be sqrt(29)).
     assert mean_tensor_distances(states, ["x", "y"])[0, 1].item() == pytest.approx(3.5)
     assert mean_tensor_distances(states, ["y"])[1, 0].item() == pytest.approx(5.0)
@@ -176,16 +183,21 @@ def test_roles_and_psi_on_a_vit_with_qv_slice_lora():
     from fedlit.tasks import ClassificationModule
 
     with pytest.warns(UserWarning, match="randomly initialized"):
-        module = ClassificationModule(backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(fused_qkv="qv")),
-                                      num_classes=3, roles=[RoleRule("backbone.*lora_*", "shared")])
+        module = ClassificationModule(
+            backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(fused_qkv="qv")),
+            num_classes=3,
+            roles=[RoleRule("backbone.*lora_*", "shared")],
+        )
     roles = EPFL(psi="first_half").configure_roles(module.parameter_roles())
     lora = [f"backbone.blocks.{i}.attn.qkv.lora_{m}.{s}.weight" for i in (0, 1) for m in "AB" for s in "qv"]
     assert roles.names("shared") == [n for n in lora if "lora_A" in n]
     assert roles.names("personal") == [n for n in lora if "lora_B" in n] + ["head.weight", "head.bias"]
     strategy = EPFL(psi="first_half")
     strategy.configure_roles(module.parameter_roles())
-    assert strategy.distance_names == ["backbone.blocks.0.attn.qkv.lora_B.q.weight",
-                                       "backbone.blocks.0.attn.qkv.lora_B.v.weight"]  # block 0 of 2
+    assert strategy.distance_names == [
+        "backbone.blocks.0.attn.qkv.lora_B.q.weight",
+        "backbone.blocks.0.attn.qkv.lora_B.v.weight",
+    ]  # block 0 of 2
 
 
 def test_bad_arguments_name_the_option():
@@ -264,7 +276,8 @@ def test_a_is_mixed_while_b_and_head_stay_each_clients_own(tmp_path, lora_model)
 def _losses(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, 2 rounds: train loss mean per round and validation loss mean after round 2. FedAvg on the same
@@ -298,8 +311,9 @@ def test_resume_is_exact(tmp_path, lora_model):
 
 
 @pytest.mark.parametrize("evaluation", ["after_mix", "fhbench"])
-def test_fhbench_evaluation_takes_the_trained_a_before_the_mix_at_each_clients_best_round(tmp_path, lora_model,
-                                                                                        evaluation):
+def test_fhbench_evaluation_takes_the_trained_a_before_the_mix_at_each_clients_best_round(
+    tmp_path, lora_model, evaluation
+):
     strategy = EPFL(evaluation=evaluation)
     federation = make_federation(tmp_path, strategy, rounds=3, roles=LORA_ROLES)
     results = federation.fit()

@@ -51,8 +51,12 @@ def shipped_strategies() -> dict[str, type[Strategy]]:
     for info in pkgutil.iter_modules(fedlit.strategies.__path__):
         module = importlib.import_module(f"fedlit.strategies.{info.name}")
         for name, obj in vars(module).items():
-            if (inspect.isclass(obj) and issubclass(obj, Strategy) and obj.__module__ == module.__name__
-                    and not inspect.isabstract(obj)):
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, Strategy)
+                and obj.__module__ == module.__name__
+                and not inspect.isabstract(obj)
+            ):
                 found[name] = obj
     return dict(sorted(found.items()))
 
@@ -97,13 +101,31 @@ NEEDS = {
 
 #: Strategies also run with per-client optimizer state and partial participation: those that keep state per client
 #: (in the store or on the server) or whose clients train more than the module's parameters.
-PERSIST = ["APFL", "APPLE", "Ditto", "EPFL", "FedALA", "FedAvg", "FedDBE", "FedDyn", "FedFomo", "FedHEAL",
-           "FedMetaMed", "FedRA", "FedRep", "FedRoD", "FML", "PGFedMo", "SCAFFOLD", "pFedMe", "pFedMoAP",
-           "MetaFed"]
+PERSIST = [
+    "APFL",
+    "APPLE",
+    "Ditto",
+    "EPFL",
+    "FedALA",
+    "FedAvg",
+    "FedDBE",
+    "FedDyn",
+    "FedFomo",
+    "FedHEAL",
+    "FedMetaMed",
+    "FedRA",
+    "FedRep",
+    "FedRoD",
+    "FML",
+    "PGFedMo",
+    "SCAFFOLD",
+    "pFedMe",
+    "pFedMoAP",
+    "MetaFed",
+]
 
 STRATEGIES = shipped_strategies()
-SETTINGS = {"reset": {"optimizer_state": "reset"},
-            "persist": {"optimizer_state": "persist", "clients_per_round": 2}}
+SETTINGS = {"reset": {"optimizer_state": "reset"}, "persist": {"optimizer_state": "persist", "clients_per_round": 2}}
 CASES = [(name, "reset") for name in STRATEGIES] + [(name, "persist") for name in PERSIST]
 
 
@@ -114,12 +136,26 @@ def federation(out_dir, name: str, setting: str, rounds: int) -> Federation:
     if needs.module is not None:
         module = needs.module()
     else:
-        module = ClassificationModule(backbone=needs.backbone(), num_classes=3, lr=0.1, momentum=0.9, roles=(
-            needs.roles if needs.roles is not None else [RoleRule("backbone.*", "shared")]))
+        module = ClassificationModule(
+            backbone=needs.backbone(),
+            num_classes=3,
+            lr=0.1,
+            momentum=0.9,
+            roles=(needs.roles if needs.roles is not None else [RoleRule("backbone.*", "shared")]),
+        )
     data = needs.data() if needs.data is not None else TinyTabular(num_clients=3)
-    return Federation(module, data, STRATEGIES[name](**needs.kwargs), rounds=rounds,
-                      local_steps=2, out_dir=out_dir, progress_bar=False, seed=0, accelerator="cpu",
-                      **SETTINGS[setting])
+    return Federation(
+        module,
+        data,
+        STRATEGIES[name](**needs.kwargs),
+        rounds=rounds,
+        local_steps=2,
+        out_dir=out_dir,
+        progress_bar=False,
+        seed=0,
+        accelerator="cpu",
+        **SETTINGS[setting],
+    )
 
 
 def difference(a: Any, b: Any, path: str = "") -> str | None:
@@ -136,8 +172,9 @@ def difference(a: Any, b: Any, path: str = "") -> str | None:
     if isinstance(a, (list, tuple)):
         if not isinstance(b, (list, tuple)) or len(a) != len(b):
             return f"{path}: {a!r} != {b!r}"
-        return next((d for i, (x, y) in enumerate(zip(a, b, strict=True)) if (d := difference(x, y, f"{path}[{i}]"))),
-                    None)
+        return next(
+            (d for i, (x, y) in enumerate(zip(a, b, strict=True)) if (d := difference(x, y, f"{path}[{i}]"))), None
+        )
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return None
     return None if type(a) is type(b) and a == b else f"{path}: {a!r} != {b!r}"
@@ -162,8 +199,10 @@ def test_one_round_checkpoint_and_resume_equals_two_rounds(tmp_path, name, setti
         straight = federation(tmp_path / "straight", name, setting, rounds=2)
         expected = straight.fit()
     except ConfigError as err:
-        pytest.fail(f"{name} cannot run on the tiny federation ({err}): give it the arguments, backbone or roles it "
-                    f"needs in NEEDS of {__name__}.")
+        pytest.fail(
+            f"{name} cannot run on the tiny federation ({err}): give it the arguments, backbone or roles it "
+            f"needs in NEEDS of {__name__}."
+        )
     federation(tmp_path / "resumed", name, setting, rounds=1).fit()
     torch.manual_seed(1234)  # the resumed run must not depend on the global RNG state it starts with
     resumed = federation(tmp_path / "resumed", name, setting, rounds=2)

@@ -36,7 +36,8 @@ def test_the_weight_step_and_its_clipping_by_hand():
     assert ala_weight_step(weight, grad, local, global_, 0.5).tolist() == [0.75, 1.0, 0.0]
     # theta_i not at zero: theta - theta_i = [2 - 1, 1 - 3] = [1, -2]; [0.5 - 0.1 * 1 * 1, 0.5 - 0.1 * 2 * -2]
     assert ala_weight_step(t(0.5, 0.5), t(1.0, 2.0), t(1.0, 3.0), t(2.0, 1.0), 0.1).tolist() == pytest.approx(
-        [0.4, 0.9])
+        [0.4, 0.9]
+    )
 
 
 def test_the_merge_and_the_stopping_rule_by_hand():
@@ -75,9 +76,14 @@ def turn(strategy, state, received=(1.0, 2.0)):
         module.shared.weight.copy_(torch.tensor([received]))
     batch = (torch.tensor([[1.0, 1.0]]), torch.tensor([0.0]))
     client = SimpleNamespace(
-        autocast=contextlib.nullcontext, convert_output=lambda out: out, prepare_batch=lambda b: b,
-        num_examples=lambda split: 1, derive_seed=lambda *parts: 0, train_dataloader=lambda generator: [batch],
-        store=SimpleNamespace(device="cpu"))
+        autocast=contextlib.nullcontext,
+        convert_output=lambda out: out,
+        prepare_batch=lambda b: b,
+        num_examples=lambda split: 1,
+        derive_seed=lambda *parts: 0,
+        train_dataloader=lambda generator: [batch],
+        store=SimpleNamespace(device="cpu"),
+    )
     strategy.on_client_fit_start(pl_module=module, server_round=2, client_id="a", client_state=state, client=client)
     return module.shared.weight.detach()[0].tolist()
 
@@ -117,9 +123,14 @@ class Two(FederatedModule):
         self.frozen.requires_grad_(False)
 
 
-@pytest.mark.parametrize(("layer_idx", "names"), [
-    (1, ["upper.bias"]), (2, ["upper.weight", "upper.bias"]),
-    (0, ["lower.weight", "lower.bias", "upper.weight", "upper.bias"])])
+@pytest.mark.parametrize(
+    ("layer_idx", "names"),
+    [
+        (1, ["upper.bias"]),
+        (2, ["upper.weight", "upper.bias"]),
+        (0, ["lower.weight", "lower.bias", "upper.weight", "upper.bias"]),
+    ],
+)
 def test_the_higher_tensors_are_the_last_shared_trainable_ones(layer_idx, names):
     assert FedALA(layer_idx=layer_idx).higher_names(Two()) == names
 
@@ -127,7 +138,8 @@ def test_the_higher_tensors_are_the_last_shared_trainable_ones(layer_idx, names)
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, all selected, 2 rounds: train loss mean per round, validation loss mean after round 2 (each
@@ -160,8 +172,21 @@ def test_two_rounds_learn_and_store_w_and_differ_from_fedavg(tmp_path):
 
 
 def test_the_cli_selects_fedala_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "FedALA", "--strategy.layer_idx", "1"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                "--strategy",
+                "FedALA",
+                "--strategy.layer_idx",
+                "1",
+            ]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.FedALA" and cfg.strategy.init_args.layer_idx == 1
     assert cfg.strategy.init_args.eta == 1.0 and cfg.strategy.init_args.rand_percent == 80
 
@@ -169,8 +194,14 @@ def test_the_cli_selects_fedala_by_its_short_name():
 def test_bad_options_are_named():
     with pytest.raises(ConfigError) as err:
         FedALA(eta=0.0, rand_percent=150, layer_idx=-1, threshold=-1.0, num_pre_loss=0, max_init_passes=0)
-    for option in ("eta=0.0", "rand_percent=150", "layer_idx=-1", "threshold=-1.0", "num_pre_loss=0",
-                   "max_init_passes=0"):
+    for option in (
+        "eta=0.0",
+        "rand_percent=150",
+        "layer_idx=-1",
+        "threshold=-1.0",
+        "num_pre_loss=0",
+        "max_init_passes=0",
+    ):
         assert option in str(err.value)
     assert repr(FedALA()).startswith("FedALA(eta=1.0, rand_percent=80.0, layer_idx=2, threshold=0.1, num_pre_loss=10")
 

@@ -25,10 +25,23 @@ def _federation(out_dir, strategy, roles=None, rounds=2) -> Federation:
     # batch 16 >= the 15 training samples of a client: a fine-tuning step is a full-batch gradient step, whatever
     # the order of the samples; SGD without momentum, so k steps are worked out by hand below
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=MLP(num_features=4, hidden=[5], norm="none"), num_classes=3, lr=0.5,
-                                  roles=roles or [RoleRule("backbone.*", "shared"), RoleRule("head.*", "shared")])
-    return Federation(module, TinyTabular(batch_size=16), strategy, rounds=rounds, out_dir=out_dir,
-                      progress_bar=False, accelerator="cpu", local_steps=2, seed=0)
+    module = ClassificationModule(
+        backbone=MLP(num_features=4, hidden=[5], norm="none"),
+        num_classes=3,
+        lr=0.5,
+        roles=roles or [RoleRule("backbone.*", "shared"), RoleRule("head.*", "shared")],
+    )
+    return Federation(
+        module,
+        TinyTabular(batch_size=16),
+        strategy,
+        rounds=rounds,
+        out_dir=out_dir,
+        progress_bar=False,
+        accelerator="cpu",
+        local_steps=2,
+        seed=0,
+    )
 
 
 def _split(fed: Federation, client: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,12 +76,13 @@ def test_each_client_is_evaluated_after_k_steps_from_the_global_model_and_the_fe
     state = fed.strategy.global_state
     for client in ("c0", "c1", "c2"):
         assert results["last"]["clients"][client]["loss"] == pytest.approx(
-            _finetuned_loss(fed, state, client, 3, "test"), abs=1e-5)
+            _finetuned_loss(fed, state, client, 3, "test"), abs=1e-5
+        )
         # the global model, evaluated beside without fine-tuning, is plain FedAvg's evaluation
         assert results["global"]["last"]["clients"][client]["loss"] == pytest.approx(
-            plain_results["last"]["clients"][client]["loss"], abs=1e-6)
-        assert abs(results["last"]["clients"][client]["loss"]
-                   - plain_results["last"]["clients"][client]["loss"]) > 1e-3
+            plain_results["last"]["clients"][client]["loss"], abs=1e-6
+        )
+        assert abs(results["last"]["clients"][client]["loss"] - plain_results["last"]["clients"][client]["loss"]) > 1e-3
     # 3 clients x 3 steps x 2 evaluated rounds, counted as compute and said in results.md
     assert results["compute"] == {"eval_finetune_steps": 18}
     assert json.loads((tmp_path / "ft" / "results.json").read_text())["compute"]["eval_finetune_steps"] == 18
@@ -86,7 +100,8 @@ def test_a_personal_head_is_fine_tuned_from_the_stored_one_and_never_saved(tmp_p
         assert stored.keys() == plain_stored.keys() and all(torch.equal(stored[n], plain_stored[n]) for n in stored)
         state = {**fed.strategy.global_state, **stored}
         assert results["last"]["clients"][client]["loss"] == pytest.approx(
-            _finetuned_loss(fed, state, client, 2, "test"), abs=1e-5)
+            _finetuned_loss(fed, state, client, 2, "test"), abs=1e-5
+        )
 
 
 def test_fedprox_ft_trains_as_fedprox_and_fine_tunes_without_the_proximal_term(tmp_path):
@@ -97,7 +112,8 @@ def test_fedprox_ft_trains_as_fedprox_and_fine_tunes_without_the_proximal_term(t
     assert all(torch.equal(fed.strategy.global_state[n], t) for n, t in prox.strategy.global_state.items())
     for client in ("c0", "c1", "c2"):
         assert results["last"]["clients"][client]["loss"] == pytest.approx(
-            _finetuned_loss(fed, fed.strategy.global_state, client, 1, "test"), abs=1e-5)
+            _finetuned_loss(fed, fed.strategy.global_state, client, 1, "test"), abs=1e-5
+        )
 
 
 def test_the_cost_report_counts_the_fine_tuning_steps(tmp_path):
@@ -107,8 +123,10 @@ def test_the_cost_report_counts_the_fine_tuning_steps(tmp_path):
     rows = {row["name"]: row for row in report["strategies"]}
     assert rows["FedAvgFT"]["eval_finetune_steps"] == {"per_client_per_evaluation": 4, "run": 4 * 3 * 5}
     assert rows["FedAvg"]["eval_finetune_steps"] == {"per_client_per_evaluation": 0, "run": 0}
-    assert "FedAvgFT fine-tunes before every evaluation: 4 local steps per client and evaluation, 60 over the run" \
+    assert (
+        "FedAvgFT fine-tunes before every evaluation: 4 local steps per client and evaluation, 60 over the run"
         in format_table(report)
+    )
 
 
 @pytest.mark.parametrize("steps", [0, -2, 1.5, True])

@@ -59,7 +59,8 @@ def test_the_head_never_moves_the_body_is_averaged_and_evaluation_fine_tunes_bot
         assert abs(got - finetuned_loss(fed, state, client, 3, BODY)) > 1e-4
         # the global model (averaged body, initial head) is evaluated beside, not fine-tuned
         assert results["global"]["last"]["clients"][client]["loss"] == pytest.approx(
-            finetuned_loss(fed, state, client, 0, set()), abs=1e-5)
+            finetuned_loss(fed, state, client, 0, set()), abs=1e-5
+        )
     assert results["comm"]["upload_bytes"] == results["comm"]["download_bytes"] == 3 * 2 * 25 * 4  # the body only
     assert results["compute"] == {"eval_finetune_steps": 3 * 3 * 2}
 
@@ -85,8 +86,9 @@ def test_the_head_keeps_its_value_under_momentum_and_weight_decay(tmp_path):
     initial_head = {n: p.detach() for n, p in tiny_module().named_parameters() if n in HEAD}
     for client in CLIENTS:
         assert all(torch.equal(fed.store.tensors(client)[n], initial_head[n]) for n in HEAD)
-    assert not torch.equal(fed.strategy.global_state["backbone.layers.0.linear.weight"],
-                           tiny_module().backbone.layers[0].linear.weight)
+    assert not torch.equal(
+        fed.strategy.global_state["backbone.layers.0.linear.weight"], tiny_module().backbone.layers[0].linear.weight
+    )
 
 
 @pytest.mark.parametrize("steps", [0, -2, 1.5, True])

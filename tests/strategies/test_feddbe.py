@@ -65,8 +65,10 @@ def replay(fed, kappa, rounds=2, local_steps=2, momentum=0.1):
                     loss = loss + kappa * (0.5 * (rbar - global_mean) ** 2).mean()
                 leaves = [*params.values(), c]
                 grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-                params = {n: (p - LR * g).detach().requires_grad_(True) for (n, p), g in zip(params.items(), grads,
-                                                                                                strict=False)}
+                params = {
+                    n: (p - LR * g).detach().requires_grad_(True)
+                    for (n, p), g in zip(params.items(), grads, strict=False)
+                }
                 if grads[-1] is not None:
                     c = (c - LR * grads[-1]).detach().requires_grad_(True)
                 rbar = rbar.detach()
@@ -103,8 +105,10 @@ def test_evaluation_adds_c_to_the_head_input():
     torch.testing.assert_close(module(x), expected)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"kappa": -1.0}, "kappa=-1.0 must be >= 0"),
-                                               ({"momentum": 0.0}, r"momentum=0.0 must be in \(0, 1\]")])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"kappa": -1.0}, "kappa=-1.0 must be >= 0"), ({"momentum": 0.0}, r"momentum=0.0 must be in \(0, 1\]")],
+)
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ConfigError, match=r"strategy\.init_args\." + match):
         FedDBE(**kwargs)

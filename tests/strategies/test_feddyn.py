@@ -26,9 +26,12 @@ def client_turn(anchor="server", h=None):
         module.personal.weight.copy_(torch.tensor([[100.0, 100.0]]))
     strategy = FedDyn(alpha=0.1, anchor=anchor)
     state = {} if h is None else {"h": {"shared.weight": torch.tensor([h])}}
-    strategy.on_client_fit_start(pl_module=module, received={"shared.weight": torch.tensor([[2.0, 2.0]])},
-                                 received_extras={"server_state": {"shared.weight": torch.tensor([[1.0, 1.0]])}},
-                                 client_state=state)
+    strategy.on_client_fit_start(
+        pl_module=module,
+        received={"shared.weight": torch.tensor([[2.0, 2.0]])},
+        received_extras={"server_state": {"shared.weight": torch.tensor([[1.0, 1.0]])}},
+        client_state=state,
+    )
     return module, strategy, state
 
 
@@ -79,16 +82,24 @@ def test_h_update_after_training():
 
 def test_server_mean_h_and_cloud_model_with_partial_participation():
     strategy = FedDyn(buffers="dynamic")
-    strategy.initialize({"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])}, ["a", "b", "c"],
-                        roles=ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}))
-    strategy.global_state = strategy.aggregate(1, [ClientUpdate("a", 1, {"w": torch.tensor([1.0, 1.0]),
-                                                                      "rv": torch.tensor([1.0])})])
+    strategy.initialize(
+        {"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])},
+        ["a", "b", "c"],
+        roles=ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}),
+    )
+    strategy.global_state = strategy.aggregate(
+        1, [ClientUpdate("a", 1, {"w": torch.tensor([1.0, 1.0]), "rv": torch.tensor([1.0])})]
+    )
     # round 1 with only a, unchanged: theta_srv = theta_cld = [1, 1], hbar = 0
     assert strategy.cloud_state["w"].tolist() == [1.0, 1.0]
     strategy.h_mean["w"] = torch.tensor([0.5, 0.0])
-    out = strategy.global_state = strategy.aggregate(2, [
-        ClientUpdate("a", 1, {"w": torch.tensor([2.0, 0.0]), "rv": torch.tensor([3.0])}),
-        ClientUpdate("b", 9, {"w": torch.tensor([4.0, 2.0]), "rv": torch.tensor([5.0])})])
+    out = strategy.global_state = strategy.aggregate(
+        2,
+        [
+            ClientUpdate("a", 1, {"w": torch.tensor([2.0, 0.0]), "rv": torch.tensor([3.0])}),
+            ClientUpdate("b", 9, {"w": torch.tensor([4.0, 2.0]), "rv": torch.tensor([5.0])}),
+        ],
+    )
     # theta_srv = unweighted mean = [3, 1]; hbar = [0.5, 0] + ([1, -1] + [3, 1]) / N=3 = [0.5 + 4/3, 0] = [11/6, 0]
     assert out["w"].tolist() == [3.0, 1.0]
     assert torch.allclose(strategy.h_mean["w"], torch.tensor([11 / 6, 0.0]))
@@ -101,11 +112,16 @@ def test_server_mean_h_and_cloud_model_with_partial_participation():
 
 def test_buffers_are_averaged_without_correction_by_default():
     strategy = FedDyn()
-    strategy.initialize({"w": torch.tensor([1.0]), "rv": torch.tensor([1.0])}, ["a", "b"],
-                        roles=ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}))
+    strategy.initialize(
+        {"w": torch.tensor([1.0]), "rv": torch.tensor([1.0])},
+        ["a", "b"],
+        roles=ParameterRoles({"w": "shared", "rv": "shared"}, buffers={"rv"}),
+    )
     assert set(strategy.h_mean) == {"w"}
-    states = [{"w": torch.tensor([2.0]), "rv": torch.tensor([3.0])},
-              {"w": torch.tensor([4.0]), "rv": torch.tensor([5.0])}]
+    states = [
+        {"w": torch.tensor([2.0]), "rv": torch.tensor([3.0])},
+        {"w": torch.tensor([4.0]), "rv": torch.tensor([5.0])},
+    ]
     cloud = {"w": torch.tensor([1.0]), "rv": torch.tensor([1.0])}
     server, h, new_cloud = feddyn_server_update(states, cloud, {"w": torch.tensor([0.0])}, num_clients=2)
     # w: srv 3, hbar (1 + 3) / 2 = 2, cld 5; rv: no hbar, cld = srv = 4
@@ -126,8 +142,11 @@ def test_two_rounds_communication_and_the_server_mean_of_h(tmp_path):
     param_bytes = sum(p.numel() * p.element_size() for _, p in federation.module.shared_parameters())
     # 2 clients x 2 rounds: up theta_k (as FedAvg); down theta_cld + theta_srv's parameters (the anchor)
     # evaluation: all 3 clients download the model they evaluate with (theta_srv by default) in each of 2 rounds
-    assert federation.state.comm == {"upload_bytes": 4 * model_bytes, "download_bytes": 4 * (model_bytes + param_bytes),
-                               "eval_download_bytes": 6 * model_bytes}
+    assert federation.state.comm == {
+        "upload_bytes": 4 * model_bytes,
+        "download_bytes": 4 * (model_bytes + param_bytes),
+        "eval_download_bytes": 6 * model_bytes,
+    }
     # the server's hbar is the mean over all N clients of the h_k each client keeps
     strategy, key = federation.strategy, federation.strategy.state_key
     hs = [federation.store.extra(c, key).get("h") for c in federation.client_ids]

@@ -63,12 +63,22 @@ def test_one_client_update_by_hand():
     with torch.no_grad():
         module.w.weight.copy_(torch.tensor([[1.0, 0.0]]))
     val = [(torch.tensor([[1.0, 0.0]]), torch.tensor([2.0]))]
-    client = SimpleNamespace(eval_dataloader=lambda split: val, num_examples=lambda split: 1,
-                             autocast=contextlib.nullcontext, prepare_batch=lambda b: b, convert_output=lambda out: out)
+    client = SimpleNamespace(
+        eval_dataloader=lambda split: val,
+        num_examples=lambda split: 1,
+        autocast=contextlib.nullcontext,
+        prepare_batch=lambda b: b,
+        convert_output=lambda out: out,
+    )
     models = {"a": {"w.weight": torch.tensor([[2.0, 0.0]])}, "b": {"w.weight": torch.tensor([[1.5, 2.0]])}}
     strategy = FedFomo()
-    strategy.on_client_fit_start(pl_module=module, server_round=2, client_id="i", client=client,
-                                 received_extras={"models": models, "clients": ["a", "i", "b"]})
+    strategy.on_client_fit_start(
+        pl_module=module,
+        server_round=2,
+        client_id="i",
+        client=client,
+        received_extras={"models": models, "clients": ["a", "i", "b"]},
+    )
     # L_i = (1 - 2)^2 = 1; a: L = 0, d = 1, w = 1; b: L = (1.5 - 2)^2 = 0.25, d = |[0.5, 2]| = 2.061553, w = 0.363803
     # w~ = [1, 0.363803] / 1.363803 = [0.733244, 0.266756]; w = [1, 0] + 0.733244 [1, 0] + 0.266756 [0.5, 2]
     assert module.w.weight[0].tolist() == pytest.approx([1.866622, 0.533512], abs=1e-5)
@@ -115,15 +125,21 @@ def test_the_server_keeps_each_upload_and_sums_the_weights_into_the_affinities()
     assert strategy.affinity[0].tolist() == [0.0, 0.75, 1.0] and not strategy.affinity[1:].any()
     assert strategy.models["a"]["p"].tolist() == [1.0, 1.0] and strategy.global_state["p"].tolist() == [0.0, 0.0]
     # greedy: "a" is sent the model of the highest affinity among those uploaded ("b" has none: only "a" is there)
-    strategy.global_state = strategy.aggregate(3, [ClientUpdate("c", 1, {"p": torch.full((2,), 7.0)}),
-                                                   ClientUpdate("b", 1, {"p": torch.full((2,), 5.0)})])
+    strategy.global_state = strategy.aggregate(
+        3, [ClientUpdate("c", 1, {"p": torch.full((2,), 7.0)}), ClientUpdate("b", 1, {"p": torch.full((2,), 5.0)})]
+    )
     assert list(strategy.configure_client_extras(4, "a")["models"]) == ["c"]
     assert strategy.configure_client(4, "a")["p"].tolist() == [1.0, 1.0]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"num_models": 0}, "num_models=0 must be"),
-                                               ({"eps": 1.5}, "eps=1.5 must be in"),
-                                               ({"split": "test"}, "split='test' is not one of")])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_models": 0}, "num_models=0 must be"),
+        ({"eps": 1.5}, "eps=1.5 must be in"),
+        ({"split": "test"}, "split='test' is not one of"),
+    ],
+)
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ConfigError, match=r"strategy\.init_args\." + match):
         FedFomo(**kwargs)

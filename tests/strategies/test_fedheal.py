@@ -17,8 +17,12 @@ from tests.conftest import assert_resume_is_exact, make_federation
 def _round(strategy, server_round, updates):
     """``updates``: {client: u_k}; the client uploads theta_k = theta_g - u_k (one example each)."""
     theta = strategy.global_state["w"]
-    strategy.global_state = strategy.aggregate(server_round, [  # as the loop stores it
-        ClientUpdate(k, 1, {"w": theta - torch.tensor(u, dtype=torch.float64)}) for k, u in updates.items()])
+    strategy.global_state = strategy.aggregate(
+        server_round,
+        [  # as the loop stores it
+            ClientUpdate(k, 1, {"w": theta - torch.tensor(u, dtype=torch.float64)}) for k, u in updates.items()
+        ],
+    )
     return strategy.global_state["w"]
 
 
@@ -68,8 +72,13 @@ def test_the_result_is_not_fedavgs():
     fedavg = FedAvg()
     fedavg.initialize({"w": torch.tensor(THETA1, dtype=torch.float64)}, ["c0", "c1"])
     theta = fedavg.global_state["w"]
-    mean = fedavg.aggregate(2, [ClientUpdate("c0", 1, {"w": theta - torch.tensor([1.0, -1.0, -1.0])}),
-                                ClientUpdate("c1", 1, {"w": theta - torch.tensor([2.0, -1.0, 3.0])})])["w"]
+    mean = fedavg.aggregate(
+        2,
+        [
+            ClientUpdate("c0", 1, {"w": theta - torch.tensor([1.0, -1.0, -1.0])}),
+            ClientUpdate("c1", 1, {"w": theta - torch.tensor([2.0, -1.0, 3.0])}),
+        ],
+    )["w"]
     # FedAvg moves every coordinate by the mean update [1.5, -1, 1]; FedHEAL moves coordinate 0 by 1, keeps 1.
     assert mean.tolist() == pytest.approx([THETA1[0] - 1.5, THETA1[1] + 1, THETA1[2] - 1])
     assert abs(heal[0] - mean[0]) > 0.4 and abs(heal[1] - mean[1]) > 0.9
@@ -84,9 +93,12 @@ def test_mask_threshold_and_fall_back_in_the_functions():
     first, h = heal_consistency_mask({"w": torch.tensor([0.0, -2.0])}, None, 0, 0.3)
     assert first["w"].tolist() == [1.0, 1.0] and h["w"].tolist() == [1.0, 0.0]  # 0 counts as >= 0
     # Fall-back: every mask 0 on coordinate 1 -> q = p there (and the masked updates are 0: theta stays).
-    out = heal_aggregate({"w": torch.tensor([10.0, 10.0])}, [{"w": torch.tensor([2.0, 0.0])},
-                                                                {"w": torch.tensor([4.0, 0.0])}],
-                           [{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([1.0, 0.0])}], [1.0, 3.0])
+    out = heal_aggregate(
+        {"w": torch.tensor([10.0, 10.0])},
+        [{"w": torch.tensor([2.0, 0.0])}, {"w": torch.tensor([4.0, 0.0])}],
+        [{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([1.0, 0.0])}],
+        [1.0, 3.0],
+    )
     assert out["w"].tolist() == pytest.approx([10 - (0.25 * 2 + 0.75 * 4), 10.0])
     # No client moved: the distance term is 0, the weights keep their ratio.
     p, w, dw = heal_weights([0.0, 0.0], [1.0, 3.0], [0.5, 0.0], 0.4)
@@ -110,8 +122,13 @@ def test_choices_of_the_authors_code():
 
 
 def test_bad_arguments_name_the_option():
-    for kwargs, option in [({"tau": 1.0}, "tau"), ({"tau": -0.1}, "tau"), ({"beta": 1.5}, "beta"),
-                           ({"sign_count": "epochs"}, "sign_count"), ({"distance_share": "all"}, "distance_share")]:
+    for kwargs, option in [
+        ({"tau": 1.0}, "tau"),
+        ({"tau": -0.1}, "tau"),
+        ({"beta": 1.5}, "beta"),
+        ({"sign_count": "epochs"}, "sign_count"),
+        ({"distance_share": "all"}, "distance_share"),
+    ]:
         with pytest.raises(ConfigError, match=f"strategy.init_args.{option}"):
             FedHEAL(**kwargs)
 
@@ -126,7 +143,8 @@ FEDAVG_LOSSES = [1.102971, 0.952829, 1.100733]
 def _losses(path):
     events = EventAccumulator(str(path / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 def test_two_rounds_pinned_and_unlike_fedavg(tmp_path):

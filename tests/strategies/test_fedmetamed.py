@@ -45,7 +45,9 @@ def numpy_mix(mats, weights, ratio):
     out = []
     for s, a in zip(spectra, amps, strict=True):
         a = a.copy()
-        a[h // 2 - bh:h // 2 + bh, wd // 2 - bw:wd // 2 + bw] = mean[h // 2 - bh:h // 2 + bh, wd // 2 - bw:wd // 2 + bw]
+        a[h // 2 - bh : h // 2 + bh, wd // 2 - bw : wd // 2 + bw] = mean[
+            h // 2 - bh : h // 2 + bh, wd // 2 - bw : wd // 2 + bw
+        ]
         out.append(np.real(np.fft.ifft2(np.fft.ifftshift(a) * np.exp(1j * np.angle(s)))))
     return out
 
@@ -94,8 +96,7 @@ def test_a_conv_weight_round_trips_through_its_matrix():
     assert torch.equal(fourier_unmatrix(matrix, weight.shape), weight)
     other = torch.randn(2, 3, 2, 2, generator=torch.Generator().manual_seed(1))
     got = cumulative_fourier_average([weight, other], [1.0, 1.0], 1.0)
-    want = numpy_mix([fourier_matrix(weight).double().numpy(), fourier_matrix(other).double().numpy()],
-                     [1, 1], 1.0)
+    want = numpy_mix([fourier_matrix(weight).double().numpy(), fourier_matrix(other).double().numpy()], [1, 1], 1.0)
     assert got[0].shape == weight.shape
     assert fourier_matrix(got[0]).numpy() == pytest.approx(want[0], abs=1e-4)
     one = cumulative_fourier_average([other], [5.0], 0.8)[0]
@@ -123,12 +124,21 @@ def test_the_ratio_grows_linearly_over_rounds():
         FedMetaMed().ratio(1)
 
 
-@pytest.mark.parametrize(("previous", "f1_deputy", "stage"), [
-    (0, 0.95, 1),  # the first epoch of a round: Retrieve whatever the scores
-    (1, 0.59, 1), (1, 0.6, 2), (1, 0.95, 2),  # never 1 -> 3 at once
-    (2, 0.79, 2), (2, 0.8, 3), (3, 0.9, 3),
-    (3, 0.7, 2), (3, 0.5, 1), (2, 0.3, 1),  # back when the deputy drops
-])
+@pytest.mark.parametrize(
+    ("previous", "f1_deputy", "stage"),
+    [
+        (0, 0.95, 1),  # the first epoch of a round: Retrieve whatever the scores
+        (1, 0.59, 1),
+        (1, 0.6, 2),
+        (1, 0.95, 2),  # never 1 -> 3 at once
+        (2, 0.79, 2),
+        (2, 0.8, 3),
+        (3, 0.9, 3),
+        (3, 0.7, 2),
+        (3, 0.5, 1),
+        (2, 0.3, 1),  # back when the deputy drops
+    ],
+)
 def test_the_stage_switch_on_hand_scores(previous, f1_deputy, stage):
     assert prr_stage(previous, f1_deputy, 1.0, 0.6, 0.8) == stage
 
@@ -155,11 +165,16 @@ def test_the_kl_terms_point_from_the_teacher_to_the_student():
 def test_the_server_sends_each_client_its_own_mix():
     conv, bias = torch.randn(2, 1, 2, 2, generator=torch.Generator().manual_seed(0)), torch.tensor([1.0, 5.0])
     strategy = FedMetaMed(schedule_rounds=2, l_start=1.0, l_end=1.0)
-    strategy.initialize({"conv.weight": conv, "conv.bias": bias}, ["a", "b", "c"],
-                        roles=ParameterRoles({"conv.weight": "shared", "conv.bias": "shared"}))
+    strategy.initialize(
+        {"conv.weight": conv, "conv.bias": bias},
+        ["a", "b", "c"],
+        roles=ParameterRoles({"conv.weight": "shared", "conv.bias": "shared"}),
+    )
     assert strategy.fourier_names == ["conv.weight"]
-    ups = [ClientUpdate("a", 1, {"conv.weight": conv, "conv.bias": bias}),
-           ClientUpdate("b", 3, {"conv.weight": -2 * conv.flip(0), "conv.bias": -bias})]
+    ups = [
+        ClientUpdate("a", 1, {"conv.weight": conv, "conv.bias": bias}),
+        ClientUpdate("b", 3, {"conv.weight": -2 * conv.flip(0), "conv.bias": -bias}),
+    ]
     strategy.global_state = strategy.aggregate(1, ups)  # as the loop stores it
     want = cumulative_fourier_average([conv, -2 * conv.flip(0)], [1, 1], 1.0)
     for client, mix in zip("ab", want, strict=True):
@@ -199,9 +214,14 @@ def test_one_local_step_trains_both_models_apart():
         reference.out.weight.mul_(-1)
     personal = {n: t.detach().clone() for n, t in reference.state_dict().items()}
     fabric = Fabric(accelerator="cpu", devices=1)
-    trainer = SimpleNamespace(rounds=10, local=LocalSettings(local_epochs=3),
-                              store=SimpleNamespace(device=torch.device("cpu")), autocast=fabric.autocast,
-                              convert_output=lambda out: out, prepare_batch=fabric.to_device)  # as ``client``
+    trainer = SimpleNamespace(
+        rounds=10,
+        local=LocalSettings(local_epochs=3),
+        store=SimpleNamespace(device=torch.device("cpu")),
+        autocast=fabric.autocast,
+        convert_output=lambda out: out,
+        prepare_batch=fabric.to_device,
+    )  # as ``client``
     state = {"personal": personal, "stage": 3}
     strategy.on_client_fit_start(client=trainer, pl_module=module, client_id="a", client_state=state)
     strategy._turn["stage"] = 3  # Refine: personal CE + KL(p_dep || p_per), deputy CE only
@@ -234,7 +254,8 @@ def test_one_local_step_trains_both_models_apart():
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, 3 local epochs, 2 rounds, the code's L (0.7 -> 0.95; the paper's 0.26 leaves the tiny 8 x 4 and
@@ -283,8 +304,9 @@ def test_the_personal_model_is_what_a_client_is_evaluated_with(tmp_path):
     state = personal.store.extra("c0", personal.strategy.state_key)
     assert state["stages"] == [2]  # one local epoch: Reciprocate at every batch, as the authors' code
     got = personal.evaluate_client(1, "c0", "val")
-    assert all(torch.equal(t, state["personal"][n])
-               for n, t in personal.module.named_tensors("shared", "personal").items())
+    assert all(
+        torch.equal(t, state["personal"][n]) for n, t in personal.module.named_tensors("shared", "personal").items()
+    )
     deputy = runs["deputy"].evaluate_client(1, "c0", "val")
     assert got["loss"] != pytest.approx(deputy["loss"], abs=1e-4)
     exported = load_file(export_federation(personal, tmp_path / "export", ["c0"])["c0"] / "model.safetensors")

@@ -13,9 +13,12 @@ from tests.conftest import assert_resume_is_exact, make_federation
 
 
 def updates(*states, counts):
-    return [ClientUpdate(client_id=str(i), num_examples=n, state={k: torch.tensor(v, dtype=torch.float64)
-                                                                  for k, v in s.items()})
-            for i, (s, n) in enumerate(zip(states, counts, strict=True))]
+    return [
+        ClientUpdate(
+            client_id=str(i), num_examples=n, state={k: torch.tensor(v, dtype=torch.float64) for k, v in s.items()}
+        )
+        for i, (s, n) in enumerate(zip(states, counts, strict=True))
+    ]
 
 
 def test_fedadam_one_step_by_hand():
@@ -97,10 +100,18 @@ def test_integer_buffers_are_aggregated_not_optimized_and_dtypes_kept():
     strategy = FedAdam()
     state = {"w": torch.zeros(2, dtype=torch.bfloat16), "bn.num_batches_tracked": torch.tensor(0)}
     strategy.initialize(state, ["a", "b"])
-    ups = [ClientUpdate(client_id="a", num_examples=1, state={"w": torch.ones(2, dtype=torch.bfloat16),
-                                                             "bn.num_batches_tracked": torch.tensor(10)}),
-           ClientUpdate(client_id="b", num_examples=1, state={"w": torch.ones(2, dtype=torch.bfloat16),
-                                                             "bn.num_batches_tracked": torch.tensor(20)})]
+    ups = [
+        ClientUpdate(
+            client_id="a",
+            num_examples=1,
+            state={"w": torch.ones(2, dtype=torch.bfloat16), "bn.num_batches_tracked": torch.tensor(10)},
+        ),
+        ClientUpdate(
+            client_id="b",
+            num_examples=1,
+            state={"w": torch.ones(2, dtype=torch.bfloat16), "bn.num_batches_tracked": torch.tensor(20)},
+        ),
+    ]
     out = strategy.aggregate(1, ups)
     assert out["bn.num_batches_tracked"].item() == 15 and out["bn.num_batches_tracked"].dtype == torch.int64
     assert out["w"].dtype == torch.bfloat16 and set(strategy.m) == {"w"}
@@ -131,8 +142,9 @@ def test_unsent_tensors_and_empty_rounds_leave_the_server_unchanged():
 def test_state_dict_round_trip_restores_the_moments():
     a = FedAdam(eta=0.1)
     a.initialize({"w": torch.zeros(2)}, ["a"])
-    a.global_state = a.aggregate(1, [ClientUpdate(client_id="a", num_examples=1,
-                                                  state={"w": torch.tensor([1.0, -1.0])})])
+    a.global_state = a.aggregate(
+        1, [ClientUpdate(client_id="a", num_examples=1, state={"w": torch.tensor([1.0, -1.0])})]
+    )
     b = FedAdam(eta=0.1)
     b.load_state_dict(a.state_dict())
     assert torch.equal(b.m["w"], a.m["w"]) and torch.equal(b.v["w"], a.v["w"])
@@ -148,8 +160,9 @@ def test_constructors_name_bad_options():
     with pytest.raises(ValueError, match=r"strategy\.init_args\.beta_1=-0\.5"):
         FedAdagrad(beta_1=-0.5)
     assert repr(FedAdagrad()) == "FedAdagrad(eta=0.01, tau=0.01, beta_1=0.9, weighting='num_examples')"
-    assert repr(FedAdam()) == ("FedAdam(eta=0.01, tau=0.01, beta_1=0.9, beta_2=0.99, weighting='num_examples', "
-                               "bias_correction=False)")
+    assert repr(FedAdam()) == (
+        "FedAdam(eta=0.01, tau=0.01, beta_1=0.9, beta_2=0.99, weighting='num_examples', bias_correction=False)"
+    )
 
 
 class Recorder(Callback):
@@ -162,8 +175,9 @@ class Recorder(Callback):
         self.received[server_round] = {n: t.detach().clone() for n, t in received.items()}
 
     def on_before_aggregate(self, server_round, updates):
-        self.uploads[server_round] = [({n: t.detach().clone() for n, t in u.state.items()}, u.num_examples)
-                                      for u in updates]
+        self.uploads[server_round] = [
+            ({n: t.detach().clone() for n, t in u.state.items()}, u.num_examples) for u in updates
+        ]
 
 
 def reference_server_step(rule, x, uploads, m, v, buffers, eta, tau, beta_1, beta_2):
@@ -217,5 +231,6 @@ def test_real_runs_take_their_own_rules_server_steps(tmp_path, rule):
 
 def test_fedadam_resumes_exactly(tmp_path):
     straight, resumed = assert_resume_is_exact(tmp_path, lambda: FedAdam(eta=0.05))
-    assert straight.strategy.m and torch.equal(next(iter(straight.strategy.v.values())),
-                                               next(iter(resumed.strategy.v.values())))
+    assert straight.strategy.m and torch.equal(
+        next(iter(straight.strategy.v.values())), next(iter(resumed.strategy.v.values()))
+    )

@@ -29,13 +29,26 @@ BODY = {"backbone.layers.0.linear.weight", "backbone.layers.0.linear.bias"}
 def tiny_module() -> ClassificationModule:
     """Linear(4, 5) -> ReLU -> Linear(5, 3), every tensor shared unless the strategy says otherwise (seed 0)."""
     torch.manual_seed(0)
-    return ClassificationModule(backbone=MLP(num_features=4, hidden=[5], norm="none"), num_classes=3, lr=LR,
-                                roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "shared")])
+    return ClassificationModule(
+        backbone=MLP(num_features=4, hidden=[5], norm="none"),
+        num_classes=3,
+        lr=LR,
+        roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "shared")],
+    )
 
 
 def tiny_federation(out_dir, strategy, rounds: int = 2, local_steps: int = 2) -> Federation:
-    return Federation(tiny_module(), TinyTabular(batch_size=16), strategy, rounds=rounds, out_dir=out_dir,
-                      progress_bar=False, accelerator="cpu", local_steps=local_steps, seed=0)
+    return Federation(
+        tiny_module(),
+        TinyTabular(batch_size=16),
+        strategy,
+        rounds=rounds,
+        out_dir=out_dir,
+        progress_bar=False,
+        accelerator="cpu",
+        local_steps=local_steps,
+        seed=0,
+    )
 
 
 def train_split(fed: Federation, client: str, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,8 +57,9 @@ def train_split(fed: Federation, client: str, split: str = "train") -> tuple[tor
     return data.inputs[idx], data.targets[idx]
 
 
-def replay(fed: Federation, shared: set[str], trained: Callable[[int], set[str]], rounds: int = 2,
-           local_steps: int = 2) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+def replay(
+    fed: Federation, shared: set[str], trained: Callable[[int], set[str]], rounds: int = 2, local_steps: int = 2
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     """The server's shared tensors and each client's personal ones after ``rounds`` rounds, by hand: each client
     starts from the server's ``shared`` tensors and its own others, takes ``local_steps`` full-batch gradient steps
     in which only the tensors ``trained(step)`` move, and the server takes the plain mean of the ``shared`` ones
@@ -62,8 +76,10 @@ def replay(fed: Federation, shared: set[str], trained: Callable[[int], set[str]]
             for step in range(local_steps):
                 loss = F.cross_entropy(functional_call(module, params, (x,)), y)
                 grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
-                params = {n: (p - LR * grads[n] if n in trained(step) else p).detach().requires_grad_(True)
-                          for n, p in params.items()}
+                params = {
+                    n: (p - LR * grads[n] if n in trained(step) else p).detach().requires_grad_(True)
+                    for n, p in params.items()
+                }
             uploads.append({n: p.detach() for n, p in params.items() if n in shared})
             personal[client] = {n: p.detach() for n, p in params.items() if n not in shared}
         server = {n: torch.stack([u[n] for u in uploads]).mean(0) for n in shared}
@@ -109,9 +125,14 @@ def test_frozen_tensors_stay_frozen():
     assert refined["backbone.layers.0.linear.weight"] == "shared"
 
 
-@pytest.mark.parametrize(("head", "match"), [("classifier.*", r"head='classifier\.\*' matches no trainable"),
-                                             ("re:(", r"head='re:\(': .*not a valid regular expression"),
-                                             ("", "head=.. must be a non-empty glob")])
+@pytest.mark.parametrize(
+    ("head", "match"),
+    [
+        ("classifier.*", r"head='classifier\.\*' matches no trainable"),
+        ("re:(", r"head='re:\(': .*not a valid regular expression"),
+        ("", "head=.. must be a non-empty glob"),
+    ],
+)
 def test_a_head_that_matches_nothing_is_named(head, match):
     with pytest.raises(ConfigError, match=r"strategy\.init_args\." + match):
         FedPer(head=head).configure_roles(tiny_module().parameter_roles())

@@ -38,8 +38,13 @@ def set_trained_values(module):
 def test_roles_are_fedbns():
     roles = prepared(FedPxN()).parameter_roles()
     assert roles.names("shared") == ["lin.weight"]
-    assert set(roles.names("personal")) == {"norm.weight", "norm.bias", "norm.running_mean", "norm.running_var",
-                                            "norm.num_batches_tracked"}
+    assert set(roles.names("personal")) == {
+        "norm.weight",
+        "norm.bias",
+        "norm.running_mean",
+        "norm.running_var",
+        "norm.num_batches_tracked",
+    }
 
 
 def test_normalization_layers_are_left_out_of_the_proximal_term():
@@ -63,8 +68,9 @@ def test_plain_fedprox_on_the_same_module_would_pull_the_norm_layer():
     # The contrast that makes the test above meaningful: with FedProx's roles the norm layer is shared and pulled.
     strategy = FedProx(mu=0.5)
     module = prepared(strategy)
-    received = {n: torch.ones_like(t) if t.is_floating_point() else t.clone()
-                for n, t in module.named_tensors("shared").items()}
+    received = {
+        n: torch.ones_like(t) if t.is_floating_point() else t.clone() for n, t in module.named_tensors("shared").items()
+    }
     set_trained_values(module)
     strategy.on_client_fit_start(received=received)
     # 2 + 0.25 * (4 + (2 - 1)^2 + (0.5 - 1)^2) = 3.3125
@@ -76,7 +82,9 @@ def test_prox_on_norm_initial_pulls_norm_parameters_toward_their_initial_values(
     module = prepared(strategy)
     strategy.on_fit_start(trainer=None, pl_module=module)  # before round 1: BN weight 1, bias 0
     assert {n: t.tolist() for n, t in strategy.state_dict()["norm_initial"].items()} == {
-        "norm.weight": [1.0], "norm.bias": [0.0]}
+        "norm.weight": [1.0],
+        "norm.bias": [0.0],
+    }
     set_trained_values(module)
     strategy.on_client_fit_start(received={"lin.weight": torch.ones(1, 2)})
     loss = strategy.training_loss(module, torch.tensor(2.0), batch=None)

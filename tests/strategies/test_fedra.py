@@ -60,11 +60,13 @@ def test_allocation_sizes_and_seeding():
     run = _initialized(FedRA(block_counts=[3, 2, 1]))
     run.on_fit_start(trainer=SimpleNamespace(settings=SimpleNamespace(seed=5)), pl_module=None)
     assert [run.allocation(r, c) for r in (1, 2) for c in CLIENTS] == [
-        strategy.allocation(r, c) for r in (1, 2) for c in CLIENTS]
+        strategy.allocation(r, c) for r in (1, 2) for c in CLIENTS
+    ]
     # The draw is torch.randperm's first c_k entries, sorted.
     g = torch.Generator().manual_seed(0)
-    assert random_allocation(5, 2, g) == sorted(torch.randperm(5, generator=torch.Generator().manual_seed(0))[:2]
-                                                  .tolist())
+    assert random_allocation(5, 2, g) == sorted(
+        torch.randperm(5, generator=torch.Generator().manual_seed(0))[:2].tolist()
+    )
 
 
 class _Fixed(FedRA):
@@ -82,9 +84,17 @@ def test_per_block_means_by_hand():
     strategy = _initialized(_Fixed(block_counts=[1]), clients=["c0", "c1", "c2"])
     strategy.global_state["b.blocks.2.adapter.w"] = torch.tensor([7.0])
     uploads = {"c0": {0: 1.0, 1: 2.0}, "c1": {0: 4.0}, "c2": {1: 6.0}}
-    updates = [ClientUpdate(c, n, {**{f"b.blocks.{b}.adapter.w": torch.tensor([v]) for b, v in uploads[c].items()},
-                                   "head.w": torch.tensor([float(n)])})
-               for c, n in zip(("c0", "c1", "c2"), (1, 2, 3), strict=True)]
+    updates = [
+        ClientUpdate(
+            c,
+            n,
+            {
+                **{f"b.blocks.{b}.adapter.w": torch.tensor([v]) for b, v in uploads[c].items()},
+                "head.w": torch.tensor([float(n)]),
+            },
+        )
+        for c, n in zip(("c0", "c1", "c2"), (1, 2, 3), strict=True)
+    ]
     out = strategy.aggregate(1, updates)
     assert out["b.blocks.0.adapter.w"].item() == pytest.approx(3.0)
     assert out["b.blocks.1.adapter.w"].item() == pytest.approx(5.0)
@@ -93,18 +103,32 @@ def test_per_block_means_by_hand():
     uniform = _initialized(_Fixed(block_counts=[1], weighting="uniform"), clients=["c0", "c1", "c2"])
     assert uniform.aggregate(1, updates)["b.blocks.1.adapter.w"].item() == pytest.approx(4.0)  # (2 + 6) / 2
     # A client that uploads more than its blocks: the extra tensors are ignored; less: an error.
-    extra = [ClientUpdate("c1", 1, {"b.blocks.0.adapter.w": torch.tensor([4.0]),
-                                    "b.blocks.1.adapter.w": torch.tensor([100.0]), "head.w": torch.tensor([0.0])})]
-    assert _initialized(_Fixed(block_counts=[1]), clients=["c0", "c1", "c2"]).aggregate(1, extra)[
-        "b.blocks.1.adapter.w"].item() == 0.0
+    extra = [
+        ClientUpdate(
+            "c1",
+            1,
+            {
+                "b.blocks.0.adapter.w": torch.tensor([4.0]),
+                "b.blocks.1.adapter.w": torch.tensor([100.0]),
+                "head.w": torch.tensor([0.0]),
+            },
+        )
+    ]
+    assert (
+        _initialized(_Fixed(block_counts=[1]), clients=["c0", "c1", "c2"])
+        .aggregate(1, extra)["b.blocks.1.adapter.w"]
+        .item()
+        == 0.0
+    )
     with pytest.raises(KeyError, match="did not upload"):
         strategy.aggregate(2, [ClientUpdate("c1", 1, {"head.w": torch.tensor([0.0])})])
 
 
 def test_partial_weighted_average_keeps_integers_and_unheld_tensors():
     ref = {"a": torch.tensor([1.0]), "n": torch.tensor(3), "z": torch.tensor([9.0])}
-    out = partial_weighted_average(ref, [{"a": torch.tensor([2.0]), "n": torch.tensor(4)}, {"n": torch.tensor(7)}],
-                                     [1.0, 1.0])
+    out = partial_weighted_average(
+        ref, [{"a": torch.tensor([2.0]), "n": torch.tensor(4)}, {"n": torch.tensor(7)}], [1.0, 1.0]
+    )
     assert out["a"].item() == 2.0 and out["n"].item() == 6 and out["n"].dtype == torch.long  # 5.5 rounds to 6
     assert out["z"].item() == 9.0
     with pytest.raises(ValueError, match="lacks"):
@@ -147,15 +171,17 @@ def test_client_trains_and_uploads_only_its_blocks(skip):
         expected = module.head(module.b.blocks[0](x))
         assert torch.allclose(out, expected)
     out.sum().backward()
-    optimizer = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=0.1, momentum=0.9,
-                                weight_decay=0.1)
+    optimizer = torch.optim.SGD(
+        [p for p in module.parameters() if p.requires_grad], lr=0.1, momentum=0.9, weight_decay=0.1
+    )
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
     strategy.on_before_optimizer_step(optimizer=optimizer)
     optimizer.step()
     moved = {n for n, p in module.named_parameters() if not torch.equal(p, before[n])}
     assert moved == {n for n in roles.names("shared") if n.startswith("b.blocks.0.adapter") or n.startswith("head")}
-    update = ClientUpdate("c1", 4, {n: t.detach().clone() for n, t in module.state_dict().items()
-                                    if roles[n] == "shared"})
+    update = ClientUpdate(
+        "c1", 4, {n: t.detach().clone() for n, t in module.state_dict().items() if roles[n] == "shared"}
+    )
     strategy.on_client_fit_end(update=update, server_round=1, client_id="c1")
     assert set(update.state) == {n for n in roles.names("shared") if ".blocks.1." not in n and ".blocks.2." not in n}
     assert update.extras["fedra_blocks"] == [0]
@@ -175,10 +201,16 @@ def test_a_block_that_cannot_be_skipped_says_how_to_go_on():
 
 
 def test_bad_arguments_name_the_option():
-    for kwargs, option in [({"block_counts": []}, "block_counts"), ({"block_counts": [3, 0]}, "block_counts"),
-                           ({"block_counts": 3}, "block_counts"), ({"size_assignment": "random"}, "size_assignment"),
-                           ({"seed": -1}, "seed"), ({"weighting": "size"}, "weighting"),
-                           ({"block_tensors": "all"}, "block_tensors"), ({"skip_unallocated": 1}, "skip_unallocated")]:
+    for kwargs, option in [
+        ({"block_counts": []}, "block_counts"),
+        ({"block_counts": [3, 0]}, "block_counts"),
+        ({"block_counts": 3}, "block_counts"),
+        ({"size_assignment": "random"}, "size_assignment"),
+        ({"seed": -1}, "seed"),
+        ({"weighting": "size"}, "weighting"),
+        ({"block_tensors": "all"}, "block_tensors"),
+        ({"skip_unallocated": 1}, "skip_unallocated"),
+    ]:
         with pytest.raises(ConfigError, match=f"strategy.init_args.{option}"):
             FedRA(**kwargs)
     with pytest.raises(ConfigError, match=r"block_counts=\[4, 2\] but the model has 3 blocks"):
@@ -204,9 +236,12 @@ class _Recorder(FedRA):
         self.rounds: list[tuple[dict, list[ClientUpdate]]] = []
 
     def aggregate(self, server_round, updates):
-        self.rounds.append(({n: t.clone() for n, t in self.global_state.items()},
-                            [ClientUpdate(u.client_id, u.num_examples, dict(u.state), extras=dict(u.extras))
-                             for u in updates]))
+        self.rounds.append(
+            (
+                {n: t.clone() for n, t in self.global_state.items()},
+                [ClientUpdate(u.client_id, u.num_examples, dict(u.state), extras=dict(u.extras)) for u in updates],
+            )
+        )
         return super().aggregate(server_round, updates)
 
 

@@ -62,8 +62,9 @@ def test_a_two_round_run_trains_head_then_body_and_uploads_the_body(tmp_path):
     assert results["comm"]["upload_bytes"] == 3 * 2 * 25 * 4  # the body only
     # the phases matter: training both together (FedPer) ends elsewhere
     fedper, _ = replay(fed, BODY, lambda step: BODY | HEAD, local_steps=3)
-    assert not torch.allclose(server["backbone.layers.0.linear.weight"], fedper["backbone.layers.0.linear.weight"],
-                              atol=1e-4)
+    assert not torch.allclose(
+        server["backbone.layers.0.linear.weight"], fedper["backbone.layers.0.linear.weight"], atol=1e-4
+    )
 
 
 def test_a_turn_without_body_steps_is_refused(tmp_path):

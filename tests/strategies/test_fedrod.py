@@ -73,8 +73,10 @@ def replay(fed, rounds=2, local_steps=2):
             x, y = train_split(fed, client)
             log_prior = torch.log(torch.bincount(y, minlength=3).float() / len(y))
             params = {n: t.clone().requires_grad_(True) for n, t in server.items()}
-            phi = {n: t.clone().requires_grad_(True) for n, t in phis.get(client, {
-                "weight": server["head.weight"], "bias": server["head.bias"]}).items()}
+            phi = {
+                n: t.clone().requires_grad_(True)
+                for n, t in phis.get(client, {"weight": server["head.weight"], "bias": server["head.bias"]}).items()
+            }
             for _ in range(local_steps):
                 body = {n.removeprefix("backbone."): p for n, p in params.items() if n in BODY}
                 z = functional_call(module.backbone, body, (x,))

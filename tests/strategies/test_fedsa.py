@@ -64,7 +64,9 @@ def test_lora_b_and_head_become_personal():
     refined = FedSA().configure_roles(roles)
     assert refined.names("shared") == [f"backbone.blocks.{i}.fc.lora_A.default.weight" for i in range(2)]
     assert refined.names("personal") == [f"backbone.blocks.{i}.fc.lora_B.default.weight" for i in range(2)] + [
-        "head.weight", "head.bias"]
+        "head.weight",
+        "head.bias",
+    ]
     assert refined.names("frozen") == roles.names("frozen")
     # Sharing the head: leave its pattern out.
     shared_head = FedSA(personal_patterns=["*lora_B*"]).configure_roles(roles)
@@ -77,10 +79,18 @@ def test_adapter_up_projections_become_personal():
     module.head = nn.Linear(4, 3)
     roles = _roles(module, [RoleRule("blocks.*", "frozen"), RoleRule("*[Aa]dapter*", "shared")])
     refined = FedSA().configure_roles(roles)
-    down = [f"blocks.{i}.{a}.{p}" for i in range(2) for a in ("Space_Adapter.D_fc1", "mlp_adapter.0")
-            for p in ("weight", "bias")]
-    up = [f"blocks.{i}.{a}.{p}" for i in range(2) for a in ("Space_Adapter.D_fc2", "mlp_adapter.2")
-          for p in ("weight", "bias")]
+    down = [
+        f"blocks.{i}.{a}.{p}"
+        for i in range(2)
+        for a in ("Space_Adapter.D_fc1", "mlp_adapter.0")
+        for p in ("weight", "bias")
+    ]
+    up = [
+        f"blocks.{i}.{a}.{p}"
+        for i in range(2)
+        for a in ("Space_Adapter.D_fc2", "mlp_adapter.2")
+        for p in ("weight", "bias")
+    ]
     assert sorted(refined.names("shared")) == sorted(down)
     assert sorted(refined.names("personal")) == sorted(up + ["head.weight", "head.bias"])
     # By name only: ``mlp_adapter.2`` is not recognised and stays shared.
@@ -100,10 +110,12 @@ def test_clear_errors_without_lora_or_adapters():
         FedSA(personal_patterns=["head.*"]).configure_roles(roles)
     with pytest.raises(ConfigError, match="every shared tensor"):
         FedSA(personal_patterns=["*lora_*"]).configure_roles(roles)
-    for kwargs, option in [({"personal_patterns": "head.*"}, "personal_patterns"),
-                           ({"personal_patterns": ["re:("]}, "personal_patterns"),
-                           ({"adapter_up_by_order": "yes"}, "adapter_up_by_order"),
-                           ({"weighting": "size"}, "weighting")]:
+    for kwargs, option in [
+        ({"personal_patterns": "head.*"}, "personal_patterns"),
+        ({"personal_patterns": ["re:("]}, "personal_patterns"),
+        ({"adapter_up_by_order": "yes"}, "adapter_up_by_order"),
+        ({"weighting": "size"}, "weighting"),
+    ]:
         with pytest.raises(ConfigError, match=f"strategy.init_args.{option}"):
             FedSA(**kwargs)
 
@@ -112,8 +124,13 @@ def test_server_averages_what_is_uploaded():
     # A = (1 * [1, 2] + 3 * [5, 2]) / 4 = [4, 2]; the server never holds B.
     strategy = FedSA()
     strategy.initialize({"a": torch.zeros(2)}, ["c0", "c1"])
-    out = strategy.aggregate(1, [ClientUpdate("c0", 1, {"a": torch.tensor([1.0, 2.0])}),
-                                 ClientUpdate("c1", 3, {"a": torch.tensor([5.0, 2.0])})])
+    out = strategy.aggregate(
+        1,
+        [
+            ClientUpdate("c0", 1, {"a": torch.tensor([1.0, 2.0])}),
+            ClientUpdate("c1", 3, {"a": torch.tensor([5.0, 2.0])}),
+        ],
+    )
     assert out["a"].tolist() == [4.0, 2.0]
     with pytest.raises(KeyError, match="does not share"):
         strategy.aggregate(2, [ClientUpdate("c0", 1, {"b": torch.zeros(2)})])
@@ -133,15 +150,17 @@ class _Recorder(FedSA):
         self.uploads: list[list[ClientUpdate]] = []
 
     def aggregate(self, server_round, updates):
-        self.uploads.append([ClientUpdate(u.client_id, u.num_examples, {n: t.clone() for n, t in u.state.items()})
-                             for u in updates])
+        self.uploads.append(
+            [ClientUpdate(u.client_id, u.num_examples, {n: t.clone() for n, t in u.state.items()}) for u in updates]
+        )
         return super().aggregate(server_round, updates)
 
 
 def test_run_averages_a_only_and_b_stays_each_clients_own(tmp_path, lora_model):
     strategy = _Recorder()
-    fed = make_federation(tmp_path, strategy, rounds=2,
-                          roles=[RoleRule("backbone.*", "frozen"), RoleRule("*lora_*", "shared")])
+    fed = make_federation(
+        tmp_path, strategy, rounds=2, roles=[RoleRule("backbone.*", "frozen"), RoleRule("*lora_*", "shared")]
+    )
     fed.fit()
     a_names = [f"backbone.blocks.{i}.fc.lora_A.default.weight" for i in range(2)]
     b_names = [f"backbone.blocks.{i}.fc.lora_B.default.weight" for i in range(2)]

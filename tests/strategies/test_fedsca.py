@@ -65,10 +65,15 @@ def test_simplex_projection_by_hand():
 
 def _qp(target, linear, n):
     """scipy's SLSQP on ``min ||w - target||^2 + linear . w`` over the simplex."""
-    result = minimize(lambda w: ((w - target) ** 2).sum() + linear @ w, np.full(n, 1 / n),
-                      jac=lambda w: 2 * (w - target) + linear, method="SLSQP", bounds=[(0, None)] * n,
-                      constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1, "jac": lambda w: np.ones(n)}],
-                      options={"ftol": 1e-12, "maxiter": 500})
+    result = minimize(
+        lambda w: ((w - target) ** 2).sum() + linear @ w,
+        np.full(n, 1 / n),
+        jac=lambda w: 2 * (w - target) + linear,
+        method="SLSQP",
+        bounds=[(0, None)] * n,
+        constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1, "jac": lambda w: np.ones(n)}],
+        options={"ftol": 1e-12, "maxiter": 500},
+    )
     assert result.success, result.message
     return result.x
 
@@ -137,8 +142,10 @@ THETA, SIZES = [0.0, 1.0, 3.0], [1, 1, 2]
 def _three_clients(scale: float = 1.0, **kwargs):
     strategy = FedSCA(**kwargs)
     strategy.initialize({"w": torch.zeros(1)}, ["c0", "c1", "c2"])
-    updates = [ClientUpdate(f"c{k}", n, {"w": torch.tensor([scale * t])})
-               for k, (t, n) in enumerate(zip(THETA, SIZES, strict=True))]
+    updates = [
+        ClientUpdate(f"c{k}", n, {"w": torch.tensor([scale * t])})
+        for k, (t, n) in enumerate(zip(THETA, SIZES, strict=True))
+    ]
     strategy.global_state = strategy.aggregate(1, updates)  # as the loop stores it
     return strategy
 
@@ -175,8 +182,9 @@ def test_sgca_weights_go_to_the_round_log():
     log = {"comm/clients": 3}
     strategy.on_after_aggregate(server_round=1, log=log)
     expected = {f"sgca/weight/c{i}/c{j}": W_BY_HAND[i][j] for i in range(3) for j in range(3)}
-    expected.update({"sgca/own_weight_mean": (7 / 12 + 1 / 2 + 7 / 8) / 3, "sgca/distance_mean": 2.0,
-                     "comm/clients": 3})
+    expected.update(
+        {"sgca/own_weight_mean": (7 / 12 + 1 / 2 + 7 / 8) / 3, "sgca/distance_mean": 2.0, "comm/clients": 3}
+    )
     assert log == pytest.approx(expected)
     log = {}
     strategy.on_after_aggregate(server_round=2, log=log)  # nothing aggregated since: nothing logged twice
@@ -188,16 +196,19 @@ def test_a_client_outside_the_round_keeps_its_mix_and_resume_restores_everything
     # Round 2 with c0 and c1 only, uploads 0 and 2, one example each: m = [1/2, 1/2], d = [[0, 2], [2, 0]],
     # alpha / 2 = 1/4: rows project [1/2, 0] -> [3/4, 1/4] (both kept, theta = (1/2 - 1)/2) and [0, 1/2] ->
     # [1/4, 3/4]; mixes 1/4 * 2 = 1/2 and 3/4 * 2 = 3/2. c2 did not train: it keeps its round-1 mix 11/4.
-    strategy.global_state = strategy.aggregate(2, [ClientUpdate("c0", 1, {"w": torch.tensor([0.0])}),
-                                                   ClientUpdate("c1", 1, {"w": torch.tensor([2.0])})])
+    strategy.global_state = strategy.aggregate(
+        2, [ClientUpdate("c0", 1, {"w": torch.tensor([0.0])}), ClientUpdate("c1", 1, {"w": torch.tensor([2.0])})]
+    )
     assert strategy.weights.tolist() == [[0.75, 0.25], [0.25, 0.75]] and strategy.weight_clients == ["c0", "c1"]
     assert [strategy.configure_client(3, c)["w"].item() for c in ("c0", "c1", "c2")] == pytest.approx(
-        [1 / 2, 3 / 2, 11 / 4])
+        [1 / 2, 3 / 2, 11 / 4]
+    )
     restored = FedSCA(alpha=0.5)
     restored.initialize({"w": torch.zeros(1)}, ["c0", "c1", "c2"])
     restored.load_state_dict(strategy.state_dict())
     assert [restored.configure_client(3, c)["w"].item() for c in ("c0", "c1", "c2")] == pytest.approx(
-        [1 / 2, 3 / 2, 11 / 4])
+        [1 / 2, 3 / 2, 11 / 4]
+    )
     assert restored.weights.tolist() == [[0.75, 0.25], [0.25, 0.75]] and restored.weight_clients == ["c0", "c1"]
     fresh = FedSCA()
     fresh.initialize({"w": torch.ones(1)}, ["c0"])
@@ -225,17 +236,26 @@ def test_cosine_regularizer_value_and_round_one_skip():
     strategy = _three_clients(alpha=0.5, beta=0.5)
     client = _Client(w=[0.0, 1.0])
     loss = torch.tensor(2.0)
-    strategy.on_client_fit_start(server_round=1, received={"w": torch.tensor([1.0, 1.0])},
-                                 received_extras=strategy.configure_client_extras(1, "c0"))
+    strategy.on_client_fit_start(
+        server_round=1,
+        received={"w": torch.tensor([1.0, 1.0])},
+        received_extras=strategy.configure_client_extras(1, "c0"),
+    )
     assert strategy.training_loss(client, loss, None) is loss  # round 1: no regularizer
-    strategy.on_client_fit_start(server_round=2, received={"w": torch.tensor([1.0, 1.0])},
-                                 received_extras=strategy.configure_client_extras(2, "c0"))
+    strategy.on_client_fit_start(
+        server_round=2,
+        received={"w": torch.tensor([1.0, 1.0])},
+        received_extras=strategy.configure_client_extras(2, "c0"),
+    )
     out = strategy.training_loss(client, loss, None)
     assert out.item() == pytest.approx(2.0 - 0.5 / math.sqrt(2))
     out.backward()
     assert client.params["w"].grad is not None
-    strategy.on_client_fit_start(server_round=2, received={"w": torch.tensor([1.0, 1.0])},
-                                 received_extras=strategy.configure_client_extras(2, "c9"))
+    strategy.on_client_fit_start(
+        server_round=2,
+        received={"w": torch.tensor([1.0, 1.0])},
+        received_extras=strategy.configure_client_extras(2, "c9"),
+    )
     assert strategy.training_loss(client, loss, None) is loss  # a client without a mix yet
 
 
@@ -255,10 +275,12 @@ def test_only_the_lowest_adapters_are_shared():
     refined = strategy.configure_roles(roles)
     assert strategy.adapters == [f"backbone.blocks.{k}.adapter" for k in range(3)]
     assert refined.names("shared") == [f"backbone.blocks.0.adapter.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")]
-    assert set(refined.names("personal")) == {n for n in roles.names("shared") if not n.startswith(
-        "backbone.blocks.0.")}
+    assert set(refined.names("personal")) == {
+        n for n in roles.names("shared") if not n.startswith("backbone.blocks.0.")
+    }
     assert "head.weight" in refined.names("personal") and "backbone.blocks.2.adapter.0.weight" in refined.names(
-        "personal")
+        "personal"
+    )
     assert refined.names("frozen") == roles.names("frozen")
     two = FedSCA(num_shared_adapters=2).configure_roles(roles)
     assert {n.split(".")[2] for n in two.names("shared")} == {"0", "1"}
@@ -269,16 +291,29 @@ def test_only_the_lowest_adapters_are_shared():
 
 
 def test_adapters_are_ordered_by_depth_then_model_order():
-    names = ["b.blocks.10.Space_Adapter.fc.weight", "b.blocks.2.Space_Adapter.fc.weight",
-             "b.blocks.2.MLP_Adapter.fc.weight", "head.weight", "b.extra_adapter.w"]
+    names = [
+        "b.blocks.10.Space_Adapter.fc.weight",
+        "b.blocks.2.Space_Adapter.fc.weight",
+        "b.blocks.2.MLP_Adapter.fc.weight",
+        "head.weight",
+        "b.extra_adapter.w",
+    ]
     from fedlit.strategies.fedsca import adapter_prefixes
-    assert adapter_prefixes(names) == ["b.blocks.2.Space_Adapter", "b.blocks.2.MLP_Adapter",
-                                       "b.blocks.10.Space_Adapter", "b.extra_adapter"]
+
+    assert adapter_prefixes(names) == [
+        "b.blocks.2.Space_Adapter",
+        "b.blocks.2.MLP_Adapter",
+        "b.blocks.10.Space_Adapter",
+        "b.extra_adapter",
+    ]
 
 
 def test_bad_arguments_name_the_option():
-    for kwargs, option in [({"num_shared_adapters": 0}, "num_shared_adapters"), ({"alpha": -1}, "alpha"),
-                           ({"beta": -0.1}, "beta")]:
+    for kwargs, option in [
+        ({"num_shared_adapters": 0}, "num_shared_adapters"),
+        ({"alpha": -1}, "alpha"),
+        ({"beta": -0.1}, "beta"),
+    ]:
         with pytest.raises(ConfigError, match=f"strategy.init_args.{option}"):
             FedSCA(**kwargs)
 
@@ -295,7 +330,8 @@ def adapter_model(monkeypatch):
 def _losses(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, 2 rounds, every adapter shared (L = 3), normalized distances: train loss mean per round,
@@ -310,8 +346,9 @@ def test_two_rounds_pinned_and_unlike_fedavg(tmp_path, adapter_model):
     make_federation(tmp_path / "fedsca", strategy, roles=ADAPTER_ROLES).fit()
     payload = torch.load(tmp_path / "fedsca" / "checkpoints" / "last.ckpt", weights_only=True)
     assert payload["server_round"] == 2
-    assert set(strategy.global_state) == {f"backbone.blocks.{k}.adapter.{i}.{p}" for k in range(3) for i in (0, 2)
-                                          for p in ("weight", "bias")}  # the head stays personal
+    assert set(strategy.global_state) == {
+        f"backbone.blocks.{k}.adapter.{i}.{p}" for k in range(3) for i in (0, 2) for p in ("weight", "bias")
+    }  # the head stays personal
     assert set(strategy.mixes) == {"c0", "c1", "c2"} and strategy.weight_clients == ["c0", "c1", "c2"]
     assert strategy.weights.sum(dim=1).tolist() == pytest.approx([1.0] * 3)
     assert strategy.weights[0].tolist() == pytest.approx(PINNED_W0, abs=1e-3)  # FedAvg's would be [1/3] * 3
@@ -331,7 +368,9 @@ def test_two_rounds_pinned_and_unlike_fedavg(tmp_path, adapter_model):
 
 def test_resume_is_exact(tmp_path, adapter_model):
     straight, _ = assert_resume_is_exact(
-        tmp_path, lambda: FedSCA(alpha=1.0, beta=0.5, normalize_distances=True), roles=ADAPTER_ROLES)
+        tmp_path, lambda: FedSCA(alpha=1.0, beta=0.5, normalize_distances=True), roles=ADAPTER_ROLES
+    )
     assert set(straight.strategy.mixes) == {"c0", "c1", "c2"}
-    assert set(straight.strategy.global_state) == {f"backbone.blocks.0.adapter.{i}.{p}" for i in (0, 2)
-                                                   for p in ("weight", "bias")}  # L = 1: block 0's adapter only
+    assert set(straight.strategy.global_state) == {
+        f"backbone.blocks.0.adapter.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")
+    }  # L = 1: block 0's adapter only

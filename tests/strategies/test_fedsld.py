@@ -53,7 +53,8 @@ def test_equals_cross_entropy_when_the_batch_matches_the_prior():
     logits = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
     outputs = {"loss": None, "logits": logits, "targets": targets}
     assert strategy.training_loss(None, None, None, outputs).item() == pytest.approx(
-        TF.cross_entropy(logits, targets).item(), abs=1e-6)
+        TF.cross_entropy(logits, targets).item(), abs=1e-6
+    )
 
 
 def test_binary_is_the_two_class_softmax_over_zero_and_the_logit():

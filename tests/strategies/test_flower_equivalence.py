@@ -29,8 +29,10 @@ import numpy as np
 import pytest
 import torch
 
-FLWR_MISSING = ("flwr is not installed: fedlit's strategies are not compared with Flower's (`make install` "
-                "installs it with the dev extra; these tests were written against flwr 1.41.0)")
+FLWR_MISSING = (
+    "flwr is not installed: fedlit's strategies are not compared with Flower's (`make install` "
+    "installs it with the dev extra; these tests were written against flwr 1.41.0)"
+)
 flwr_common = pytest.importorskip("flwr.common", reason=FLWR_MISSING)
 flwr_strategy = pytest.importorskip("flwr.server.strategy", reason=FLWR_MISSING)
 flwr_aggregate = pytest.importorskip("flwr.server.strategy.aggregate", reason=FLWR_MISSING)
@@ -61,8 +63,9 @@ def initial_state(seed: int = 0, int_buffer: bool = False) -> dict[str, torch.Te
     return state
 
 
-def client_states(server, server_round: int, num_clients: int, spread: float = 0.1, outlier: bool = False,
-                  equal_steps: bool = False):
+def client_states(
+    server, server_round: int, num_clients: int, spread: float = 0.1, outlier: bool = False, equal_steps: bool = False
+):
     """Each client = server model + its own random step; with ``outlier`` the last client is far away. An integer
     buffer advances by a different number of steps per client (odd gaps, so even-count medians end in .5), or by
     the same number with ``equal_steps``."""
@@ -70,8 +73,12 @@ def client_states(server, server_round: int, num_clients: int, spread: float = 0
     states = []
     for i in range(num_clients):
         steps = 5 if equal_steps else 3 * i + 2 * server_round + 1
-        states.append({k: t + spread * torch.randn(t.shape, generator=g) if t.is_floating_point() else t + steps
-                       for k, t in server.items()})
+        states.append(
+            {
+                k: t + spread * torch.randn(t.shape, generator=g) if t.is_floating_point() else t + steps
+                for k, t in server.items()
+            }
+        )
     if outlier:
         states[-1] = {k: t + 5.0 if t.is_floating_point() else t for k, t in states[-1].items()}
     return states
@@ -81,8 +88,15 @@ def to_fitres(states, num_examples):
     """Flower's ``aggregate_fit`` input: (ClientProxy, FitRes) pairs (the proxy is unused by these strategies)."""
     ok = flwr_common.Status(code=flwr_common.Code.OK, message="")
     return [
-        (None, flwr_common.FitRes(status=ok, num_examples=n, metrics={},
-                                  parameters=flwr_common.ndarrays_to_parameters([t.numpy() for t in s.values()])))
+        (
+            None,
+            flwr_common.FitRes(
+                status=ok,
+                num_examples=n,
+                metrics={},
+                parameters=flwr_common.ndarrays_to_parameters([t.numpy() for t in s.values()]),
+            ),
+        )
         for s, n in zip(states, num_examples, strict=True)
     ]
 
@@ -93,13 +107,23 @@ def from_parameters(parameters, keys) -> dict[str, np.ndarray]:
 
 def flower_weighted_mean(states, num_examples) -> dict[str, np.ndarray]:
     """Flower's weighted mean (``aggregate``, float64 for integer arrays)."""
-    arrays = flwr_aggregate.aggregate([([t.numpy() for t in s.values()], n)
-                                       for s, n in zip(states, num_examples, strict=True)])
+    arrays = flwr_aggregate.aggregate(
+        [([t.numpy() for t in s.values()], n) for s, n in zip(states, num_examples, strict=True)]
+    )
     return dict(zip(states[0], arrays, strict=True))
 
 
-def run_both(ours, theirs, outlier: bool = False, num_examples=tuple(NUM_EXAMPLES), flower_num_examples=None,
-             participants=None, int_buffer: bool = False, equal_steps: bool = False, steps_from_mean: bool = False):
+def run_both(
+    ours,
+    theirs,
+    outlier: bool = False,
+    num_examples=tuple(NUM_EXAMPLES),
+    flower_num_examples=None,
+    participants=None,
+    int_buffer: bool = False,
+    equal_steps: bool = False,
+    steps_from_mean: bool = False,
+):
     """Three rounds on both sides; asserts equality after every round and returns the last server models.
 
     Args:
@@ -117,8 +141,10 @@ def run_both(ours, theirs, outlier: bool = False, num_examples=tuple(NUM_EXAMPLE
     for server_round, chosen in enumerate(participants, start=1):
         states = client_states(server, server_round, num_clients, outlier=outlier, equal_steps=equal_steps)
         states = [states[i] for i in chosen]
-        updates = [ClientUpdate(client_id=str(i), num_examples=num_examples[i], state=s)
-                   for i, s in zip(chosen, states, strict=True)]
+        updates = [
+            ClientUpdate(client_id=str(i), num_examples=num_examples[i], state=s)
+            for i, s in zip(chosen, states, strict=True)
+        ]
         mine = ours.global_state = ours.aggregate(server_round, updates)  # as the loop stores it
         reported = [flower_num_examples[i] for i in chosen]
         parameters, _ = theirs.aggregate_fit(server_round, to_fitres(states, reported), [])
@@ -128,7 +154,9 @@ def run_both(ours, theirs, outlier: bool = False, num_examples=tuple(NUM_EXAMPLE
         for k in SHAPES:
             assert mine[k].dtype == torch.float32
             assert torch.allclose(mine[k].double(), torch.from_numpy(np.asarray(flower[k], np.float64)), **TOL), (
-                server_round, k)
+                server_round,
+                k,
+            )
         if int_buffer:
             assert mine[STEPS].dtype == torch.int64
             assert mine[STEPS].item() == int(np.round(flower[STEPS])), (server_round, flower[STEPS])
@@ -147,9 +175,10 @@ def test_fedavg_equals_flower_fedavg():
 
 
 def test_fedadam_with_bias_correction_equals_flower_fedadam():
-    run_both(FedAdam(eta=0.05, tau=0.01, beta_1=0.9, beta_2=0.99, bias_correction=True),
-             flwr_strategy.FedAdam(initial_parameters=initial_parameters(), eta=0.05, tau=0.01, beta_1=0.9,
-                                   beta_2=0.99))
+    run_both(
+        FedAdam(eta=0.05, tau=0.01, beta_1=0.9, beta_2=0.99, bias_correction=True),
+        flwr_strategy.FedAdam(initial_parameters=initial_parameters(), eta=0.05, tau=0.01, beta_1=0.9, beta_2=0.99),
+    )
 
 
 def test_fedadam_without_bias_correction_differs_from_flower_by_its_step_size():
@@ -159,8 +188,7 @@ def test_fedadam_without_bias_correction_differs_from_flower_by_its_step_size():
     assert ours.step_size(1) == 0.05
     assert flower_like.step_size(1) == pytest.approx(0.05 * (1 - 0.99**2) ** 0.5 / (1 - 0.9**2))
     x_ours = run_both(FedAdam(eta=0.05, tau=0.01), _NoBiasFlowerFedAdam())
-    x_flower = run_both(flower_like, flwr_strategy.FedAdam(initial_parameters=initial_parameters(), eta=0.05,
-                                                           tau=0.01))
+    x_flower = run_both(flower_like, flwr_strategy.FedAdam(initial_parameters=initial_parameters(), eta=0.05, tau=0.01))
     assert not torch.allclose(x_ours["fc.weight"], x_flower["fc.weight"], **TOL)
 
 
@@ -180,14 +208,17 @@ class _NoBiasFlowerFedAdam:
 
 def test_fedadagrad_without_momentum_equals_flower_fedadagrad():
     # Flower's FedAdagrad fixes beta_1 = 0; ours defaults to Algorithm 2's momentum 0.9.
-    run_both(FedAdagrad(eta=0.05, tau=0.01, beta_1=0.0),
-             flwr_strategy.FedAdagrad(initial_parameters=initial_parameters(), eta=0.05, tau=0.01))
+    run_both(
+        FedAdagrad(eta=0.05, tau=0.01, beta_1=0.0),
+        flwr_strategy.FedAdagrad(initial_parameters=initial_parameters(), eta=0.05, tau=0.01),
+    )
 
 
 def test_fedyogi_equals_flower_fedyogi():
-    run_both(FedYogi(eta=0.05, tau=0.01, beta_1=0.9, beta_2=0.99),
-             flwr_strategy.FedYogi(initial_parameters=initial_parameters(), eta=0.05, tau=0.01, beta_1=0.9,
-                                   beta_2=0.99))
+    run_both(
+        FedYogi(eta=0.05, tau=0.01, beta_1=0.9, beta_2=0.99),
+        flwr_strategy.FedYogi(initial_parameters=initial_parameters(), eta=0.05, tau=0.01, beta_1=0.9, beta_2=0.99),
+    )
 
 
 def test_fedmedian_equals_flower_fedmedian_odd_and_even_client_counts():
@@ -204,8 +235,11 @@ def test_fedtrimmedavg_equals_flower_fedtrimmedavg(beta):
 @pytest.mark.parametrize(("num_malicious", "num_selected"), [(0, 1), (1, 1), (1, 2), (1, 3), (0, 5)])
 def test_krum_and_multikrum_equal_flower_krum(num_malicious, num_selected):
     keep = 0 if num_selected == 1 else num_selected  # Flower: 0 means Krum
-    run_both(Krum(num_malicious=num_malicious, num_selected=num_selected),
-             flwr_strategy.Krum(num_malicious_clients=num_malicious, num_clients_to_keep=keep), outlier=True)
+    run_both(
+        Krum(num_malicious=num_malicious, num_selected=num_selected),
+        flwr_strategy.Krum(num_malicious_clients=num_malicious, num_clients_to_keep=keep),
+        outlier=True,
+    )
 
 
 def test_krum_warns_when_too_few_clients_for_its_guarantee():
@@ -222,8 +256,10 @@ def test_krum_never_keeps_the_outlier():
     krum = Krum(num_malicious=1, num_selected=1)
     krum.initialize(x0, [])
     states = client_states(x0, 1, len(NUM_EXAMPLES), outlier=True)
-    updates = [ClientUpdate(client_id=str(i), num_examples=n, state=s)
-               for i, (s, n) in enumerate(zip(states, NUM_EXAMPLES, strict=True))]
+    updates = [
+        ClientUpdate(client_id=str(i), num_examples=n, state=s)
+        for i, (s, n) in enumerate(zip(states, NUM_EXAMPLES, strict=True))
+    ]
     out = krum.aggregate(1, updates)
     kept = [i for i, s in enumerate(states) if all(torch.equal(out[k], s[k]) for k in SHAPES)]
     assert len(kept) == 1 and kept[0] != len(states) - 1
@@ -244,17 +280,22 @@ def pair(name, weighting="num_examples", int_buffer=False):
     if name == "FedAvg":
         return FedAvg(weighting=weighting), flwr_strategy.FedAvg(inplace=not int_buffer)
     if name == "FedAdam":
-        return (FedAdam(**adam_like, bias_correction=True, weighting=weighting),
-                flwr_strategy.FedAdam(initial_parameters=start, **adam_like))
+        return (
+            FedAdam(**adam_like, bias_correction=True, weighting=weighting),
+            flwr_strategy.FedAdam(initial_parameters=start, **adam_like),
+        )
     if name == "FedAdagrad":
-        return (FedAdagrad(eta=ETA, tau=TAU, beta_1=0.0, weighting=weighting),
-                flwr_strategy.FedAdagrad(initial_parameters=start, eta=ETA, tau=TAU))
+        return (
+            FedAdagrad(eta=ETA, tau=TAU, beta_1=0.0, weighting=weighting),
+            flwr_strategy.FedAdagrad(initial_parameters=start, eta=ETA, tau=TAU),
+        )
     if name == "FedYogi":
-        return (FedYogi(**adam_like, weighting=weighting),
-                flwr_strategy.FedYogi(initial_parameters=start, **adam_like))
+        return (FedYogi(**adam_like, weighting=weighting), flwr_strategy.FedYogi(initial_parameters=start, **adam_like))
     if name == "MultiKrum":
-        return (Krum(num_malicious=0, num_selected=2, weighting=weighting),
-                flwr_strategy.Krum(num_malicious_clients=0, num_clients_to_keep=2))
+        return (
+            Krum(num_malicious=0, num_selected=2, weighting=weighting),
+            flwr_strategy.Krum(num_malicious_clients=0, num_clients_to_keep=2),
+        )
     if name == "FedMedian":
         return FedMedian(), flwr_strategy.FedMedian()
     # beta = 0.34 trims one client at each end of 3, 4 or 5
@@ -291,14 +332,20 @@ def test_integer_buffer_rounding_is_exercised():
     assert [s[STEPS].item() for s in states] == [44, 47, 50, 53, 56]
     ours = FedAvg()
     ours.initialize(initial_state(int_buffer=True), [str(i) for i in range(5)])
-    out = ours.aggregate(1, [ClientUpdate(client_id=str(i), num_examples=n, state=s)
-                             for i, (s, n) in enumerate(zip(states, NUM_EXAMPLES, strict=True))])
+    out = ours.aggregate(
+        1,
+        [
+            ClientUpdate(client_id=str(i), num_examples=n, state=s)
+            for i, (s, n) in enumerate(zip(states, NUM_EXAMPLES, strict=True))
+        ],
+    )
     assert out[STEPS].item() == 51
     # 4 clients: median of 44, 47, 50, 53 = 48.5 -> 48 (half to even, as numpy.round; half up would give 49)
     median = FedMedian()
     median.initialize(initial_state(int_buffer=True), [str(i) for i in range(4)])
-    out = median.aggregate(1, [ClientUpdate(client_id=str(i), num_examples=1, state=s)
-                               for i, s in enumerate(states[:4])])
+    out = median.aggregate(
+        1, [ClientUpdate(client_id=str(i), num_examples=1, state=s) for i, s in enumerate(states[:4])]
+    )
     assert out[STEPS].item() == 48
 
 

@@ -80,8 +80,21 @@ def test_two_rounds_with_the_defaults_evaluate_the_local_model(tmp_path):
 
 
 def test_the_cli_selects_fml_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "FML", "--strategy.alpha", "0.3"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                "--strategy",
+                "FML",
+                "--strategy.alpha",
+                "0.3",
+            ]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.FML" and cfg.strategy.init_args.alpha == 0.3
 
 

@@ -54,7 +54,8 @@ def test_a_strategys_arguments_are_recorded_without_an_hparams_method():
     assert repr(FedAvgM()) == "FedAvgM(server_lr=1.0, beta=0.9, weighting='num_examples')"
     # **kw expanded in the order of FedAvg's signature, whatever the order of the call
     assert repr(FedAvgM(weighting="uniform", beta=0.8, server_lr=0.5)) == (
-        "FedAvgM(server_lr=0.5, beta=0.8, weighting='uniform')")
+        "FedAvgM(server_lr=0.5, beta=0.8, weighting='uniform')"
+    )
     assert FedAvgM(0.25).hparams() == {"server_lr": 0.25, "beta": 0.9, "weighting": "num_examples"}
 
 
@@ -65,16 +66,23 @@ def test_only_the_outermost_construction_is_recorded_and_ints_for_floats_become_
 
 def test_recorded_values_are_json_friendly():
     strategy = WithObjects(anchor=torch.zeros(2), net=torch.nn.Linear(2, 2), aggregator=MedianAggregator())
-    assert strategy.hparams() == {"anchor": "Tensor", "net": "Linear", "levels": [1, 2], "aggregator":
-                                  "MedianAggregator()"}
+    assert strategy.hparams() == {
+        "anchor": "Tensor",
+        "net": "Linear",
+        "levels": [1, 2],
+        "aggregator": "MedianAggregator()",
+    }
     assert repr(strategy) == "WithObjects(anchor=Tensor, net=Linear, levels=[1, 2], aggregator=MedianAggregator())"
     assert json.loads(json.dumps(strategy.hparams())) == strategy.hparams()
 
 
 def test_copies_keep_the_recorded_arguments():
     strategy = FedAvgM(server_lr=0.3)
-    assert repr(copy.deepcopy(strategy)) == repr(pickle.loads(pickle.dumps(strategy))) == (
-        "FedAvgM(server_lr=0.3, beta=0.9, weighting='num_examples')")
+    assert (
+        repr(copy.deepcopy(strategy))
+        == repr(pickle.loads(pickle.dumps(strategy)))
+        == ("FedAvgM(server_lr=0.3, beta=0.9, weighting='num_examples')")
+    )
 
 
 def test_a_foreign_callback_is_read_from_its_attributes():
@@ -83,8 +91,13 @@ def test_a_foreign_callback_is_read_from_its_attributes():
 
 
 def _run(out_dir, server_lr, threshold):
-    federation = make_federation(out_dir, FedAvgM(server_lr=server_lr, beta=0.8), rounds=1, local_steps=1,
-                                 callbacks=[Threshold(threshold=threshold)])
+    federation = make_federation(
+        out_dir,
+        FedAvgM(server_lr=server_lr, beta=0.8),
+        rounds=1,
+        local_steps=1,
+        callbacks=[Threshold(threshold=threshold)],
+    )
     federation.fit()
     return json.loads((out_dir / "results.json").read_text())
 
@@ -97,18 +110,25 @@ def test_a_tiny_runs_records_show_the_arguments_everywhere(tmp_path):
 
     events = EventAccumulator(str(tmp_path / "a" / "tensorboard")).Reload()
     start = plugin_data_pb2.HParamsPluginData.FromString(
-        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    ).session_start_info
     logged = {k: v.string_value or v.number_value for k, v in start.hparams.items()}
     assert logged["strategy"] == "FedAvgM"
     assert (logged["strategy.server_lr"], logged["strategy.beta"], logged["strategy.weighting"]) == (
-        0.5, 0.8, "num_examples")
+        0.5,
+        0.8,
+        "num_examples",
+    )
     assert (logged["callbacks.Threshold.threshold"], logged["callbacks.Threshold.label"]) == (0.25, "x")
 
     _run(tmp_path / "b", 1.5, 0.75)
     report.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "report")])
     table = (tmp_path / "report" / "report.md").read_text().split("Configurations: the keys that differ")[1]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in table.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in table.splitlines()
+        if line.startswith("| ")
+    }
     assert rows["strategy.init_args.server_lr"] == ["0.5", "1.5"]
     assert "strategy.init_args.beta" not in rows  # the same in both runs
     assert ['"threshold": 0.25' in rows["callbacks"][0], '"threshold": 0.75' in rows["callbacks"][1]] == [True, True]

@@ -31,14 +31,15 @@ def test_the_weights_by_hand():
     # L1 distances: 7, 7, 14, 14: the same ratios
     assert ida_weights(states, p=1) == pytest.approx([1 / 3, 1 / 3, 1 / 6, 1 / 6], abs=1e-12)
     # from a reference (-1, -1) instead of the mean: d = sqrt(61), sqrt(5), sqrt(164), sqrt(52)
-    inv = [1 / 61 ** 0.5, 1 / 5 ** 0.5, 1 / 164 ** 0.5, 1 / 52 ** 0.5]
+    inv = [1 / 61**0.5, 1 / 5**0.5, 1 / 164**0.5, 1 / 52**0.5]
     got = ida_weights(states, reference={"a": torch.tensor([-1.0]), "b": torch.tensor([-1.0])})
     assert got == pytest.approx([v / sum(inv) for v in inv], abs=1e-12)
     # a client at the reference takes the whole weight (the limit of 1/d); two share it by their prior
     one = [{"p": torch.tensor([v])} for v in (0.0, 1.0, 5.0)]
     assert ida_weights(one, reference={"p": torch.tensor([1.0])}) == [0.0, 1.0, 0.0]
-    assert ida_weights(one * 2, reference={"p": torch.tensor([1.0])}, prior=[1, 1, 1, 1, 3, 1]) == \
-        pytest.approx([0, 0.25, 0, 0, 0.75, 0], abs=1e-12)
+    assert ida_weights(one * 2, reference={"p": torch.tensor([1.0])}, prior=[1, 1, 1, 1, 3, 1]) == pytest.approx(
+        [0, 0.25, 0, 0, 0.75, 0], abs=1e-12
+    )
     # identical models: the prior's mean
     assert ida_weights([{"p": torch.ones(2)}] * 2, prior=[1, 3]) == [0.25, 0.75]
 
@@ -48,8 +49,10 @@ def test_the_aggregate_by_hand():
     strategy.initialize({"p": torch.tensor([-1.0]), "n": torch.tensor(0)}, ["a", "b", "c"])
     # theta = 0, 1, 5: mean 2, d = 2, 1, 3, 1/d = 1/2, 1, 1/3, Z = 11/6: a = 3/11, 6/11, 2/11;
     # theta' = 6/11 + 10/11 = 16/11 (the integer buffer 2, 4, 9 -> 6/11*4 + 2/11*9 = 42/11 -> 4)
-    updates = [ClientUpdate(c, 10 * (k + 1), {"p": torch.tensor([v]), "n": torch.tensor(i)})
-               for k, (c, v, i) in enumerate((("a", 0.0, 2), ("b", 1.0, 4), ("c", 5.0, 9)))]
+    updates = [
+        ClientUpdate(c, 10 * (k + 1), {"p": torch.tensor([v]), "n": torch.tensor(i)})
+        for k, (c, v, i) in enumerate((("a", 0.0, 2), ("b", 1.0, 4), ("c", 5.0, 9)))
+    ]
     out = strategy.aggregate(1, updates)
     assert float(out["p"]) == pytest.approx(16 / 11, abs=1e-6) and int(out["n"]) == 4
     # from the previous global model -1: d = 1, 2, 6, 1/d = 1, 1/2, 1/6, Z = 5/3: a = 0.6, 0.3, 0.1; theta' = 0.8
@@ -74,8 +77,21 @@ def test_two_rounds_end_to_end(tmp_path):
 
 
 def test_the_cli_selects_ida_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "IDA", "--strategy.reference", "global"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                "--strategy",
+                "IDA",
+                "--strategy.reference",
+                "global",
+            ]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.IDA" and cfg.strategy.init_args.reference == "global"
 
 

@@ -29,18 +29,25 @@ def test_the_representation_is_kept_the_head_averaged_and_only_the_head_uploaded
 
 
 def test_normalization_statistics_of_the_representation_are_personal_and_frozen_tensors_stay_frozen():
-    module = ClassificationModule(backbone=TinyMLP(), num_classes=3,
-                                  roles=[RoleRule("backbone.0.*", "frozen"), RoleRule("backbone.1.*", "shared")])
+    module = ClassificationModule(
+        backbone=TinyMLP(),
+        num_classes=3,
+        roles=[RoleRule("backbone.0.*", "frozen"), RoleRule("backbone.1.*", "shared")],
+    )
     roles = LGFedAvg().configure_roles(module.parameter_roles())
     assert roles["backbone.0.weight"] == "frozen"
-    assert {roles[n] for n in ("backbone.1.weight", "backbone.1.running_mean", "backbone.1.num_batches_tracked")} \
-        == {"personal"}
+    assert {roles[n] for n in ("backbone.1.weight", "backbone.1.running_mean", "backbone.1.num_batches_tracked")} == {
+        "personal"
+    }
     assert roles["head.weight"] == roles["head.bias"] == "shared"
 
 
 def test_a_personal_head_rule_of_the_model_is_overridden():
-    module = ClassificationModule(backbone=MLP(num_features=4, hidden=[5], norm="none"), num_classes=3,
-                                  roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")])
+    module = ClassificationModule(
+        backbone=MLP(num_features=4, hidden=[5], norm="none"),
+        num_classes=3,
+        roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")],
+    )
     assert LGFedAvg().configure_roles(module.parameter_roles())["head.weight"] == "shared"
 
 

@@ -58,13 +58,20 @@ def test_the_ring_runs_one_client_per_round_in_order_between_warm_up_and_persona
     strategy.initialize({"w": torch.zeros(2)}, ids)
     generator = torch.Generator().manual_seed(0)
     assert [strategy.select_clients(r, ids, 3, generator) for r in range(1, 7)] == [
-        ids, ["a"], ["b"], ["c"], ["a"], ids]
+        ids,
+        ["a"],
+        ["b"],
+        ["c"],
+        ["a"],
+        ids,
+    ]
     extras = [strategy.configure_client_extras(r, "a") for r in range(1, 7)]
     # the first hop has no teacher; the flag is set after the warm-up's last round and after every hop
     assert [e["teacher"] for e in extras] == [False, False, True, True, True, True]
     assert [e["check"] for e in extras] == [True, True, True, True, True, False]
     # a hop's upload is the common model passed on; the warm-up's and the personalization's are not kept
     from fedlit.strategies.base import ClientUpdate
+
     strategy.global_state = strategy.aggregate(1, [ClientUpdate("a", 1, {"w": torch.ones(2)})])  # as the loop does
     assert strategy.global_state["w"].tolist() == [0.0, 0.0]
     strategy.global_state = strategy.aggregate(3, [ClientUpdate("b", 1, {"w": torch.full((2,), 2.0)})])
@@ -123,7 +130,8 @@ def test_distilling_clients_keep_their_model_and_learn_from_the_teacher(tmp_path
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, W = 0, R = 2: c0 trains alone in round 1 (no teacher), every client personalizes in round 2
@@ -151,16 +159,30 @@ def test_two_rounds_end_to_end(tmp_path):
 
 
 def test_the_cli_selects_metafed_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "MetaFed", "--strategy.lam", "0.5"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                "--strategy",
+                "MetaFed",
+                "--strategy.lam",
+                "0.5",
+            ]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.MetaFed" and cfg.strategy.init_args.lam == 0.5
 
 
 def test_bad_options_and_schedules_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"lam=-1.*warmup_rounds=-2.*rounds=0"):
         MetaFed(lam=-1, warmup_rounds=-2, rounds=0)
-    assert repr(MetaFed()) == ("MetaFed(lam=1.0, threshold=0.6, personal_threshold=0.5, warmup_rounds=30, "
-                               "rounds=None, head='head.*')")
+    assert repr(MetaFed()) == (
+        "MetaFed(lam=1.0, threshold=0.6, personal_threshold=0.5, warmup_rounds=30, rounds=None, head='head.*')"
+    )
     with pytest.raises(ConfigError, match=r"warmup_rounds=30.*at least 32"):
         make_federation(tmp_path / "short", MetaFed(), rounds=2).fit()
     with pytest.raises(ConfigError, match=r"rounds=2, but federation.rounds=3"):

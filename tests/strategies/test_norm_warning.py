@@ -43,8 +43,9 @@ def test_silobn_warns_when_the_trainable_norm_has_no_statistics():
         start(SiloBN(), Net(nn.LayerNorm(2)))
 
 
-@pytest.mark.parametrize(("strategy", "norm"), [(FedBN(), nn.LayerNorm(2)), (FedPxN(), nn.BatchNorm1d(2)),
-                                                (SiloBN(), nn.BatchNorm1d(2))])
+@pytest.mark.parametrize(
+    ("strategy", "norm"), [(FedBN(), nn.LayerNorm(2)), (FedPxN(), nn.BatchNorm1d(2)), (SiloBN(), nn.BatchNorm1d(2))]
+)
 def test_a_trainable_normalization_layer_does_not_warn(strategy, norm):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -65,7 +65,9 @@ def test_evaluation_adapts_by_one_plain_step_on_a_training_batch():
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value, events.Scalars("global/server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value,
+        events.Scalars("global/server/val/loss_mean")[-1].value,
+    ]
 
 
 # Seed 0, 3 clients, all selected, 2 rounds, alpha = 0.1: train loss mean per round (f(w; D) before each step),
@@ -89,8 +91,21 @@ def test_two_rounds_end_to_end(tmp_path):
 
 
 def test_the_cli_selects_perfedavg_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "PerFedAvg", "--strategy.alpha", "0.02"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                "--strategy",
+                "PerFedAvg",
+                "--strategy.alpha",
+                "0.02",
+            ]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.PerFedAvg" and cfg.strategy.init_args.alpha == 0.02
 
 

@@ -24,8 +24,13 @@ def t(*values):
 
 def test_the_inner_step_by_hand():
     # theta - lr (g + lam (theta - w)) = [1, 2] - 0.1 ([1, -1] + 2 [1, 1]) = [0.7, 1.9]; no gradient: zero
-    out = pfedme_inner_step({"p": t(1.0, 2.0), "q": t(1.0)}, {"p": t(1.0, -1.0), "q": None},
-                            {"p": t(0.0, 1.0), "q": t(0.0)}, lam=2.0, lr=0.1)
+    out = pfedme_inner_step(
+        {"p": t(1.0, 2.0), "q": t(1.0)},
+        {"p": t(1.0, -1.0), "q": None},
+        {"p": t(0.0, 1.0), "q": t(0.0)},
+        lam=2.0,
+        lr=0.1,
+    )
     assert out["p"].tolist() == pytest.approx([0.7, 1.9]) and out["q"].tolist() == pytest.approx([0.8])
 
 
@@ -85,8 +90,10 @@ def test_the_server_step_by_hand():
     assert pfedme_server_mix({"p": t(1.0, 1.0)}, {"p": t(2.0, 4.0)}, 2.0)["p"].tolist() == [3.0, 7.0]
     strategy = pFedMe(beta=2.0)
     strategy.initialize({"p": t(1.0, 1.0), "n": torch.tensor(4)}, ["a", "b"])
-    updates = [ClientUpdate("a", 1, {"p": t(1.0, 3.0), "n": torch.tensor(6)}),
-               ClientUpdate("b", 3, {"p": t(3.0, 5.0), "n": torch.tensor(10)})]
+    updates = [
+        ClientUpdate("a", 1, {"p": t(1.0, 3.0), "n": torch.tensor(6)}),
+        ClientUpdate("b", 3, {"p": t(3.0, 5.0), "n": torch.tensor(10)}),
+    ]
     # mean (n_k-weighted) = [2.5, 4.5]: w = -[1, 1] + 2 [2.5, 4.5] = [4, 8]; the integer buffer takes the mean, 9
     new = strategy.aggregate(1, updates)
     assert new["p"].tolist() == [4.0, 8.0] and int(new["n"]) == 9
@@ -95,7 +102,9 @@ def test_the_server_step_by_hand():
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value, events.Scalars("global/server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value,
+        events.Scalars("global/server/val/loss_mean")[-1].value,
+    ]
 
 
 # Seed 0, 3 clients, all selected, 2 rounds, the defaults: train loss mean per round (f(w_i) before each step),
@@ -127,8 +136,13 @@ def test_beta_one_aggregates_as_fedavg():
 
 
 def test_the_cli_selects_pfedme_by_its_short_name():
-    cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                                     "--strategy", "pFedMe", "--strategy.K", "3"]).fit
+    cfg = (
+        build_parser()
+        .parse_args(
+            ["fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"), "--strategy", "pFedMe", "--strategy.K", "3"]
+        )
+        .fit
+    )
     assert cfg.strategy.class_path == "fedlit.strategies.pFedMe" and cfg.strategy.init_args.K == 3
 
 

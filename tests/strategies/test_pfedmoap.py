@@ -27,8 +27,15 @@ def tiny_moap_module() -> CLIPPromptModule:
     """A tiny random CLIP (projection 32) with 16 context tokens and the gate on 8 pooled dims, 2 heads."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "randomly initialized"
-        return CLIPPromptModule(clip=CLIP(config=tiny_clip_config()), class_names=["blob", "ring", "bar"],
-                                gating=True, gate_dim=8, gate_heads=2, in_channels=1, lr=0.05)
+        return CLIPPromptModule(
+            clip=CLIP(config=tiny_clip_config()),
+            class_names=["blob", "ring", "bar"],
+            gating=True,
+            gate_dim=8,
+            gate_heads=2,
+            in_channels=1,
+            lr=0.05,
+        )
 
 
 def tiny_image_sites() -> SyntheticImages:
@@ -112,10 +119,12 @@ def test_gate_logits_match_an_explicit_computation_with_heads():
 
 def test_nearest_experts_by_hand():
     zero = torch.zeros(2, 2)
-    candidates = {"a": torch.ones(2, 2),                      # distance 2
-                  "b": torch.tensor([[0.0, 0.0], [0.0, 1.0]]),  # 1
-                  "c": torch.tensor([[0.0, 0.0], [0.0, -1.0]]),  # 1 (a tie: b came first)
-                  "d": torch.tensor([[3.0, 0.0], [0.0, 0.0]])}   # 3
+    candidates = {
+        "a": torch.ones(2, 2),  # distance 2
+        "b": torch.tensor([[0.0, 0.0], [0.0, 1.0]]),  # 1
+        "c": torch.tensor([[0.0, 0.0], [0.0, -1.0]]),  # 1 (a tie: b came first)
+        "d": torch.tensor([[3.0, 0.0], [0.0, 0.0]]),
+    }  # 3
     assert nearest_experts(zero, candidates, 3) == ["b", "c", "a"]
     assert nearest_experts(zero, candidates, 9) == ["b", "c", "a", "d"]  # capped at what is stored
     assert nearest_experts(zero, candidates, 0) == [] and nearest_experts(zero, {}, 3) == []
@@ -125,8 +134,13 @@ def test_global_prompt_is_the_weighted_mean_and_experts_are_the_nearest_stored_p
     strategy = pFedMoAP(num_experts=3)
     strategy.initialize({"prompt.ctx": torch.zeros(2, 2)}, ["a", "b", "c"])
     assert strategy.configure_client_extras(1, "a")["experts"].shape == (0, 2, 2)  # nothing stored yet
-    strategy.global_state = strategy.aggregate(1, [ClientUpdate("a", 1, {"prompt.ctx": torch.ones(2, 2)}),
-                                                   ClientUpdate("b", 3, {"prompt.ctx": torch.full((2, 2), 2.0)})])
+    strategy.global_state = strategy.aggregate(
+        1,
+        [
+            ClientUpdate("a", 1, {"prompt.ctx": torch.ones(2, 2)}),
+            ClientUpdate("b", 3, {"prompt.ctx": torch.full((2, 2), 2.0)}),
+        ],
+    )
     assert torch.allclose(strategy.global_state["prompt.ctx"], torch.full((2, 2), (1 * 1 + 3 * 2) / 4))
     assert torch.equal(strategy.configure_client(2, "c")["prompt.ctx"], strategy.global_state["prompt.ctx"])
     assert strategy.configure_client_extras(2, "c")["experts"].shape == (0, 2, 2)  # c has no previous prompt
@@ -135,8 +149,10 @@ def test_global_prompt_is_the_weighted_mean_and_experts_are_the_nearest_stored_p
     assert torch.equal(strategy.global_state["prompt.ctx"], torch.full((2, 2), 5.0))  # the round's uploads only
     # a (all 1) is 2 from b (all 2) and 8 from c (all 5): b first; K - 1 = 2
     assert strategy.expert_ids("a") == ["b", "c"] and strategy.expert_ids("c") == ["b", "a"]
-    assert torch.equal(strategy.configure_client_extras(3, "a")["experts"],
-                       torch.stack([torch.full((2, 2), 2.0), torch.full((2, 2), 5.0)]))
+    assert torch.equal(
+        strategy.configure_client_extras(3, "a")["experts"],
+        torch.stack([torch.full((2, 2), 2.0), torch.full((2, 2), 5.0)]),
+    )
     restored = pFedMoAP(num_experts=3)
     restored.initialize({"prompt.ctx": torch.zeros(2, 2)}, ["a", "b", "c"])
     restored.load_state_dict(strategy.state_dict())
@@ -156,8 +172,17 @@ def test_settings_and_models_it_cannot_use_are_refused():
 
 def test_two_rounds_through_the_cli_send_the_experts(tmp_path):
     out = tmp_path / "run"
-    main(["fit", "--config", str(ROOT / "recipes/pfedmoap_tiny.yaml"), "--out_dir", str(out),
-          "--data.init_args.samples_per_client=20", "--federation.progress_bar=false"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "recipes/pfedmoap_tiny.yaml"),
+            "--out_dir",
+            str(out),
+            "--data.init_args.samples_per_client=20",
+            "--federation.progress_bar=false",
+        ]
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["last"]["round"] == 2 and results["strategy_class"].endswith("pFedMoAP")
     prompt = 16 * 32 * 4  # bytes of one float32 prompt (16 tokens, width 32)
@@ -167,8 +192,10 @@ def test_two_rounds_through_the_cli_send_the_experts(tmp_path):
     # `fedlit cost` on the same recipe estimates what the run measured, experts included
     estimate = run(["cost", "--config", str(ROOT / "recipes/pfedmoap_tiny.yaml"), "--format", "json"])
     totals = estimate["strategies"][0]["run"]
-    assert (totals["download_bytes"], totals["upload_bytes"]) == (results["comm"]["download_bytes"],
-                                                                results["comm"]["upload_bytes"])
+    assert (totals["download_bytes"], totals["upload_bytes"]) == (
+        results["comm"]["download_bytes"],
+        results["comm"]["upload_bytes"],
+    )
     accuracy = results["last"]["test"]["accuracy_mean"] if "test" in results["last"] else None
     assert accuracy is None or 0.0 <= accuracy <= 1.0
 

@@ -126,17 +126,22 @@ def test_momentum_mixes_the_correction_with_the_clients_previous_one(cls):
     assert momentum_mix({W: torch.tensor([2.0])}, {W: torch.tensor([6.0])}, 0.25)[W].tolist() == [3.0]
 
 
-BATCHES = [(torch.tensor([[1.0, 2.0], [0.0, 1.0], [2.0, -1.0]]), torch.tensor([1.0, 0.0, 2.0])),
-           (torch.tensor([[1.0, 1.0], [-1.0, 3.0], [0.5, 0.5]]), torch.tensor([0.0, 1.0, -1.0])),
-           (torch.tensor([[3.0, 0.0], [1.0, -2.0]]), torch.tensor([2.0, 1.0]))]
+BATCHES = [
+    (torch.tensor([[1.0, 2.0], [0.0, 1.0], [2.0, -1.0]]), torch.tensor([1.0, 0.0, 2.0])),
+    (torch.tensor([[1.0, 1.0], [-1.0, 3.0], [0.5, 0.5]]), torch.tensor([0.0, 1.0, -1.0])),
+    (torch.tensor([[3.0, 0.0], [1.0, -2.0]]), torch.tensor([2.0, 1.0])),
+]
 
 
 def fake_client(batches):
     """What a client's turn gives the hooks as ``client``: ``batches`` as its training data, on the CPU."""
     fabric = Fabric(accelerator="cpu", devices=1)
-    return SimpleNamespace(train_dataloader=lambda *stream, generator=None: batches,
-                           prepare_batch=lambda batch: fabric.to_device(batch), autocast=fabric.autocast,
-                           convert_output=lambda out: out)
+    return SimpleNamespace(
+        train_dataloader=lambda *stream, generator=None: batches,
+        prepare_batch=lambda batch: fabric.to_device(batch),
+        autocast=fabric.autocast,
+        convert_output=lambda out: out,
+    )
 
 
 def test_the_extra_pass_uploads_the_mean_batch_gradient_and_the_risk_offset():
@@ -153,8 +158,9 @@ def test_the_extra_pass_uploads_the_mean_batch_gradient_and_the_risk_offset():
         losses.append(loss.item())
     mean_grad, mean_loss = sum(grads) / 3, sum(losses) / 3
     update = ClientUpdate("a", 8, state={W: theta.clone()})
-    strategy.on_client_fit_end(client=fake_client(BATCHES), pl_module=module, server_round=2, client_id="a",
-                               update=update, client_state=state)
+    strategy.on_client_fit_end(
+        client=fake_client(BATCHES), pl_module=module, server_round=2, client_id="a", update=update, client_state=state
+    )
     assert torch.allclose(update.extras["grad"][W], mean_grad, atol=1e-6)
     # l_i = f_i - <grad f_i, theta_i>
     offset = mean_loss - float((mean_grad * theta).sum())
@@ -166,8 +172,12 @@ def test_the_extra_pass_uploads_the_mean_batch_gradient_and_the_risk_offset():
 
 def test_the_extra_pass_restores_batchnorm_statistics():
     bn = nn.BatchNorm1d(2)
-    module = SimpleNamespace(named_buffers=bn.named_buffers, set_train_mode=bn.train, modules=bn.modules,
-                             training_step=lambda batch, i: {"loss": bn(batch[0]).pow(3).mean()})
+    module = SimpleNamespace(
+        named_buffers=bn.named_buffers,
+        set_train_mode=bn.train,
+        modules=bn.modules,
+        training_step=lambda batch, i: {"loss": bn(batch[0]).pow(3).mean()},
+    )
     before = {n: b.clone() for n, b in bn.named_buffers()}
     loss, grad = mean_loss_and_gradient(module, dict(bn.named_parameters()), BATCHES[:2])
     assert all(torch.equal(before[n], b) for n, b in bn.named_buffers())
@@ -177,8 +187,12 @@ def test_the_extra_pass_restores_batchnorm_statistics():
 def test_the_extra_pass_leaves_out_a_batch_of_one_with_batchnorm_as_the_local_loop_does():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
-    module = SimpleNamespace(named_buffers=net.named_buffers, set_train_mode=net.train, modules=net.modules,
-                             training_step=lambda batch, i: {"loss": net(batch[0]).pow(2).sum(-1).mean()})
+    module = SimpleNamespace(
+        named_buffers=net.named_buffers,
+        set_train_mode=net.train,
+        modules=net.modules,
+        training_step=lambda batch, i: {"loss": net(batch[0]).pow(2).sum(-1).mean()},
+    )
     pair, lone = (torch.tensor([[1.0, 2.0], [3.0, -1.0]]), None), (torch.tensor([[0.5, 0.5]]), None)
     params = dict(net.named_parameters())
     loss, grad = mean_loss_and_gradient(module, params, [pair, lone])  # BatchNorm refuses one sample in train mode
@@ -195,12 +209,26 @@ def test_the_extra_pass_leaves_out_a_batch_of_one_with_batchnorm_as_the_local_lo
 def test_the_server_averages_and_stores_each_clients_gradient_loss_row_and_model():
     strategy = server()  # S_{t-1} = [a, b]; mu = 0.5
     updates = [
-        ClientUpdate("a", 10, {W: torch.tensor([[1.0, 0.0]])},
-                     extras={"grad": {W: torch.tensor([[5.0, 5.0]])}, "l": torch.tensor(0.4, dtype=torch.float64),
-                             "a": torch.tensor([0.1, 0.3], dtype=torch.float64)}),
-        ClientUpdate("c", 30, {W: torch.tensor([[5.0, 4.0]])},
-                     extras={"grad": {W: torch.tensor([[-1.0, 1.0]])}, "l": torch.tensor(-2.0, dtype=torch.float64),
-                             "a": torch.tensor([0.0, 0.7], dtype=torch.float64)}),
+        ClientUpdate(
+            "a",
+            10,
+            {W: torch.tensor([[1.0, 0.0]])},
+            extras={
+                "grad": {W: torch.tensor([[5.0, 5.0]])},
+                "l": torch.tensor(0.4, dtype=torch.float64),
+                "a": torch.tensor([0.1, 0.3], dtype=torch.float64),
+            },
+        ),
+        ClientUpdate(
+            "c",
+            30,
+            {W: torch.tensor([[5.0, 4.0]])},
+            extras={
+                "grad": {W: torch.tensor([[-1.0, 1.0]])},
+                "l": torch.tensor(-2.0, dtype=torch.float64),
+                "a": torch.tensor([0.0, 0.7], dtype=torch.float64),
+            },
+        ),
     ]
     out = strategy.global_state = strategy.aggregate(2, updates)  # as the loop stores it
     # theta_glob = 1/4 [1, 0] + 3/4 [5, 4] = [4, 3]
@@ -231,7 +259,8 @@ def test_bad_options_are_named():
 def _losses(out_dir):
     events = EventAccumulator(str(out_dir / "tensorboard")).Reload()
     return [e.value for e in events.Scalars("server/train/loss_mean")] + [
-        events.Scalars("server/val/loss_mean")[-1].value]
+        events.Scalars("server/val/loss_mean")[-1].value
+    ]
 
 
 # Seed 0, 3 clients, all selected, 2 rounds: train loss mean per round, validation loss mean after round 2 (each
@@ -285,8 +314,9 @@ def test_pgfedmo_parts_from_pgfed_once_a_client_trains_again(tmp_path):
     assert abs(runs["pgfedmo"][2] - runs["pgfed"][2]) > 1e-6
 
 
-@pytest.mark.parametrize(("name", "cls"), [("pgfed_pneumoniamnist.yaml", PGFed),
-                                           ("pgfedmo_pneumoniamnist.yaml", PGFedMo)])
+@pytest.mark.parametrize(
+    ("name", "cls"), [("pgfed_pneumoniamnist.yaml", PGFed), ("pgfedmo_pneumoniamnist.yaml", PGFedMo)]
+)
 def test_recipes_select_the_strategy_by_name(name, cls):
     cfg = build_parser().parse_args(["fit", "--config", str(ROOT / "recipes" / name)]).fit
     assert cfg.strategy.class_path == f"fedlit.strategies.{cls.__name__}"

@@ -30,11 +30,16 @@ def client_turn(c, c_i=None):
         module.shared.weight.copy_(torch.tensor([[3.0, 1.0]]))
         module.personal.weight.copy_(torch.tensor([[5.0, 5.0]]))
     strategy = SCAFFOLD()
-    strategy.initialize({"shared.weight": module.shared.weight.detach().clone()}, ["a", "b", "c", "d"],
-                        roles=module.parameter_roles())
+    strategy.initialize(
+        {"shared.weight": module.shared.weight.detach().clone()}, ["a", "b", "c", "d"], roles=module.parameter_roles()
+    )
     state = {} if c_i is None else {"c_i": {"shared.weight": torch.tensor([c_i])}}
-    strategy.on_client_fit_start(pl_module=module, received={"shared.weight": torch.tensor([[3.0, 1.0]])},
-                                 received_extras={"c": {"shared.weight": torch.tensor([c])}}, client_state=state)
+    strategy.on_client_fit_start(
+        pl_module=module,
+        received={"shared.weight": torch.tensor([[3.0, 1.0]])},
+        received_extras={"c": {"shared.weight": torch.tensor([c])}},
+        client_state=state,
+    )
     return module, strategy, state
 
 
@@ -62,7 +67,7 @@ def test_one_local_step_adds_c_minus_c_i_to_the_gradient():
 def test_control_variate_after_k_steps_is_option_two():
     module, strategy, state = client_turn(c=[0.5, -1.0], c_i=[0.25, 0.5])
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-    sgd_step(module, strategy, optimizer, grad=[1.0, 2.0])   # y = [2.875, 0.95]
+    sgd_step(module, strategy, optimizer, grad=[1.0, 2.0])  # y = [2.875, 0.95]
     sgd_step(module, strategy, optimizer, grad=[3.0, -2.0])  # y = [2.875, 0.95] - 0.1 * [3.25, -3.5] = [2.55, 1.3]
     update = ClientUpdate("a", 10, state={"shared.weight": module.shared.weight.detach().clone()})
     strategy.on_client_fit_end(update=update, client_state=state)
@@ -117,14 +122,25 @@ def test_a_client_whose_every_step_was_skipped_keeps_its_c_i():
 
 def test_server_steps_x_by_the_mean_delta_and_c_by_the_sum_over_all_clients():
     strategy = SCAFFOLD(eta_g=0.5)
-    strategy.initialize({"w": torch.tensor([1.0, 2.0]), "nbt": torch.tensor(10)}, ["a", "b", "c", "d"],
-                        roles=ParameterRoles({"w": "shared", "nbt": "shared"}, buffers={"nbt"}))
+    strategy.initialize(
+        {"w": torch.tensor([1.0, 2.0]), "nbt": torch.tensor(10)},
+        ["a", "b", "c", "d"],
+        roles=ParameterRoles({"w": "shared", "nbt": "shared"}, buffers={"nbt"}),
+    )
     strategy.c["w"] = torch.tensor([1.0, 1.0])
     updates = [
-        ClientUpdate("a", 10, {"w": torch.tensor([3.0, 2.0]), "nbt": torch.tensor(14)},
-                     extras={"delta_c": {"w": torch.tensor([4.0, 0.0])}}),
-        ClientUpdate("b", 30, {"w": torch.tensor([1.0, 6.0]), "nbt": torch.tensor(18)},
-                     extras={"delta_c": {"w": torch.tensor([0.0, 8.0])}}),
+        ClientUpdate(
+            "a",
+            10,
+            {"w": torch.tensor([3.0, 2.0]), "nbt": torch.tensor(14)},
+            extras={"delta_c": {"w": torch.tensor([4.0, 0.0])}},
+        ),
+        ClientUpdate(
+            "b",
+            30,
+            {"w": torch.tensor([1.0, 6.0]), "nbt": torch.tensor(18)},
+            extras={"delta_c": {"w": torch.tensor([0.0, 8.0])}},
+        ),
     ]
     out = strategy.aggregate(1, updates)
     # x += 0.5 * mean([2, 0], [0, 4]) = [1, 2] + 0.5 * [1, 2]; buffers alike, integers rounded: 10 + 0.5 * 6
@@ -140,8 +156,10 @@ def test_num_examples_weighting_and_the_pure_step():
     assert server_step(x, ys, [1, 3], 1.0)["w"].item() == 7.0
     strategy = SCAFFOLD(weighting="num_examples")
     strategy.initialize({"w": torch.tensor([0.0])}, ["a", "b"])
-    ups = [ClientUpdate(c, n, y, extras={"delta_c": {"w": torch.zeros(1)}})
-           for c, n, y in (("a", 1, ys[0]), ("b", 3, ys[1]))]
+    ups = [
+        ClientUpdate(c, n, y, extras={"delta_c": {"w": torch.zeros(1)}})
+        for c, n, y in (("a", 1, ys[0]), ("b", 3, ys[1]))
+    ]
     assert strategy.aggregate(1, ups)["w"].item() == 7.0
 
 
@@ -150,9 +168,14 @@ def three_client_round(weighting, control_weighting="same"):
     strategy = SCAFFOLD(weighting=weighting, control_weighting=control_weighting)
     strategy.initialize({"w": torch.zeros(2)}, ["a", "b", "c", "d", "e"])
     strategy.c["w"] = torch.tensor([1.0, 0.0])
-    ups = [ClientUpdate(name, n, {"w": torch.tensor(y)}, extras={"delta_c": {"w": torch.tensor(dc)}})
-           for name, n, y, dc in (("a", 1, [8.0, 0.0], [2.0, 4.0]), ("b", 2, [0.0, 8.0], [4.0, 0.0]),
-                                  ("c", 5, [8.0, 8.0], [-1.0, 8.0]))]
+    ups = [
+        ClientUpdate(name, n, {"w": torch.tensor(y)}, extras={"delta_c": {"w": torch.tensor(dc)}})
+        for name, n, y, dc in (
+            ("a", 1, [8.0, 0.0], [2.0, 4.0]),
+            ("b", 2, [0.0, 8.0], [4.0, 0.0]),
+            ("c", 5, [8.0, 8.0], [-1.0, 8.0]),
+        )
+    ]
     return strategy, strategy.aggregate(1, ups)["w"]
 
 
@@ -181,8 +204,10 @@ def test_with_every_client_c_stays_the_weighted_mean_of_the_c_i_so_the_correctio
     strategy = SCAFFOLD(weighting="num_examples")
     strategy.initialize({"w": torch.zeros(1)}, ["a", "b"])
     # c = c_a = c_b = 0 before; after round 1 c_a = 4, c_b = 8 (delta = c_i+ here); n = 1, 3: w = [1/4, 3/4]
-    ups = [ClientUpdate(name, n, {"w": torch.zeros(1)}, extras={"delta_c": {"w": torch.tensor([dc])}})
-           for name, n, dc in (("a", 1, 4.0), ("b", 3, 8.0))]
+    ups = [
+        ClientUpdate(name, n, {"w": torch.zeros(1)}, extras={"delta_c": {"w": torch.tensor([dc])}})
+        for name, n, dc in (("a", 1, 4.0), ("b", 3, 8.0))
+    ]
     strategy.aggregate(1, ups)
     # |S| = N: c = 1/4 * 4 + 3/4 * 8 = 7 = sum_i w_i c_i, so sum_i w_i (c - c_i) = 0 (the plain mean would give 6)
     assert strategy.c["w"].item() == pytest.approx(7.0, abs=1e-9)
@@ -193,11 +218,15 @@ def test_server_control_update_rejects_weights_that_sum_to_zero():
         scaffold_server_control({"w": torch.zeros(1)}, [{"w": torch.ones(1)}], [0.0], 2)
 
 
-@pytest.mark.parametrize("make", [
-    lambda params: torch.optim.Adam(params, lr=0.1),
-    lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-    lambda params: torch.optim.SGD(params, lr=0.1, weight_decay=0.01),
-], ids=["adam", "momentum", "weight_decay"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: torch.optim.Adam(params, lr=0.1),
+        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        lambda params: torch.optim.SGD(params, lr=0.1, weight_decay=0.01),
+    ],
+    ids=["adam", "momentum", "weight_decay"],
+)
 def test_warns_once_unless_plain_sgd(make):
     module, strategy, _ = client_turn(c=[0.0, 0.0])
     with pytest.warns(UserWarning, match="SCAFFOLD assumes plain SGD") as record:
@@ -231,9 +260,11 @@ def test_two_rounds_exchange_control_variates_and_c_is_the_mean_of_every_c_i(tmp
     param_bytes = sum(p.numel() * p.element_size() for _, p in federation.module.shared_parameters())
     # 2 clients x 2 rounds; each way: the shared tensors (FedAvg's) + one control variate per shared parameter
     # evaluation: all 3 clients download the shared tensors (no control variate) in each of the 2 rounds
-    assert federation.state.comm == {"upload_bytes": 4 * (model_bytes + param_bytes),
-                               "download_bytes": 4 * (model_bytes + param_bytes),
-                               "eval_download_bytes": 6 * model_bytes}
+    assert federation.state.comm == {
+        "upload_bytes": 4 * (model_bytes + param_bytes),
+        "download_bytes": 4 * (model_bytes + param_bytes),
+        "eval_download_bytes": 6 * model_bytes,
+    }
     assert param_bytes > 0.8 * model_bytes  # "about twice FedAvg": buffers carry no control variate
     # c starts at 0 and moves by sum(delta c_i) / N: it is always the mean of all N client variates
     key = federation.strategy.state_key

@@ -30,8 +30,9 @@ def test_statistics_become_personal_affine_parameters_stay_shared_frozen_stays_f
     assert roles["backbone.1.weight"] == "frozen"
     # Exactly the trainable norm buffers changed role.
     before = ParameterRoles.from_module(WithNorm(), [RoleRule("backbone.*", "frozen")])
-    assert {n for n in roles if roles[n] != before[n]} == {f"adapter.1.{s}" for s in
-                                                          ("running_mean", "running_var", "num_batches_tracked")}
+    assert {n for n in roles if roles[n] != before[n]} == {
+        f"adapter.1.{s}" for s in ("running_mean", "running_var", "num_batches_tracked")
+    }
 
 
 class Recorder(Callback):
@@ -73,8 +74,13 @@ def test_two_rounds_keep_each_clients_statistics_and_share_the_bn_weights(tmp_pa
             values = [u.state[name].double() for u in ups]
             mean = (15 * values[0] + 15 * values[1] + 15 * values[2]) / 45
             # the uploads differ far more than the tolerance: keeping one client's values would fail
-            assert min((a - b).abs().max().item() for a, b in ((values[0], values[1]), (values[1], values[2]),
-                                                              (values[0], values[2]))) > 1e-3
+            assert (
+                min(
+                    (a - b).abs().max().item()
+                    for a, b in ((values[0], values[1]), (values[1], values[2]), (values[0], values[2]))
+                )
+                > 1e-3
+            )
             assert torch.allclose(recorder.start[2, c][name].double(), mean, rtol=0, atol=1e-6)
     # After training the clients hold different statistics but evaluate with the same aggregated BN weights.
     means = [fed.store.tensors(c)[f"{BN}.running_mean"] for c in clients]

@@ -95,8 +95,9 @@ def test_fedprox_with_mu_zero_equals_fedavg(trained, anchor, counts):
     # mu = 0.5: + mu/2 ||w - w_t||^2, gradient x + mu (w - w_t)
     distance = sum((w - a) ** 2 for w, a in zip(trained, anchor, strict=True))
     assert losses[0.5] == pytest.approx(w_dot_x + 0.25 * distance, rel=1e-5, abs=1e-4)
-    assert grads[0.5] == pytest.approx([xi + 0.5 * (w - a) for xi, w, a in zip(x, trained, anchor, strict=True)],
-                                       rel=1e-5, abs=1e-4)
+    assert grads[0.5] == pytest.approx(
+        [xi + 0.5 * (w - a) for xi, w, a in zip(x, trained, anchor, strict=True)], rel=1e-5, abs=1e-4
+    )
     assert losses[0.5] - losses[0.0] > 1e-3
     # and the server is FedAvg's
     prox, avg = FedProx(mu=0.0), FedAvg()

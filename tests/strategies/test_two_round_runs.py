@@ -69,7 +69,8 @@ def test_two_rounds_checkpoint_events_and_pinned_losses(tmp_path, name):
     assert set(payload["store"]["tensors"]) == {f"c{k}" for k in range(NUM_CLIENTS)}
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
     assert {"server/val/accuracy_mean", "comm/upload_bytes", "server/test/accuracy_mean"} <= set(
-        events.Tags()["scalars"])
+        events.Tags()["scalars"]
+    )
     losses = [e.value for e in events.Scalars("server/train/loss_mean")]
     assert losses == pytest.approx(pinned, abs=TOL)
     assert events.Scalars("server/val/loss_mean")[-1].value == pytest.approx(val_loss, abs=TOL)

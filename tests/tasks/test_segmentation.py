@@ -27,9 +27,9 @@ def masks_4x4() -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted A (4 pixels) and true B (5 pixels) overlapping on 3 pixels, in one 4x4 channel."""
     predicted, true = torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 4, 4)
     predicted[0, 0, 0, 0:3] = 1  # (0,0) (0,1) (0,2)
-    predicted[0, 0, 1, 0] = 1    # (1,0)            |A| = 4
-    true[0, 0, 0, 0:3] = 1       # (0,0) (0,1) (0,2): the 3 shared pixels
-    true[0, 0, 2, 0:2] = 1       # (2,0) (2,1)      |B| = 5
+    predicted[0, 0, 1, 0] = 1  # (1,0)            |A| = 4
+    true[0, 0, 0, 0:3] = 1  # (0,0) (0,1) (0,2): the 3 shared pixels
+    true[0, 0, 2, 0:2] = 1  # (2,0) (2,1)      |B| = 5
     return predicted, true
 
 
@@ -60,17 +60,20 @@ def _four_images() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([predicted, single, two, empty]), torch.cat([true, single, empty, empty])
 
 
-@pytest.mark.parametrize(("empty", "reduction", "dice", "iou"), [
-    # per image: Dice 6/9, 1, 0 (false positive), 1 (both empty) -> mean (2/3 + 1 + 0 + 1) / 4 = 2/3;
-    # IoU 1/2, 1, 0, 1 -> 5/8
-    ("penalize", "image", 2 / 3, 5 / 8),
-    # images 3 and 4 have an empty truth and are left out: Dice (6/9 + 1) / 2 = 5/6, IoU (1/2 + 1) / 2 = 3/4
-    ("ignore", "image", 5 / 6, 3 / 4),
-    # summed counts: |A n B| = 3 + 1 = 4, |A| = 4 + 1 + 2 = 7, |B| = 5 + 1 = 6 -> Dice 8/13, IoU 4 / (13 - 4)
-    ("penalize", "pooled", 8 / 13, 4 / 9),
-    # images 1 and 2 only: |A n B| = 4, |A| = 5, |B| = 6 -> Dice 8/11, IoU 4 / (11 - 4)
-    ("ignore", "pooled", 8 / 11, 4 / 7),
-])
+@pytest.mark.parametrize(
+    ("empty", "reduction", "dice", "iou"),
+    [
+        # per image: Dice 6/9, 1, 0 (false positive), 1 (both empty) -> mean (2/3 + 1 + 0 + 1) / 4 = 2/3;
+        # IoU 1/2, 1, 0, 1 -> 5/8
+        ("penalize", "image", 2 / 3, 5 / 8),
+        # images 3 and 4 have an empty truth and are left out: Dice (6/9 + 1) / 2 = 5/6, IoU (1/2 + 1) / 2 = 3/4
+        ("ignore", "image", 5 / 6, 3 / 4),
+        # summed counts: |A n B| = 3 + 1 = 4, |A| = 4 + 1 + 2 = 7, |B| = 5 + 1 = 6 -> Dice 8/13, IoU 4 / (13 - 4)
+        ("penalize", "pooled", 8 / 13, 4 / 9),
+        # images 1 and 2 only: |A n B| = 4, |A| = 5, |B| = 6 -> Dice 8/11, IoU 4 / (11 - 4)
+        ("ignore", "pooled", 8 / 11, 4 / 7),
+    ],
+)
 def test_empty_masks_and_the_reduction_follow_the_chosen_convention(empty, reduction, dice, iou):
     predicted, true = _four_images()
     seg = module(empty=empty, dice_reduction=reduction)
@@ -81,7 +84,7 @@ def test_empty_masks_and_the_reduction_follow_the_chosen_convention(empty, reduc
     assert metrics["dice"] == pytest.approx(dice, abs=1e-9) and metrics["iou"] == pytest.approx(iou, abs=1e-9)
     for only, penalized in ((2, 0.0), (3, 1.0)):  # a false positive alone: 0; both empty alone: 1
         seg.reset_metrics()
-        seg.update_metrics(predicted[only:only + 1], true[only:only + 1])
+        seg.update_metrics(predicted[only : only + 1], true[only : only + 1])
         value = seg.compute_metrics()["dice"]
         assert math.isnan(value) if empty == "ignore" else value == penalized
     seg.reset_metrics()
@@ -96,9 +99,13 @@ def test_per_image_dice_and_iou_equal_monai_with_and_without_empty_images():
     true = (torch.rand(12, 2, 6, 6, generator=generator) > 0.6).float()
     true[:3], predicted[2:5] = 0, 0  # empty truths, empty predictions, both
     for empty, ignore_empty in (("penalize", False), ("ignore", True)):
-        reference = [m(y_pred=predicted, y=true).nanmean(dim=0) for m in (
-            DiceMetric(include_background=True, reduction="none", ignore_empty=ignore_empty),
-            MeanIoU(include_background=True, reduction="none", ignore_empty=ignore_empty))]
+        reference = [
+            m(y_pred=predicted, y=true).nanmean(dim=0)
+            for m in (
+                DiceMetric(include_background=True, reduction="none", ignore_empty=ignore_empty),
+                MeanIoU(include_background=True, reduction="none", ignore_empty=ignore_empty),
+            )
+        ]
         seg = module(num_classes=2, empty=empty)
         seg.reset_metrics()
         seg.update_metrics(predicted, true)
@@ -122,8 +129,15 @@ def test_two_overlapping_channels_have_their_own_dice_and_iou():
     assert metrics["dice_1"] == pytest.approx(0.5, abs=1e-6) and metrics["iou_1"] == pytest.approx(1 / 3, abs=1e-6)
     assert metrics["dice"] == pytest.approx((6 / 9 + 0.5) / 2, abs=1e-6)
     assert metrics["iou"] == pytest.approx((0.5 + 1 / 3) / 2, abs=1e-6)
-    assert seg.higher_is_better == {"dice": True, "iou": True, "dice_0": True, "dice_1": True, "iou_0": True,
-                                    "iou_1": True, "loss": False}
+    assert seg.higher_is_better == {
+        "dice": True,
+        "iou": True,
+        "dice_0": True,
+        "dice_1": True,
+        "iou_0": True,
+        "iou_1": True,
+        "loss": False,
+    }
 
 
 def test_hd95_of_single_pixels_and_named_channels():
@@ -165,8 +179,11 @@ def test_hd95_penalizes_a_spurious_prediction_and_scores_both_empty_zero():
         seg.reset_metrics()
         seg.update_metrics(predicted, true)
         assert seg.compute_metrics()["hd95"] == pytest.approx(expected)
-    with pytest.raises(ConfigError, match=r"empty='skip' is not one of \['penalize', 'ignore'\].*"
-                                          r"dice_reduction='global' is not one of \['image', 'pooled'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"empty='skip' is not one of \['penalize', 'ignore'\].*"
+        r"dice_reduction='global' is not one of \['image', 'pooled'\]",
+    ):
         module(empty="skip", dice_reduction="global")
 
 
@@ -224,19 +241,34 @@ def test_networks_map_images_to_logits_of_the_same_size_and_train_entirely():
 def test_segmentation_data_with_a_classification_module_is_refused(tmp_path):
     classifier = ClassificationModule(backbone=Identity(num_features=8), num_classes=2)
     data = SyntheticSegmentation(num_clients=2, samples_per_client=10, image_size=16)
-    with pytest.raises(ConfigError, match="model ClassificationModule accepts tasks \\['binary', 'multiclass', "
-                                          "'multilabel'\\] but data SyntheticSegmentation has task 'segmentation'"):
+    with pytest.raises(
+        ConfigError,
+        match="model ClassificationModule accepts tasks \\['binary', 'multiclass', "
+        "'multilabel'\\] but data SyntheticSegmentation has task 'segmentation'",
+    ):
         Federation(classifier, data, FedAvg(), rounds=1, out_dir=tmp_path, progress_bar=False).setup()
 
 
 def test_segmentation_recipe_raises_the_dice_through_the_cli(tmp_path, capsys):
-    results = run(["fit", "--config", str(ROOT / "recipes" / "segmentation_tiny_unet.yaml"), "--out_dir",
-                   str(tmp_path), "--federation.progress_bar", "false"])
+    results = run(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "recipes" / "segmentation_tiny_unet.yaml"),
+            "--out_dir",
+            str(tmp_path),
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     capsys.readouterr()
     assert results["selection_metric"] == "dice"
     with (tmp_path / "metrics.csv").open() as f:
-        mean_dice = {int(r["round"]): float(r["value"]) for r in csv.DictReader(f)
-                     if r["split"] == "test" and r["metric"] == "dice_mean"}
+        mean_dice = {
+            int(r["round"]): float(r["value"])
+            for r in csv.DictReader(f)
+            if r["split"] == "test" and r["metric"] == "dice_mean"
+        }
     # pinned (seed 0, 5 rounds): 0.409 after round 1, 0.869 after round 5
     assert mean_dice[1] == pytest.approx(0.409, abs=0.05)
     assert mean_dice[5] == pytest.approx(0.869, abs=0.03)
@@ -248,9 +280,19 @@ def test_segmentation_recipe_raises_the_dice_through_the_cli(tmp_path, capsys):
 
 def test_a_download_of_encoder_weights_is_refused_on_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(ROOT / "recipes" / "segmentation_tiny_unet.yaml"), "--out_dir", str(tmp_path),
-              "--model.init_args.network", "fedlit.models.SmpUnet",
-              "--model.init_args.network.init_args.encoder_weights", "imagenet"])
+        main(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "recipes" / "segmentation_tiny_unet.yaml"),
+                "--out_dir",
+                str(tmp_path),
+                "--model.init_args.network",
+                "fedlit.models.SmpUnet",
+                "--model.init_args.network.init_args.encoder_weights",
+                "imagenet",
+            ]
+        )
     assert exit_info.value.code == 2
     assert "model.init_args.network.init_args.encoder_weights='imagenet': nothing downloads" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
@@ -276,8 +318,9 @@ def test_overlay_draws_the_image_in_grey_the_true_outline_in_green_and_the_predi
 def _one_round(tmp_path: Path, log_images: int) -> EventAccumulator:
     torch.manual_seed(0)
     seg = SegmentationModule(network=TinyUNet(width=4, depth=2), log_images=log_images)
-    data = SyntheticSegmentation(num_clients=2, samples_per_client=10, image_size=16, batch_size=2,
-                                 split_fractions=(0.4, 0.4, 0.2))
+    data = SyntheticSegmentation(
+        num_clients=2, samples_per_client=10, image_size=16, batch_size=2, split_fractions=(0.4, 0.4, 0.2)
+    )
     Federation(seg, data, FedAvg(), rounds=1, out_dir=tmp_path, progress_bar=False, accelerator="cpu").fit()
     return EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0}).Reload()
 

@@ -57,8 +57,21 @@ def test_the_generated_table_is_tcga_like(tmp_path):
 def test_survival_site_table_recipe_trains_from_the_yaml_alone(tmp_path):
     csv = tcga_like_csv(tmp_path / "cohort.csv")
     # the recipe's 5 FedAdam rounds, 20 local steps instead of 100 (faster, the same server steps)
-    results = run(["fit", "--config", str(RECIPE), "--data.init_args.path", str(csv), "--federation.local_steps",
-                   "20", "--out_dir", str(tmp_path / "run"), "--federation.progress_bar", "false"])
+    results = run(
+        [
+            "fit",
+            "--config",
+            str(RECIPE),
+            "--data.init_args.path",
+            str(csv),
+            "--federation.local_steps",
+            "20",
+            "--out_dir",
+            str(tmp_path / "run"),
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     assert results["selection_metric"] == "c_index"
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     last = saved["last"]

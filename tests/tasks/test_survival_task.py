@@ -62,8 +62,9 @@ def test_cox_module_trains_and_reports_the_loss_with_its_normalization():
         module.reset_metrics()
         module.validation_step((inputs, targets), 0)
         assert module.compute_metrics()["loss"] == pytest.approx(math.log(3.0) / divisor)
-    with pytest.raises(ConfigError, match="model.init_args.loss_normalization must be 'events' or 'samples', got "
-                                          "'batch'"):
+    with pytest.raises(
+        ConfigError, match="model.init_args.loss_normalization must be 'events' or 'samples', got 'batch'"
+    ):
         CoxModule(backbone=Identity(num_features=1), loss_normalization="batch")
 
 
@@ -89,8 +90,11 @@ def test_cox_loss_matches_the_definition_on_random_data_with_ties():
     risk = torch.randn(40, generator=generator, dtype=torch.float64)
     time = torch.randint(1, 8, (40,), generator=generator).double()  # many ties
     event = (torch.rand(40, generator=generator) < 0.6).double()
-    terms = [float(risk[i]) - math.log(sum(math.exp(risk[j]) for j in range(40) if time[j] >= time[i]))
-             for i in range(40) if event[i] == 1]
+    terms = [
+        float(risk[i]) - math.log(sum(math.exp(risk[j]) for j in range(40) if time[j] >= time[i]))
+        for i in range(40)
+        if event[i] == 1
+    ]
     assert cox_loss(risk, time, event).item() == pytest.approx(-sum(terms) / len(terms), rel=1e-5)
 
 
@@ -140,15 +144,23 @@ def test_cox_module_metrics_cover_the_whole_split():
 
 
 def test_survival_recipe_trains_through_the_cli_and_reports_the_c_index_per_client(tmp_path, capsys):
-    results = run(["fit", "--config", str(ROOT / "recipes" / "survival_cox.yaml"), "--out_dir", str(tmp_path),
-                   "--federation.progress_bar", "false"])
+    results = run(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "recipes" / "survival_cox.yaml"),
+            "--out_dir",
+            str(tmp_path),
+            "--federation.progress_bar",
+            "false",
+        ]
+    )
     printed = capsys.readouterr().out
     assert results["selection_metric"] == "c_index"
     c_index = {c: v["c_index"] for c, v in results["last"]["clients"].items()}
     # pinned (seed 0, 5 rounds); the true risk reaches 0.921 / 0.783 / 0.807 / 0.878 on these test splits, an
     # untrained or sign-flipped model is near or below 0.5
-    assert c_index == pytest.approx({"site_0": 0.9137, "site_1": 0.7838, "site_2": 0.7991, "site_3": 0.8764},
-                                    abs=0.01)
+    assert c_index == pytest.approx({"site_0": 0.9137, "site_1": 0.7838, "site_2": 0.7991, "site_3": 0.8764}, abs=0.01)
     assert min(c_index.values()) > 0.6
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["last"]["summary"]["c_index_mean"] == pytest.approx(sum(c_index.values()) / 4)

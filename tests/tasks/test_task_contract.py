@@ -37,22 +37,28 @@ def test_survival_data_with_a_classification_module_is_refused_naming_both(tmp_p
         federation.fit()
     assert str(info.value) == (
         "Model, strategy and data do not fit: model ClassificationModule accepts tasks ['binary', 'multiclass', "
-        "'multilabel'] but data SyntheticSurvival has task 'survival'.")
+        "'multilabel'] but data SyntheticSurvival has task 'survival'."
+    )
     assert not (tmp_path / "results.json").exists()
 
 
 def test_classification_data_with_the_cox_module_is_refused(tmp_path):
     module = CoxModule(backbone=SmallCNN())
     data = SyntheticImages(num_clients=2, samples_per_client=20)
-    with pytest.raises(ConfigError, match="model CoxModule accepts tasks \\['survival'\\] but data SyntheticImages "
-                                          "has task 'multiclass'"):
+    with pytest.raises(
+        ConfigError,
+        match="model CoxModule accepts tasks \\['survival'\\] but data SyntheticImages has task 'multiclass'",
+    ):
         Federation(module, data, FedAvg(), rounds=1, out_dir=tmp_path, progress_bar=False).setup()
 
 
 def test_fedsld_needs_class_counts_and_refuses_survival_data(tmp_path):
     federation = Federation(cox(), small_survival(), FedSLD(), rounds=1, out_dir=tmp_path, progress_bar=False)
-    with pytest.raises(ConfigError, match="strategy FedSLD accepts tasks \\['binary', 'multiclass'\\] but data "
-                                          "SyntheticSurvival has task 'survival'"):
+    with pytest.raises(
+        ConfigError,
+        match="strategy FedSLD accepts tasks \\['binary', 'multiclass'\\] but data "
+        "SyntheticSurvival has task 'survival'",
+    ):
         federation.setup()
     with pytest.raises(ConfigError, match="only a classification task .* has.*Use another strategy"):
         FedSLD().initialize({}, ["a"], None)
@@ -60,17 +66,31 @@ def test_fedsld_needs_class_counts_and_refuses_survival_data(tmp_path):
 
 def test_the_module_supplies_the_default_selection_metric(tmp_path):
     survival = Federation(cox(), small_survival(), FedAvg(), rounds=1, out_dir=tmp_path / "s", progress_bar=False)
-    classification = Federation(ClassificationModule(backbone=TinyMLP(), num_classes=3), TinyTabular(), FedAvg(),
-                                rounds=1, out_dir=tmp_path / "c", progress_bar=False)
-    chosen = Federation(cox(), small_survival(), FedAvg(), rounds=1, out_dir=tmp_path / "l", progress_bar=False,
-                        selection_metric="loss")
-    assert (survival.history.selection_metric, classification.history.selection_metric,
-            chosen.history.selection_metric) == ("c_index", "accuracy", "loss")
+    classification = Federation(
+        ClassificationModule(backbone=TinyMLP(), num_classes=3),
+        TinyTabular(),
+        FedAvg(),
+        rounds=1,
+        out_dir=tmp_path / "c",
+        progress_bar=False,
+    )
+    chosen = Federation(
+        cox(), small_survival(), FedAvg(), rounds=1, out_dir=tmp_path / "l", progress_bar=False, selection_metric="loss"
+    )
+    assert (
+        survival.history.selection_metric,
+        classification.history.selection_metric,
+        chosen.history.selection_metric,
+    ) == ("c_index", "accuracy", "loss")
     survival.setup()  # a task without classes: the strategy is told there are no class counts
     classification.setup()
     assert survival.strategy.class_counts is None and not (tmp_path / "s" / "class_counts.json").exists()
-    assert classification.strategy.class_counts["c0"] == [int(n) for n in torch.bincount(
-        TinyTabular().data.targets[torch.as_tensor(TinyTabular().data.splits["c0"]["train"])], minlength=3)]
+    assert classification.strategy.class_counts["c0"] == [
+        int(n)
+        for n in torch.bincount(
+            TinyTabular().data.targets[torch.as_tensor(TinyTabular().data.splits["c0"]["train"])], minlength=3
+        )
+    ]
     with pytest.raises(ConfigError, match=r"selection_metric='accuracy' is not one of \['c_index', 'loss'\]"):
         Federation(cox(), small_survival(), FedAvg(), out_dir=tmp_path / "x", selection_metric="accuracy")
 
@@ -81,8 +101,11 @@ def test_the_module_supplies_the_default_selection_metric(tmp_path):
         def higher_is_better(self) -> dict[str, bool]:
             return {"iou": True}
 
-    with pytest.raises(ConfigError, match=r"Odd.default_selection_metric='dice' is not one of its metrics \['iou'\]; "
-                                          "set federation.selection_metric"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Odd.default_selection_metric='dice' is not one of its metrics \['iou'\]; "
+        "set federation.selection_metric",
+    ):
         Federation(Odd(), small_survival(), FedAvg(), out_dir=tmp_path / "y")
 
 
@@ -96,18 +119,43 @@ def test_the_best_round_follows_the_metric_direction():
 
 
 def test_selection_metric_from_the_command_line(tmp_path):
-    results = run(["fit", *SURVIVAL, "--federation.rounds", "2", "--federation.selection_metric", "loss",
-                   "--out_dir", str(tmp_path)])
+    results = run(
+        [
+            "fit",
+            *SURVIVAL,
+            "--federation.rounds",
+            "2",
+            "--federation.selection_metric",
+            "loss",
+            "--out_dir",
+            str(tmp_path),
+        ]
+    )
     assert results["selection_metric"] == "loss"
     assert "Test at the best mean validation loss" in (tmp_path / "results.md").read_text()
 
 
 def test_a_task_mismatch_on_the_command_line_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *SURVIVAL, "--model", "fedlit.tasks.ClassificationModule", "--model.init_args.num_classes", "2",
-              "--model.init_args.backbone", "fedlit.models.Identity", "--model.init_args.backbone.num_features", "8",
-              "--out_dir", str(tmp_path / "run")])
+        main(
+            [
+                "fit",
+                *SURVIVAL,
+                "--model",
+                "fedlit.tasks.ClassificationModule",
+                "--model.init_args.num_classes",
+                "2",
+                "--model.init_args.backbone",
+                "fedlit.models.Identity",
+                "--model.init_args.backbone.num_features",
+                "8",
+                "--out_dir",
+                str(tmp_path / "run"),
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
-    assert "model ClassificationModule accepts tasks ['binary', 'multiclass', 'multilabel'] but data " \
-           "SyntheticSurvival has task 'survival'" in err
+    assert (
+        "model ClassificationModule accepts tasks ['binary', 'multiclass', 'multilabel'] but data "
+        "SyntheticSurvival has task 'survival'" in err
+    )

@@ -90,8 +90,14 @@ __all__ = [
 ]
 
 
-def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str | None = None,
-          baseline_name: str = "Local", vector: str | None = "pdf", table: str | None = None) -> Path:
+def write(
+    paths: Sequence[str | Path],
+    out: str | Path = "report",
+    metric: str | None = None,
+    baseline_name: str = "Local",
+    vector: str | None = "pdf",
+    table: str | None = None,
+) -> Path:
     """Read the runs under ``paths`` and write ``report.md``, ``report.html`` and the figures into ``out``: PNG
     files and, unless ``vector`` is None, the same figures as ``pdf`` or ``svg`` files beside them.
     Warnings (unreadable files) are printed and written into the report. ``metric`` None: the runs' selection
@@ -104,8 +110,10 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str |
     """
     record = report_grid.read_grid(Path(paths[0])) if len(paths) == 1 else None
     if table == "grid" and record is None:
-        raise ConfigError("fedlit report --table grid: give one output folder of `fedlit grid` (it holds "
-                          f"{report_grid.GRID_FILE}); got {' '.join(map(str, paths))}.")
+        raise ConfigError(
+            "fedlit report --table grid: give one output folder of `fedlit grid` (it holds "
+            f"{report_grid.GRID_FILE}); got {' '.join(map(str, paths))}."
+        )
     if record is not None:
         warnings: list[str] = []
         cells = report_grid.grid_runs(Path(paths[0]), record, warnings)
@@ -113,8 +121,15 @@ def write(paths: Sequence[str | Path], out: str | Path = "report", metric: str |
     else:
         runs, warnings = load_runs(paths)
     metric = metric or report_grid.selection_metric(runs)
-    known = sorted({m for r in runs for w in ("last", "best") for v in ((r.results.get(w) or {}).get("clients")
-                                                                         or {}).values() for m in v})
+    known = sorted(
+        {
+            m
+            for r in runs
+            for w in ("last", "best")
+            for v in ((r.results.get(w) or {}).get("clients") or {}).values()
+            for m in v
+        }
+    )
     if metric not in known:
         raise ConfigError(f"fedlit report --metric {metric}: no run has test values of it; the runs have {known}.")
     for warning in warnings:
@@ -137,19 +152,33 @@ def main(argv: Sequence[str]) -> Path:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="fedlit report", description="Compare finished runs of `fedlit fit`, their seeds grouped by method: "
-        "per-client tables, gain over Local, curves, costs and config differences in report.md and report.html.")
+        prog="fedlit report",
+        description="Compare finished runs of `fedlit fit`, their seeds grouped by method: "
+        "per-client tables, gain over Local, curves, costs and config differences in report.md and report.html.",
+    )
     parser.add_argument("runs", nargs="+", help="Run folders, or folders that contain run folders.")
     parser.add_argument("--out", default="report", help="Folder to write the report into (default: report).")
-    parser.add_argument("--metric", default=None,
-                        help="The test/validation metric (default: the runs' selection metric, else accuracy).")
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="The test/validation metric (default: the runs' selection metric, else accuracy).",
+    )
     parser.add_argument("--baseline", default="Local", help="Strategy class of the gain's baseline (default: Local).")
-    parser.add_argument("--vector", default="pdf", choices=[*VECTOR_FORMATS, "none"],
-                        help="Also write each figure in this vector format, for papers (default: pdf; the PNGs are "
-                        "always written: report.md shows them and report.html embeds them).")
-    parser.add_argument("--table", default=None, choices=["grid"],
-                        help="'grid': the table of a `fedlit grid` folder (data sets x methods); added by itself "
-                        "when the one folder given holds grid.json.")
+    parser.add_argument(
+        "--vector",
+        default="pdf",
+        choices=[*VECTOR_FORMATS, "none"],
+        help="Also write each figure in this vector format, for papers (default: pdf; the PNGs are "
+        "always written: report.md shows them and report.html embeds them).",
+    )
+    parser.add_argument(
+        "--table",
+        default=None,
+        choices=["grid"],
+        help="'grid': the table of a `fedlit grid` folder (data sets x methods); added by itself "
+        "when the one folder given holds grid.json.",
+    )
     args = parser.parse_args(list(argv))
-    return write(args.runs, args.out, args.metric, args.baseline, None if args.vector == "none" else args.vector,
-                 args.table)
+    return write(
+        args.runs, args.out, args.metric, args.baseline, None if args.vector == "none" else args.vector, args.table
+    )

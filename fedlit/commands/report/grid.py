@@ -36,8 +36,10 @@ def read_grid(folder: Path) -> dict[str, Any] | None:
         if not (isinstance(record["datasets"], list) and isinstance(record["methods"], list)):
             raise ValueError("datasets and methods are not lists")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-        raise DataError(f"{path}: not a grid record of `fedlit grid` ({err}); run the grid again to rewrite it, or "
-                        "report its run folders without --table grid.") from None
+        raise DataError(
+            f"{path}: not a grid record of `fedlit grid` ({err}); run the grid again to rewrite it, or "
+            "report its run folders without --table grid."
+        ) from None
     return record
 
 
@@ -64,8 +66,9 @@ def grid_runs(folder: Path, record: dict[str, Any], warnings: list[str]) -> dict
             if runs:
                 cells[(dataset, method)] = runs
             else:
-                warnings.append(f"{cell}: no finished run; its cell of the table is empty (run `fedlit grid` again "
-                                "to run it).")
+                warnings.append(
+                    f"{cell}: no finished run; its cell of the table is empty (run `fedlit grid` again to run it)."
+                )
     if not cells:
         raise DataError(f"fedlit report {folder}: no cell of the grid has a finished run (results.json).")
     return cells
@@ -76,15 +79,17 @@ def run_value(run: Run, metric: str) -> float:
     return mean_std(list(client_values(run, "best", metric).values()))[0]
 
 
-def table(record: dict[str, Any], cells: dict[tuple[str, str], list[Run]], metric: str
-          ) -> tuple[list[str], list[list[str]]]:
+def table(
+    record: dict[str, Any], cells: dict[tuple[str, str], list[Run]], metric: str
+) -> tuple[list[str], list[list[str]]]:
     """Table 2: header (``data set``, then the methods) and one row per data set; each cell mean ± standard error
     of :func:`run_value` over the cell's seeds, the best of the row in bold."""
     methods = list(record["methods"])
     rows = []
     for dataset in record["datasets"]:
-        values = {m: mean_se([run_value(r, metric) for r in cells[(dataset, m)]])
-                  for m in methods if (dataset, m) in cells}
+        values = {
+            m: mean_se([run_value(r, metric) for r in cells[(dataset, m)]]) for m in methods if (dataset, m) in cells
+        }
         rows.append([dataset, *bold_best(values, methods, metric)])
     return ["data set", *methods], rows
 
@@ -103,22 +108,35 @@ def blocks(record: dict[str, Any], cells: dict[tuple[str, str], list[Run]], metr
     """
     runs = [r for v in cells.values() for r in v]
     if all(not client_values(r, "best", metric) for r in runs):
-        known = sorted({m for r in runs for v in ((r.results.get("best") or {}).get("clients") or {}).values()
-                        for m in v})
-        raise ConfigError(f"fedlit report --metric {metric}: no run of the grid has test values of it at its best "
-                          f"round; the runs have {known}.")
+        known = sorted(
+            {m for r in runs for v in ((r.results.get("best") or {}).get("clients") or {}).values() for m in v}
+        )
+        raise ConfigError(
+            f"fedlit report --metric {metric}: no run of the grid has test values of it at its best "
+            f"round; the runs have {known}."
+        )
     seeds = sorted({len(v) for v in cells.values()})
     header, rows = table(record, cells, metric)
-    return [("h", 2, f"Table: test {metric} at the best-validation round"),
-            ("p", f"Rows are data sets and columns methods, as in the grid file. Each cell: the clients' mean test "
-                  f"{metric} at the run's best-validation round, mean ± standard error over the seeds ("
-                  + "/".join(map(str, seeds)) + " per cell); the best of each row in bold."),
-            ("table", header, rows)]
+    return [
+        ("h", 2, f"Table: test {metric} at the best-validation round"),
+        (
+            "p",
+            f"Rows are data sets and columns methods, as in the grid file. Each cell: the clients' mean test "
+            f"{metric} at the run's best-validation round, mean ± standard error over the seeds ("
+            + "/".join(map(str, seeds))
+            + " per cell); the best of each row in bold.",
+        ),
+        ("table", header, rows),
+    ]
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """The table as aligned plain text on standard output."""
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
-        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in
-                        enumerate(zip(row, widths, strict=True))).rstrip(), flush=True)
+        print(
+            "  ".join(
+                str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip(),
+            flush=True,
+        )

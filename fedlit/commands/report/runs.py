@@ -60,12 +60,16 @@ def find_runs(paths: Sequence[str | Path], warnings: list[str]) -> list[Path]:
         if not path.is_dir():
             warnings.append(f"{path}: not a folder; give run folders of `fedlit fit` or folders that contain them.")
             continue
-        candidates = [path] if (path / "results.json").exists() else sorted(
-            p.parent for p in path.rglob("results.json"))
+        candidates = (
+            [path] if (path / "results.json").exists() else sorted(p.parent for p in path.rglob("results.json"))
+        )
         # a folder of runs may also hold runs that did not finish or whose results.json was lost: a folder with
         # fedlit's config.json and metrics.csv but no results.json is kept, to be named in a warning by load_run
-        candidates += sorted(p.parent for p in path.rglob("metrics.csv")
-                             if (p.parent / "config.json").exists() and not (p.parent / "results.json").exists())
+        candidates += sorted(
+            p.parent
+            for p in path.rglob("metrics.csv")
+            if (p.parent / "config.json").exists() and not (p.parent / "results.json").exists()
+        )
         found += [c for c in candidates if c not in found]
     return found
 
@@ -123,7 +127,8 @@ def load_run(folder: Path, warnings: list[str]) -> Run:
         run.config = config if isinstance(config, dict) else {}
     except DataError as err:
         left_out = "its configuration is left out" + (
-            " (but for the strategy's and callbacks' arguments that results.json records)" if recorded else "")
+            " (but for the strategy's and callbacks' arguments that results.json records)" if recorded else ""
+        )
         warnings.append(str(err).replace("run left out of the report", left_out))
     for key, value in recorded.items():  # a run built in Python has neither in config.json (or no config.json)
         run.config.setdefault(key, value)
@@ -144,8 +149,11 @@ def recorded_settings(results: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(results.get("strategy_hparams"), Mapping):
         out["strategy"] = {"class_path": results.get("strategy_class"), "init_args": dict(results["strategy_hparams"])}
     if isinstance(results.get("callbacks"), list):
-        out["callbacks"] = [{"class_path": c.get("class"), "init_args": c.get("hparams") or {}}
-                            for c in results["callbacks"] if isinstance(c, Mapping)]
+        out["callbacks"] = [
+            {"class_path": c.get("class"), "init_args": c.get("hparams") or {}}
+            for c in results["callbacks"]
+            if isinstance(c, Mapping)
+        ]
     return out
 
 
@@ -163,9 +171,12 @@ def load_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
         except DataError as err:
             warnings.append(str(err))
     if not runs:
-        raise DataError("fedlit report: no readable run under " + ", ".join(map(str, paths))
-                        + (" (" + "; ".join(warnings) + ")" if warnings else "")
-                        + ". Give folders of finished `fedlit fit` runs (they hold results.json).")
+        raise DataError(
+            "fedlit report: no readable run under "
+            + ", ".join(map(str, paths))
+            + (" (" + "; ".join(warnings) + ")" if warnings else "")
+            + ". Give folders of finished `fedlit fit` runs (they hold results.json)."
+        )
     name_methods(runs)
     return runs, warnings
 
@@ -176,8 +187,9 @@ NOT_METHOD = ("out_dir", "name", "version", "ckpt_path")
 
 def _setting(run: Run) -> str:
     flat = flatten(run.config)
-    return json.dumps({k: v for k, v in flat.items() if k not in NOT_METHOD and not k.endswith("seed")},
-                      sort_keys=True, default=str)
+    return json.dumps(
+        {k: v for k, v in flat.items() if k not in NOT_METHOD and not k.endswith("seed")}, sort_keys=True, default=str
+    )
 
 
 def name_methods(runs: list[Run]) -> None:
@@ -263,8 +275,9 @@ def client_values(run: Run, when: str, metric: str) -> dict[str, float]:
     return {c: float(v[metric]) for c, v in (table.get("clients") or {}).items() if metric in v}
 
 
-def client_table(groups: Mapping[str, list[Run]], when: str, metric: str, spread: Spread = mean_std
-                 ) -> dict[str, dict[str, tuple[float, float]]]:
+def client_table(
+    groups: Mapping[str, list[Run]], when: str, metric: str, spread: Spread = mean_std
+) -> dict[str, dict[str, tuple[float, float]]]:
     """Per client (rows, plus ``average``: the per-run mean over clients), per method: ``spread`` of the values
     over seeds (:func:`mean_std`: mean and std; :func:`mean_se`: mean and standard error)."""
     clients: list[str] = []
@@ -286,8 +299,13 @@ def client_table(groups: Mapping[str, list[Run]], when: str, metric: str, spread
     return table
 
 
-def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
-            baseline_class: str = baseline.LOCAL, spread: Spread = mean_std) -> dict[str, dict[str, Any]]:
+def summary(
+    groups: Mapping[str, list[Run]],
+    when: str,
+    metric: str,
+    baseline_class: str = baseline.LOCAL,
+    spread: Spread = mean_std,
+) -> dict[str, dict[str, Any]]:
     """Per method: ``mean`` and ``worst`` client (``spread`` over seeds: mean and std, or mean and standard error
     with :func:`mean_se`), and the mean individual gain over the
     baseline strategy's runs (``gain``, with ``paired``: the seeds paired; ``unpaired``: why the other runs are
@@ -303,23 +321,34 @@ def summary(groups: Mapping[str, list[Run]], when: str, metric: str,
         row: dict[str, Any] = {
             "seeds": len(runs),
             "mean": spread([mean_std(list(v.values()))[0] for v in values if v]),
-            "worst": spread([worst(finite) for v in values
-                               if (finite := [x for x in v.values() if not math.isnan(x)])]),  # NaN: undefined
+            "worst": spread(
+                [worst(finite) for v in values if (finite := [x for x in v.values() if not math.isnan(x)])]
+            ),  # NaN: undefined
         }
         if local and runs[0].strategy_class != baseline_class:
             gains, paired, unpaired = [], [], []
             for run, clients in zip(runs, values, strict=True):
                 if run.seed not in local or not clients:
-                    unpaired.append(f"{run.folder}: " + (f"no {metric} at its {when} round" if not clients else
-                                    f"no {baseline_class.rsplit('.', 1)[-1]} run of seed {run.seed}"))
+                    unpaired.append(
+                        f"{run.folder}: "
+                        + (
+                            f"no {metric} at its {when} round"
+                            if not clients
+                            else f"no {baseline_class.rsplit('.', 1)[-1]} run of seed {run.seed}"
+                        )
+                    )
                     continue
                 theirs = next((t for t in local[run.seed] if _same_data(t, run)), local[run.seed][0])
                 try:
                     if run.manifest and theirs.manifest:
                         baseline.check_same_data(theirs.manifest, theirs.seed, run.manifest, run.seed, theirs.folder)
-                    gain = baseline.gain_over_local({c: {metric: v} for c, v in clients.items()},
-                                                    run.results[when]["round"], when if when in theirs.results
-                                                    else "last", theirs.results, {metric: higher_is_better(metric)})
+                    gain = baseline.gain_over_local(
+                        {c: {metric: v} for c, v in clients.items()},
+                        run.results[when]["round"],
+                        when if when in theirs.results else "last",
+                        theirs.results,
+                        {metric: higher_is_better(metric)},
+                    )
                 except ConfigError as err:  # other data or other clients: not a pair
                     unpaired.append(f"{run.folder}: {err}")
                     continue
@@ -358,5 +387,8 @@ def config_differences(runs: Sequence[Run], ignore: Sequence[str] = ("out_dir",)
     """The flattened configuration keys whose values differ between the runs: key -> one value per run."""
     flats = [flatten(r.config) for r in runs]
     keys = sorted({k for f in flats for k in f} - set(ignore))
-    return {k: [f.get(k, "—") for f in flats] for k in keys if len({json.dumps(f.get(k, "—"), default=str)
-                                                                    for f in flats}) > 1}
+    return {
+        k: [f.get(k, "—") for f in flats]
+        for k in keys
+        if len({json.dumps(f.get(k, "—"), default=str) for f in flats}) > 1
+    }

@@ -73,9 +73,7 @@ class FederatedDataModule:
         if not is_int(batch_size) or batch_size < 1:
             problems.append(f"data.init_args.batch_size must be an integer >= 1, got {batch_size!r}")
         if eval_batch_size is not None and (not is_int(eval_batch_size) or eval_batch_size < 1):
-            problems.append(
-                f"data.init_args.eval_batch_size must be null or an integer >= 1, got {eval_batch_size!r}"
-            )
+            problems.append(f"data.init_args.eval_batch_size must be null or an integer >= 1, got {eval_batch_size!r}")
         if not is_int(num_workers) or num_workers < 0:
             problems.append(f"data.init_args.num_workers must be an integer >= 0, got {num_workers!r}")
         if not is_int(seed):
@@ -212,8 +210,10 @@ class FederatedDataModule:
         if self.only_client is None:
             return list(sites)
         if self.only_client not in sites:
-            raise DataError(f"node config client-id={self.only_client!r} is not a site of {type(self).__name__} "
-                            f"({option}: {list(sites)}); give the node the id of its site")
+            raise DataError(
+                f"node config client-id={self.only_client!r} is not a site of {type(self).__name__} "
+                f"({option}: {list(sites)}); give the node the id of its site"
+            )
         return [self.only_client]
 
     def client_position(self, client_id: str) -> int:
@@ -316,8 +316,13 @@ class FederatedDataModule:
         dataset = self._loader(client_id, "test", 1, shuffle=False).dataset
         getitems = getattr(dataset, "__getitems__", None)
         first = getitems([0])[0] if getitems is not None else dataset[0]
-        return {"task": task, "num_classes": data.num_classes, "class_names": None if names is None else
-                [str(n) for n in names], "input": _describe(first[0]), "normalization": None}
+        return {
+            "task": task,
+            "num_classes": data.num_classes,
+            "class_names": None if names is None else [str(n) for n in names],
+            "input": _describe(first[0]),
+            "normalization": None,
+        }
 
     def _indices(self, client_id: str, split: str) -> np.ndarray:
         splits = self.data.splits
@@ -342,8 +347,9 @@ class FederatedDataModule:
         dataset: Dataset
         if isinstance(data, SampleList):
             transform = data.train_transform if split == "train" else data.eval_transform
-            dataset = SampleSubset(data.samples[client_id], data.targets[client_id],
-                                   self._indices(client_id, split), data.read, transform)
+            dataset = SampleSubset(
+                data.samples[client_id], data.targets[client_id], self._indices(client_id, split), data.read, transform
+            )
         else:
             dataset = PoolSubset(data.inputs, data.targets, self._indices(client_id, split), data.transform)
         return DataLoader(
@@ -377,8 +383,11 @@ def _count(targets: torch.Tensor, task: str, num_classes: int) -> list[int]:
 def _describe(inputs: Any) -> dict[str, Any]:
     """One input as the model receives it: kind, shape and dtype (see ``FederatedDataModule.preprocessing``)."""
     if isinstance(inputs, dict):
-        return {"kind": "tokens", "keys": sorted(inputs),
-                "shape": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}}
+        return {
+            "kind": "tokens",
+            "keys": sorted(inputs),
+            "shape": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)},
+        }
     if not isinstance(inputs, torch.Tensor):
         return {"kind": type(inputs).__name__}
     shape = list(inputs.shape)

@@ -205,9 +205,7 @@ class Partitioner(ABC):
         """
         labels = np.asarray(labels)
         if labels.ndim != 1:
-            raise ConfigError(
-                f"partitioners take one label per sample (1-D), got labels of shape {labels.shape}"
-            )
+            raise ConfigError(f"partitioners take one label per sample (1-D), got labels of shape {labels.shape}")
         return self._partition(labels, num_clients, rng, groups)
 
     @abstractmethod
@@ -241,9 +239,7 @@ class Dirichlet(Partitioner):
     def __init__(self, *, alpha: float, min_size: int = 2) -> None:
         problems = []
         if not alpha > 0:
-            problems.append(
-                f"{_OPTION}.alpha must be > 0, got {alpha!r}: use e.g. 0.1 (skewed) to 100 (near IID)"
-            )
+            problems.append(f"{_OPTION}.alpha must be > 0, got {alpha!r}: use e.g. 0.1 (skewed) to 100 (near IID)")
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
             problems.append(f"{_OPTION}.min_size must be an integer >= 1, got {min_size!r}")
         if problems:
@@ -270,11 +266,7 @@ class Pathological(Partitioner):
     """
 
     def __init__(self, *, classes_per_client: int) -> None:
-        if (
-            isinstance(classes_per_client, bool)
-            or not isinstance(classes_per_client, int)
-            or classes_per_client < 1
-        ):
+        if isinstance(classes_per_client, bool) or not isinstance(classes_per_client, int) or classes_per_client < 1:
             raise ConfigError(
                 f"{_OPTION}.classes_per_client must be an integer >= 1, got {classes_per_client!r}: "
                 "use e.g. 2 (Luo's thesis)"

@@ -143,8 +143,14 @@ def check_pool(data: PartitionedData, owner: str) -> None:
     if not data.splits:
         problems.append(f"{where} builds no client: its splits are empty")
     for client_id, splits in data.splits.items():
-        problems += split_problems(where, client_id, splits, len(targets), unit="index",
-                                   fix="lower num_clients or change the partition (or split_fractions)")
+        problems += split_problems(
+            where,
+            client_id,
+            splits,
+            len(targets),
+            unit="index",
+            fix="lower num_clients or change the partition (or split_fractions)",
+        )
     if problems:
         raise DataError("; ".join(problems))
 
@@ -163,34 +169,48 @@ def _non_finite(where: str, kind: str, values: torch.Tensor) -> str:
 def _survival_problems(where: str, targets: torch.Tensor) -> list[str]:
     """Survival targets are float (N, 2) rows (time, event): time >= 0, event 0 (censored) or 1 (event)."""
     if not targets.is_floating_point() or targets.ndim != 2 or targets.shape[1] != 2:
-        return [f"{where}: survival targets must be a float tensor of shape (N, 2) holding (time, event) rows, got "
-                f"{targets.dtype} of shape {tuple(targets.shape)}"]
+        return [
+            f"{where}: survival targets must be a float tensor of shape (N, 2) holding (time, event) rows, got "
+            f"{targets.dtype} of shape {tuple(targets.shape)}"
+        ]
     problems = []
-    for column, bad, allowed in ((0, targets[:, 0] < 0, "a time >= 0"),
-                                 (1, (targets[:, 1] != 0) & (targets[:, 1] != 1), "an event 0 (censored) or 1")):
+    for column, bad, allowed in (
+        (0, targets[:, 0] < 0, "a time >= 0"),
+        (1, (targets[:, 1] != 0) & (targets[:, 1] != 1), "an event 0 (censored) or 1"),
+    ):
         if bad.any():
             first = int(bad.nonzero()[0, 0])
-            problems.append(f"{where}: survival target of sample {first} is {targets[first].tolist()}; column "
-                            f"{column} must be {allowed} ({int(bad.sum())} such samples)")
+            problems.append(
+                f"{where}: survival target of sample {first} is {targets[first].tolist()}; column "
+                f"{column} must be {allowed} ({int(bad.sum())} such samples)"
+            )
     return problems
 
 
 def _segmentation_problems(where: str, inputs: torch.Tensor, targets: torch.Tensor, num_classes: int) -> list[str]:
     """Segmentation targets are float (N, C, H, W) masks of 0/1, C = num_classes, H and W those of the inputs."""
     if not targets.is_floating_point() or targets.ndim != 4:
-        return [f"{where}: segmentation targets must be float masks of shape (N, C, H, W), got {targets.dtype} of "
-                f"shape {tuple(targets.shape)}; convert them with .float() and add the channel dimension"]
+        return [
+            f"{where}: segmentation targets must be float masks of shape (N, C, H, W), got {targets.dtype} of "
+            f"shape {tuple(targets.shape)}; convert them with .float() and add the channel dimension"
+        ]
     problems = []
     if targets.shape[1] != num_classes:
-        problems.append(f"{where}: segmentation masks have {targets.shape[1]} channels but num_classes is "
-                        f"{num_classes}; they must be equal (one channel per structure)")
+        problems.append(
+            f"{where}: segmentation masks have {targets.shape[1]} channels but num_classes is "
+            f"{num_classes}; they must be equal (one channel per structure)"
+        )
     if inputs.ndim == 4 and inputs.shape[-2:] != targets.shape[-2:]:
-        problems.append(f"{where}: images are {tuple(inputs.shape[-2:])} pixels but masks "
-                        f"{tuple(targets.shape[-2:])}; resize both to the same size")
+        problems.append(
+            f"{where}: images are {tuple(inputs.shape[-2:])} pixels but masks "
+            f"{tuple(targets.shape[-2:])}; resize both to the same size"
+        )
     bad = (targets != 0) & (targets != 1)
     if bad.any():
         first = int(bad.reshape(len(targets), -1).any(dim=1).nonzero()[0, 0])
-        problems.append(f"{where}: segmentation masks must be 0 or 1, the mask of sample {first} holds "
-                        f"{targets[first][bad[first]][0].item()} ({int(bad.sum())} such pixels); binarize the masks "
-                        "(e.g. mask > 0.5)")
+        problems.append(
+            f"{where}: segmentation masks must be 0 or 1, the mask of sample {first} holds "
+            f"{targets[first][bad[first]][0].item()} ({int(bad.sum())} such pixels); binarize the masks "
+            "(e.g. mask > 0.5)"
+        )
     return problems

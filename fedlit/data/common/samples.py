@@ -187,8 +187,10 @@ class ImageFile:
                     return self._resize(grey.expand(self.channels, -1, -1))
                 image = image.convert("L" if self.channels == 1 else "RGB")
         except FileNotFoundError:
-            raise DataError(f"{path}: image file not found (it was listed when the data set was built); "
-                            "restore it, or rebuild the run's data without it") from None
+            raise DataError(
+                f"{path}: image file not found (it was listed when the data set was built); "
+                "restore it, or rebuild the run's data without it"
+            ) from None
         except image_errors() as err:
             raise unreadable_image(path, err, "replace the file or remove it from the data set") from None
         return self._resize(TF.pil_to_tensor(image).float().div_(255.0))
@@ -212,8 +214,16 @@ def image_errors() -> tuple[type[BaseException], ...]:
 
     from PIL import Image
 
-    return (OSError, ValueError, SyntaxError, EOFError, struct.error, zlib.error, Image.DecompressionBombError,
-            Image.DecompressionBombWarning)  # the warning is raised only where warnings are made errors
+    return (
+        OSError,
+        ValueError,
+        SyntaxError,
+        EOFError,
+        struct.error,
+        zlib.error,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    )  # the warning is raised only where warnings are made errors
 
 
 def unreadable_image(path: Path, error: BaseException, fix: str = "replace it") -> DataError:
@@ -291,22 +301,33 @@ def check_samples(data: SampleList, owner: str) -> None:
         y = data.targets.get(client_id)
         splits = data.splits.get(client_id, {})
         if y is None or len(y) != len(identities):
-            problems.append(f"{where}: client {client_id!r} has {len(identities)} samples but "
-                            f"{'no' if y is None else len(y)} targets")
+            problems.append(
+                f"{where}: client {client_id!r} has {len(identities)} samples but "
+                f"{'no' if y is None else len(y)} targets"
+            )
             continue
         problems += _target_problems(where, client_id, identities, y, data.task, data.num_classes)
-        problems += split_problems(where, client_id, splits, len(identities), unit="position",
-                                   fix="add samples to that site or change split_fractions",
-                                   train_required=client_id not in data.evaluation_only)
+        problems += split_problems(
+            where,
+            client_id,
+            splits,
+            len(identities),
+            unit="position",
+            fix="add samples to that site or change split_fractions",
+            train_required=client_id not in data.evaluation_only,
+        )
         if isinstance(data.read, ImageFile):
             absent = data.read.missing(identities)
             if absent:
                 shown = ", ".join(str(Path(data.read.root) / a) for a in absent[:3])
-                problems.append(f"client {client_id!r}: {len(absent)} listed files do not exist ({shown}"
-                                f"{', ...' if len(absent) > 3 else ''}); restore them or drop them from the list")
+                problems.append(
+                    f"client {client_id!r}: {len(absent)} listed files do not exist ({shown}"
+                    f"{', ...' if len(absent) > 3 else ''}); restore them or drop them from the list"
+                )
     if data.samples and not set(data.samples) - set(data.evaluation_only):
-        problems.append(f"{where}: every client is evaluation-only ({sorted(data.evaluation_only)}); at least one "
-                        "client must train")
+        problems.append(
+            f"{where}: every client is evaluation-only ({sorted(data.evaluation_only)}); at least one client must train"
+        )
     extra = sorted(set(data.splits) - set(data.samples))
     if extra:
         problems.append(f"{where}: splits name clients without samples: {extra}")
@@ -325,17 +346,23 @@ def _target_problems(
         return [f"{where}: {first(~torch.isfinite(y))}, not finite; fix or drop it"]
     if task == "multiclass":
         if y.is_floating_point() or y.dtype == torch.bool:
-            return [f"{where}: multiclass targets must be integers (int64), got {y.dtype} for client "
-                    f"{client_id!r}; convert them with .long(), or declare the task binary or multilabel"]
+            return [
+                f"{where}: multiclass targets must be integers (int64), got {y.dtype} for client "
+                f"{client_id!r}; convert them with .long(), or declare the task binary or multilabel"
+            ]
         bad = (y < 0) | (y >= num_classes)
         if bad.any():
-            return [f"{where}: {first(bad)}, outside the {num_classes} classes 0..{num_classes - 1} "
-                    f"({int(bad.sum())} such targets); fix the labels or raise num_classes"]
+            return [
+                f"{where}: {first(bad)}, outside the {num_classes} classes 0..{num_classes - 1} "
+                f"({int(bad.sum())} such targets); fix the labels or raise num_classes"
+            ]
     if task in ("binary", "multilabel"):
         bad = (y != 0) & (y != 1)
         if bad.any():
-            return [f"{where}: {task} targets must be 0 or 1: {first(bad)} ({int(bad.sum())} such values); "
-                    "binarize the labels or use the multiclass task"]
+            return [
+                f"{where}: {task} targets must be 0 or 1: {first(bad)} ({int(bad.sum())} such values); "
+                "binarize the labels or use the multiclass task"
+            ]
     return []
 
 

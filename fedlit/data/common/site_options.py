@@ -37,8 +37,10 @@ def check_site_names(sites: object) -> None:
         raise ConfigError(f"{_OPTION}.sites must be a list of site folder names, got {sites!r}")
     problems = [f"{site!r} {why}" for site in sites if (why := client_id_problem(site)) is not None]
     if problems:
-        raise ConfigError(f"{_OPTION}.sites: {'; '.join(problems)}; name site folders directly under "
-                          f"{_OPTION}.root (e.g. sites: [BIDMC, UCL])")
+        raise ConfigError(
+            f"{_OPTION}.sites: {'; '.join(problems)}; name site folders directly under "
+            f"{_OPTION}.root (e.g. sites: [BIDMC, UCL])"
+        )
 
 
 def segmentation_option_problems(image_size: object, crop_size: object, unmatched: object) -> list[str]:
@@ -49,8 +51,10 @@ def segmentation_option_problems(image_size: object, crop_size: object, unmatche
     if crop_size is not None and (not is_int(crop_size) or crop_size < 1):
         problems.append(f"{_OPTION}.crop_size must be null (no crop) or an integer >= 1, got {crop_size!r}")
     elif is_int(crop_size) and is_int(image_size) and crop_size > image_size:
-        problems.append(f"{_OPTION}.crop_size={crop_size} is larger than {_OPTION}.image_size={image_size}; a "
-                        "train crop must fit in the resized image (e.g. crop_size 320 for image_size 384)")
+        problems.append(
+            f"{_OPTION}.crop_size={crop_size} is larger than {_OPTION}.image_size={image_size}; a "
+            "train crop must fit in the resized image (e.g. crop_size 320 for image_size 384)"
+        )
     if unmatched not in ("error", "skip"):
         problems.append(f"{_OPTION}.unmatched must be 'error' or 'skip', got {unmatched!r}")
     return problems
@@ -63,15 +67,25 @@ def report_unmatched(owner: str, lost: list[str], policy: str, partner: str = "a
         DataError: when ``policy`` is ``error`` and ``lost`` is not empty.
     """
     if lost and policy == "error":
-        raise DataError(f"{owner}: {len(lost)} files have no {partner}: {', '.join(lost)}. Fix or remove them, "
-                        f"or set {_OPTION}.unmatched: skip (--{_OPTION}.unmatched skip) to leave them out")
+        raise DataError(
+            f"{owner}: {len(lost)} files have no {partner}: {', '.join(lost)}. Fix or remove them, "
+            f"or set {_OPTION}.unmatched: skip (--{_OPTION}.unmatched skip) to leave them out"
+        )
     if lost:
         warnings.warn(f"{owner}: skipped {len(lost)} files without {partner}: {', '.join(lost)}", stacklevel=3)
 
 
-def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: tuple[str, ...], layout: str,
-               source: str, present: Callable[[str], bool] | None = None, same_site: Mapping[str, str] | None = None,
-               warn_others: bool = False) -> list[str]:
+def find_sites(
+    owner: str,
+    root: Path,
+    sites: list[str] | None,
+    default_sites: tuple[str, ...],
+    layout: str,
+    source: str,
+    present: Callable[[str], bool] | None = None,
+    same_site: Mapping[str, str] | None = None,
+    warn_others: bool = False,
+) -> list[str]:
     """The sites a site-per-folder data set reads: ``sites`` (each must be present under ``root``) or those of
     ``default_sites`` that are.
 
@@ -99,22 +113,31 @@ def find_sites(owner: str, root: Path, sites: list[str] | None, default_sites: t
         return list(sites)
     found = [s for s in default_sites if present(s)]
     if not found:
-        raise DataError(f"{_OPTION}.root: {root} holds none of the sites {list(default_sites)}; expected {layout}. "
-                        f"{source}")
+        raise DataError(
+            f"{_OPTION}.root: {root} holds none of the sites {list(default_sites)}; expected {layout}. {source}"
+        )
     named: dict[str, list[str]] = {}
     for site in found:
         named.setdefault((same_site or {}).get(site, site), []).append(site)
     twice = [f"{' and '.join(names)} (both {site})" for site, names in named.items() if len(names) > 1]
     if twice:
-        raise DataError(f"{_OPTION}.root: {root} holds one site under two names: {'; '.join(twice)}; keep one of "
-                        f"the folders, or pick the sites with {_OPTION}.sites")
+        raise DataError(
+            f"{_OPTION}.root: {root} holds one site under two names: {'; '.join(twice)}; keep one of "
+            f"the folders, or pick the sites with {_OPTION}.sites"
+        )
     if warn_others:
-        others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in default_sites
-                        and not p.name.startswith((".", "_")))
+        others = sorted(
+            p.name
+            for p in root.iterdir()
+            if p.is_dir() and p.name not in default_sites and not p.name.startswith((".", "_"))
+        )
         if others:
-            warnings.warn(f"{owner}: folders under {root} that are not sites, left out: {', '.join(others)} (sites "
-                          f"are {', '.join(default_sites)}); rename a site folder to one of those, or name the "
-                          f"folders to read with {_OPTION}.sites", stacklevel=3)
+            warnings.warn(
+                f"{owner}: folders under {root} that are not sites, left out: {', '.join(others)} (sites "
+                f"are {', '.join(default_sites)}); rename a site folder to one of those, or name the "
+                f"folders to read with {_OPTION}.sites",
+                stacklevel=3,
+            )
     return found
 
 
@@ -143,6 +166,8 @@ def class_index(names: Sequence[str] | None, option: str = f"{_OPTION}.class_nam
     listed = [str(n).strip() for n in names]
     twice = sorted({n for n in listed if listed.count(n) > 1})
     if not listed or "" in listed or twice:
-        raise ConfigError(f"{option} must list distinct, non-empty class names, got {list(names)!r}"
-                          + (f" ({twice} given twice)" if twice else ""))
+        raise ConfigError(
+            f"{option} must list distinct, non-empty class names, got {list(names)!r}"
+            + (f" ({twice} given twice)" if twice else "")
+        )
     return {name: i for i, name in enumerate(listed)}

@@ -18,9 +18,7 @@ def check_split_fractions(fractions: Sequence[float], option: str = "data.init_a
         ValueError: naming ``option``, the value received and what is allowed.
     """
     values = tuple(fractions)
-    allowed = (
-        "three fractions (train, val, test) >= 0 that sum to 1, train and test > 0, e.g. (0.4, 0.3, 0.3)"
-    )
+    allowed = "three fractions (train, val, test) >= 0 that sum to 1, train and test > 0, e.g. (0.4, 0.3, 0.3)"
     if len(values) != 3:
         raise ConfigError(f"{option} must be {allowed}; got {values!r}")
     if any(not f >= 0 for f in values) or values[0] <= 0 or values[2] <= 0 or abs(sum(values) - 1) > 1e-6:
@@ -39,9 +37,7 @@ def split_sizes(num_samples: int, fractions: Sequence[float]) -> np.ndarray:
     shares = np.asarray(fractions, dtype=np.float64)
     wanted = int((shares > 0).sum())
     if num_samples < wanted:
-        raise ConfigError(
-            f"cannot split {num_samples} samples into {wanted} non-empty splits {tuple(fractions)}"
-        )
+        raise ConfigError(f"cannot split {num_samples} samples into {wanted} non-empty splits {tuple(fractions)}")
     exact = num_samples * shares / shares.sum()
     sizes = np.floor(exact).astype(np.int64)
     sizes[np.argsort(-(exact - sizes), kind="stable")[: num_samples - sizes.sum()]] += 1
@@ -104,14 +100,20 @@ def split_clients(
                 f"data.init_args.split_fractions={tuple(fractions)}: lower data.init_args.num_clients or "
                 "use a partitioner that gives larger clients (e.g. a larger Dirichlet min_size)"
             )
-        splits[client_id] = dict(
-            zip(SPLITS, stratified_split(part, labels[part], fractions, rng), strict=True)
-        )
+        splits[client_id] = dict(zip(SPLITS, stratified_split(part, labels[part], fractions, rng), strict=True))
     return splits
 
 
-def split_problems(where: str, client_id: str, splits: dict[str, np.ndarray], size: int, *, unit: str,
-                   fix: str, train_required: bool = True) -> list[str]:
+def split_problems(
+    where: str,
+    client_id: str,
+    splits: dict[str, np.ndarray],
+    size: int,
+    *,
+    unit: str,
+    fix: str,
+    train_required: bool = True,
+) -> list[str]:
     """What is wrong with one client's splits, as messages: a missing split, an empty train or test split, or an
     entry outside ``0..size-1``.
 
@@ -127,8 +129,10 @@ def split_problems(where: str, client_id: str, splits: dict[str, np.ndarray], si
     """
     missing = [s for s in SPLITS if s not in splits]
     if missing:
-        return [f"{where}: client {client_id!r} has no {missing} split; give every client train, val and test "
-                f"{unit} arrays (an empty val array means no validation split)"]
+        return [
+            f"{where}: client {client_id!r} has no {missing} split; give every client train, val and test "
+            f"{unit} arrays (an empty val array means no validation split)"
+        ]
     problems = []
     sizes = {s: len(splits[s]) for s in SPLITS}
     for split in ("train", "test") if train_required else ("test",):
@@ -142,6 +146,8 @@ def split_problems(where: str, client_id: str, splits: dict[str, np.ndarray], si
         entries = np.asarray(splits[split])
         if len(entries) and (entries.min() < 0 or entries.max() >= size):
             bad = int(entries[(entries < 0) | (entries >= size)][0])
-            problems.append(f"{where}: client {client_id!r}'s {split} split holds {unit} {bad}, outside the "
-                            f"{size} samples {'of the pool' if unit == 'index' else 'of the client'}")
+            problems.append(
+                f"{where}: client {client_id!r}'s {split} split holds {unit} {bad}, outside the "
+                f"{size} samples {'of the pool' if unit == 'index' else 'of the client'}"
+            )
     return problems

@@ -32,8 +32,9 @@ def aggregate(strategy: Strategy, server_round: int, updates: list[ClientUpdate]
     return strategy.global_state
 
 
-def check_server_state(strategy: Strategy, server_round: int, new_state: Any,
-                       declared: Mapping[str, tuple[int, ...]]) -> None:
+def check_server_state(
+    strategy: Strategy, server_round: int, new_state: Any, declared: Mapping[str, tuple[int, ...]]
+) -> None:
     """Raise a :class:`~fedlit.core.errors.ConfigError` unless ``new_state`` is a mapping of tensors with exactly the
     names of ``declared`` (the server state's names and shapes before ``aggregate`` ran), each of its shape.
 
@@ -45,8 +46,10 @@ def check_server_state(strategy: Strategy, server_round: int, new_state: Any,
     """
     where = f"Round {server_round}: {type(strategy).__name__}.aggregate returned"
     if new_state is None:
-        raise ConfigError(f"{where} None, not the new server state (the loop ignores what a strategy stores in "
-                          f"self.global_state itself). {_FIX}")
+        raise ConfigError(
+            f"{where} None, not the new server state (the loop ignores what a strategy stores in "
+            f"self.global_state itself). {_FIX}"
+        )
     if not isinstance(new_state, Mapping):
         raise ConfigError(f"{where} a {type(new_state).__name__}, not a mapping of tensor names to tensors. {_FIX}")
     problems = []
@@ -59,14 +62,19 @@ def check_server_state(strategy: Strategy, server_round: int, new_state: Any,
     not_tensors = [n for n in new_state if n in declared and not isinstance(new_state[n], Tensor)]
     if not_tensors:
         problems.append(f"values that are not tensors at {_names(not_tensors)}")
-    mismatch = next((n for n in declared if isinstance(new_state.get(n), Tensor)
-                     and tuple(new_state[n].shape) != declared[n]), None)
+    mismatch = next(
+        (n for n in declared if isinstance(new_state.get(n), Tensor) and tuple(new_state[n].shape) != declared[n]), None
+    )
     if mismatch is not None:
-        problems.append(f"{mismatch!r} of shape {list(new_state[mismatch].shape)} where the server state has "
-                        f"{list(declared[mismatch])}")
+        problems.append(
+            f"{mismatch!r} of shape {list(new_state[mismatch].shape)} where the server state has "
+            f"{list(declared[mismatch])}"
+        )
     if problems:
-        raise ConfigError(f"{where} a state that does not fit the server state it declared (the names and shapes of "
-                          f"global_state as initialize set them): {'; '.join(problems)}. {_FIX}")
+        raise ConfigError(
+            f"{where} a state that does not fit the server state it declared (the names and shapes of "
+            f"global_state as initialize set them): {'; '.join(problems)}. {_FIX}"
+        )
 
 
 def _names(names: list[str], shown: int = 5) -> str:

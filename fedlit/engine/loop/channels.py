@@ -33,14 +33,18 @@ def channel_problem(run: Run) -> str | None:
     found = int(image.shape[0])
     if found == expected[0]:
         return None
-    model_option = _option(run.config.get("model"), "model", ("in_channels", "in_chans")) or (
-        "the model's in_channels")
+    model_option = _option(run.config.get("model"), "model", ("in_channels", "in_chans")) or ("the model's in_channels")
     data_option = "data.init_args.channels" if hasattr(run.datamodule, "channels") else None
-    fix = (f"set {data_option}: {expected[0]} (grey is repeated to RGB, RGB made grey) or {model_option}: {found}"
-           if data_option and expected[0] in (1, 3) else f"set {model_option}: {found}")
-    return (f"the data gives {found}-channel images ({type(run.datamodule).__name__}"
-            f"{f', {data_option}' if data_option else ''}) but the model expects {expected[0]} input channels "
-            f"({model_option}); {fix}")
+    fix = (
+        f"set {data_option}: {expected[0]} (grey is repeated to RGB, RGB made grey) or {model_option}: {found}"
+        if data_option and expected[0] in (1, 3)
+        else f"set {model_option}: {found}"
+    )
+    return (
+        f"the data gives {found}-channel images ({type(run.datamodule).__name__}"
+        f"{f', {data_option}' if data_option else ''}) but the model expects {expected[0]} input channels "
+        f"({model_option}); {fix}"
+    )
 
 
 def model_in_channels(module: nn.Module) -> tuple[int, int] | None:
@@ -62,8 +66,11 @@ def _one_sample(data: FederatedDataModule) -> Any:
     for client_id in data.client_ids:
         for split in ("test", "val", "train"):
             if data.num_examples(client_id, split) > 0:
-                loader = data.val_dataloader(client_id) if split == "val" else (
-                    data.test_dataloader(client_id) if split == "test" else None)
+                loader = (
+                    data.val_dataloader(client_id)
+                    if split == "val"
+                    else (data.test_dataloader(client_id) if split == "test" else None)
+                )
                 if loader is not None:
                     return loader.dataset[0]
     return None

@@ -184,8 +184,9 @@ class ClientTurn:
 _clock = time.monotonic
 
 
-def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, Tensor],
-                 received_extras: Mapping[str, Any]) -> ClientTurn:
+def train_client(
+    ctx: ClientContext, server_round: int, received: Mapping[str, Tensor], received_extras: Mapping[str, Any]
+) -> ClientTurn:
     """Train ``ctx.client_id`` for one round from ``received`` (every shared tensor) and ``received_extras``: the
     client's side of a turn, run where the client's data and store entry are (see the module docstring)."""
     module, fabric, strategy, hooks, local = ctx.module, ctx.fabric, ctx.strategy, ctx.hooks, ctx.local
@@ -198,8 +199,15 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     precision = fabric.strategy.precision
     scaler = ctx.scaler
     hook_args = ctx.hook_args()
-    hooks.call("on_client_fit_start", client_states=ctx.store, **hook_args, server_round=server_round,
-               client_id=client_id, received=received, received_extras=received_extras)
+    hooks.call(
+        "on_client_fit_start",
+        client_states=ctx.store,
+        **hook_args,
+        server_round=server_round,
+        client_id=client_id,
+        received=received,
+        received_extras=received_extras,
+    )
     module.set_train_mode()
     norms = batch_statistics_layers(module)
     steps, loss_sum, seen, epoch = 0, 0.0, 0, 0
@@ -225,8 +233,10 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
             loss_sum, seen = loss_sum + value, seen + 1
             total = strategy.training_loss(module, loss, batch, out)
             if total is not loss and not math.isfinite(float(total.detach())):
-                bad = (f"training loss {float(total.detach())} at step {steps + 1} "
-                       f"(after {type(strategy).__name__}.training_loss)")
+                bad = (
+                    f"training loss {float(total.detach())} at step {steps + 1} "
+                    f"(after {type(strategy).__name__}.training_loss)"
+                )
                 break
             loss = total
             hooks.call("on_before_backward", **hook_args, loss=loss)
@@ -250,15 +260,22 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
             if ctx.progress is not None:
                 ctx.progress(steps, loss_sum / seen)
             if timeout is not None and _clock() - started > timeout:
-                bad, kind = (f"timed out: {_clock() - started:.3g} s after {steps} steps, over "
-                             f"federation.client_timeout={timeout:g} s"), "timeout"
+                bad, kind = (
+                    (
+                        f"timed out: {_clock() - started:.3g} s after {steps} steps, over "
+                        f"federation.client_timeout={timeout:g} s"
+                    ),
+                    "timeout",
+                )
                 break
             if steps >= max_steps:
                 break
         if batches == 0:
-            raise DataError(f"Client {client_id!r} has no training batch: its train split is "
-                            f"{_empty_or_single(ctx, norms)}. Give it training samples (change the partition) or "
-                            "leave it out of the federation.")
+            raise DataError(
+                f"Client {client_id!r} has no training batch: its train split is "
+                f"{_empty_or_single(ctx, norms)}. Give it training samples (change the partition) or "
+                "leave it out of the federation."
+            )
         hooks.call("on_train_epoch_end", **hook_args)
         epoch += 1
     shared = module.named_tensors("shared")
@@ -270,8 +287,14 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
     )
     bad = bad or first_non_finite(module.named_tensors("shared", "personal"), "tensor")
     if bad is None:
-        hooks.call("on_client_fit_end", client_states=ctx.store, **hook_args, server_round=server_round,
-                   client_id=client_id, update=update)
+        hooks.call(
+            "on_client_fit_end",
+            client_states=ctx.store,
+            **hook_args,
+            server_round=server_round,
+            client_id=client_id,
+            update=update,
+        )
         bad = first_non_finite(update.extras, "uploaded extra")
     download = state_nbytes(received) + state_nbytes(received_extras)
     if bad is not None:
@@ -284,6 +307,7 @@ def train_client(ctx: ClientContext, server_round: int, received: Mapping[str, T
 def batch_statistics_layers(module: nn.Module) -> list[str]:
     """The BatchNorm layers of ``module`` that normalize with the statistics of the batch: in train mode, or
     without running statistics. A batch of one sample has none."""
+
     def norms() -> list[tuple[str, nn.Module]]:
         return [(n, m) for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
@@ -304,7 +328,9 @@ def skip_single_sample(ctx: ClientContext, batch: Any, norms: list[str]) -> bool
             f"{ctx.num_examples('train')} training samples (1 more than a multiple of the batch size), because the "
             f"BatchNorm layers {norms[:3]}{' ...' if len(norms) > 3 else ''} normalize with the statistics of the "
             "batch, which one sample cannot give. Choose a data.init_args.batch_size that leaves no sample alone to "
-            "train on every one.", stacklevel=3)
+            "train on every one.",
+            stacklevel=3,
+        )
     return True
 
 
@@ -322,8 +348,10 @@ def _num_samples(batch: Any) -> int | None:
 
 def _empty_or_single(ctx: ClientContext, norms: list[str]) -> str:
     if ctx.num_examples("train") == 1 and norms:
-        return (f"one sample, which the BatchNorm layers {norms[:3]} cannot train on (they normalize with the "
-                "statistics of the batch)")
+        return (
+            f"one sample, which the BatchNorm layers {norms[:3]} cannot train on (they normalize with the "
+            "statistics of the batch)"
+        )
     return "empty"
 
 
@@ -339,8 +367,9 @@ def client_optimizer(ctx: ClientContext) -> tuple[Any, LRScheduler | None]:
         if stored is None:
             if ctx.lr_schedule is not None:
                 ctx.lr_schedule.apply(optimizer)
-            return wrapped if wrapped is not None else optim.keep_wrapped(ctx.module,
-                                                                          ctx.fabric.setup_optimizers(optimizer)), None
+            return wrapped if wrapped is not None else optim.keep_wrapped(
+                ctx.module, ctx.fabric.setup_optimizers(optimizer)
+            ), None
         optimizer.load_state_dict(stored)  # replaces its state and groups: Fabric's wrapper must be built anew
         optim.keep_wrapped(ctx.module, None)
         if ctx.lr_schedule is not None:
@@ -379,8 +408,10 @@ def load_client(ctx: ClientContext, received: Mapping[str, Tensor]) -> None:
     missing = sorted(set(shared) - set(received))
     if missing:
         # The store keeps personal tensors only: a shared tensor not sent would keep the previous client's value.
-        raise KeyError(f"{ctx.strategy!r} sent no value for the shared tensors {missing[:5]}: configure_client and "
-                       "configure_evaluate must return every shared tensor (make the others personal).")
+        raise KeyError(
+            f"{ctx.strategy!r} sent no value for the shared tensors {missing[:5]}: configure_client and "
+            "configure_evaluate must return every shared tensor (make the others personal)."
+        )
     with torch.no_grad():
         for name, tensor in received.items():
             shared[name].copy_(tensor)

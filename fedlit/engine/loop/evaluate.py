@@ -57,9 +57,15 @@ GLOBAL = "global"
 UNSEEN, UNSEEN_FINETUNED = "unseen", "unseen_finetuned"
 
 
-def evaluate_client(ctx: ClientContext, server_round: int, splits: tuple[str, ...], received: Mapping[str, Tensor],
-                    personalized: bool = False, images: dict[str, Tensor] | None = None,
-                    finetune_steps: int = 0) -> tuple[dict[str, dict[str, float]], int]:
+def evaluate_client(
+    ctx: ClientContext,
+    server_round: int,
+    splits: tuple[str, ...],
+    received: Mapping[str, Tensor],
+    personalized: bool = False,
+    images: dict[str, Tensor] | None = None,
+    finetune_steps: int = 0,
+) -> tuple[dict[str, dict[str, float]], int]:
     """The client's metrics on each of ``splits`` that it has, with its personal tensors and ``received``, and the
     bytes it downloaded for that (0 when it has none of the splits). ``personalized`` lets the strategy put a model
     the client keeps into the live module (``on_client_evaluate_start``); the global model is evaluated as received.
@@ -72,13 +78,23 @@ def evaluate_client(ctx: ClientContext, server_round: int, splits: tuple[str, ..
         return {}, 0
     load_client(ctx, received)
     if personalized:  # the global model is evaluated as received, never with a model the client keeps
-        ctx.hooks.call("on_client_evaluate_start", client_states=ctx.store, **ctx.hook_args(),
-                       server_round=server_round, client_id=ctx.client_id)
+        ctx.hooks.call(
+            "on_client_evaluate_start",
+            client_states=ctx.store,
+            **ctx.hook_args(),
+            server_round=server_round,
+            client_id=ctx.client_id,
+        )
     if finetune_steps > 0:
         stream = ("eval-finetune", server_round, ctx.client_id)
-        local_steps(ctx, finetune_steps, stream, (*stream, "data"),
-                    f"{type(ctx.strategy).__name__}(finetune_steps={finetune_steps})",
-                    ctx.strategy.configure_eval_finetune(ctx.module))
+        local_steps(
+            ctx,
+            finetune_steps,
+            stream,
+            (*stream, "data"),
+            f"{type(ctx.strategy).__name__}(finetune_steps={finetune_steps})",
+            ctx.strategy.configure_eval_finetune(ctx.module),
+        )
     return _run_loaders(ctx, loaders, images), state_nbytes(received)
 
 
@@ -88,8 +104,9 @@ def eval_loaders(ctx: ClientContext, splits: tuple[str, ...]) -> dict[str, Any]:
     return {s: loader for s, loader in loaders.items() if loader is not None}
 
 
-def _run_loaders(ctx: ClientContext, loaders: Mapping[str, Any],
-                 images: dict[str, Tensor] | None = None) -> dict[str, dict[str, float]]:
+def _run_loaders(
+    ctx: ClientContext, loaders: Mapping[str, Any], images: dict[str, Tensor] | None = None
+) -> dict[str, dict[str, float]]:
     """The live module's metrics on each loader, as it is (nothing loaded)."""
     module, fabric = ctx.module, ctx.fabric
     precision = fabric.strategy.precision
@@ -135,14 +152,20 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     if images:
         record.log_validation_images(run, server_round, images)
     run.state.comm["eval_download_bytes"] = run.state.comm.get("eval_download_bytes", 0) + download
-    log: dict[str, float] = {"comm/eval_download_bytes": download,
-                             "comm/eval_download_bytes_cumulative": run.state.comm["eval_download_bytes"]}
+    log: dict[str, float] = {
+        "comm/eval_download_bytes": download,
+        "comm/eval_download_bytes_cumulative": run.state.comm["eval_download_bytes"],
+    }
     if reused is not None:
         log["system/eval_reused"] = reused
     if run.strategy.eval_finetune_steps:  # the compute that fine-tuning before evaluation adds (FedAvg-FT)
         run.state.compute["eval_finetune_steps"] = run.state.compute.get("eval_finetune_steps", 0) + steps
-        log.update({"system/eval_finetune_steps": steps,
-                    "system/eval_finetune_steps_cumulative": run.state.compute["eval_finetune_steps"]})
+        log.update(
+            {
+                "system/eval_finetune_steps": steps,
+                "system/eval_finetune_steps_cumulative": run.state.compute["eval_finetune_steps"],
+            }
+        )
     for split, per_client in per_split.items():
         if not per_client:
             continue
@@ -153,8 +176,9 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     return log
 
 
-def _scalars(run: Run, split: str, per_client: Mapping[str, Mapping[str, float]],
-             tag_split: str | None = None) -> dict[str, float]:
+def _scalars(
+    run: Run, split: str, per_client: Mapping[str, Mapping[str, float]], tag_split: str | None = None
+) -> dict[str, float]:
     """``[<section>/]client/<id>/<split>/<metric>`` and ``[<section>/]server/<split>/<metric>_<agg>`` of a history
     split (``val``, ``global/val``...); ``tag_split`` replaces the split's name in the tags."""
     section, _, base = split.rpartition("/")
@@ -168,8 +192,14 @@ def _scalars(run: Run, split: str, per_client: Mapping[str, Mapping[str, float]]
 
 
 # ------------------------------------------------------------------------------------------------ fine-tuning
-def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tuple[Any, ...], option: str,
-                optimizer: torch.optim.Optimizer | None = None) -> None:
+def local_steps(
+    ctx: ClientContext,
+    steps: int,
+    seed: tuple[Any, ...],
+    data: tuple[Any, ...],
+    option: str,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> None:
     """Take ``steps`` plain optimizer steps on the module's loss over the client's train split, from the live
     module as it is (cycling through the split): ``optimizer`` if given (a strategy's
     :meth:`~fedlit.strategies.base.Strategy.configure_eval_finetune`), else a fresh one from
@@ -207,8 +237,10 @@ def local_steps(ctx: ClientContext, steps: int, seed: tuple[Any, ...], data: tup
             if done >= steps:
                 break
         if batches == 0:
-            raise DataError(f"Client {ctx.client_id!r} has no training batch to fine-tune on ({option}): give it "
-                            "a train split, or set that option to 0.")
+            raise DataError(
+                f"Client {ctx.client_id!r} has no training batch to fine-tune on ({option}): give it "
+                "a train split, or set that option to 0."
+            )
     # An optimizer over some parameters (a head) leaves the others' gradients behind: none may reach the next turn.
     module.zero_grad(set_to_none=True)
 
@@ -218,8 +250,13 @@ def finetune(ctx: ClientContext, received: Mapping[str, Tensor], steps: int) -> 
     """Load ``received`` (and the client's personal tensors) into the live module, then take ``steps`` plain local
     steps from it (:func:`local_steps`, seeded by the run's seed and the client)."""
     load_client(ctx, received)
-    local_steps(ctx, steps, ("finetune", ctx.client_id), ("finetune-data", ctx.client_id),
-                f"federation.unseen_finetune_steps={steps}")
+    local_steps(
+        ctx,
+        steps,
+        ("finetune", ctx.client_id),
+        ("finetune-data", ctx.client_id),
+        f"federation.unseen_finetune_steps={steps}",
+    )
 
 
 def evaluate_unseen(run: Run, split: str = "test") -> dict[str, Any] | None:
@@ -248,8 +285,11 @@ def evaluate_unseen(run: Run, split: str = "test") -> dict[str, Any] | None:
     out: dict[str, Any] = {"round": run.state.round, "split": split, "finetune_steps": steps}
     for key, per_client in (("global", received_model), ("finetuned", finetuned)):
         if per_client:
-            out[key] = {"round": run.state.round, "clients": per_client,
-                        "summary": summarize(per_client, weights, run.module.higher_is_better)}
+            out[key] = {
+                "round": run.state.round,
+                "clients": per_client,
+                "summary": summarize(per_client, weights, run.module.higher_is_better),
+            }
     return out
 
 

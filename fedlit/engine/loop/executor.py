@@ -43,8 +43,9 @@ class LocalExecutor:
         results: list[ClientTurn | str] = []
         for i, task in enumerate(tasks, 1):
             run.progress.client(f"client {task.client_id} ({i}/{len(tasks)})")
-            results.append(run_fit_task(run.client_context(task.client_id), server_round, task,
-                                        run.settings.on_client_error))
+            results.append(
+                run_fit_task(run.client_context(task.client_id), server_round, task, run.settings.on_client_error)
+            )
         return results
 
     def evaluate(self, run: Run, server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
@@ -55,8 +56,9 @@ class LocalExecutor:
         """Called once at the end of the fit (or when it stops on an error)."""
 
 
-def run_fit_task(ctx: ClientContext, server_round: int, task: FitTask,
-                 on_client_error: str = "raise") -> ClientTurn | str:
+def run_fit_task(
+    ctx: ClientContext, server_round: int, task: FitTask, on_client_error: str = "raise"
+) -> ClientTurn | str:
     """``task``'s turn in this process; with ``on_client_error="skip"``, a description of what it raised instead."""
     if on_client_error == "raise":
         return train_client(ctx, server_round, task.received, task.received_extras)
@@ -64,8 +66,11 @@ def run_fit_task(ctx: ClientContext, server_round: int, task: FitTask,
         return train_client(ctx, server_round, task.received, task.received_extras)
     except Exception as err:  # noqa: BLE001  (skip means: any failure of one client's turn)
         detail = f"{type(err).__name__}: {err}"
-        warnings.warn(f"Round {server_round}: client {task.client_id!r} raised {detail}; it is left out of this "
-                      "round (federation.on_client_error=skip).", stacklevel=2)
+        warnings.warn(
+            f"Round {server_round}: client {task.client_id!r} raised {detail}; it is left out of this "
+            "round (federation.on_client_error=skip).",
+            stacklevel=2,
+        )
         return detail
 
 
@@ -73,8 +78,15 @@ def run_evaluate_task(ctx: ClientContext, server_round: int, task: EvaluateTask)
     """``task``'s evaluation in this process (the personalized model, fine-tuned first when the task says so, then
     the global one if given)."""
     images: dict[str, torch.Tensor] | None = {} if task.images else None
-    metrics, download = evaluate_client(ctx, server_round, task.splits, task.received, personalized=True,
-                                        images=images, finetune_steps=task.finetune_steps)
+    metrics, download = evaluate_client(
+        ctx,
+        server_round,
+        task.splits,
+        task.received,
+        personalized=True,
+        images=images,
+        finetune_steps=task.finetune_steps,
+    )
     steps = task.finetune_steps if metrics else 0
     if task.global_state is not None:
         global_metrics, received = evaluate_client(ctx, server_round, task.splits, task.global_state)

@@ -97,8 +97,12 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
     run.store.set_initial(run.module.named_tensors("personal"))
     counts = run.datamodule.class_counts()  # None for a task without classes
     training = run.train_client_ids
-    run.strategy.initialize(run.module.named_tensors("shared"), training,
-                            None if counts is None else {c: counts[c]["train"] for c in training}, roles=roles)
+    run.strategy.initialize(
+        run.module.named_tensors("shared"),
+        training,
+        None if counts is None else {c: counts[c]["train"] for c in training},
+        roles=roles,
+    )
     if ckpt_path is not None:
         dropped = resume.restore(run, load_checkpoint(ckpt_path), ckpt_path, resuming=resuming)
         resume.record_resume(run, run.out_dir, dropped)
@@ -108,11 +112,12 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
 def check_compatible(run: Run) -> None:
     """Refuse a model, strategy and data that do not fit, naming every problem."""
     task = getattr(run.datamodule, "task", None)
-    problems = [f"{section} {type(obj).__name__} accepts tasks {sorted(accepted)} but data "
-                f"{type(run.datamodule).__name__} has task {task!r}"
-                for section, obj in (("model", run.module), ("strategy", run.strategy))
-                if task is not None and (accepted := getattr(obj, "accepted_tasks", None)) is not None
-                and task not in accepted]
+    problems = [
+        f"{section} {type(obj).__name__} accepts tasks {sorted(accepted)} but data "
+        f"{type(run.datamodule).__name__} has task {task!r}"
+        for section, obj in (("model", run.module), ("strategy", run.strategy))
+        if task is not None and (accepted := getattr(obj, "accepted_tasks", None)) is not None and task not in accepted
+    ]
     for attr in ("task", "num_classes") if not problems else ():
         ours, theirs = getattr(run.module, attr, None), getattr(run.datamodule, attr, None)
         if ours is not None and theirs is not None and ours != theirs:
@@ -122,8 +127,9 @@ def check_compatible(run: Run) -> None:
         problems.append(channels)
     count = run.num_selected()
     if isinstance(run.settings.clients_per_round, int) and count > len(run.train_client_ids):
-        problems.append(f"federation.clients_per_round={count} but the data has only "
-                        f"{len(run.train_client_ids)} clients that train")
+        problems.append(
+            f"federation.clients_per_round={count} but the data has only {len(run.train_client_ids)} clients that train"
+        )
     problems += _min_clients_problems(run, count)
     if problems:
         raise ConfigError("Model, strategy and data do not fit: " + "; ".join(problems) + ".")
@@ -134,12 +140,16 @@ def _min_clients_problems(run: Run, count: int) -> list[str]:
     selects."""
     least, training = run.settings.min_clients, len(run.train_client_ids)
     if least > training:
-        return [f"federation.min_clients={least} but the data has only {training} clients that train; "
-                f"lower federation.min_clients to at most {training}"]
+        return [
+            f"federation.min_clients={least} but the data has only {training} clients that train; "
+            f"lower federation.min_clients to at most {training}"
+        ]
     if least > count:
-        return [f"federation.min_clients={least} but a round selects only {count} clients "
-                f"(federation.clients_per_round={run.settings.clients_per_round}): no round could aggregate; "
-                f"lower federation.min_clients or raise federation.clients_per_round"]
+        return [
+            f"federation.min_clients={least} but a round selects only {count} clients "
+            f"(federation.clients_per_round={run.settings.clients_per_round}): no round could aggregate; "
+            f"lower federation.min_clients or raise federation.clients_per_round"
+        ]
     return []
 
 
@@ -150,18 +160,24 @@ def _unseen_problems(run: Run) -> list[str]:
     trainable, client_ids = list(run.datamodule.train_client_ids), run.client_ids
     if isinstance(unseen, int):
         if unseen >= len(trainable):
-            return [f"federation.unseen_clients={unseen} holds out every client that trains (the data "
-                    f"has {len(trainable)}); hold out fewer"]
+            return [
+                f"federation.unseen_clients={unseen} holds out every client that trains (the data "
+                f"has {len(trainable)}); hold out fewer"
+            ]
         return []
     problems = []
     unknown = [c for c in unseen if c not in client_ids]
     if unknown:
-        problems.append(f"federation.unseen_clients: {unknown} are not clients of the data set (its clients: "
-                        f"{client_ids[:10]}{' ...' if len(client_ids) > 10 else ''})")
+        problems.append(
+            f"federation.unseen_clients: {unknown} are not clients of the data set (its clients: "
+            f"{client_ids[:10]}{' ...' if len(client_ids) > 10 else ''})"
+        )
     evaluation_only = [c for c in unseen if c in client_ids and c not in trainable]
     if evaluation_only:
-        problems.append(f"federation.unseen_clients: {evaluation_only} are already evaluation-only in the data "
-                        "set (evaluated every round with what a new client receives); leave them out of the list")
+        problems.append(
+            f"federation.unseen_clients: {evaluation_only} are already evaluation-only in the data "
+            "set (evaluated every round with what a new client receives); leave them out of the list"
+        )
     if not set(trainable) - set(unseen):
         problems.append(f"federation.unseen_clients={unseen} holds out every client that trains")
     return problems
@@ -176,8 +192,10 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
     launch(run)
     zero = run.fabric.is_global_zero  # rank 0 holds the folder and writes the files, the others write nothing
     # On an error, end the processes this one launched: they would wait for it in their next collective.
-    with ranks.abort_on_error(run), (claim_run_dir(run.out_dir, resume=ckpt_path is not None) if zero
-                                     else contextlib.nullcontext()):
+    with (
+        ranks.abort_on_error(run),
+        claim_run_dir(run.out_dir, resume=ckpt_path is not None) if zero else contextlib.nullcontext(),
+    ):
         setup(run, ckpt_path, resuming=True)
         if run.baseline_run is not None:  # refuse another data set or seed before training, not after
             baseline.load(run.baseline_run, run)
@@ -198,8 +216,10 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
             if state.should_stop and state.round < run.settings.rounds:
                 state.stopped_early = {"round": state.round, "reason": state.stop_reason or "a callback stopped"}
                 if zero:
-                    print(f"Stopped after round {state.round} of {run.settings.rounds}: "
-                          f"{state.stopped_early['reason']}.", flush=True)
+                    print(
+                        f"Stopped after round {state.round} of {run.settings.rounds}: {state.stopped_early['reason']}.",
+                        flush=True,
+                    )
             out = results.report(run)
         finally:
             assert run.executor is not None  # chosen by setup

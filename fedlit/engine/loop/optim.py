@@ -47,8 +47,9 @@ if TYPE_CHECKING:
 INTERVALS = ("round", "step")
 #: Where a client's ``step`` schedule is kept in the store (beside its optimizer state).
 STORE_KEY = "fedlit.lr_scheduler"
-_FORMS = ("return one optimizer, or {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': "
-          "'round' | 'step'}}")
+_FORMS = (
+    "return one optimizer, or {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'round' | 'step'}}"
+)
 
 
 @dataclass
@@ -76,10 +77,15 @@ def unpack(module: FederatedModule, returned: Any) -> LocalOptimizer:
     if isinstance(returned, Optimizer):
         return LocalOptimizer(returned)
     if not isinstance(returned, Mapping):
-        kind = (f"a {type(returned).__name__} of {len(returned)}" if isinstance(returned, (list, tuple))
-                else f"a {type(returned).__name__}")
-        raise ConfigError(f"{owner} returned {kind}: a client trains with one optimizer and at most one "
-                          f"learning-rate scheduler; {_FORMS}.")
+        kind = (
+            f"a {type(returned).__name__} of {len(returned)}"
+            if isinstance(returned, (list, tuple))
+            else f"a {type(returned).__name__}"
+        )
+        raise ConfigError(
+            f"{owner} returned {kind}: a client trains with one optimizer and at most one "
+            f"learning-rate scheduler; {_FORMS}."
+        )
     extra = sorted(set(returned) - {"optimizer", "lr_scheduler"})
     if extra or not isinstance(returned.get("optimizer"), Optimizer):
         why = f"unsupported keys {extra}" if extra else "no torch.optim.Optimizer under 'optimizer'"
@@ -90,8 +96,10 @@ def unpack(module: FederatedModule, returned: Any) -> LocalOptimizer:
         interval = scheduler.get("interval", "round")
         if extra or interval not in INTERVALS:
             why = f"unsupported keys {extra}" if extra else f"interval={interval!r} (not one of {list(INTERVALS)})"
-            raise ConfigError(f"{owner}: the 'lr_scheduler' dict has {why}. 'round' steps the schedule once per "
-                              f"server round, 'step' after each local optimizer step; {_FORMS}.")
+            raise ConfigError(
+                f"{owner}: the 'lr_scheduler' dict has {why}. 'round' steps the schedule once per "
+                f"server round, 'step' after each local optimizer step; {_FORMS}."
+            )
         scheduler = scheduler.get("scheduler")
     if scheduler is not None:
         _check_scheduler(owner, scheduler, returned["optimizer"])
@@ -100,14 +108,20 @@ def unpack(module: FederatedModule, returned: Any) -> LocalOptimizer:
 
 def _check_scheduler(owner: str, scheduler: Any, optimizer: Optimizer) -> None:
     if isinstance(scheduler, ReduceLROnPlateau):
-        raise ConfigError(f"{owner}: ReduceLROnPlateau is not supported (it needs a monitored metric, which local "
-                          "training does not give it). Use a fixed schedule such as CosineAnnealingLR or LinearLR.")
+        raise ConfigError(
+            f"{owner}: ReduceLROnPlateau is not supported (it needs a monitored metric, which local "
+            "training does not give it). Use a fixed schedule such as CosineAnnealingLR or LinearLR."
+        )
     if not isinstance(scheduler, LRScheduler):
-        raise ConfigError(f"{owner}: the learning-rate scheduler is a {type(scheduler).__name__}, not a "
-                          f"torch.optim.lr_scheduler.LRScheduler; {_FORMS}.")
+        raise ConfigError(
+            f"{owner}: the learning-rate scheduler is a {type(scheduler).__name__}, not a "
+            f"torch.optim.lr_scheduler.LRScheduler; {_FORMS}."
+        )
     if scheduler.optimizer is not optimizer:
-        raise ConfigError(f"{owner}: the learning-rate scheduler was built on another optimizer than the one "
-                          "returned; build it on that optimizer.")
+        raise ConfigError(
+            f"{owner}: the learning-rate scheduler was built on another optimizer than the one "
+            "returned; build it on that optimizer."
+        )
 
 
 class RoundSchedule:
@@ -127,8 +141,10 @@ class RoundSchedule:
         """Set ``optimizer``'s hyperparameters (everything but the parameters) to this round's values."""
         reference = self.optimizer.param_groups
         if len(optimizer.param_groups) != len(reference):
-            raise ConfigError(f"configure_optimizers returned {len(optimizer.param_groups)} parameter groups for a "
-                              f"client but {len(reference)} at set-up: it must build the same groups every call.")
+            raise ConfigError(
+                f"configure_optimizers returned {len(optimizer.param_groups)} parameter groups for a "
+                f"client but {len(reference)} at set-up: it must build the same groups every call."
+            )
         for group, ref in zip(optimizer.param_groups, reference, strict=True):
             group.update({k: v for k, v in ref.items() if k != "params"})
 
@@ -169,9 +185,11 @@ def restore_round_schedule(schedule: RoundSchedule | None, payload: Mapping[str,
     saved = payload.get("lr_schedule")
     if (saved is None) != (schedule is None):
         had = "had" if saved is not None else "had no"
-        raise CheckpointError(f"The checkpoint's run {had} a learning-rate schedule stepped per round, this one "
-                              f"{'has none' if saved is not None else 'has one'}: resume with the same "
-                              "model.init_args.lr_scheduler and lr_scheduler_interval.")
+        raise CheckpointError(
+            f"The checkpoint's run {had} a learning-rate schedule stepped per round, this one "
+            f"{'has none' if saved is not None else 'has one'}: resume with the same "
+            "model.init_args.lr_scheduler and lr_scheduler_interval."
+        )
     if saved is not None and schedule is not None:
         schedule.load_state_dict(saved)
 
@@ -184,9 +202,11 @@ def reused_optimizer(module: FederatedModule) -> tuple[Optimizer, Any] | None:
     from fedlit.module import FederatedModule  # a layer above: imported when first used, as in the type hints
 
     own = getattr(module.configure_optimizers, "__func__", None) is FederatedModule.configure_optimizers
-    if (not own  # overridden by a subclass or on the instance
-            or getattr(module, "optimizer_factory", None) is not None
-            or getattr(module, "lr_scheduler_factory", None) is not None):
+    if (
+        not own  # overridden by a subclass or on the instance
+        or getattr(module, "optimizer_factory", None) is not None
+        or getattr(module, "lr_scheduler_factory", None) is not None
+    ):
         return None
     kept: dict[tuple[int, ...], _Kept] = module.derived("fedlit.optimizers", dict)
     key = tuple(id(p) for p in module.derived("parameters", lambda: list(module.parameters())) if p.requires_grad)

@@ -130,8 +130,14 @@ class RankExecutor:
     def teardown(self, run: Run) -> None:
         """Nothing to release: the process group ends with the processes."""
 
-    def _run(self, run: Run, server_round: int, tasks: Sequence[Any],
-             work: Callable[[ClientContext, int, Any], Any], what: str) -> list[Any]:
+    def _run(
+        self,
+        run: Run,
+        server_round: int,
+        tasks: Sequence[Any],
+        work: Callable[[ClientContext, int, Any], Any],
+        what: str,
+    ) -> list[Any]:
         rank = run.fabric.global_rank
         mine = [i for i, task in enumerate(tasks) if self.owner[task.client_id] == rank]
         done: dict[int, Any] = {}
@@ -151,8 +157,10 @@ class RankExecutor:
             if error is not None:
                 raise error
             r, (client_id, detail) = failed[0]
-            raise RankError(f"Round {server_round}: the {what} of client {client_id!r} raised on rank {r}: {detail} "
-                            f"(its traceback is in rank {r}'s output).")
+            raise RankError(
+                f"Round {server_round}: the {what} of client {client_id!r} raised on rank {r}: {detail} "
+                f"(its traceback is in rank {r}'s output)."
+            )
         results: dict[int, Any] = {}
         for part, _ in gathered:
             results.update(part)
@@ -172,8 +180,9 @@ def gather_store(run: Run) -> dict[str, Any] | None:
     merged: dict[str, Any] = {"initial": state["initial"]}
     for part in _STORE_PARTS:
         entries = {c: v for shard in gathered for c, v in shard[part].items()}
-        merged[part] = {c: entries[c] for c in [*run.client_ids, *sorted(set(entries) - set(run.client_ids))]
-                        if c in entries}
+        merged[part] = {
+            c: entries[c] for c in [*run.client_ids, *sorted(set(entries) - set(run.client_ids))] if c in entries
+        }
     return merged
 
 
@@ -199,10 +208,12 @@ class _OnDevice:
 
 def _pack(obj: Any, cpu_only: bool = False) -> Any:
     """``obj`` with every tensor on the CPU (what ``all_gather_object`` can carry between ranks)."""
+
     def move(t: Tensor) -> Any:
         if t.device.type == "cpu":
             return t
         return t.detach().cpu() if cpu_only else _OnDevice(t.detach().cpu())
+
     return _map(obj, move)
 
 
@@ -210,15 +221,13 @@ def _unpack(obj: Any, device: torch.device) -> Any:
     return _map(obj, lambda t: t, lambda d: d.tensor.to(device))
 
 
-def _map(obj: Any, on_tensor: Callable[[Tensor], Any],
-         on_device: Callable[[_OnDevice], Any] | None = None) -> Any:
+def _map(obj: Any, on_tensor: Callable[[Tensor], Any], on_device: Callable[[_OnDevice], Any] | None = None) -> Any:
     if isinstance(obj, Tensor):
         return on_tensor(obj)
     if isinstance(obj, _OnDevice):
         return on_device(obj) if on_device is not None else obj
     if is_dataclass(obj) and not isinstance(obj, type):
-        return replace(obj, **{f.name: _map(getattr(obj, f.name), on_tensor, on_device) for f in fields(obj)
-                               if f.init})
+        return replace(obj, **{f.name: _map(getattr(obj, f.name), on_tensor, on_device) for f in fields(obj) if f.init})
     if isinstance(obj, dict):
         return {k: _map(v, on_tensor, on_device) for k, v in obj.items()}
     if isinstance(obj, list):

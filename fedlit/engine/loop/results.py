@@ -22,15 +22,25 @@ if TYPE_CHECKING:
 
 
 def _unseen_tables(unseen: Mapping[str, Any], metrics: list[str]) -> list[str]:
-    sections = ["## Unseen clients\n",
-                "_Held out of training (federation.unseen_clients), tested with the last round's server state; not "
-                "in the means above._\n"]
+    sections = [
+        "## Unseen clients\n",
+        "_Held out of training (federation.unseen_clients), tested with the last round's server state; not "
+        "in the means above._\n",
+    ]
     if "global" in unseen:
-        sections.append(markdown_table(f"Unseen clients: {unseen['split']} with the model a new client receives",
-                                       unseen["global"], metrics))
+        sections.append(
+            markdown_table(
+                f"Unseen clients: {unseen['split']} with the model a new client receives", unseen["global"], metrics
+            )
+        )
     if "finetuned" in unseen:
-        sections.append(markdown_table(f"Unseen clients: {unseen['split']} after {unseen['finetune_steps']} local "
-                                       "fine-tuning steps", unseen["finetuned"], metrics))
+        sections.append(
+            markdown_table(
+                f"Unseen clients: {unseen['split']} after {unseen['finetune_steps']} local fine-tuning steps",
+                unseen["finetuned"],
+                metrics,
+            )
+        )
     return sections
 
 
@@ -51,12 +61,18 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
         raise DataError(f"The data set has no {split!r} split to evaluate.")
     weights = {c: run.datamodule.num_examples(c, split) for c in run.client_ids}
     metric_names = list(run.module.higher_is_better)
-    result: dict[str, Any] = {"round": run.state.round, "clients": per_client,
-                              "summary": summarize(per_client, weights, run.module.higher_is_better)}
+    result: dict[str, Any] = {
+        "round": run.state.round,
+        "clients": per_client,
+        "summary": summarize(per_client, weights, run.module.higher_is_better),
+    }
     tables = [markdown_table(f"{split} of {ckpt_path}", result, metric_names)]
     if global_per_client:
-        result[GLOBAL] = {"round": run.state.round, "clients": global_per_client,
-                          "summary": summarize(global_per_client, weights, run.module.higher_is_better)}
+        result[GLOBAL] = {
+            "round": run.state.round,
+            "clients": global_per_client,
+            "summary": summarize(global_per_client, weights, run.module.higher_is_better),
+        }
         tables.append(markdown_table(f"{split} of {ckpt_path}, global model", result[GLOBAL], metric_names))
     unseen = evaluate_unseen(run, split)
     if unseen is not None:
@@ -106,8 +122,9 @@ def report(run: Run) -> dict[str, Any]:
         for name, block in value.items():
             results.setdefault(key, {}).setdefault(name, block)
     if run.state.dropped_callbacks:
-        results["dropped_callbacks"] = [{"callback": key, "after_round": entry["after_round"]}
-                                        for key, entry in run.state.dropped_callbacks.items()]
+        results["dropped_callbacks"] = [
+            {"callback": key, "after_round": entry["after_round"]} for key, entry in run.state.dropped_callbacks.items()
+        ]
     if run.state.faults:
         results["faults"] = run.state.faults
     if run.state.stopped_early is not None:
@@ -117,16 +134,22 @@ def report(run: Run) -> dict[str, Any]:
     if "last" in results:
         sections.append(markdown_table("Test, last round", results["last"], metrics))
     if "best" in results:
-        sections.append(markdown_table(
-            f"Test at the best mean validation {run.state.history.selection_metric}", results["best"], metrics))
+        sections.append(
+            markdown_table(
+                f"Test at the best mean validation {run.state.history.selection_metric}", results["best"], metrics
+            )
+        )
     elif run.state.history.best_round() is None:
         sections.append("_No validation split: the best-validation round is not defined (no best.ckpt)._\n")
     if GLOBAL in results:
-        sections.append("## Global model\n\n_Each client with the server's global shared tensors and its own personal "
-                        "tensors; the best round is the one chosen above._\n")
-        for key, title in (("last", "Global model: test, last round"),
-                           ("best", "Global model: test at the best mean validation "
-                                    f"{run.state.history.selection_metric}")):
+        sections.append(
+            "## Global model\n\n_Each client with the server's global shared tensors and its own personal "
+            "tensors; the best round is the one chosen above._\n"
+        )
+        for key, title in (
+            ("last", "Global model: test, last round"),
+            ("best", f"Global model: test at the best mean validation {run.state.history.selection_metric}"),
+        ):
             if key in results[GLOBAL]:
                 sections.append(markdown_table(title, results[GLOBAL][key], metrics))
     if unseen is not None:
@@ -134,18 +157,30 @@ def report(run: Run) -> dict[str, Any]:
     if gain is not None:
         sections.append(baseline.markdown(gain, metrics))
     comm = run.state.comm
-    sections.append(f"Communication: {comm['upload_bytes']:,} bytes up, {comm['download_bytes']:,} bytes "
-                    f"down in training; {comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n")
+    sections.append(
+        f"Communication: {comm['upload_bytes']:,} bytes up, {comm['download_bytes']:,} bytes "
+        f"down in training; {comm.get('eval_download_bytes', 0):,} bytes down for evaluation.\n"
+    )
     if run.state.compute.get("eval_finetune_steps"):
-        sections.append(f"Fine-tuning before evaluation: {run.state.compute['eval_finetune_steps']:,} local steps over "
-                        "the run (beside the rounds' training).\n")
+        sections.append(
+            f"Fine-tuning before evaluation: {run.state.compute['eval_finetune_steps']:,} local steps over "
+            "the run (beside the rounds' training).\n"
+        )
     if run.state.stopped_early is not None:
-        sections.append(f"Stopped after round {run.state.stopped_early['round']} of {run.settings.rounds}: "
-                        f"{run.state.stopped_early['reason']}.\n")
+        sections.append(
+            f"Stopped after round {run.state.stopped_early['round']} of {run.settings.rounds}: "
+            f"{run.state.stopped_early['reason']}.\n"
+        )
     if run.state.dropped_callbacks:
-        sections.append("Callbacks dropped on resume (federation.allow_dropped_callbacks): " + "; ".join(
-            f"{key} after round {entry['after_round']} (what it reports covers only the rounds up to "
-            f"{entry['after_round']})" for key, entry in run.state.dropped_callbacks.items()) + ".\n")
+        sections.append(
+            "Callbacks dropped on resume (federation.allow_dropped_callbacks): "
+            + "; ".join(
+                f"{key} after round {entry['after_round']} (what it reports covers only the rounds up to "
+                f"{entry['after_round']})"
+                for key, entry in run.state.dropped_callbacks.items()
+            )
+            + ".\n"
+        )
     if run.state.faults:
         lines = [f"- round {f['round']}, client {f['client']}: {f['kind']} ({f['detail']})" for f in run.state.faults]
         sections.append("Clients left out of aggregation:\n\n" + "\n".join(lines) + "\n")

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 SECTIONS = ("model", "data", "strategy", "federation")
 
 
-
 def identity(run: Run) -> dict[str, Any]:
     """What a resumed run must share with the checkpoint (plain strings and lists only)."""
     tensors = {**dict(run.module.named_parameters()), **dict(run.module.named_buffers())}
@@ -68,8 +67,11 @@ def save(run: Run, path: str | Path) -> Path:
         "identity": run.state.identity,
         "strategy": run.strategy.state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in run.callbacks[1:]},
-        "reports": {cb.state_key: cast(Any, cb).results_json(run.server_context())  # reports(cb): it has one
-                    for cb in run.callbacks[1:] if reports(cb)},
+        "reports": {
+            cb.state_key: cast(Any, cb).results_json(run.server_context())  # reports(cb): it has one
+            for cb in run.callbacks[1:]
+            if reports(cb)
+        },
         "dropped_callbacks": run.state.dropped_callbacks,
         "store": store,
         "history": run.state.history.state_dict(),
@@ -113,8 +115,9 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
         elif cb.state_key in carried:  # dropped by an earlier resume and back now: on from the rounds it ran
             cb.load_state_dict(carried[cb.state_key]["state"])
     run.state.dropped_callbacks = {key: entry for key, entry in carried.items() if key not in live} | {
-        key: {"after_round": run.state.round, "state": payload["callbacks"].get(key),
-              "report": payload["reports"][key]} for key in dropped}
+        key: {"after_round": run.state.round, "state": payload["callbacks"].get(key), "report": payload["reports"][key]}
+        for key in dropped
+    }
     run.store.load_state_dict(payload["store"])
     run.state.history.load_state_dict(payload["history"])
     run.state.comm = dict(payload["comm"])
@@ -151,7 +154,8 @@ def check_tensor_shapes(payload: Mapping[str, Any], shapes: Mapping[str, list[An
                 f"ckpt_path: {ckpt_path}: tensor {where}.{name} has shape {list(tensor.shape)}, the model's "
                 f"{name} has shape {expected[:-1]} (and so does the checkpoint's own record of the model): the file "
                 "was edited or damaged. Resume from another checkpoint (best.ckpt, a copy), or start a new run "
-                "without --ckpt_path.")
+                "without --ckpt_path."
+            )
 
 
 def reports(callback: Any) -> bool:
@@ -172,10 +176,13 @@ def check_dropped(dropped: list[str], run: Run, ckpt_path: str | Path) -> None:
             f"after {last} would run without them (for a privacy callback: released without noise) and results.json "
             "would lose what they reported. Give the callbacks again with the same settings (the run's config.json "
             "lists them), or set federation.allow_dropped_callbacks: true (--federation.allow_dropped_callbacks "
-            "true) to go on without them, recorded in config.json and results.json.")
-    warnings.warn(f"federation.allow_dropped_callbacks: resuming {ckpt_path} without {names}: the rounds after {last} "
-                  f"run without them, and what they report in results.json covers only the rounds up to {last}.",
-                  stacklevel=4)
+            "true) to go on without them, recorded in config.json and results.json."
+        )
+    warnings.warn(
+        f"federation.allow_dropped_callbacks: resuming {ckpt_path} without {names}: the rounds after {last} "
+        f"run without them, and what they report in results.json covers only the rounds up to {last}.",
+        stacklevel=4,
+    )
 
 
 def dropped_reports(run: Run) -> dict[str, Any]:
@@ -184,9 +191,11 @@ def dropped_reports(run: Run) -> dict[str, Any]:
     sections: dict[str, Any] = {}
     for key, entry in run.state.dropped_callbacks.items():
         after = entry["after_round"]
-        note = (f"{key} was dropped when the run was resumed after round {after} (federation.allow_dropped_callbacks)"
-                f": these figures (an epsilon: the privacy spent) cover only the rounds it ran, up to round {after}; "
-                f"rounds {after + 1}..{run.state.round} ran without it.")
+        note = (
+            f"{key} was dropped when the run was resumed after round {after} (federation.allow_dropped_callbacks)"
+            f": these figures (an epsilon: the privacy spent) cover only the rounds it ran, up to round {after}; "
+            f"rounds {after + 1}..{run.state.round} ran without it."
+        )
         for section, blocks in entry["report"].items():
             for name, block in blocks.items():
                 marked = {**block, "dropped_after_round": after, "note": note} if isinstance(block, Mapping) else block
@@ -197,39 +206,54 @@ def dropped_reports(run: Run) -> dict[str, Any]:
 def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], ckpt_path: str | Path) -> None:
     """Raise :class:`CheckpointError` naming every difference between the checkpoint's run and this one."""
     if saved is None:
-        raise CheckpointError(f"ckpt_path: {ckpt_path} was written by an older fedlit without a record of its "
-                              "strategy and model, so resuming it cannot be checked. Start a new run.")
+        raise CheckpointError(
+            f"ckpt_path: {ckpt_path} was written by an older fedlit without a record of its "
+            "strategy and model, so resuming it cannot be checked. Start a new run."
+        )
     problems = []
     if saved["strategy"] != current["strategy"]:
         problems.append(f"the strategy was {saved['strategy']}, now {current['strategy']}")
     if saved["model"] != current["model"]:
         problems.append(f"the model class was {saved['model']}, now {current['model']}")
     else:
-        changed = [f"{n} {saved['shapes'].get(n)} -> {current['shapes'].get(n)}"
-                   for n in sorted(set(saved["shapes"]) | set(current["shapes"]))
-                   if saved["shapes"].get(n) != current["shapes"].get(n)]
+        changed = [
+            f"{n} {saved['shapes'].get(n)} -> {current['shapes'].get(n)}"
+            for n in sorted(set(saved["shapes"]) | set(current["shapes"]))
+            if saved["shapes"].get(n) != current["shapes"].get(n)
+        ]
         if changed:
             problems.append(f"the model's tensors differ ({len(changed)}: {'; '.join(changed[:3])})")
         elif saved["roles"] != current["roles"]:
             names = [n for n in saved["roles"] if saved["roles"][n] != current["roles"].get(n)]
             problems.append(f"the parameter roles differ ({', '.join(names[:3])})")
         elif saved["frozen_fingerprint"] != current["frozen_fingerprint"]:
-            problems.append("the frozen tensors differ (other pretrained weights, or a randomly initialized backbone "
-                            "built with another seed)")
+            problems.append(
+                "the frozen tensors differ (other pretrained weights, or a randomly initialized backbone "
+                "built with another seed)"
+            )
     if saved["manifest"] != current["manifest"]:
-        problems.append("it was made with another data partition (the manifest of which client holds which sample "
-                        "differs)")
+        problems.append(
+            "it was made with another data partition (the manifest of which client holds which sample differs)"
+        )
     before, now = json.loads(saved["config"]), json.loads(current["config"])
     if before and now:
-        changed = [k for k in config_changes(before, now) if k.split(".")[0] != "federation"
-                   or k.split(".")[1] not in RESUMABLE]
+        changed = [
+            k
+            for k in config_changes(before, now)
+            if k.split(".")[0] != "federation" or k.split(".")[1] not in RESUMABLE
+        ]
         if changed:
-            problems.append("the configuration differs in " + ", ".join(
-                f"{k} ({_short(_get(before, k))} -> {_short(_get(now, k))})" for k in changed[:5]))
+            problems.append(
+                "the configuration differs in "
+                + ", ".join(f"{k} ({_short(_get(before, k))} -> {_short(_get(now, k))})" for k in changed[:5])
+            )
     if problems:
-        raise CheckpointError(f"ckpt_path: {ckpt_path} belongs to another run: " + "; ".join(problems) + ". Resume "
-                              "with the settings of that run (only federation." + ", federation.".join(
-                                  sorted(RESUMABLE)) + " may change), or start a new run without --ckpt_path.")
+        raise CheckpointError(
+            f"ckpt_path: {ckpt_path} belongs to another run: " + "; ".join(problems) + ". Resume "
+            "with the settings of that run (only federation."
+            + ", federation.".join(sorted(RESUMABLE))
+            + " may change), or start a new run without --ckpt_path."
+        )
 
 
 def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -261,8 +285,10 @@ def record_resume(run: Run, folder: Path, dropped: list[str] | None = None) -> N
     original = json.loads(path.read_text()) if path.is_file() else {}
     resumed = list(original.pop("resumed", []))
     if original:
-        entry: dict[str, Any] = {"from_round": run.state.round, "changed": {
-            k: [_get(original, k), _get(run.config, k)] for k in config_changes(original, run.config)}}
+        entry: dict[str, Any] = {
+            "from_round": run.state.round,
+            "changed": {k: [_get(original, k), _get(run.config, k)] for k in config_changes(original, run.config)},
+        }
         if dropped:
             entry["dropped_callbacks"] = list(dropped)
         resumed.append(entry)

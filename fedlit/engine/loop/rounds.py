@@ -32,15 +32,18 @@ def log_class_counts(run: Run) -> None:
     counts = run.datamodule.class_counts()
     if counts is None:  # a task without classes (survival, regression): no class table
         return
-    lines = ["| client | " + " | ".join(f"{s} per class" for s in ("train", "val", "test")) + " |",
-             "|---|---|---|---|"]
-    lines += [f"| {table_cell(c)} | " + " | ".join(str(v[s]) for s in ("train", "val", "test")) + " |"
-              for c, v in counts.items()]
+    lines = ["| client | " + " | ".join(f"{s} per class" for s in ("train", "val", "test")) + " |", "|---|---|---|---|"]
+    lines += [
+        f"| {table_cell(c)} | " + " | ".join(str(v[s]) for s in ("train", "val", "test")) + " |"
+        for c, v in counts.items()
+    ]
     table = "\n".join(lines)
-    shown = lines[:2 + 12] + ([f"| ... {len(counts) - 12} more clients in class_counts.json |"]
-                              if len(counts) > 12 else [])
+    shown = lines[: 2 + 12] + (
+        [f"| ... {len(counts) - 12} more clients in class_counts.json |"] if len(counts) > 12 else []
+    )
     print(f"{len(counts)} clients, samples per class:\n" + "\n".join(shown), flush=True)
     _add_text(run, "data/class_counts", table)
+
 
 def log_role_summary(run: Run) -> None:
     """Print the tensors, parameters and MB of each role (after the strategy's refinement) and log the table
@@ -82,8 +85,11 @@ def run_round(run: Run, server_round: int) -> None:
         upload += state_nbytes(update.state) + state_nbytes(update.extras)
         download += turn.download_bytes
         log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
-        problem = ((turn.problem_kind, turn.problem) if turn.problem is not None else
-                   screen_update(update, task.received, run.settings.max_update_norm, run.settings.max_update_ratio))
+        problem = (
+            (turn.problem_kind, turn.problem)
+            if turn.problem is not None
+            else screen_update(update, task.received, run.settings.max_update_norm, run.settings.max_update_ratio)
+        )
         if problem is not None:
             kind, detail = problem
             faults.append({"round": server_round, "client": client_id, "kind": kind, "detail": detail})
@@ -92,8 +98,9 @@ def run_round(run: Run, server_round: int) -> None:
         updates.append(update)
     check_round(run, server_round, selected, updates, faults)
     train_seconds = time.perf_counter() - start
-    run.hooks.call("on_before_aggregate", trainer=server, pl_module=run.module, server_round=server_round,
-                   updates=updates)
+    run.hooks.call(
+        "on_before_aggregate", trainer=server, pl_module=run.module, server_round=server_round, updates=updates
+    )
     aggregation.aggregate(run.strategy, server_round, updates)  # stores what aggregate returns as global_state
     # After the new server state, before evaluation: a callback may change it (ClientLevelDP's noise) and add
     # scalars to the round's log.
@@ -105,21 +112,32 @@ def run_round(run: Run, server_round: int) -> None:
     losses = [u.metrics["loss"] for u in updates]
     if losses:
         log["server/train/loss_mean"] = sum(losses) / len(losses)
-    log.update({"comm/upload_bytes": upload, "comm/download_bytes": download,
-                "comm/upload_bytes_cumulative": run.state.comm["upload_bytes"],
-                "comm/download_bytes_cumulative": run.state.comm["download_bytes"],
-                "comm/clients": len(selected), "server/train/clients_left_out": len(faults)})
+    log.update(
+        {
+            "comm/upload_bytes": upload,
+            "comm/download_bytes": download,
+            "comm/upload_bytes_cumulative": run.state.comm["upload_bytes"],
+            "comm/download_bytes_cumulative": run.state.comm["download_bytes"],
+            "comm/clients": len(selected),
+            "server/train/clients_left_out": len(faults),
+        }
+    )
     metrics: dict[str, float] = {}
     if server_round % run.settings.eval_every == 0 or server_round == run.settings.rounds:
         eval_start = time.perf_counter()
         metrics = evaluation.evaluate_round(run, server_round)
         log.update(metrics)
         log["system/eval_seconds"] = time.perf_counter() - eval_start
-    log.update({"system/train_seconds": train_seconds, "system/aggregate_seconds": aggregate_seconds,
-                "system/round_seconds": time.perf_counter() - start,
-                "system/peak_memory_mb": _peak_memory_mb(run.fabric.device),
-                "system/store_mb": run.store.nbytes() / 2**20,
-                "system/trainable_parameters": run.module.num_trainable_parameters()})
+    log.update(
+        {
+            "system/train_seconds": train_seconds,
+            "system/aggregate_seconds": aggregate_seconds,
+            "system/round_seconds": time.perf_counter() - start,
+            "system/peak_memory_mb": _peak_memory_mb(run.fabric.device),
+            "system/store_mb": run.store.nbytes() / 2**20,
+            "system/trainable_parameters": run.module.num_trainable_parameters(),
+        }
+    )
     kwh = energy.round_kwh(run)
     if kwh is not None:  # measured only: no value where no counter can be read
         log["system/energy_kwh"] = kwh
@@ -128,13 +146,13 @@ def run_round(run: Run, server_round: int) -> None:
         run.lr_schedule.step()
     run.fabric.log_dict(log, step=server_round)
     record.append_round(run, server_round, log)
-    run.hooks.call("on_round_end", trainer=server, pl_module=run.module, server_round=server_round,
-                   metrics=metrics)
+    run.hooks.call("on_round_end", trainer=server, pl_module=run.module, server_round=server_round, metrics=metrics)
     if record.is_best(run, server_round):  # before last.ckpt: a resume drops a best.ckpt newer than it
         resume.save(run, record.best_path(run))
     settings = run.settings
     if server_round % settings.checkpoint_every == 0 or server_round == settings.rounds or run.state.should_stop:
         resume.save(run, run.out_dir / "checkpoints" / LAST)
+
 
 #: The tag of a left-out turn in the round's log, by the kind of its fault.
 _FAULT_TAGS = {"timeout": "timed_out", "rejected": "rejected", "non-finite": "quarantined"}
@@ -146,43 +164,54 @@ def _check_aggregate(run: Run, server_round: int) -> None:
     if bad is None:
         return
     checkpoint = run.out_dir / "checkpoints" / LAST
-    kept = (f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file()
-            else "no checkpoint was written yet")
+    kept = f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file() else "no checkpoint was written yet"
     raise NonFiniteError(
         f"Round {server_round}: the aggregate of the clients' updates is not finite ({bad}); the round is not "
         f"published, evaluated or saved; {kept}. Leave out poisoned updates with federation.max_update_norm or a "
         "lower federation.max_update_ratio (or a robust aggregator such as strategy.init_args.aggregator: median), "
-        "or lower model.init_args.lr, then resume.")
+        "or lower model.init_args.lr, then resume."
+    )
 
 
-def check_round(run: Run, server_round: int, selected: list[str], updates: list[Any],
-                 faults: list[dict[str, Any]]) -> None:
+def check_round(
+    run: Run, server_round: int, selected: list[str], updates: list[Any], faults: list[dict[str, Any]]
+) -> None:
     """Warn about each left-out client; stop when too few updates remain (the last checkpoint is kept)."""
     run.state.faults.extend(faults)
     for fault in faults:
         if fault["kind"] == "non-finite":
-            warnings.warn(f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
-                          f"out of aggregation ({fault['detail']}).", stacklevel=3)
+            warnings.warn(
+                f"Round {server_round}: client {fault['client']!r} is quarantined, its update is left "
+                f"out of aggregation ({fault['detail']}).",
+                stacklevel=3,
+            )
         elif fault["kind"] == "rejected":
-            warnings.warn(f"Round {server_round}: client {fault['client']!r}'s update is rejected and left out of "
-                          f"aggregation ({fault['detail']}).", stacklevel=3)
+            warnings.warn(
+                f"Round {server_round}: client {fault['client']!r}'s update is rejected and left out of "
+                f"aggregation ({fault['detail']}).",
+                stacklevel=3,
+            )
         elif fault["kind"] == "timeout":
-            warnings.warn(f"Round {server_round}: client {fault['client']!r} timed out, its update is left out of "
-                          f"aggregation and its stored state is unchanged ({fault['detail']}).", stacklevel=3)
+            warnings.warn(
+                f"Round {server_round}: client {fault['client']!r} timed out, its update is left out of "
+                f"aggregation and its stored state is unchanged ({fault['detail']}).",
+                stacklevel=3,
+            )
     if len(updates) >= min(run.settings.min_clients, len(selected)):
         return
     checkpoint = run.out_dir / "checkpoints" / LAST
-    kept = (f"the last good checkpoint {checkpoint} is kept"
-            if checkpoint.is_file() else "no checkpoint was written yet")
+    kept = f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file() else "no checkpoint was written yet"
     detail = "; ".join(f"{f['client']}: {f['detail']}" for f in faults[:4])
     if faults and all(f["kind"] in ("non-finite", "rejected") for f in faults) and not updates:
         raise NonFiniteError(
             f"Round {server_round}: every client's update is non-finite or rejected ({detail}); nothing is "
             f"aggregated and no result is published; {kept}. The local training diverged: lower "
-            "model.init_args.lr, or check the inputs for NaN/Inf.")
+            "model.init_args.lr, or check the inputs for NaN/Inf."
+        )
     raise FedlitError(
         f"Round {server_round}: only {len(updates)} of {len(selected)} clients gave a usable update "
-        f"(federation.min_clients={run.settings.min_clients}; {detail}); {kept}.")
+        f"(federation.min_clients={run.settings.min_clients}; {detail}); {kept}."
+    )
 
 
 def _peak_memory_mb(device: torch.device) -> float:

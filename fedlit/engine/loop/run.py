@@ -89,11 +89,21 @@ class Run:
         speedups: The speed-ups to plug in at set-up (:class:`Speedup`); none by default.
     """
 
-    def __init__(self, module: FederatedModule, datamodule: DataSource, strategy: Strategy, settings: Settings, *,
-                 callbacks: list[Callback] | None = None, out_dir: str | Path = "runs/fedlit",
-                 config: dict[str, Any] | None = None, speedups: Sequence[Speedup] = ()) -> None:
-        problems = Settings.problems(vars(settings), module.higher_is_better, module.default_selection_metric,
-                                     type(module).__name__)
+    def __init__(
+        self,
+        module: FederatedModule,
+        datamodule: DataSource,
+        strategy: Strategy,
+        settings: Settings,
+        *,
+        callbacks: list[Callback] | None = None,
+        out_dir: str | Path = "runs/fedlit",
+        config: dict[str, Any] | None = None,
+        speedups: Sequence[Speedup] = (),
+    ) -> None:
+        problems = Settings.problems(
+            vars(settings), module.higher_is_better, module.default_selection_metric, type(module).__name__
+        )
         if problems:
             raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
         selection_metric = settings.selection_metric or module.default_selection_metric
@@ -112,10 +122,15 @@ class Run:
         self.callbacks: list[Callback] = [strategy, *(callbacks or [])]
         self.hooks = Hooks(self.callbacks)
         loggers = settings.loggers
-        self.fabric = Fabric(accelerator=settings.accelerator, devices=settings.devices, num_nodes=settings.num_nodes,
-                             precision=cast("_PRECISION_INPUT", settings.precision),  # Fabric checks the value
-                             loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
-                             if loggers is None else list(loggers))
+        self.fabric = Fabric(
+            accelerator=settings.accelerator,
+            devices=settings.devices,
+            num_nodes=settings.num_nodes,
+            precision=cast("_PRECISION_INPUT", settings.precision),  # Fabric checks the value
+            loggers=[TensorBoardLogger(root_dir=self.out_dir, name="tensorboard", version="")]
+            if loggers is None
+            else list(loggers),
+        )
         self.store = ClientStore(settings.store_device)
         #: Where the clients' turns and evaluations run; None until set up (then this process, or its ranks).
         self.executor: Executor | None = None
@@ -214,31 +229,43 @@ class Run:
 
     def client_context(self, client_id: str) -> ClientContext:
         """What ``client_id``'s turn or evaluation in this process needs."""
-        return ClientContext(client_id=client_id, module=self.module, fabric=self.fabric,
-                             data=self.datamodule if self.client_data is None else self.client_data,
-                             store=self.store, strategy=self.strategy, hooks=self.hooks, seed=self.settings.seed,
-                             local=self.settings.local(), rounds=self.settings.rounds, lr_schedule=self.lr_schedule,
-                             progress=self.progress.step, warned=self.warned)
+        return ClientContext(
+            client_id=client_id,
+            module=self.module,
+            fabric=self.fabric,
+            data=self.datamodule if self.client_data is None else self.client_data,
+            store=self.store,
+            strategy=self.strategy,
+            hooks=self.hooks,
+            seed=self.settings.seed,
+            local=self.settings.local(),
+            rounds=self.settings.rounds,
+            lr_schedule=self.lr_schedule,
+            progress=self.progress.step,
+            warned=self.warned,
+        )
 
     def server_context(self, log: dict[str, float] | None = None) -> ServerContext:
         """What server-side hooks receive as ``trainer``: a read-only view of this run, with ``log`` (the current
         round's scalars so far) and a way to stop it (:class:`~fedlit.core.contexts.ServerContext`)."""
         return ServerContext(self, log)
 
-
     # The settings were once readable and settable as the run's own attributes (``run.rounds``); a stray
     # ``run.seed = 1`` would now silently set an attribute nothing reads, so both directions name the right place.
     def __getattr__(self, name: str) -> Any:
         if name in _SETTING_NAMES:
-            raise AttributeError(f"{type(self).__name__}.{name} is a federation setting: read it as "
-                                 f"run.settings.{name}.")
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is a federation setting: read it as run.settings.{name}."
+            )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @override
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _SETTING_NAMES:
-            raise AttributeError(f"{type(self).__name__}.{name} is a federation setting: set it as "
-                                 f"run.settings.{name} (before set-up), or pass it to the constructor.")
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is a federation setting: set it as "
+                f"run.settings.{name} (before set-up), or pass it to the constructor."
+            )
         super().__setattr__(name, value)
 
 

@@ -29,8 +29,9 @@ from fedlit.core.tensors import first_non_finite
 from fedlit.strategies.base import ClientUpdate
 
 
-def screen_update(update: ClientUpdate, sent: Mapping[str, Tensor], max_norm: float | None,
-                  max_ratio: float | None) -> tuple[str, str] | None:
+def screen_update(
+    update: ClientUpdate, sent: Mapping[str, Tensor], max_norm: float | None, max_ratio: float | None
+) -> tuple[str, str] | None:
     """``(kind, detail)`` of what is wrong with ``update`` (``non-finite`` or ``rejected``), or None."""
     bad = first_non_finite(update.state, "uploaded tensor") or first_non_finite(update.extras, "uploaded extra")
     if bad is not None:
@@ -40,14 +41,17 @@ def screen_update(update: ClientUpdate, sent: Mapping[str, Tensor], max_norm: fl
     names = [n for n, t in update.state.items() if t.is_floating_point() and n in sent]
     if not names:
         return None
-    delta = math.sqrt(sum(float((update.state[n].double() - sent[n].to(update.state[n].device).double())
-                                .pow(2).sum()) for n in names))
+    delta = math.sqrt(
+        sum(float((update.state[n].double() - sent[n].to(update.state[n].device).double()).pow(2).sum()) for n in names)
+    )
     if max_norm is not None and delta > max_norm:
         return "rejected", f"update norm {delta:.3g} over federation.max_update_norm={max_norm:g}"
     size = math.sqrt(sum(float(sent[n].double().pow(2).sum()) for n in names))
     if max_ratio is not None and delta > max_ratio * max(1.0, size):
-        return "rejected", (f"update norm {delta:.3g} is over federation.max_update_ratio={max_ratio:g} times the "
-                            f"size of what it was sent ({size:.3g})")
+        return "rejected", (
+            f"update norm {delta:.3g} is over federation.max_update_ratio={max_ratio:g} times the "
+            f"size of what it was sent ({size:.3g})"
+        )
     return None
 
 

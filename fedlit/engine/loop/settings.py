@@ -24,8 +24,17 @@ from lightning.fabric.loggers import Logger
 from fedlit.core.errors import ConfigError
 
 
-def setting(default: Any, doc: str, *, low: float | None = None, above: float | None = None,
-            integer: bool = False, unit: str = "", note: str = "", resumable: bool = False) -> Any:
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    low: float | None = None,
+    above: float | None = None,
+    integer: bool = False,
+    unit: str = "",
+    note: str = "",
+    resumable: bool = False,
+) -> Any:
     """Declare one federation setting (a field of :class:`Settings`). None passes the bounds where the field's type
     allows it; a ``Literal`` type gives the choices :meth:`Settings.problems` checks.
 
@@ -40,8 +49,18 @@ def setting(default: Any, doc: str, *, low: float | None = None, above: float | 
         resumable: Whether a resumed run may change it (:data:`RESUMABLE`); a change of another one would make
             another experiment.
     """
-    return field(default=default, metadata={"doc": doc, "low": low, "above": above, "integer": integer,
-                                            "unit": unit, "note": note, "resumable": resumable})
+    return field(
+        default=default,
+        metadata={
+            "doc": doc,
+            "low": low,
+            "above": above,
+            "integer": integer,
+            "unit": unit,
+            "note": note,
+            "resumable": resumable,
+        },
+    )
 
 
 @dataclass
@@ -50,112 +69,179 @@ class Settings:
 
     rounds: int = setting(10, "Number of server rounds R.", low=1, resumable=True)
     clients_per_round: int | float | None = setting(
-        None, "Clients sampled per round: a count (int >= 1), a fraction of all clients (float in (0, 1]), or None "
-        "for every client.")
+        None,
+        "Clients sampled per round: a count (int >= 1), a fraction of all clients (float in (0, 1]), or None "
+        "for every client.",
+    )
     local_epochs: int = setting(
-        1, "Passes over the client's training data per round (ignored when ``local_steps`` is set).", low=1)
+        1, "Passes over the client's training data per round (ignored when ``local_steps`` is set).", low=1
+    )
     local_steps: int | None = setting(
-        None, "Exactly this many optimizer steps per round (cycling through the data), instead of epochs.", low=1,
-        note="or null for local_epochs")
+        None,
+        "Exactly this many optimizer steps per round (cycling through the data), instead of epochs.",
+        low=1,
+        note="or null for local_epochs",
+    )
     optimizer_state: Literal["reset", "persist"] = setting(
-        "reset", "``reset`` starts every client turn from a fresh optimizer state; ``persist`` keeps each client's "
+        "reset",
+        "``reset`` starts every client turn from a fresh optimizer state; ``persist`` keeps each client's "
         "optimizer state (momenta), and its learning-rate schedule of interval ``step``, in the store between its "
-        "turns.")
+        "turns.",
+    )
     eval_every: int = setting(
-        1, "Evaluate every this many rounds (the last round is always evaluated).", low=1, resumable=True)
+        1, "Evaluate every this many rounds (the last round is always evaluated).", low=1, resumable=True
+    )
     selection_metric: str | None = setting(
-        None, "Metric whose mean over clients on validation picks the reported best round (its direction from the "
+        None,
+        "Metric whose mean over clients on validation picks the reported best round (its direction from the "
         "module's ``higher_is_better``); None: the module's ``default_selection_metric`` (``accuracy`` for "
-        "classification, ``c_index`` for survival).")
+        "classification, ``c_index`` for survival).",
+    )
     seed: int = setting(0, "Seed of client sampling and local training.")
     accelerator: str = setting(
-        "auto", "Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``, "
-        "``cuda``, ``mps``...", resumable=True)
+        "auto",
+        "Fabric accelerator: ``auto`` (the default: a GPU when there is one, else the CPU), ``cpu``, "
+        "``cuda``, ``mps``...",
+        resumable=True,
+    )
     devices: int | str = setting(
-        1, "Fabric devices: the processes per node. More than one process in all (``devices`` x ``num_nodes``) "
+        1,
+        "Fabric devices: the processes per node. More than one process in all (``devices`` x ``num_nodes``) "
         "shards the *clients* over the ranks, each rank training and evaluating the clients it owns (balanced by "
         "train-split size) on one unwrapped module, the uploads gathered on every rank before the same aggregation "
         "(no DDP; see :mod:`fedlit.engine.loop.ranks`). Results do not depend on the number of processes.",
-        resumable=True)
+        resumable=True,
+    )
     num_nodes: int = setting(
-        1, "Fabric nodes (machines) of a multi-node run, ``devices`` processes each (torchrun or SLURM's ``srun`` "
-        "start them; see ``docs/deployment.md``).", low=1, resumable=True)
+        1,
+        "Fabric nodes (machines) of a multi-node run, ``devices`` processes each (torchrun or SLURM's ``srun`` "
+        "start them; see ``docs/deployment.md``).",
+        low=1,
+        resumable=True,
+    )
     precision: str = setting("32-true", "Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).")
     checkpoint_every: int = setting(
-        1, "Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).", low=1, resumable=True)
+        1, "Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).", low=1, resumable=True
+    )
     store_device: str = setting("cpu", "Where the client store keeps tensors.", resumable=True)
     progress_bar: bool = setting(True, "Show a progress bar over rounds and clients.", resumable=True)
     on_client_error: Literal["raise", "skip"] = setting(
-        "raise", "``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of the round "
-        "with a warning (recorded in the results and TensorBoard).", resumable=True)
+        "raise",
+        "``raise`` stops the run when a client's turn raises; ``skip`` leaves that client out of the round "
+        "with a warning (recorded in the results and TensorBoard).",
+        resumable=True,
+    )
     min_clients: int = setting(
-        1, "The fewest clients whose updates a round needs to aggregate (after skipped, quarantined and timed-out "
-        "ones are left out); fewer stops the run with a clear error, its last checkpoint kept.", low=1,
-        resumable=True)
+        1,
+        "The fewest clients whose updates a round needs to aggregate (after skipped, quarantined and timed-out "
+        "ones are left out); fewer stops the run with a clear error, its last checkpoint kept.",
+        low=1,
+        resumable=True,
+    )
     client_timeout: float | None = setting(
-        None, "Seconds a client's turn may take (None, the default: no limit). In simulation a turn that takes "
+        None,
+        "Seconds a client's turn may take (None, the default: no limit). In simulation a turn that takes "
         "longer (loading and training, checked after each optimizer step) stops there and is left out of the round "
         "as timed out, with a warning, its stored state unchanged (as a quarantined one); in a deployment it is how "
-        "long the server waits for a client's reply.", above=0, unit="seconds", note="or null: no limit",
-        resumable=True)
+        "long the server waits for a client's reply.",
+        above=0,
+        unit="seconds",
+        note="or null: no limit",
+        resumable=True,
+    )
     loggers: list[Logger] | None = setting(
-        None, "Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in "
-        "``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.", resumable=True)
+        None,
+        "Lightning Fabric loggers (``class_path`` + ``init_args`` in a recipe); None means TensorBoard in "
+        "``out_dir/tensorboard``. ``out_dir/metrics.csv`` is written whatever the loggers.",
+        resumable=True,
+    )
     unseen_clients: list[str] | int | None = setting(
-        None, "Clients held out of training, to measure how the federation serves newcomers: a list of client ids, "
+        None,
+        "Clients held out of training, to measure how the federation serves newcomers: a list of client ids, "
         "or an int k for the last k clients that would train; None (the default) holds out none. They never train "
         "nor count in the per-round means; at the final test they are evaluated with what the strategy sends a new "
-        "client, and after ``unseen_finetune_steps`` local steps from it (see :mod:`fedlit.engine.loop.evaluate`).")
+        "client, and after ``unseen_finetune_steps`` local steps from it (see :mod:`fedlit.engine.loop.evaluate`).",
+    )
     unseen_finetune_steps: int = setting(
-        0, "Local optimizer steps an unseen client takes on its own train split from the model it receives before "
-        "its second test (0, the default: no fine-tuned test).", low=0)
+        0,
+        "Local optimizer steps an unseen client takes on its own train split from the model it receives before "
+        "its second test (0, the default: no fine-tuned test).",
+        low=0,
+    )
     max_update_norm: float | None = setting(
-        None, "The largest L2 norm of a client's update (its uploaded shared tensors minus what the server sent it) "
+        None,
+        "The largest L2 norm of a client's update (its uploaded shared tensors minus what the server sent it) "
         "that the server aggregates; a larger one is rejected (left out of the round, a fault). None, the default: "
-        "no absolute bound. See :mod:`fedlit.engine.loop.screening`.", above=0, note="or null: no bound",
-        resumable=True)
+        "no absolute bound. See :mod:`fedlit.engine.loop.screening`.",
+        above=0,
+        note="or null: no bound",
+        resumable=True,
+    )
     max_update_ratio: float | None = setting(
-        1000.0, "The largest update norm relative to the size of what the client was sent (its L2 norm, at least "
+        1000.0,
+        "The largest update norm relative to the size of what the client was sent (its L2 norm, at least "
         "1); a larger one is rejected. 1000 by default catches a scaled or corrupted upload long before its "
-        "aggregate overflows; None: no relative bound.", above=0, note="or null: no bound", resumable=True)
+        "aggregate overflows; None: no relative bound.",
+        above=0,
+        note="or null: no bound",
+        resumable=True,
+    )
     allow_dropped_callbacks: bool = setting(
-        False, "Let a resumed run go on without a callback of the checkpoint's run that reports on the whole run in "
+        False,
+        "Let a resumed run go on without a callback of the checkpoint's run that reports on the whole run in "
         "``results.json`` (the privacy callbacks). False (the default) refuses such a resume: its next rounds would "
         "run without it (for differential privacy: released without noise) while the results would lose what it "
         "reported. True continues, the drop recorded in ``config.json`` (``resumed``) and ``results.json`` "
         "(``dropped_callbacks``, and a note in the callback's section: its figures, an epsilon say, cover only the "
-        "rounds it ran).", resumable=True)
+        "rounds it ran).",
+        resumable=True,
+    )
     threads: int | None = setting(
-        None, "Intra-op CPU threads of PyTorch in this process (``torch.set_num_threads``, set when the run is set "
+        None,
+        "Intra-op CPU threads of PyTorch in this process (``torch.set_num_threads``, set when the run is set "
         "up, for each of its processes). CPU kernels split their sums by thread, so a model trained on the CPU "
         "gives bit-identical results on other machines, core counts and launchers only at the same thread count: "
         "set it (1 is the surest, and the fastest for tiny models) to pin them. None, the default, leaves PyTorch's "
         "own choice (``OMP_NUM_THREADS`` or the core count; Lightning divides the cores among the processes it "
-        "launches). The generated data sets and splits never depend on it.", low=1,
-        note="or null: PyTorch's default", resumable=True)
+        "launches). The generated data sets and splits never depend on it.",
+        low=1,
+        note="or null: PyTorch's default",
+        resumable=True,
+    )
     cache_features: Literal["off", "memory", "disk"] = setting(
-        "off", "``off`` (the default) runs the module's feature extractor (``backbone``) at every pass; ``memory`` "
+        "off",
+        "``off`` (the default) runs the module's feature extractor (``backbone``) at every pass; ``memory`` "
         "computes a frozen extractor's features once per sample, at their first use, and trains and evaluates the "
         "head from them (head-only methods: linear probing, a frozen backbone under FedAvg, FedPer, FedRep...); "
         "``disk`` also keeps them in ``out_dir/feature_cache``, where a resumed run reads them back. The results "
         "equal those of ``off`` to float rounding (see :mod:`fedlit.engine.speedups.features`); where the "
         "extractor trains or is random (LoRA, dropout) or the train inputs are augmented, the run warns and goes on "
-        "without the cache.", resumable=True)
+        "without the cache.",
+        resumable=True,
+    )
     fused_clients: int = setting(
-        1, "Clients trained together, K at a time, in one forward and backward pass through the shared frozen "
+        1,
+        "Clients trained together, K at a time, in one forward and backward pass through the shared frozen "
         "backbone (each sample through its own client's LoRA and head, each client's optimizer stepping its own "
         "tensors); 1, the default, trains them one after the other. The result is that of sequential turns to "
         "floating-point rounding; a run where it could not be (a strategy not marked ``fusable``, BatchNorm in "
         "train mode, dropout, per-step callback hooks...) is refused when it is set up, naming the cause. See "
-        ":mod:`fedlit.engine.speedups.fused`.", low=1, integer=True,
-        note="1: one client at a time", resumable=True)
+        ":mod:`fedlit.engine.speedups.fused`.",
+        low=1,
+        integer=True,
+        note="1: one client at a time",
+        resumable=True,
+    )
     reuse_evaluations: bool = setting(
-        True, "Give a client the metrics of its last evaluation again when nothing that evaluation read has changed "
+        True,
+        "Give a client the metrics of its last evaluation again when nothing that evaluation read has changed "
         "since (what the server sends it, its stored tensors and state, the frozen buffers): the clients a sampled "
         "round did not train, under a strategy that left what it sends them unchanged. True by default; the "
         "metrics are those a new evaluation would compute. Runs where an input could be missed "
         "(``on_client_evaluate_start`` hooks, fine-tuning before evaluation, several processes) evaluate every "
-        "client anyway. See :mod:`fedlit.engine.speedups.reuse`.", resumable=True)
+        "client anyway. See :mod:`fedlit.engine.speedups.reuse`.",
+        resumable=True,
+    )
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
@@ -167,8 +253,12 @@ class Settings:
             self.unseen_clients = list(self.unseen_clients)
 
     @staticmethod
-    def problems(values: dict[str, Any], metrics: Collection[str] = (), default_metric: str | None = None,
-                 owner: str = "the module") -> list[str]:
+    def problems(
+        values: dict[str, Any],
+        metrics: Collection[str] = (),
+        default_metric: str | None = None,
+        owner: str = "the module",
+    ) -> list[str]:
         """Every problem of the settings ``values`` (all fields), each naming the option as in a recipe: the bounds
         and choices declared with each :func:`setting`, then what one bound cannot say; with the module's
         ``metrics`` and ``default_metric`` (``owner``: the module's class name), also those of
@@ -189,15 +279,22 @@ class Settings:
         if metrics:
             chosen = values["selection_metric"]
             if chosen is None and default_metric not in metrics:
-                problems.append(f"{owner}.default_selection_metric={default_metric!r} is not one of its "
-                                f"metrics {sorted(metrics)}; set federation.selection_metric")
+                problems.append(
+                    f"{owner}.default_selection_metric={default_metric!r} is not one of its "
+                    f"metrics {sorted(metrics)}; set federation.selection_metric"
+                )
             elif chosen is not None and chosen not in metrics:
                 problems.append(f"federation.selection_metric={chosen!r} is not one of {sorted(metrics)}")
         return problems
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], metrics: Collection[str] = (), default_metric: str | None = None,
-                     owner: str = "the module") -> Settings:
+    def from_options(
+        cls,
+        options: dict[str, Any],
+        metrics: Collection[str] = (),
+        default_metric: str | None = None,
+        owner: str = "the module",
+    ) -> Settings:
         """Settings from keyword options: an unknown one is refused with the valid names and the closest match, and
         every problem of the values (and of ``selection_metric`` among the module's ``metrics``) in one error."""
         cls.check_names(options)
@@ -217,8 +314,9 @@ class Settings:
 
             close = difflib.get_close_matches(unknown[0], names, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"federation.{unknown[0]} is not a federation setting.{hint} Valid settings: "
-                              f"{', '.join(names)}.")
+            raise ConfigError(
+                f"federation.{unknown[0]} is not a federation setting.{hint} Valid settings: {', '.join(names)}."
+            )
 
     def local(self) -> LocalSettings:
         """What a client's turn reads."""
@@ -265,8 +363,14 @@ def _docstring() -> str:
     """:class:`Settings`'s documentation, in the Google style jsonargparse reads for ``--help``."""
     lines = ["The federated loop's settings (each declared once, by :func:`setting`).", "", "Args:"]
     for declared in fields(Settings):
-        lines += textwrap.wrap(f"{declared.name}: {declared.metadata['doc']}", width=116, initial_indent="    ",
-                               subsequent_indent="        ", break_long_words=False, break_on_hyphens=False)
+        lines += textwrap.wrap(
+            f"{declared.name}: {declared.metadata['doc']}",
+            width=116,
+            initial_indent="    ",
+            subsequent_indent="        ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return "\n".join(lines) + "\n"
 
 

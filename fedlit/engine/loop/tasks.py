@@ -73,14 +73,29 @@ class EvaluateResult:
 
 def fit_tasks(strategy: Strategy, server_round: int, client_ids: list[str]) -> list[FitTask]:
     """What the strategy sends each of ``client_ids`` for its turn."""
-    return [FitTask(c, strategy.configure_client(server_round, c), strategy.configure_client_extras(server_round, c))
-            for c in client_ids]
+    return [
+        FitTask(c, strategy.configure_client(server_round, c), strategy.configure_client_extras(server_round, c))
+        for c in client_ids
+    ]
 
 
-def evaluate_tasks(strategy: Strategy, server_round: int, client_ids: list[str], splits: tuple[str, ...],
-                   images: bool = False, with_global: bool = True) -> list[EvaluateTask]:
+def evaluate_tasks(
+    strategy: Strategy,
+    server_round: int,
+    client_ids: list[str],
+    splits: tuple[str, ...],
+    images: bool = False,
+    with_global: bool = True,
+) -> list[EvaluateTask]:
     """What the strategy sends each of ``client_ids`` to evaluate (and its global model, when it has one)."""
-    return [EvaluateTask(c, strategy.configure_evaluate(server_round, c),
-                         strategy.global_model_state(c) if with_global else None, splits, images,
-                         strategy.eval_finetune_steps)
-            for c in client_ids]
+    return [
+        EvaluateTask(
+            c,
+            strategy.configure_evaluate(server_round, c),
+            strategy.global_model_state(c) if with_global else None,
+            splits,
+            images,
+            strategy.eval_finetune_steps,
+        )
+        for c in client_ids
+    ]

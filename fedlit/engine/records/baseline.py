@@ -50,13 +50,17 @@ PROTOCOL = "protocol"
 
 def _read_json(path: Path, what: str) -> Any:
     if not path.is_file():
-        raise ConfigError(f"{OPTION} {path.parent}: no {path.name} there ({what}). Give the folder of a finished "
-                          "`fedlit fit` run of strategy Local.")
+        raise ConfigError(
+            f"{OPTION} {path.parent}: no {path.name} there ({what}). Give the folder of a finished "
+            "`fedlit fit` run of strategy Local."
+        )
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{OPTION}: {path} cannot be read as JSON ({err}); the run may not have finished. "
-                          "Run it to the end again, or give another run.") from err
+        raise ConfigError(
+            f"{OPTION}: {path} cannot be read as JSON ({err}); the run may not have finished. "
+            "Run it to the end again, or give another run."
+        ) from err
 
 
 def load(folder: str | Path, run: RecordedRun | None = None) -> dict[str, Any]:
@@ -70,19 +74,24 @@ def load(folder: str | Path, run: RecordedRun | None = None) -> dict[str, Any]:
     results_path = folder / "results.json"
     results = _read_json(results_path, "a run writes it when it finishes")
     if not isinstance(results, Mapping) or not ("last" in results or "best" in results):
-        raise ConfigError(f"{OPTION}: {results_path} holds no test results ('last' or 'best'); give the folder of a "
-                          "finished run.")
+        raise ConfigError(
+            f"{OPTION}: {results_path} holds no test results ('last' or 'best'); give the folder of a finished run."
+        )
     strategy = results.get("strategy_class")
     if strategy != LOCAL:
-        raise ConfigError(f"{OPTION}: {results_path} is a run of {strategy or 'an unknown strategy'}, not of "
-                          f"{LOCAL}; the gain over Local needs a run of strategy Local on the same data and seed.")
+        raise ConfigError(
+            f"{OPTION}: {results_path} is a run of {strategy or 'an unknown strategy'}, not of "
+            f"{LOCAL}; the gain over Local needs a run of strategy Local on the same data and seed."
+        )
     if run is not None:
         manifest = _read_json(folder / "manifest.json", "the record of the run's data")
         check_same_data(manifest, results.get("seed"), run.datamodule.manifest(), run.settings.seed, folder)
         problems = differences(results.get(PROTOCOL), protocol(run))
         if problems and run.baseline_compare != "any":
-            raise ConfigError(f"{OPTION} {folder} was trained otherwise: " + "; ".join(problems) + ". Give a Local "
-                              f"run of the same recipe, or pass {COMPARE_OPTION} any to compare anyway (recorded).")
+            raise ConfigError(
+                f"{OPTION} {folder} was trained otherwise: " + "; ".join(problems) + ". Give a Local "
+                f"run of the same recipe, or pass {COMPARE_OPTION} any to compare anyway (recorded)."
+            )
     return dict(results)
 
 
@@ -97,11 +106,20 @@ def protocol(run: RecordedRun) -> dict[str, Any]:
         "rounds": settings.rounds,
         "local_steps": settings.local_steps,
         "local_epochs": settings.local_epochs if settings.local_steps is None else None,
-        "model": {"class": f"{type(module).__module__}.{type(module).__qualname__}",
-                  "backbone": type(backbone).__name__ if backbone is not None else None,
-                  "shapes": hashlib.sha256(shapes.encode()).hexdigest()[:12]},
-        "optimizer": {key: getattr(module, attr, None) for key, attr in (
-            ("name", "optimizer_name"), ("lr", "lr"), ("momentum", "momentum"), ("weight_decay", "weight_decay"))},
+        "model": {
+            "class": f"{type(module).__module__}.{type(module).__qualname__}",
+            "backbone": type(backbone).__name__ if backbone is not None else None,
+            "shapes": hashlib.sha256(shapes.encode()).hexdigest()[:12],
+        },
+        "optimizer": {
+            key: getattr(module, attr, None)
+            for key, attr in (
+                ("name", "optimizer_name"),
+                ("lr", "lr"),
+                ("momentum", "momentum"),
+                ("weight_decay", "weight_decay"),
+            )
+        },
         "selection_metric": run.state.history.selection_metric,
     }
 
@@ -111,21 +129,27 @@ def differences(theirs: Mapping[str, Any] | None, ours: Mapping[str, Any]) -> li
     ours)``; one entry when the baseline recorded none (a run of an older fedlit)."""
     if not isinstance(theirs, Mapping):
         return [f"its results.json records no training {PROTOCOL} (a run of an older fedlit: rerun it)"]
-    names = {"rounds": "federation.rounds", "local_steps": "federation.local_steps",
-             "local_epochs": "federation.local_epochs", "selection_metric": "the selection metric"}
+    names = {
+        "rounds": "federation.rounds",
+        "local_steps": "federation.local_steps",
+        "local_epochs": "federation.local_epochs",
+        "selection_metric": "the selection metric",
+    }
     out = []
     for key, value in ours.items():
         other = theirs.get(key)
         if isinstance(value, Mapping) and isinstance(other, Mapping):
-            out += [f"{key} {sub} {other.get(sub)!r} (this run: {v!r})" for sub, v in value.items()
-                    if other.get(sub) != v]
+            out += [
+                f"{key} {sub} {other.get(sub)!r} (this run: {v!r})" for sub, v in value.items() if other.get(sub) != v
+            ]
         elif other != value:
             out.append(f"{names.get(key, key)} {other!r} (this run: {value!r})")
     return out
 
 
-def gain(run: RecordedRun, clients: Mapping[str, Mapping[str, float]], server_round: int,
-         selection: str) -> dict[str, Any]:
+def gain(
+    run: RecordedRun, clients: Mapping[str, Mapping[str, float]], server_round: int, selection: str
+) -> dict[str, Any]:
     """:func:`gain_over_local` of ``run`` over its ``baseline_run`` (checked by :func:`load`), with how they were
     compared: ``compare`` (``strict`` or ``any``) and, under ``any``, the ``differences`` that were let through."""
     assert run.baseline_run is not None  # asked for only with a baseline run
@@ -137,8 +161,9 @@ def gain(run: RecordedRun, clients: Mapping[str, Mapping[str, float]], server_ro
     return out
 
 
-def check_same_data(manifest: Mapping[str, Any], seed: Any, ours: Mapping[str, Any], our_seed: int,
-                    folder: str | Path) -> None:
+def check_same_data(
+    manifest: Mapping[str, Any], seed: Any, ours: Mapping[str, Any], our_seed: int, folder: str | Path
+) -> None:
     """Raise :class:`ConfigError` naming each difference between the baseline's data and seed and this run's."""
     problems = []
     for key in ("class", "dataset", "task", "num_classes", "seed", "partitioner"):
@@ -148,19 +173,30 @@ def check_same_data(manifest: Mapping[str, Any], seed: Any, ours: Mapping[str, A
     if sorted(theirs_clients) != sorted(our_clients):
         problems.append(f"clients {sorted(theirs_clients)[:6]} (this run: {sorted(our_clients)[:6]})")
     else:
-        differing = [c for c in our_clients if json.dumps(theirs_clients[c], sort_keys=True, default=str)
-                     != json.dumps(our_clients[c], sort_keys=True, default=str)]
+        differing = [
+            c
+            for c in our_clients
+            if json.dumps(theirs_clients[c], sort_keys=True, default=str)
+            != json.dumps(our_clients[c], sort_keys=True, default=str)
+        ]
         if differing:
             problems.append(f"the splits of clients {differing[:6]} (other samples in train, val or test)")
     if seed != our_seed:
         problems.append(f"federation.seed {seed!r} (this run: {our_seed!r})")
     if problems:
-        raise ConfigError(f"{OPTION} {folder} was run on other data or seed: " + "; ".join(problems) + ". Give a "
-                          "Local run of the same recipe's data section and federation.seed.")
+        raise ConfigError(
+            f"{OPTION} {folder} was run on other data or seed: " + "; ".join(problems) + ". Give a "
+            "Local run of the same recipe's data section and federation.seed."
+        )
 
 
-def gain_over_local(clients: Mapping[str, Mapping[str, float]], server_round: int, selection: str,
-                    baseline: Mapping[str, Any], higher_is_better: Mapping[str, bool]) -> dict[str, Any]:
+def gain_over_local(
+    clients: Mapping[str, Mapping[str, float]],
+    server_round: int,
+    selection: str,
+    baseline: Mapping[str, Any],
+    higher_is_better: Mapping[str, bool],
+) -> dict[str, Any]:
     """Every client's gain over the baseline at ``selection`` (``best`` or ``last``), their mean and std.
 
     Args:
@@ -178,29 +214,44 @@ def gain_over_local(clients: Mapping[str, Mapping[str, float]], server_round: in
     theirs = baseline[selection]["clients"]
     missing = [c for c in clients if c not in theirs]
     if missing:
-        raise ConfigError(f"{OPTION}: clients {missing[:6]} have no test values in the baseline run's "
-                          f"results.json ({selection}); give a Local run of the same data.")
-    gains = {c: {m: float(values[m]) - float(theirs[c][m]) for m in higher_is_better
-                 if m in values and m in theirs[c]} for c, values in clients.items()}
+        raise ConfigError(
+            f"{OPTION}: clients {missing[:6]} have no test values in the baseline run's "
+            f"results.json ({selection}); give a Local run of the same data."
+        )
+    gains = {
+        c: {m: float(values[m]) - float(theirs[c][m]) for m in higher_is_better if m in values and m in theirs[c]}
+        for c, values in clients.items()
+    }
     mean, std, count = {}, {}, {}
     for metric in higher_is_better:
         values = [g[metric] for g in gains.values() if metric in g and not math.isnan(g[metric])]
         if not values:
             continue
         mean[metric] = sum(values) / len(values)
-        std[metric] = (math.sqrt(sum((v - mean[metric]) ** 2 for v in values) / (len(values) - 1))
-                       if len(values) > 1 else math.nan)
+        std[metric] = (
+            math.sqrt(sum((v - mean[metric]) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else math.nan
+        )
         count[metric] = len(values)
-    return {"selection": selection, "round": server_round, "baseline_round": baseline[selection]["round"],
-            "clients": gains, "mean": mean, "std": std, "num_clients": count}
+    return {
+        "selection": selection,
+        "round": server_round,
+        "baseline_round": baseline[selection]["round"],
+        "clients": gains,
+        "mean": mean,
+        "std": std,
+        "num_clients": count,
+    }
 
 
 def markdown(gain: Mapping[str, Any], metrics: list[str]) -> str:
     """The gains as a Markdown table: one row per client, then the mean and std rows."""
     metrics = [m for m in metrics if m in gain["mean"]]
-    lines = [f"### Gain over Local ({gain['selection']}: round {gain['round']}, Local's round "
-             f"{gain['baseline_round']})", "", "| client | " + " | ".join(metrics) + " |",
-             "|---|" + "---:|" * len(metrics)]
+    lines = [
+        f"### Gain over Local ({gain['selection']}: round {gain['round']}, Local's round {gain['baseline_round']})",
+        "",
+        "| client | " + " | ".join(metrics) + " |",
+        "|---|" + "---:|" * len(metrics),
+    ]
     for client, values in gain["clients"].items():
         lines.append(f"| {table_cell(client)} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
     for agg in ("mean", "std"):

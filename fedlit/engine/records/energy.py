@@ -165,8 +165,11 @@ def summary(run: RecordedRun, earlier_kwh: float = 0.0) -> dict[str, Any]:
     if energy["meter"] is None:
         return {"kwh": None, "source": None, "why": energy["why"]}
     meter = energy["meter"]
-    return {"kwh": earlier_kwh + meter.joules() / JOULES_PER_KWH, "source": meter.source,
-            "interval_seconds": meter.interval}
+    return {
+        "kwh": earlier_kwh + meter.joules() / JOULES_PER_KWH,
+        "source": meter.source,
+        "interval_seconds": meter.interval,
+    }
 
 
 def _read_int(path: Path) -> int:

@@ -29,8 +29,9 @@ def summarize(
     metrics = sorted({m for values in per_client.values() for m in values})
     out: dict[str, float] = {}
     for metric in metrics:
-        pairs = [(v[metric], weights.get(c, 0)) for c, v in per_client.items()
-                 if metric in v and not math.isnan(v[metric])]
+        pairs = [
+            (v[metric], weights.get(c, 0)) for c, v in per_client.items() if metric in v and not math.isnan(v[metric])
+        ]
         if not pairs:
             continue
         values = [v for v, _ in pairs]
@@ -80,8 +81,11 @@ class EvaluationHistory:
             val = self.rounds[server_round].get("val")
             if not val:
                 continue
-            values = [m[self.selection_metric] for m in val.values()
-                      if self.selection_metric in m and not math.isnan(m[self.selection_metric])]
+            values = [
+                m[self.selection_metric]
+                for m in val.values()
+                if self.selection_metric in m and not math.isnan(m[self.selection_metric])
+            ]
             if not values:
                 continue
             value = sign * sum(values) / len(values)
@@ -101,14 +105,18 @@ class EvaluationHistory:
                 if math.isnan(value) or split not in self.rounds[server_round]:
                     continue
                 if client in self.rounds[server_round][split] and (
-                        client not in chosen or sign * value > chosen[client][0]):
+                    client not in chosen or sign * value > chosen[client][0]
+                ):
                     chosen[client] = (sign * value, server_round)
         if not chosen:
             return None
         per_client = {c: self.rounds[r][split][c] for c, (_, r) in chosen.items()}
-        return {"rounds": {c: r for c, (_, r) in chosen.items()}, "clients": per_client,
-                "summary": summarize(per_client, weights, self.higher_is_better),
-                "summary_clients": counted(per_client)}
+        return {
+            "rounds": {c: r for c, (_, r) in chosen.items()},
+            "clients": per_client,
+            "summary": summarize(per_client, weights, self.higher_is_better),
+            "summary_clients": counted(per_client),
+        }
 
     def results(self, split: str, weights: Mapping[str, int]) -> dict[str, Any]:
         """``{"last": {...}, "best": {...}}`` with round, per-client values and aggregates of ``split``, and how
@@ -139,15 +147,20 @@ def markdown_table(title: str, result: Mapping[str, Any], metrics: list[str]) ->
     """A Markdown table: one row per client, then mean / weighted mean / worst rows."""
     per_client, summary = result["clients"], result["summary"]
     metrics = [m for m in metrics if any(m in v for v in per_client.values())]
-    lines = [f"### {title} (round {result['round']})", "", "| client | " + " | ".join(metrics) + " |",
-             "|---|" + "---:|" * len(metrics)]
+    lines = [
+        f"### {title} (round {result['round']})",
+        "",
+        "| client | " + " | ".join(metrics) + " |",
+        "|---|" + "---:|" * len(metrics),
+    ]
     for client, values in per_client.items():
         lines.append(f"| {table_cell(client)} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
     for agg in AGGREGATES:
         lines.append(f"| **{agg}** | " + " | ".join(_fmt(summary.get(f"{m}_{agg}")) for m in metrics) + " |")
     count = counted(per_client)
-    fewer = [f"{m} over {count.get(m, 0)} of {len(per_client)} clients" for m in metrics
-             if count.get(m, 0) < len(per_client)]
+    fewer = [
+        f"{m} over {count.get(m, 0)} of {len(per_client)} clients" for m in metrics if count.get(m, 0) < len(per_client)
+    ]
     if fewer:
         lines += ["", f"_Undefined values (—) are left out of mean, wmean and worst: {'; '.join(fewer)}._"]
     return "\n".join(lines) + "\n"

@@ -23,8 +23,7 @@ class Progress:
 
     def rounds(self, first: int, last: int) -> Iterable[int]:
         """Rounds ``first``..``last`` with the bar over them."""
-        self._bar = tqdm(range(first, last + 1), desc="rounds", disable=not self.enabled, initial=first - 1,
-                         total=last)
+        self._bar = tqdm(range(first, last + 1), desc="rounds", disable=not self.enabled, initial=first - 1, total=last)
         return self._bar
 
     def close(self) -> None:

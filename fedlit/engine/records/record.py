@@ -78,8 +78,13 @@ def git_state(folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
@@ -116,16 +121,23 @@ def start(run: RecordedRun) -> None:
 
 def timing_state(run: RecordedRun) -> dict[str, Any]:
     """For a checkpoint: the first start and the wall time of the run so far (earlier sessions included)."""
-    return {"started": run.state.timing.get("started"), "wall_seconds": _wall_seconds(run),
-            "energy_kwh": energy.summary(run, run.state.timing.get("energy_kwh", 0.0))["kwh"]}
+    return {
+        "started": run.state.timing.get("started"),
+        "wall_seconds": _wall_seconds(run),
+        "energy_kwh": energy.summary(run, run.state.timing.get("energy_kwh", 0.0))["kwh"],
+    }
 
 
 def load_timing(run: RecordedRun, saved: Mapping[str, Any] | None) -> None:
     """Restore :func:`timing_state` from a checkpoint."""
     if saved:
-        run.state.timing.update({"started": saved.get("started"),
-                                 "wall_seconds": float(saved.get("wall_seconds", 0.0)),
-                                 "energy_kwh": float(saved.get("energy_kwh") or 0.0)})
+        run.state.timing.update(
+            {
+                "started": saved.get("started"),
+                "wall_seconds": float(saved.get("wall_seconds", 0.0)),
+                "energy_kwh": float(saved.get("energy_kwh") or 0.0),
+            }
+        )
 
 
 def _wall_seconds(run: RecordedRun) -> float:
@@ -143,8 +155,10 @@ def describe(run: RecordedRun) -> dict[str, Any]:
         "strategy": repr(run.strategy),
         "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
         "strategy_hparams": hparams_of(run.strategy),
-        "callbacks": [{"class": f"{type(c).__module__}.{type(c).__qualname__}", "hparams": hparams_of(c)}
-                      for c in run.callbacks[1:]],
+        "callbacks": [
+            {"class": f"{type(c).__module__}.{type(c).__qualname__}", "hparams": hparams_of(c)}
+            for c in run.callbacks[1:]
+        ],
         "seed": run.settings.seed,
         "fedlit_version": __version__,
         "git": run.state.timing.get("git"),
@@ -166,8 +180,11 @@ def _evaluation_only(run: RecordedRun) -> list[str]:
 # -------------------------------------------------------------------------------------------- images
 def image_writers(run: RecordedRun) -> list[Any]:
     """The experiments of the loggers that take images (TensorBoard's ``SummaryWriter``); empty for the others."""
-    return [cast(Any, logger).experiment for logger in run.fabric.loggers  # Fabric's Logger declares no experiment
-            if hasattr(getattr(logger, "experiment", None), "add_image")]
+    return [
+        cast(Any, logger).experiment
+        for logger in run.fabric.loggers  # Fabric's Logger declares no experiment
+        if hasattr(getattr(logger, "experiment", None), "add_image")
+    ]
 
 
 def log_validation_images(run: RecordedRun, server_round: int, images: Mapping[str, torch.Tensor]) -> None:
@@ -201,16 +218,22 @@ def open_metrics(run: RecordedRun) -> Path:
         raise RunDirError(
             f"{path}: not UTF-8 text: byte {err.start} (line {line}) is 0x{data[err.start]:02x}; fedlit writes "
             "this file as UTF-8, so it was edited or damaged. Restore it (or fix that line), or move it away to "
-            "start a new one; it was left as it is") from None
+            "start a new one; it was left as it is"
+        ) from None
     torn = ""
     if text and not text.endswith("\n"):
         cut = text.rfind("\n") + 1
         text, torn = text[:cut], text[cut:]
-        warnings.warn(f"{path}: its last line {torn[:80]!r} has no newline (a row cut while it was written, of a "
-                      "round after the checkpoint): dropped", stacklevel=3)
+        warnings.warn(
+            f"{path}: its last line {torn[:80]!r} has no newline (a row cut while it was written, of a "
+            "round after the checkpoint): dropped",
+            stacklevel=3,
+        )
     rows = list(csv.reader(io.StringIO(text, newline="")))
-    kept = [CSV_COLUMNS, *(r for r in rows[1:] if r and _round_of(r) <= run.state.round
-                           and not r[2].startswith(_FINAL_SECTIONS))]
+    kept = [
+        CSV_COLUMNS,
+        *(r for r in rows[1:] if r and _round_of(r) <= run.state.round and not r[2].startswith(_FINAL_SECTIONS)),
+    ]
     if len(kept) < len(rows) or torn:
         tmp = path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="", encoding="utf-8") as file:
@@ -318,9 +341,12 @@ def drop_stale_best(run: RecordedRun) -> None:
         path.unlink()
     best = run.state.history.best_round()
     if best is not None:
-        warnings.warn(f"{path} was saved at round {saved_round}, after the resumed checkpoint (round "
-                      f"{run.state.round}), and is removed; the best validation round so far ({best}) has no "
-                      "checkpoint, a better round of the resumed run will write one.", stacklevel=3)
+        warnings.warn(
+            f"{path} was saved at round {saved_round}, after the resumed checkpoint (round "
+            f"{run.state.round}), and is removed; the best validation round so far ({best}) has no "
+            "checkpoint, a better round of the resumed run will write one.",
+            stacklevel=3,
+        )
 
 
 def checkpoints(run: RecordedRun) -> dict[str, Any]:
@@ -339,8 +365,7 @@ def checkpoints(run: RecordedRun) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- evaluations
-def write_evaluation(run: RecordedRun, split: str, ckpt_path: str | os.PathLike,
-                     result: Mapping[str, Any]) -> Path:
+def write_evaluation(run: RecordedRun, split: str, ckpt_path: str | os.PathLike, result: Mapping[str, Any]) -> Path:
     """Save a checkpoint's evaluation as ``out_dir/evaluations/<split>_<checkpoint name>.json``."""
     from fedlit.core.version import __version__
 
@@ -349,7 +374,12 @@ def write_evaluation(run: RecordedRun, split: str, ckpt_path: str | os.PathLike,
     if not run.fabric.is_global_zero:  # rank 0 writes it
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"split": split, "checkpoint": str(ckpt_path), "evaluated": utc_now(), "fedlit_version": __version__,
-              **result}
+    record = {
+        "split": split,
+        "checkpoint": str(ckpt_path),
+        "evaluated": utc_now(),
+        "fedlit_version": __version__,
+        **result,
+    }
     write_text_atomic(path, json.dumps(record, indent=1))
     return path

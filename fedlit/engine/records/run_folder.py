@@ -49,8 +49,16 @@ except ImportError:  # not POSIX: liveness falls back to the pid recorded in the
 
 LOCK_NAME = ".lock"
 #: Files and folders that only a run writes: a folder holding any of them holds a run.
-RUN_FILES = ("results.json", "results.md", "config.json", "manifest.json", "class_counts.json", "metrics.csv",
-             "checkpoints", "tensorboard")
+RUN_FILES = (
+    "results.json",
+    "results.md",
+    "config.json",
+    "manifest.json",
+    "class_counts.json",
+    "metrics.csv",
+    "checkpoints",
+    "tensorboard",
+)
 #: What a run that got somewhere leaves: a fresh run never takes over a folder holding one of them.
 _RESULTS = ("results.json", "results.md")
 _VERSION = re.compile(r"version_(\d+)")
@@ -89,8 +97,9 @@ class RunDirLock:
     def __enter__(self) -> RunDirLock:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()
 
     @override
@@ -120,7 +129,8 @@ def claim_run_dir(out_dir: str | os.PathLike, *, resume: bool) -> RunDirLock:
         raise RunDirError(f"out_dir {out_dir} is a file, not a folder. Choose another out_dir.") from None
     except OSError as err:
         raise too_long(out_dir, err) or RunDirError(
-            f"out_dir {out_dir} cannot be created ({err.strerror}). Choose another out_dir.") from None
+            f"out_dir {out_dir} cannot be created ({err.strerror}). Choose another out_dir."
+        ) from None
     lock = RunDirLock(out_dir, _acquire(out_dir / LOCK_NAME))
     try:
         if not resume:
@@ -201,7 +211,8 @@ def new_version_dir(root: str | os.PathLike) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise too_long(root, err) or RunDirError(
-            f"cannot create the run folder {root} ({err.strerror}); pass --out_dir.") from None
+            f"cannot create the run folder {root} ({err.strerror}); pass --out_dir."
+        ) from None
     versions = _versions(root)
     n = versions[-1][0] + 1 if versions else 0
     while True:
@@ -221,8 +232,10 @@ def too_long(path: Path, err: OSError) -> RunDirError | None:
     (ENAMETOOLONG), or None for another ``err``."""
     if err.errno != errno.ENAMETOOLONG:
         return None
-    return RunDirError(f"--out_dir {path}: the path is too long for the file system ({err.strerror}: a folder name "
-                       "may have at most 255 bytes, a whole path 4096). Choose a shorter --out_dir (or --name).")
+    return RunDirError(
+        f"--out_dir {path}: the path is too long for the file system ({err.strerror}: a folder name "
+        "may have at most 255 bytes, a whole path 4096). Choose a shorter --out_dir (or --name)."
+    )
 
 
 def _versions(root: Path) -> list[tuple[int, Path]]:
@@ -254,9 +267,11 @@ def _take_over(out_dir: Path, found: list[str]) -> None:
     """Remove the files ``found`` of a run that stopped before its first checkpoint, with a warning."""
     if not found:
         return
-    warnings.warn(f"out_dir {out_dir} holds a run that stopped before its first checkpoint ({', '.join(found)}): it "
-                  "has nothing to resume, so this run starts it again from round 1 and replaces its files.",
-                  stacklevel=3)
+    warnings.warn(
+        f"out_dir {out_dir} holds a run that stopped before its first checkpoint ({', '.join(found)}): it "
+        "has nothing to resume, so this run starts it again from round 1 and replaces its files.",
+        stacklevel=3,
+    )
     for name in found:
         path = out_dir / name.rstrip("/")
         try:
@@ -265,8 +280,10 @@ def _take_over(out_dir: Path, found: list[str]) -> None:
             else:
                 path.unlink()
         except OSError as err:
-            raise RunDirError(f"out_dir {out_dir}: cannot remove {path} of the run that stopped there "
-                              f"({err.strerror}). Delete it, or choose another out_dir.") from None
+            raise RunDirError(
+                f"out_dir {out_dir}: cannot remove {path} of the run that stopped there "
+                f"({err.strerror}). Delete it, or choose another out_dir."
+            ) from None
 
 
 def _acquire(path: Path) -> int:
@@ -283,7 +300,8 @@ def _acquire(path: Path) -> int:
             previous = _read_record(path)
         except OSError as err:
             raise too_long(path.parent, err) or RunDirError(
-                f"cannot write the lock file {path} ({err.strerror}). Choose another out_dir.") from None
+                f"cannot write the lock file {path} ({err.strerror}). Choose another out_dir."
+            ) from None
         locked = _flock(fd, shared=False)
         if locked is False:
             os.close(fd)
@@ -297,7 +315,9 @@ def _acquire(path: Path) -> int:
         if previous is not None:
             warnings.warn(
                 f"out_dir {path.parent}: taking over the lock of a run that ended without releasing it "
-                f"({_describe(previous)}).", stacklevel=3)
+                f"({_describe(previous)}).",
+                stacklevel=3,
+            )
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(_record()).encode())
         os.fsync(fd)
@@ -328,8 +348,12 @@ def _same_file(path: Path, fd: int) -> bool:
 
 
 def _record() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:300]}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv)[:300],
+    }
 
 
 def _read_record(path: Path) -> dict[str, Any]:
@@ -365,10 +389,12 @@ def _describe(record: dict[str, Any]) -> str:
 def _busy(out_dir: Path, record: dict[str, Any], *, checked: bool) -> RunDirError:
     """The error for a folder held by a live run; ``checked``: liveness came from the lock itself, not a pid."""
     remote = record.get("host") not in (None, socket.gethostname())
-    check = (f" If that run has ended, delete {out_dir / LOCK_NAME} (a process on another host cannot be "
-             "checked from here)." if remote and not checked else "")
+    check = (
+        f" If that run has ended, delete {out_dir / LOCK_NAME} (a process on another host cannot be checked from here)."
+        if remote and not checked
+        else ""
+    )
     return RunDirError(
         f"out_dir {out_dir} is in use by another run ({_describe(record)}): two runs writing one folder would "
         f"mix their results. Choose another out_dir (--out_dir), or wait for that run to end.{check}"
     )
-

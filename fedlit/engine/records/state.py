@@ -100,8 +100,7 @@ class RecordedData(Protocol):
 
 
 class RecordedRun(Protocol):
-    """What the records read (and, for ``energy``, write) of a run: the loop's :class:`~fedlit.engine.loop.run.Run`.
-    """
+    """What the records read (and, for ``energy``, write) of a run: the loop's :class:`~fedlit.engine.loop.run.Run`."""
 
     #: The energy meter of the current fit (:mod:`fedlit.engine.records.energy`); None before one starts.
     energy: dict[str, Any] | None

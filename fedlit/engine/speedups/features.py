@@ -61,9 +61,12 @@ def feature_data(run: Run) -> FeatureCache | None:
         return None
     problem = cache_problem(run.module, run.datamodule)
     if problem is not None:
-        warnings.warn(f"federation.cache_features={mode!r} is off for this run: {problem}. The run computes the "
-                      "features at every pass (same results, slower); set federation.cache_features: off to silence "
-                      "this.", stacklevel=2)
+        warnings.warn(
+            f"federation.cache_features={mode!r} is off for this run: {problem}. The run computes the "
+            "features at every pass (same results, slower); set federation.cache_features: off to silence "
+            "this.",
+            stacklevel=2,
+        )
         return None
     assert isinstance(run.datamodule, FederatedDataModule)  # cache_problem refuses other data
     return FeatureCache(run.datamodule, run.module, run.fabric, run.out_dir / FOLDER if mode == "disk" else None)
@@ -77,8 +80,10 @@ def cache_problem(module: FederatedModule, data: Any) -> str | None:
     roles = module.parameter_roles()
     trained = [n for n in module.state_names() if n.startswith(f"{name}.") and roles[n] != "frozen"]
     if trained:
-        return (f"{len(trained)} tensors of the {name} train ({trained[0]!r} is {roles[trained[0]]!r}): only a "
-                f"{name} frozen whole gives the same features at every round")
+        return (
+            f"{len(trained)} tensors of the {name} train ({trained[0]!r} is {roles[trained[0]]!r}): only a "
+            f"{name} frozen whole gives the same features at every round"
+        )
     extractor = getattr(module, name)
     modes = {m: m.training for m in module.modules()}
     module.set_train_mode()
@@ -88,17 +93,21 @@ def cache_problem(module: FederatedModule, data: Any) -> str | None:
     finally:
         _restore(modes)
     if random:
-        return (f"the layers {random[:3]} of the {name} are random in training (dropout or drop path with a rate "
-                "above 0): set their rate to 0 to cache")
+        return (
+            f"the layers {random[:3]} of the {name} are random in training (dropout or drop path with a rate "
+            "above 0): set their rate to 0 to cache"
+        )
     if batch:
         return f"the BatchNorm layers {batch[:3]} of the {name} normalize with the statistics of the batch"
     if not isinstance(data, FederatedDataModule):
         return f"the data {type(data).__name__} is not a FederatedDataModule"
     built = data.data
     if isinstance(built, SampleList) and repr(built.train_transform) != repr(built.eval_transform):
-        return (f"the train split's transform {built.train_transform!r} differs from the evaluation one "
-                f"{built.eval_transform!r} (random augmentation gives other inputs at every pass): to cache, train "
-                "on the evaluation transform (e.g. data.init_args.train_transform: null)")
+        return (
+            f"the train split's transform {built.train_transform!r} differs from the evaluation one "
+            f"{built.eval_transform!r} (random augmentation gives other inputs at every pass): to cache, train "
+            "on the evaluation transform (e.g. data.init_args.train_transform: null)"
+        )
     return None
 
 
@@ -106,8 +115,11 @@ def _random(module: nn.Module) -> bool:
     """Whether ``module``, in train mode, is a dropout-like layer with a rate above 0 (or an unknown rate)."""
     if "drop" not in type(module).__name__.lower():
         return False
-    rates = [getattr(module, a) for a in ("p", "drop_prob", "drop_rate", "rate")
-             if isinstance(getattr(module, a, None), int | float)]
+    rates = [
+        getattr(module, a)
+        for a in ("p", "drop_prob", "drop_rate", "rate")
+        if isinstance(getattr(module, a, None), int | float)
+    ]
     return not rates or any(r > 0 for r in rates)
 
 
@@ -128,8 +140,9 @@ class FeatureCache:
         folder: Where the features are also written and read back (``cache_features: disk``), or None.
     """
 
-    def __init__(self, data: FederatedDataModule, module: FederatedModule, fabric: Fabric,
-                 folder: Path | None = None) -> None:
+    def __init__(
+        self, data: FederatedDataModule, module: FederatedModule, fabric: Fabric, folder: Path | None = None
+    ) -> None:
         self.data, self.module, self.fabric, self.folder = data, module, fabric, folder
         self._cached: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}
         self._fingerprint: str | None = None
@@ -176,17 +189,26 @@ class FeatureCache:
     def _loader(self, client_id: str, split: str, loader: DataLoader) -> DataLoader:
         """A loader over the cached features that batches, shuffles and draws random numbers as ``loader``."""
         sampler = loader.sampler
-        plain = type(sampler) in (RandomSampler, SequentialSampler) and loader.batch_size is not None and not (
-            isinstance(sampler, RandomSampler) and (sampler.replacement or sampler._num_samples is not None))
+        plain = (
+            type(sampler) in (RandomSampler, SequentialSampler)
+            and loader.batch_size is not None
+            and not (isinstance(sampler, RandomSampler) and (sampler.replacement or sampler._num_samples is not None))
+        )
         if not plain:
-            raise ConfigError(f"federation.cache_features: {type(self.data).__name__}'s {split} loader samples in a "
-                              "way the cache cannot repeat (a custom sampler); set federation.cache_features: off.")
+            raise ConfigError(
+                f"federation.cache_features: {type(self.data).__name__}'s {split} loader samples in a "
+                "way the cache cannot repeat (a custom sampler); set federation.cache_features: off."
+            )
         features, targets = self._features(client_id, split, loader)
-        return DataLoader(_FeatureSubset(features, targets), batch_size=loader.batch_size,
-                          shuffle=isinstance(sampler, RandomSampler), generator=loader.generator,
-                          drop_last=loader.drop_last,
-                          # torch types collate_fn as taking a list of samples; __getitems__ gives it one tuple.
-                          collate_fn=_collate)  # type: ignore[arg-type]
+        return DataLoader(
+            _FeatureSubset(features, targets),
+            batch_size=loader.batch_size,
+            shuffle=isinstance(sampler, RandomSampler),
+            generator=loader.generator,
+            drop_last=loader.drop_last,
+            # torch types collate_fn as taking a list of samples; __getitems__ gives it one tuple.
+            collate_fn=_collate,
+        )  # type: ignore[arg-type]
 
     def _features(self, client_id: str, split: str, loader: DataLoader) -> tuple[Tensor, Tensor]:
         key = (client_id, split)
@@ -211,8 +233,14 @@ class FeatureCache:
         assert name is not None  # cache_problem refuses a module without one
         extractor = getattr(module, name)
         # Its own generator: the run's global random stream stays as the uncached run leaves it.
-        reader = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=False,
-                            num_workers=loader.num_workers, collate_fn=loader.collate_fn, generator=torch.Generator())
+        reader = DataLoader(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            shuffle=False,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            generator=torch.Generator(),
+        )
         modes = {m: m.training for m in module.modules()}
         if split == "train":  # the modes of training (a frozen module in eval mode), as the turn sets them
             module.set_train_mode()
@@ -223,14 +251,18 @@ class FeatureCache:
             with torch.no_grad():
                 for batch in reader:
                     if not (isinstance(batch, list | tuple) and len(batch) == 2 and isinstance(batch[1], Tensor)):
-                        raise ConfigError(f"federation.cache_features: {type(self.data).__name__}'s batches are not "
-                                          "(inputs, targets) pairs; set federation.cache_features: off.")
+                        raise ConfigError(
+                            f"federation.cache_features: {type(self.data).__name__}'s batches are not "
+                            "(inputs, targets) pairs; set federation.cache_features: off."
+                        )
                     inputs = precision.convert_input(fabric.to_device(batch[0]))
                     with fabric.autocast():
                         out = extractor(inputs)
                     if not isinstance(out, Tensor):
-                        raise ConfigError(f"federation.cache_features: model.{name} returns a "
-                                          f"{type(out).__name__}, not a tensor; set federation.cache_features: off.")
+                        raise ConfigError(
+                            f"federation.cache_features: model.{name} returns a "
+                            f"{type(out).__name__}, not a tensor; set federation.cache_features: off."
+                        )
                     features.append(out.detach())
                     targets.append(batch[1])
         finally:
@@ -248,9 +280,18 @@ class FeatureCache:
             self._fingerprint = f"{type(getattr(self.module, name)).__qualname__}:{fingerprint(frozen)}"
         built = self.data.data
         indices = [int(i) for i in built.splits[client_id][split]]
-        digest = hashlib.sha256("\n".join([
-            self._fingerprint, type(self.fabric.strategy.precision).__name__, repr(self.fabric.device),
-            type(self.data).__qualname__, built.name, repr(indices)]).encode())
+        digest = hashlib.sha256(
+            "\n".join(
+                [
+                    self._fingerprint,
+                    type(self.fabric.strategy.precision).__name__,
+                    repr(self.fabric.device),
+                    type(self.data).__qualname__,
+                    built.name,
+                    repr(indices),
+                ]
+            ).encode()
+        )
         if isinstance(built, SampleList):  # the files' names (their contents are taken to stay as they are)
             digest.update(repr(built.train_transform if split == "train" else built.eval_transform).encode())
             digest.update("\n".join(str(s) for s in built.samples[client_id]).encode())

@@ -40,8 +40,16 @@ if TYPE_CHECKING:
     from fedlit.engine.loop.run import Run
 
 #: Hooks called at every local step or epoch: their calls assume one client's turn at a time.
-STEP_HOOKS = ("on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end",
-              "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+STEP_HOOKS = (
+    "on_train_epoch_start",
+    "on_train_epoch_end",
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+)
 
 
 def fused_problems(run: Run) -> list[str]:
@@ -49,25 +57,34 @@ def fused_problems(run: Run) -> list[str]:
     strategy, module = run.strategy, run.module
     problems = []
     if not vars(type(strategy)).get("fusable", False):
-        problems.append(f"{type(strategy).__name__} has not declared that its client side can train several "
-                        "clients at once (Strategy.fusable)")
+        problems.append(
+            f"{type(strategy).__name__} has not declared that its client side can train several "
+            "clients at once (Strategy.fusable)"
+        )
     for hook in STEP_HOOKS:
         if run.hooks.implemented(hook):
-            owners = [type(c).__name__ for c in run.hooks.callbacks
-                      if getattr(type(c), hook, None) is not getattr(Callback, hook)]
+            owners = [
+                type(c).__name__
+                for c in run.hooks.callbacks
+                if getattr(type(c), hook, None) is not getattr(Callback, hook)
+            ]
             problems.append(f"{', '.join(owners)} implements {hook}, which is called at each step of one client")
             break
     if type(strategy).client_forward is not Strategy.client_forward:
         problems.append(f"{type(strategy).__name__}.client_forward swaps the module's tensors per client")
     if not isinstance(module, ClassificationModule) or any(
-            getattr(type(module), m) is not getattr(ClassificationModule, m) for m in ("training_step", "forward")):
-        problems.append(f"{type(module).__name__} is not a ClassificationModule with its training_step and forward "
-                        "(each client's loss is computed from one forward pass of the fused batch)")
+        getattr(type(module), m) is not getattr(ClassificationModule, m) for m in ("training_step", "forward")
+    ):
+        problems.append(
+            f"{type(module).__name__} is not a ClassificationModule with its training_step and forward "
+            "(each client's loss is computed from one forward pass of the fused batch)"
+        )
     else:
         problems += module_problems(module)
     if getattr(run.fabric.strategy.precision, "scaler", None) is not None:
-        problems.append(f"federation.precision={run.settings.precision!r} scales the loss with one gradient scaler "
-                        "for every client")
+        problems.append(
+            f"federation.precision={run.settings.precision!r} scales the loss with one gradient scaler for every client"
+        )
     if run.settings.client_timeout is not None:
         problems.append("federation.client_timeout times each client's turn, but a fused group trains together")
     if run.fabric.world_size > 1:
@@ -90,22 +107,29 @@ class FusedExecutor(LocalExecutor):
         """Refuse a run whose clients cannot be trained fused exactly."""
         problems = fused_problems(run)
         if problems:
-            raise ConfigError(f"federation.fused_clients={self.group} cannot give the result of sequential turns: "
-                              + "; ".join(problems) + ". Set federation.fused_clients: 1 (the default).")
+            raise ConfigError(
+                f"federation.fused_clients={self.group} cannot give the result of sequential turns: "
+                + "; ".join(problems)
+                + ". Set federation.fused_clients: 1 (the default)."
+            )
 
     @override
     def fit(self, run: Run, server_round: int, tasks: list[FitTask]) -> list[ClientTurn | str]:
         """Each task's turn, in the order given, computed ``group`` clients at a time."""
         results: list[ClientTurn | str] = []
         for start in range(0, len(tasks), self.group):
-            group = tasks[start:start + self.group]
+            group = tasks[start : start + self.group]
             run.progress.client(f"clients {start + 1}-{start + len(group)} of {len(tasks)} (fused)")
             if len(group) == 1:
-                results.append(run_fit_task(run.client_context(group[0].client_id), server_round, group[0],
-                                            run.settings.on_client_error))
+                results.append(
+                    run_fit_task(
+                        run.client_context(group[0].client_id), server_round, group[0], run.settings.on_client_error
+                    )
+                )
             else:
-                results += train_group([run.client_context(t.client_id) for t in group], server_round, group,
-                                       run.settings.on_client_error)
+                results += train_group(
+                    [run.client_context(t.client_id) for t in group], server_round, group, run.settings.on_client_error
+                )
         return results
 
     @override
@@ -121,8 +145,9 @@ class FusedExecutor(LocalExecutor):
             if len(pending) == 1:
                 results.append(run_evaluate_task(run.client_context(pending[0].client_id), server_round, pending[0]))
             elif pending:
-                results.extend(evaluate_group([run.client_context(t.client_id) for t in pending], server_round,
-                                              pending))
+                results.extend(
+                    evaluate_group([run.client_context(t.client_id) for t in pending], server_round, pending)
+                )
             pending.clear()
 
         for task in tasks:
@@ -158,8 +183,9 @@ class _Turn:
     done: bool = False
 
 
-def train_group(ctxs: list[ClientContext], server_round: int, tasks: list[FitTask],
-                on_client_error: str = "raise") -> list[ClientTurn | str]:
+def train_group(
+    ctxs: list[ClientContext], server_round: int, tasks: list[FitTask], on_client_error: str = "raise"
+) -> list[ClientTurn | str]:
     """The turns of ``tasks`` (one context each, same live module) trained in one fused pass per step; with
     ``on_client_error="skip"``, a description of what a client's turn raised instead of its turn."""
     module, strategy = ctxs[0].module, ctxs[0].strategy
@@ -173,8 +199,11 @@ def train_group(ctxs: list[ClientContext], server_round: int, tasks: list[FitTas
             return step()
         except Exception as err:  # noqa: BLE001  (skip means: any failure of one client's turn)
             turn.failed, turn.done = f"{type(err).__name__}: {err}", True
-            warnings.warn(f"Round {server_round}: client {turn.ctx.client_id!r} raised {turn.failed}; it is left out "
-                          "of this round (federation.on_client_error=skip).", stacklevel=4)
+            warnings.warn(
+                f"Round {server_round}: client {turn.ctx.client_id!r} raised {turn.failed}; it is left out "
+                "of this round (federation.on_client_error=skip).",
+                stacklevel=4,
+            )
             return None
 
     try:
@@ -214,8 +243,15 @@ def _start(turn: _Turn, server_round: int) -> None:
     torch.manual_seed(ctx.derive_seed("train", server_round, client_id))
     loader = ctx.train_dataloader("data", server_round, client_id)
     turn.optimizer, turn.scheduler = client_turn.client_optimizer(ctx)
-    ctx.hooks.call("on_client_fit_start", client_states=ctx.store, **ctx.hook_args(), server_round=server_round,
-                   client_id=client_id, received=turn.task.received, received_extras=turn.task.received_extras)
+    ctx.hooks.call(
+        "on_client_fit_start",
+        client_states=ctx.store,
+        **ctx.hook_args(),
+        server_round=server_round,
+        client_id=client_id,
+        received=turn.task.received,
+        received_extras=turn.task.received_extras,
+    )
     turn.callback_state = dict(vars(ctx.strategy))  # its per-turn attributes (FedProx's anchor), restored per step
     turn.rng = torch.get_rng_state()
     turn.stream = _batches(ctx, loader)
@@ -236,8 +272,10 @@ def _batches(ctx: ClientContext, loader: Any) -> Iterator[Any]:
             if steps >= max_steps:
                 return
         if batches == 0:
-            raise DataError(f"Client {ctx.client_id!r} has no training batch: its train split is empty. Give it "
-                            "training samples (change the partition) or leave it out of the federation.")
+            raise DataError(
+                f"Client {ctx.client_id!r} has no training batch: its train split is empty. Give it "
+                "training samples (change the partition) or leave it out of the federation."
+            )
         epoch += 1
 
 
@@ -254,8 +292,10 @@ def _next_batch(turn: _Turn) -> None:
         return
     inputs, targets = turn.ctx.prepare_batch(batch)
     if not isinstance(inputs, torch.Tensor):
-        raise ConfigError(f"federation.fused_clients: client {turn.ctx.client_id!r}'s inputs are a "
-                          f"{type(inputs).__name__}, not one tensor to concatenate: keep federation.fused_clients: 1.")
+        raise ConfigError(
+            f"federation.fused_clients: client {turn.ctx.client_id!r}'s inputs are a "
+            f"{type(inputs).__name__}, not one tensor to concatenate: keep federation.fused_clients: 1."
+        )
     turn.batch = (inputs, targets)
 
 
@@ -282,8 +322,10 @@ def _fused_step(module: Any, strategy: Any, params: ClientParameters, active: li
         out = {"loss": loss, "logits": part, "targets": targets}
         loss_k = strategy.training_loss(module, loss, turn.batch, out)
         if loss_k is not loss and not math.isfinite(float(loss_k.detach())):
-            turn.bad = (f"training loss {float(loss_k.detach())} at step {turn.steps + 1} "
-                        f"(after {type(strategy).__name__}.training_loss)")
+            turn.bad = (
+                f"training loss {float(loss_k.detach())} at step {turn.steps + 1} "
+                f"(after {type(strategy).__name__}.training_loss)"
+            )
             continue
         total = loss_k if total is None else total + loss_k
         stepping.append(turn)
@@ -312,8 +354,14 @@ def _finish(turn: _Turn, server_round: int) -> ClientTurn:
     )
     bad = turn.bad or first_non_finite(module.named_tensors("shared", "personal"), "tensor")
     if bad is None:
-        ctx.hooks.call("on_client_fit_end", client_states=ctx.store, **ctx.hook_args(), server_round=server_round,
-                       client_id=client_id, update=update)
+        ctx.hooks.call(
+            "on_client_fit_end",
+            client_states=ctx.store,
+            **ctx.hook_args(),
+            server_round=server_round,
+            client_id=client_id,
+            update=update,
+        )
         bad = first_non_finite(update.extras, "uploaded extra")
     download = state_nbytes(turn.task.received) + state_nbytes(turn.task.received_extras)
     if bad is not None:

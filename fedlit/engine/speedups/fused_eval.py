@@ -41,7 +41,8 @@ from fedlit.tasks.classification import ClassificationModule
 def fuses_evaluation(module: FederatedModule) -> bool:
     """Whether ``module`` computes its evaluation metrics from its logits as :class:`ClassificationModule` does."""
     return isinstance(module, ClassificationModule) and (
-        type(module).validation_step is ClassificationModule.validation_step)
+        type(module).validation_step is ClassificationModule.validation_step
+    )
 
 
 def fuses_task(module: FederatedModule, task: EvaluateTask) -> bool:
@@ -105,14 +106,20 @@ def _load(model: _Model, server_round: int) -> None:
     ctx = model.ctx
     load_client(ctx, model.received)
     if model.personalized:  # the global model is evaluated as received, never with a model the client keeps
-        ctx.hooks.call("on_client_evaluate_start", client_states=ctx.store, **ctx.hook_args(),
-                       server_round=server_round, client_id=ctx.client_id)
+        ctx.hooks.call(
+            "on_client_evaluate_start",
+            client_states=ctx.store,
+            **ctx.hook_args(),
+            server_round=server_round,
+            client_id=ctx.client_id,
+        )
 
 
 def _forward_split(module: Any, params: ClientParameters, models: list[_Model], split: str) -> None:
     """Every model's logits and targets on ``split``: one batch of each model's loader per fused forward pass."""
-    streams: list[tuple[int, Iterator[Any]]] = [(k, iter(m.loaders[split])) for k, m in enumerate(models)
-                                                if split in m.loaders]
+    streams: list[tuple[int, Iterator[Any]]] = [
+        (k, iter(m.loaders[split])) for k, m in enumerate(models) if split in m.loaders
+    ]
     for k, _ in streams:
         models[k].outputs[split] = []
     while streams:
@@ -124,9 +131,11 @@ def _forward_split(module: Any, params: ClientParameters, models: list[_Model], 
             alive.append((k, stream))
             inputs, targets = models[k].ctx.prepare_batch(batch)
             if not isinstance(inputs, Tensor):
-                raise ConfigError(f"federation.fused_clients: client {models[k].ctx.client_id!r}'s inputs are a "
-                                  f"{type(inputs).__name__}, not one tensor to concatenate: keep "
-                                  "federation.fused_clients: 1.")
+                raise ConfigError(
+                    f"federation.fused_clients: client {models[k].ctx.client_id!r}'s inputs are a "
+                    f"{type(inputs).__name__}, not one tensor to concatenate: keep "
+                    "federation.fused_clients: 1."
+                )
             batches.append((k, inputs, targets))
         streams = alive
         if not batches:

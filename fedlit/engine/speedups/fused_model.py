@@ -51,29 +51,38 @@ def module_problems(module: FederatedModule) -> list[str]:
             if not m.training:
                 continue
             if isinstance(m, _BATCH_STATISTICS):
-                problems.append(f"the BatchNorm layer {name!r} normalizes with the statistics of the batch in train "
-                                "mode, which a fused batch of several clients would mix (freeze it, or keep "
-                                "federation.fused_clients: 1)")
-            rate = getattr(m, "p", None) if isinstance(m, nn.modules.dropout._DropoutNd) else getattr(
-                m, "drop_prob", None)
+                problems.append(
+                    f"the BatchNorm layer {name!r} normalizes with the statistics of the batch in train "
+                    "mode, which a fused batch of several clients would mix (freeze it, or keep "
+                    "federation.fused_clients: 1)"
+                )
+            rate = (
+                getattr(m, "p", None) if isinstance(m, nn.modules.dropout._DropoutNd) else getattr(m, "drop_prob", None)
+            )
             if rate:
-                problems.append(f"the dropout layer {name!r} (rate {rate}) draws random numbers in train mode, in "
-                                "another order in a fused pass (set its rate to 0, or keep fused_clients: 1)")
+                problems.append(
+                    f"the dropout layer {name!r} (rate {rate}) draws random numbers in train mode, in "
+                    "another order in a fused pass (set its rate to 0, or keep fused_clients: 1)"
+                )
     finally:
         for name, m in module.named_modules():
             m.train(modes[name])
     roles = module.parameter_roles()
     buffers = [n for n, _ in module.named_buffers() if roles[n] != "frozen"]
     if buffers:
-        problems.append(f"the buffers {buffers[:3]} are {roles[buffers[0]]}: each client would need its own copy in "
-                        "one pass (make them frozen, or keep federation.fused_clients: 1)")
+        problems.append(
+            f"the buffers {buffers[:3]} are {roles[buffers[0]]}: each client would need its own copy in "
+            "one pass (make them frozen, or keep federation.fused_clients: 1)"
+        )
     for name in trainable_names(module):
         owner_name = name.rpartition(".")[0]
         owner = module.get_submodule(owner_name)
         if type(owner) is not nn.Linear:
-            problems.append(f"the trainable tensor {name!r} belongs to a {type(owner).__name__}, but fused training "
-                            "routes only the weights of nn.Linear layers (LoRA's A and B, heads) per client (freeze "
-                            "it, or keep federation.fused_clients: 1)")
+            problems.append(
+                f"the trainable tensor {name!r} belongs to a {type(owner).__name__}, but fused training "
+                "routes only the weights of nn.Linear layers (LoRA's A and B, heads) per client (freeze "
+                "it, or keep federation.fused_clients: 1)"
+            )
             break
     return problems
 
@@ -96,7 +105,8 @@ class ClientParameters:
             assert param is not None  # named by trainable_names, so a parameter
             self.live[n] = param
         self.clients: list[dict[str, nn.Parameter]] = [
-            {n: nn.Parameter(p.detach().clone()) for n, p in self.live.items()} for _ in range(num_clients)]
+            {n: nn.Parameter(p.detach().clone()) for n, p in self.live.items()} for _ in range(num_clients)
+        ]
 
     def bind(self, k: int | None) -> None:
         """Point the live module at client ``k``'s parameters (None: at its own again)."""
@@ -128,8 +138,9 @@ class ClientParameters:
             for owner in linears:
                 vars(owner).pop("forward", None)
 
-    def _linear(self, owner: nn.Module, prefix: str, clients: Sequence[int],
-                sizes: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _linear(
+        self, owner: nn.Module, prefix: str, clients: Sequence[int], sizes: Sequence[int]
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
         def per_client(leaf: str) -> list[torch.Tensor | None]:
             name = f"{prefix}.{leaf}"
             if name in self.live:
@@ -141,9 +152,11 @@ class ClientParameters:
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             if x.dim() < 2 or x.shape[0] != total:
-                raise ConfigError(f"federation.fused_clients: the layer {prefix!r} received a tensor of shape "
-                                  f"{tuple(x.shape)} whose first dimension is not the fused batch's {total} samples "
-                                  "(this model reshapes its batch): keep federation.fused_clients: 1 for it.")
+                raise ConfigError(
+                    f"federation.fused_clients: the layer {prefix!r} received a tensor of shape "
+                    f"{tuple(x.shape)} whose first dimension is not the fused batch's {total} samples "
+                    "(this model reshapes its batch): keep federation.fused_clients: 1 for it."
+                )
             if len(set(sizes)) == 1:
                 k, rest = len(sizes), x.shape[1:-1]
                 w = torch.stack(weights)

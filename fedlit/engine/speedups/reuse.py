@@ -64,8 +64,11 @@ class EvaluationReuse:
         frozen = digest({n: b for n, b in run.module.named_buffers() if roles.get(n) == "frozen"}, memo)
         assert frozen is not None  # a dict of tensors always has a digest
         keys = [None if task.finetune_steps else _task_key(run, task, frozen, memo) for task in tasks]
-        stale = [i for i, (task, key) in enumerate(zip(tasks, keys, strict=True))
-                 if key is None or self.kept.get(task.client_id, (None,))[0] != key]
+        stale = [
+            i
+            for i, (task, key) in enumerate(zip(tasks, keys, strict=True))
+            if key is None or self.kept.get(task.client_id, (None,))[0] != key
+        ]
         assert run.executor is not None  # attach() runs after the executor is chosen
         fresh = run.executor.evaluate(run, server_round, [tasks[i] for i in stale])
         results: list[EvaluateResult | None] = [None] * len(tasks)
@@ -76,18 +79,25 @@ class EvaluationReuse:
                 self.kept.pop(client_id, None)
             else:
                 self.kept[client_id] = (key, result)
-        reused = [result if result is not None else self.kept[task.client_id][1]
-                  for task, result in zip(tasks, results, strict=True)]
+        reused = [
+            result if result is not None else self.kept[task.client_id][1]
+            for task, result in zip(tasks, results, strict=True)
+        ]
         return reused, len(tasks) - len(stale)
 
 
 def _task_key(run: Run, task: EvaluateTask, frozen: bytes, memo: dict[tuple[int, int], bytes]) -> bytes | None:
     """The fingerprint of what ``task``'s evaluation reads; None when part of it cannot be fingerprinted."""
     store = run.store
-    parts = [digest(task.received, memo), digest(task.global_state, memo), digest(store.tensors(task.client_id), memo),
-             digest(store.client_state(task.client_id)["extra"], memo)]
+    parts = [
+        digest(task.received, memo),
+        digest(task.global_state, memo),
+        digest(store.tensors(task.client_id), memo),
+        digest(store.client_state(task.client_id)["extra"], memo),
+    ]
     known = [p for p in parts if p is not None]
     if len(known) < len(parts):
         return None
-    return hashlib.blake2b(b"".join([frozen, *known, repr((task.splits, task.images)).encode()]),
-                           digest_size=16).digest()
+    return hashlib.blake2b(
+        b"".join([frozen, *known, repr((task.splits, task.images)).encode()]), digest_size=16
+    ).digest()

@@ -65,8 +65,17 @@ from fedlit.models.sam.prompts import PROMPTS, Prompt, sparse_prompt
 from fedlit.models.sam.variants import VARIANTS
 from fedlit.models.unet import SegmentationNetwork
 
-__all__ = ["VARIANTS", "Adapter", "AdapterBlock", "SamAdapter", "SamAdapterNet", "SamLoadReport",
-           "load_sam_checkpoint", "resize_pos_embed", "resize_rel_pos"]  # the last four from sam_checkpoint
+__all__ = [
+    "VARIANTS",
+    "Adapter",
+    "AdapterBlock",
+    "SamAdapter",
+    "SamAdapterNet",
+    "SamLoadReport",
+    "load_sam_checkpoint",
+    "resize_pos_embed",
+    "resize_rel_pos",
+]  # the last four from sam_checkpoint
 
 # SAM's pixel statistics, on the 0-255 scale (segment_anything.modeling.Sam).
 PIXEL_MEAN = (123.675, 116.28, 103.53)
@@ -111,13 +120,24 @@ class SamAdapter(SegmentationNetwork):
         mlp_adapter_scale: Weight of the MLP adapter's output (0.5 in MSA).
     """
 
-    def __init__(self, *, variant: Literal["vit_b", "vit_l", "vit_h", "tiny"] = "vit_b",
-                 checkpoint: str | None = None, min_loaded: float = 1.0, checkpoint_key_prefix: str = "",
-                 image_size: int | None = None, in_channels: int = 1, prompt: Prompt = "none",
-                 eval_prompt: Prompt | None = None, normalize_input: bool = True,
-                 upsample: Literal["bilinear", "nearest"] = "bilinear",
-                 adapter_layout: Literal["fedlit", "reference"] = "fedlit", train_mask_decoder: bool = True,
-                 depth_adapters: bool = False, mlp_adapter_scale: float = 0.5) -> None:
+    def __init__(
+        self,
+        *,
+        variant: Literal["vit_b", "vit_l", "vit_h", "tiny"] = "vit_b",
+        checkpoint: str | None = None,
+        min_loaded: float = 1.0,
+        checkpoint_key_prefix: str = "",
+        image_size: int | None = None,
+        in_channels: int = 1,
+        prompt: Prompt = "none",
+        eval_prompt: Prompt | None = None,
+        normalize_input: bool = True,
+        upsample: Literal["bilinear", "nearest"] = "bilinear",
+        adapter_layout: Literal["fedlit", "reference"] = "fedlit",
+        train_mask_decoder: bool = True,
+        depth_adapters: bool = False,
+        mlp_adapter_scale: float = 0.5,
+    ) -> None:
         if isinstance(checkpoint, str) and checkpoint.strip() in ("", "None", "null", "none", "~"):
             # jsonargparse turns `--model.init_args.network.init_args.checkpoint null` (an option of a class nested
             # in a class) into the string 'None': read it, and an empty string, as no checkpoint
@@ -127,19 +147,26 @@ class SamAdapter(SegmentationNetwork):
         problems = []
         if variant not in VARIANTS:
             close = difflib.get_close_matches(str(variant), VARIANTS, n=1)
-            problems.append(f"{OPTION}.variant={variant!r} is not one of {list(VARIANTS)}"
-                            + (f" (did you mean {close[0]!r}?)" if close else ""))
+            problems.append(
+                f"{OPTION}.variant={variant!r} is not one of {list(VARIANTS)}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+            )
         else:
             patch = VARIANTS[variant].patch
             size = VARIANTS[variant].image_size if image_size is None else image_size
             if isinstance(size, bool) or not isinstance(size, int) or size < patch or size % patch:
-                problems.append(f"{OPTION}.image_size={image_size!r} must be a positive multiple of the patch "
-                                f"size {patch} of variant {variant!r}")
+                problems.append(
+                    f"{OPTION}.image_size={image_size!r} must be a positive multiple of the patch "
+                    f"size {patch} of variant {variant!r}"
+                )
         if in_channels not in (1, 3) or isinstance(in_channels, bool):
             problems.append(f"{OPTION}.in_channels={in_channels!r} must be 1 (grey, repeated to RGB) or 3")
-        for name, value, allowed in (("prompt", prompt, PROMPTS), ("eval_prompt", eval_prompt, (*PROMPTS, None)),
-                                     ("upsample", upsample, ("bilinear", "nearest")),
-                                     ("adapter_layout", adapter_layout, ("fedlit", "reference"))):
+        for name, value, allowed in (
+            ("prompt", prompt, PROMPTS),
+            ("eval_prompt", eval_prompt, (*PROMPTS, None)),
+            ("upsample", upsample, ("bilinear", "nearest")),
+            ("adapter_layout", adapter_layout, ("fedlit", "reference")),
+        ):
             if value not in allowed:
                 problems.append(f"{OPTION}.{name}={value!r} is not one of {list(allowed)}")
         if not isinstance(min_loaded, int | float) or isinstance(min_loaded, bool) or not 0 <= min_loaded <= 1:
@@ -149,9 +176,12 @@ class SamAdapter(SegmentationNetwork):
         if problems:
             raise ConfigError("SamAdapter: " + "; ".join(problems) + ".")
         if eval_prompt == "click":
-            warnings.warn(f"{OPTION}.eval_prompt=click draws each evaluation click from the ground-truth mask, as "
-                          "MSA's code does: the labels leak into the predictions, so the scores are not those of "
-                          "an unprompted model. Use none or box for honest scores.", stacklevel=2)
+            warnings.warn(
+                f"{OPTION}.eval_prompt=click draws each evaluation click from the ground-truth mask, as "
+                "MSA's code does: the labels leak into the predictions, so the scores are not those of "
+                "an unprompted model. Use none or box for honest scores.",
+                stacklevel=2,
+            )
         self.variant, self.checkpoint = variant, checkpoint
         self.min_loaded, self.checkpoint_key_prefix = float(min_loaded), str(checkpoint_key_prefix)
         self.image_size = VARIANTS[variant].image_size if image_size is None else image_size
@@ -164,13 +194,16 @@ class SamAdapter(SegmentationNetwork):
     @override
     def build(self, out_channels: int) -> SamAdapterNet:
         if out_channels > _NUM_MASK_TOKENS:
-            raise ConfigError(f"SamAdapter: model.init_args.num_classes={out_channels} but SAM's mask decoder has "
-                              f"{_NUM_MASK_TOKENS} mask tokens (one output channel each); give at most "
-                              f"{_NUM_MASK_TOKENS}.")
+            raise ConfigError(
+                f"SamAdapter: model.init_args.num_classes={out_channels} but SAM's mask decoder has "
+                f"{_NUM_MASK_TOKENS} mask tokens (one output channel each); give at most "
+                f"{_NUM_MASK_TOKENS}."
+            )
         net = SamAdapterNet(self, out_channels)
         if self.checkpoint is not None and weight_loading_enabled():
-            net.load_report = load_sam_checkpoint(net, self.checkpoint, min_loaded=self.min_loaded,
-                                                  key_prefix=self.checkpoint_key_prefix)
+            net.load_report = load_sam_checkpoint(
+                net, self.checkpoint, min_loaded=self.min_loaded, key_prefix=self.checkpoint_key_prefix
+            )
         return net
 
 
@@ -189,22 +222,42 @@ class SamAdapterNet(nn.Module):
         v = VARIANTS[spec.variant]
         grid = spec.image_size // v.patch
         self.image_encoder = ImageEncoderViT(
-            img_size=spec.image_size, patch_size=v.patch, embed_dim=v.width, depth=v.depth, num_heads=v.heads,
-            mlp_ratio=4, out_chans=v.prompt_dim, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-            use_rel_pos=True, global_attn_indexes=v.global_attention, window_size=v.window)
+            img_size=spec.image_size,
+            patch_size=v.patch,
+            embed_dim=v.width,
+            depth=v.depth,
+            num_heads=v.heads,
+            mlp_ratio=4,
+            out_chans=v.prompt_dim,
+            qkv_bias=True,
+            norm_layer=partial(nn.LayerNorm, eps=1e-6),
+            use_rel_pos=True,
+            global_attn_indexes=v.global_attention,
+            window_size=v.window,
+        )
         for i, block in enumerate(self.image_encoder.blocks):
-            self.image_encoder.blocks[i] = AdapterBlock(block, depth_adapter=spec.depth_adapters,
-                                                        mlp_adapter_scale=spec.mlp_adapter_scale,
-                                                        layout=spec.adapter_layout)
-        self.prompt_encoder = PromptEncoder(embed_dim=v.prompt_dim, image_embedding_size=(grid, grid),
-                                            input_image_size=(spec.image_size, spec.image_size),
-                                            mask_in_chans=v.mask_in_chans)
+            self.image_encoder.blocks[i] = AdapterBlock(
+                block,
+                depth_adapter=spec.depth_adapters,
+                mlp_adapter_scale=spec.mlp_adapter_scale,
+                layout=spec.adapter_layout,
+            )
+        self.prompt_encoder = PromptEncoder(
+            embed_dim=v.prompt_dim,
+            image_embedding_size=(grid, grid),
+            input_image_size=(spec.image_size, spec.image_size),
+            mask_in_chans=v.mask_in_chans,
+        )
         self.prompt_encoder.requires_grad_(False)
         self.mask_decoder = MaskDecoder(
-            transformer_dim=v.prompt_dim, num_multimask_outputs=_NUM_MASK_TOKENS - 1, iou_head_depth=3,
+            transformer_dim=v.prompt_dim,
+            num_multimask_outputs=_NUM_MASK_TOKENS - 1,
+            iou_head_depth=3,
             iou_head_hidden_dim=v.iou_hidden,
-            transformer=TwoWayTransformer(depth=v.decoder_depth, embedding_dim=v.prompt_dim,
-                                          num_heads=v.decoder_heads, mlp_dim=v.decoder_mlp))
+            transformer=TwoWayTransformer(
+                depth=v.decoder_depth, embedding_dim=v.prompt_dim, num_heads=v.decoder_heads, mlp_dim=v.decoder_mlp
+            ),
+        )
         self.out_channels, self.patch_size, self.in_channels = out_channels, v.patch, spec.in_channels
         self.prompt, self.eval_prompt, self.depth_adapters = spec.prompt, spec.eval_prompt, spec.depth_adapters
         self.normalize_input, self.upsample = spec.normalize_input, spec.upsample
@@ -219,8 +272,12 @@ class SamAdapterNet(nn.Module):
     def adapter_names(self, prefix: str = "") -> list[str]:
         """The adapters' module paths in FedSCA's order (block by block, each block's in registration order):
         ``A^1, A^2, ...``; with ``adapter_layout: reference`` A^1 is ``image_encoder.blocks.0.MLP_Adapter``."""
-        return [f"{prefix}image_encoder.blocks.{i}.{name}" for i, block in enumerate(self.image_encoder.blocks)
-                for name, _ in block.named_children() if name.endswith("_Adapter")]
+        return [
+            f"{prefix}image_encoder.blocks.{i}.{name}"
+            for i, block in enumerate(self.image_encoder.blocks)
+            for name, _ in block.named_children()
+            if name.endswith("_Adapter")
+        ]
 
     def default_role_rules(self, prefix: str = "") -> list[RoleRule]:
         """Everything frozen, the adapters shared, the mask decoder shared when ``train_mask_decoder``.
@@ -238,12 +295,16 @@ class SamAdapterNet(nn.Module):
         """(B, C, H, W) -> (B, out_channels, H, W) logits; (B, C, D, H, W) -> (B, out_channels, D, H, W).
         ``masks`` (B, out_channels, H, W) (or (B, out_channels, D, H, W)) are read only by click prompts."""
         if self.needs_masks and masks is None:
-            raise ConfigError(f"SamAdapter draws click prompts from the masks ({OPTION}.prompt or eval_prompt = "
-                              "click) but got none: call network(images, masks), or set the prompt to none or box.")
+            raise ConfigError(
+                f"SamAdapter draws click prompts from the masks ({OPTION}.prompt or eval_prompt = "
+                "click) but got none: call network(images, masks), or set the prompt to none or box."
+            )
         if images.ndim == 5:
             if not self.depth_adapters:
-                raise ConfigError(f"SamAdapter got volumes of shape {tuple(images.shape)} but has no depth "
-                                  f"adapters: set {OPTION}.depth_adapters to true, or give 2-D images.")
+                raise ConfigError(
+                    f"SamAdapter got volumes of shape {tuple(images.shape)} but has no depth "
+                    f"adapters: set {OPTION}.depth_adapters to true, or give 2-D images."
+                )
             b, c, d, h, w = images.shape
             if masks is not None and masks.ndim == 5:
                 masks = masks.transpose(1, 2).reshape(b * d, -1, h, w)
@@ -252,17 +313,21 @@ class SamAdapterNet(nn.Module):
         if images.ndim != 4:
             raise DataError(f"SamAdapter expects images (B, C, H, W), got shape {tuple(images.shape)}.")
         if self.depth_adapters:
-            raise ConfigError(f"SamAdapter has depth adapters but got 2-D images of shape {tuple(images.shape)}: "
-                              f"the depth adapters would never train; set {OPTION}.depth_adapters to false (or "
-                              "give volumes (B, C, D, H, W)).")
+            raise ConfigError(
+                f"SamAdapter has depth adapters but got 2-D images of shape {tuple(images.shape)}: "
+                f"the depth adapters would never train; set {OPTION}.depth_adapters to false (or "
+                "give volumes (B, C, D, H, W))."
+            )
         return self._segment(images, masks, depth=None)
 
     def _segment(self, images: Tensor, masks: Tensor | None, depth: int | None) -> Tensor:
         n, c, h, w = images.shape
         if c != self.in_channels or h % self.patch_size or w % self.patch_size:
-            raise DataError(f"SamAdapter expects {self.in_channels}-channel images ({OPTION}.in_channels) whose "
-                            f"sides are multiples of the patch size {self.patch_size}, got {tuple(images.shape)}; "
-                            "resize or crop the images, or set in_channels.")
+            raise DataError(
+                f"SamAdapter expects {self.in_channels}-channel images ({OPTION}.in_channels) whose "
+                f"sides are multiples of the patch size {self.patch_size}, got {tuple(images.shape)}; "
+                "resize or crop the images, or set in_channels."
+            )
         if c == 1:
             images = images.expand(-1, 3, -1, -1)
         if self.normalize_input:
@@ -298,6 +363,7 @@ class SamAdapterNet(nn.Module):
         tokens = torch.cat([tokens, sparse.to(tokens.dtype)], dim=1)
         hs, src = decoder.transformer(embeddings + dense, image_pe, tokens)
         upscaled = decoder.output_upscaling(src.transpose(1, 2).reshape(n, channels, gh, gw))
-        hyper = torch.stack([decoder.output_hypernetworks_mlps[i](hs[:, 1 + i]) for i in range(self.out_channels)],
-                            dim=1)
+        hyper = torch.stack(
+            [decoder.output_hypernetworks_mlps[i](hs[:, 1 + i]) for i in range(self.out_channels)], dim=1
+        )
         return (hyper @ upscaled.flatten(2)).view(n, self.out_channels, *upscaled.shape[-2:])

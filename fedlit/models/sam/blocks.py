@@ -47,8 +47,14 @@ class AdapterBlock(nn.Module):
         layout: ``fedlit`` or ``reference`` (see :class:`SamAdapter`'s ``adapter_layout``).
     """
 
-    def __init__(self, block: Block, *, depth_adapter: bool = False, mlp_adapter_scale: float = 0.5,
-                 layout: Literal["fedlit", "reference"] = "fedlit") -> None:
+    def __init__(
+        self,
+        block: Block,
+        *,
+        depth_adapter: bool = False,
+        mlp_adapter_scale: float = 0.5,
+        layout: Literal["fedlit", "reference"] = "fedlit",
+    ) -> None:
         super().__init__()
         dim = block.norm1.normalized_shape[0]
         self.norm1, self.attn, self.norm2, self.mlp = block.norm1, block.attn, block.norm2, block.mlp

@@ -80,13 +80,17 @@ class SamLoadReport:
         """One line per kind of tensor; every non-adapter key not loaded is named."""
         lines = [f"loaded {len(self.loaded)} tensors from {self.path}"]
         if self.resized:
-            lines.append(f"interpolated {len(self.resized)} to the built image size: " + ", ".join(
-                f"{k} {old} -> {new}" for k, (old, new) in self.resized.items()))
+            lines.append(
+                f"interpolated {len(self.resized)} to the built image size: "
+                + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in self.resized.items())
+            )
         if self.missing_adapters:
             lines.append(f"{len(self.missing_adapters)} adapter tensors kept at initialization (not in the file)")
         if self.missing:
-            lines.append(f"{len(self.missing)} model tensors not in the file keep their initialization: "
-                         + ", ".join(self.missing))
+            lines.append(
+                f"{len(self.missing)} model tensors not in the file keep their initialization: "
+                + ", ".join(self.missing)
+            )
         if self.unexpected:
             lines.append(f"{len(self.unexpected)} tensors of the file were not used: " + ", ".join(self.unexpected))
         return "\n".join(lines)
@@ -112,8 +116,9 @@ def key_prefix_fix(file_keys: list[str], model_keys: set[str]) -> tuple[str, str
     return votes.most_common(1)[0][0] if votes else None
 
 
-def load_sam_checkpoint(net: nn.Module, path: str | Path, *, min_loaded: float = 1.0,
-                        key_prefix: str = "") -> SamLoadReport:
+def load_sam_checkpoint(
+    net: nn.Module, path: str | Path, *, min_loaded: float = 1.0, key_prefix: str = ""
+) -> SamLoadReport:
     """Copy an original SAM/MedSAM state dict into ``net`` (a ``SamAdapterNet``) by key and shape, interpolating
     ``pos_embed`` and the global-attention relative position tables to the built size, and warn about every key
     not loaded.
@@ -133,8 +138,10 @@ def load_sam_checkpoint(net: nn.Module, path: str | Path, *, min_loaded: float =
 
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"{OPTION}.checkpoint={str(path)!r}: no such file ({path.resolve()}). Get SAM or MedSAM "
-                          f"weights: {GET_WEIGHTS} as {OPTION}.checkpoint; or set it to null (random weights).")
+        raise ConfigError(
+            f"{OPTION}.checkpoint={str(path)!r}: no such file ({path.resolve()}). Get SAM or MedSAM "
+            f"weights: {GET_WEIGHTS} as {OPTION}.checkpoint; or set it to null (random weights)."
+        )
     try:
         state = read_state_dict(path)
     except ValueError as error:
@@ -150,12 +157,12 @@ def load_sam_checkpoint(net: nn.Module, path: str | Path, *, min_loaded: float =
     return report
 
 
-def _match(net: nn.Module, state: dict[str, Tensor], target: dict[str, Tensor],
-           path: Path) -> tuple[SamLoadReport, dict[str, Tensor]]:
+def _match(
+    net: nn.Module, state: dict[str, Tensor], target: dict[str, Tensor], path: Path
+) -> tuple[SamLoadReport, dict[str, Tensor]]:
     """The report and the tensors to load (resized where needed); raises on a shape no resizing explains."""
     encoder = cast("ImageEncoderViT", net.image_encoder)  # net is a SamAdapterNet
-    global_blocks = {f"image_encoder.blocks.{i}.attn." for i, b in enumerate(encoder.blocks)
-                     if b.window_size == 0}
+    global_blocks = {f"image_encoder.blocks.{i}.attn." for i, b in enumerate(encoder.blocks) if b.window_size == 0}
     report = SamLoadReport(path=path)
     chosen: dict[str, Tensor] = {}
     mismatches = []
@@ -165,10 +172,18 @@ def _match(net: nn.Module, state: dict[str, Tensor], target: dict[str, Tensor],
             continue
         want = target[key].shape
         if tensor.shape != want:
-            resizable_grid = (key == "image_encoder.pos_embed" and tensor.ndim == 4 and tensor.shape[-1] == want[-1]
-                              and tensor.shape[0] == 1)
-            resizable_table = (key.endswith(("rel_pos_h", "rel_pos_w")) and key.removesuffix(key.split(".")[-1])
-                               in global_blocks and tensor.ndim == 2 and tensor.shape[1] == want[1])
+            resizable_grid = (
+                key == "image_encoder.pos_embed"
+                and tensor.ndim == 4
+                and tensor.shape[-1] == want[-1]
+                and tensor.shape[0] == 1
+            )
+            resizable_table = (
+                key.endswith(("rel_pos_h", "rel_pos_w"))
+                and key.removesuffix(key.split(".")[-1]) in global_blocks
+                and tensor.ndim == 2
+                and tensor.shape[1] == want[1]
+            )
             if resizable_grid:
                 tensor = resize_pos_embed(tensor.float(), (want[1], want[2])).to(tensor.dtype)
             elif resizable_table:
@@ -197,19 +212,26 @@ def _check_encoder_share(report: SamLoadReport, target: dict[str, Tensor], min_l
         return
     fix = key_prefix_fix(report.unexpected, set(target))
     if fix is not None and fix[0] == "strip":
-        how = (f"the file's keys carry the prefix {fix[1]!r}: set {OPTION}.checkpoint_key_prefix: '{fix[1]}' "
-               "(or re-save the file without it)")
+        how = (
+            f"the file's keys carry the prefix {fix[1]!r}: set {OPTION}.checkpoint_key_prefix: '{fix[1]}' "
+            "(or re-save the file without it)"
+        )
     elif fix is not None:
-        how = (f"the file's keys lack the prefix {fix[1]!r} (a part saved on its own?): re-save it with "
-               f"{fix[1]!r} before every key")
+        how = (
+            f"the file's keys lack the prefix {fix[1]!r} (a part saved on its own?): re-save it with "
+            f"{fix[1]!r} before every key"
+        )
     else:
-        how = ("give an original SAM or MedSAM checkpoint of the model's variant (keys image_encoder.*, "
-               "prompt_encoder.*, mask_decoder.*: sam_vit_b_01ec64.pth, medsam_vit_b.pth)")
+        how = (
+            "give an original SAM or MedSAM checkpoint of the model's variant (keys image_encoder.*, "
+            "prompt_encoder.*, mask_decoder.*: sam_vit_b_01ec64.pth, medsam_vit_b.pth)"
+        )
     raise CheckpointError(
         f"{path}: only {found} of the image encoder's {len(encoder)} tensors are in the file ({OPTION}.min_loaded="
         f"{min_loaded} needs {needed}), so the adapters would train on a randomly initialized frozen encoder. "
         f"First unmatched file keys: {report.unexpected[:_LISTED]}; first encoder keys not found: "
-        f"{[k for k in encoder if k not in loaded][:_LISTED]}. Fix: {how}; or lower {OPTION}.min_loaded.")
+        f"{[k for k in encoder if k not in loaded][:_LISTED]}. Fix: {how}; or lower {OPTION}.min_loaded."
+    )
 
 
 def _refuse_shapes(net: nn.Module, state: dict[str, Tensor], mismatches: list[str], path: Path) -> None:
@@ -218,9 +240,16 @@ def _refuse_shapes(net: nn.Module, state: dict[str, Tensor], mismatches: list[st
     variant = next((name for name, v in VARIANTS.items() if (v.width, v.depth) == (width, depth)), "?")
     embed = state.get("image_encoder.patch_embed.proj.weight")
     guess = next((name for name, v in VARIANTS.items() if embed is not None and v.width == embed.shape[0]), None)
-    fix = (f"the file looks like variant {guess!r}: set {OPTION}.variant: {guess}" if guess not in (None, variant)
-           else f"set {OPTION}.variant to the file's SAM variant (vit_b, vit_l or vit_h), or give a checkpoint "
-                "saved from SAM's own layout")
-    raise CheckpointError(f"{path}: {len(mismatches)} tensors have a shape that interpolation cannot explain "
-                          f"(model variant {variant!r}): " + "; ".join(mismatches[:10])
-                          + ("; ..." if len(mismatches) > 10 else "") + f". Fix: {fix}.")
+    fix = (
+        f"the file looks like variant {guess!r}: set {OPTION}.variant: {guess}"
+        if guess not in (None, variant)
+        else f"set {OPTION}.variant to the file's SAM variant (vit_b, vit_l or vit_h), or give a checkpoint "
+        "saved from SAM's own layout"
+    )
+    raise CheckpointError(
+        f"{path}: {len(mismatches)} tensors have a shape that interpolation cannot explain "
+        f"(model variant {variant!r}): "
+        + "; ".join(mismatches[:10])
+        + ("; ..." if len(mismatches) > 10 else "")
+        + f". Fix: {fix}."
+    )

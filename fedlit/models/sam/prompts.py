@@ -48,14 +48,16 @@ def click_embedding(prompts: PromptEncoder, points: Tensor, labels: Tensor, size
     coords = points.to(weight.dtype)[:, None, :] + 0.5  # the centre of the pixel
     embedding = prompts.pe_layer.forward_with_coords(coords, size)
     positive = labels.to(torch.bool)[:, None, None]
-    embedding = embedding + torch.where(positive, prompts.point_embeddings[1].weight,
-                                        prompts.point_embeddings[0].weight)
+    embedding = embedding + torch.where(
+        positive, prompts.point_embeddings[1].weight, prompts.point_embeddings[0].weight
+    )
     padding = weight.expand(len(points), 1, -1)  # SAM zeroes the padding point's position, then adds this
     return torch.cat([embedding, padding], dim=1)
 
 
-def sparse_prompt(prompts: PromptEncoder, kind: str, n: int, size: tuple[int, int],
-                  masks: Tensor | None = None) -> Tensor:
+def sparse_prompt(
+    prompts: PromptEncoder, kind: str, n: int, size: tuple[int, int], masks: Tensor | None = None
+) -> Tensor:
     """The (N, tokens, embed_dim) sparse embeddings of ``kind`` for ``n`` images of ``size`` (H, W): no token
     (``none``), the two corners of the box (0, 0, W - 1, H - 1) (``box``) or a click from ``masks`` (``click``)."""
     weight = prompts.not_a_point_embed.weight

@@ -30,7 +30,19 @@ VARIANTS: dict[str, _Variant] = {
     "vit_l": _Variant(width=1024, depth=24, heads=16, global_attention=(5, 11, 17, 23)),
     "vit_h": _Variant(width=1280, depth=32, heads=16, global_attention=(7, 15, 23, 31)),
     # For tests and quick runs: block 0 windowed, block 1 global, 64-pixel images on an 8 x 8 grid.
-    "tiny": _Variant(width=64, depth=2, heads=2, global_attention=(1,), patch=8, window=4, image_size=64,
-                     prompt_dim=32, decoder_mlp=64, decoder_heads=2, iou_hidden=32, mask_in_chans=8),
+    "tiny": _Variant(
+        width=64,
+        depth=2,
+        heads=2,
+        global_attention=(1,),
+        patch=8,
+        window=4,
+        image_size=64,
+        prompt_dim=32,
+        decoder_mlp=64,
+        decoder_heads=2,
+        iou_hidden=32,
+        mask_in_chans=8,
+    ),
 }
 """SAM's encoder and decoder sizes per ``variant`` (segment_anything.build_sam), plus a tiny one."""

@@ -93,8 +93,15 @@ from fedlit.strategies.apple.equations import (
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import normalized_weights, weighted_average
 
-__all__ = ["APPLE", "apple_download_choice", "apple_mix", "apple_proximal", "apple_proximal_coefficient",
-           "reinitialized_parameters", "swapped_parameters"]
+__all__ = [
+    "APPLE",
+    "apple_download_choice",
+    "apple_mix",
+    "apple_proximal",
+    "apple_proximal_coefficient",
+    "reinitialized_parameters",
+    "swapped_parameters",
+]
 
 
 class APPLE(Strategy):
@@ -116,10 +123,20 @@ class APPLE(Strategy):
             model (keeps pretrained shared tensors; ``p`` then moves only along all-ones in round 1).
     """
 
-    def __init__(self, *, mu: float = 0.1, lr_p: float = 1e-3, p_momentum: float = 0.9,
-                 schedule: Literal["exponential", "cosine"] = "exponential", eps: float = 1e-3,
-                 decay_rounds: int | None = None, max_downloads: int | None = None, lamb: float = 1.0,
-                 thresh: float = 1.5, core_init: Literal["own", "shared"] = "own") -> None:
+    def __init__(
+        self,
+        *,
+        mu: float = 0.1,
+        lr_p: float = 1e-3,
+        p_momentum: float = 0.9,
+        schedule: Literal["exponential", "cosine"] = "exponential",
+        eps: float = 1e-3,
+        decay_rounds: int | None = None,
+        max_downloads: int | None = None,
+        lamb: float = 1.0,
+        thresh: float = 1.5,
+        core_init: Literal["own", "shared"] = "own",
+    ) -> None:
         super().__init__()
         problems = []
         key = "strategy.init_args."
@@ -183,9 +200,11 @@ class APPLE(Strategy):
             self.starts[client_id] = {**self.initial, **{n: t.to(self.initial[n].device) for n, t in drawn.items()}}
         left = [n for n in kept if n in names]
         if len(left) == len(names) and names:
-            warnings.warn("APPLE core_init='own': no shared parameter could be re-initialized (constant, or their "
-                          "layers have no reset_parameters()): every core starts equal, as with core_init='shared'.",
-                          stacklevel=2)
+            warnings.warn(
+                "APPLE core_init='own': no shared parameter could be re-initialized (constant, or their "
+                "layers have no reset_parameters()): every core starts equal, as with core_init='shared'.",
+                stacklevel=2,
+            )
         self.global_state = weighted_average([self.starts[c] for c in self.client_ids], self.p0.tolist())
 
     def coefficient(self, server_round: int) -> float:
@@ -249,8 +268,9 @@ class APPLE(Strategy):
         self.check_uploads(updates)
         for update in updates:
             self.starts.pop(update.client_id, None)  # its initial core is no longer needed
-            self.cores[update.client_id] = {n: t.detach().to(self.global_state[n].device)
-                                            for n, t in update.state.items()}
+            self.cores[update.client_id] = {
+                n: t.detach().to(self.global_state[n].device) for n, t in update.state.items()
+            }
             if "request" in update.extras:
                 self.requests[update.client_id] = [int(j) for j in update.extras["request"].tolist()]
         return weighted_average([self._core(c) for c in self.client_ids], self.p0.tolist())
@@ -258,8 +278,14 @@ class APPLE(Strategy):
     @override
     def state_dict(self) -> dict[str, Any]:
         """Server state plus every core, the initial tensors, ``p0`` and the requests (exact resume)."""
-        return {**super().state_dict(), "initial": self.initial, "starts": self.starts, "cores": self.cores,
-                "p0": self.p0, "requests": self.requests}
+        return {
+            **super().state_dict(),
+            "initial": self.initial,
+            "starts": self.starts,
+            "cores": self.cores,
+            "p0": self.p0,
+            "requests": self.requests,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -272,9 +298,14 @@ class APPLE(Strategy):
         self.requests = {c: list(r) for c, r in state_dict["requests"].items()}
 
     # ------------------------------------------------------------------------------------------ client
-    def on_client_fit_start(self, pl_module: FederatedModule, server_round: int, client_id: str,
-                            received_extras: dict[str, Any],
-                            client_state: dict[str, Any]) -> None:
+    def on_client_fit_start(
+        self,
+        pl_module: FederatedModule,
+        server_round: int,
+        client_id: str,
+        received_extras: dict[str, Any],
+        client_state: dict[str, Any],
+    ) -> None:
         """Gather the N cores (own: live; others: received or, under a bandwidth limit, last downloaded), make
         ``p_i`` a leaf to train (``p0`` the first time) and its optimizer."""
         params = dict(pl_module.shared_parameters())
@@ -290,11 +321,16 @@ class APPLE(Strategy):
         others = {j: {n: t.to(device, params[n].dtype) for n, t in core.items()} for j, core in received.items()}
         p = (p0.clone() if first else client_state["p"].to(device, torch.float32).clone()).requires_grad_(True)
         self._turn = {
-            "params": params, "own": own, "first": first, "received": received_extras["cores"],
-            "clients": clients, "limited": limited,
-            "p": p, "p0": p0, "coef": self.coefficient(server_round),
-            "cores": {n: [params[n] if k == own else others[c][n] for k, c in enumerate(clients)]
-                      for n in params},
+            "params": params,
+            "own": own,
+            "first": first,
+            "received": received_extras["cores"],
+            "clients": clients,
+            "limited": limited,
+            "p": p,
+            "p0": p0,
+            "coef": self.coefficient(server_round),
+            "cores": {n: [params[n] if k == own else others[c][n] for k, c in enumerate(clients)] for n in params},
             "optimizer": torch.optim.SGD([p], lr=self.lr_p, momentum=self.p_momentum),
         }
 
@@ -311,8 +347,9 @@ class APPLE(Strategy):
         return swapped_parameters(pl_module, self.personalized())
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """``loss + coef(r) ||p_i - p0||^2``."""
         turn = self._turn
         if not turn or turn["coef"] == 0:
@@ -337,8 +374,14 @@ class APPLE(Strategy):
             turn["optimizer"].step()
         turn["p"].grad = None
 
-    def on_client_fit_end(self, server_round: int, client_id: str, update: ClientUpdate,
-                          client_state: dict[str, Any], client: ClientContext) -> None:
+    def on_client_fit_end(
+        self,
+        server_round: int,
+        client_id: str,
+        update: ClientUpdate,
+        client_state: dict[str, Any],
+        client: ClientContext,
+    ) -> None:
         """Keep ``p_i`` and the personalized model on the client; under a bandwidth limit draw and upload the
         indices of the cores to download next turn."""
         turn = self._turn
@@ -357,8 +400,16 @@ class APPLE(Strategy):
                 if not turn["first"]:  # the first turn's download is the initial cores
                     touched[turn["clients"].index(j)] = True
             generator = torch.Generator().manual_seed(client.derive_seed("apple", server_round, client_id))
-            request = apple_download_choice(p, turn["own"], touched, cast(int, self.max_downloads),
-                                              server_round, generator, lamb=self.lamb, thresh=self.thresh)
+            request = apple_download_choice(
+                p,
+                turn["own"],
+                touched,
+                cast(int, self.max_downloads),
+                server_round,
+                generator,
+                lamb=self.lamb,
+                thresh=self.thresh,
+            )
             update.extras["request"] = torch.tensor(request, dtype=torch.int64)
         self._turn = {}
 

@@ -53,8 +53,9 @@ def apple_mix(p: Tensor, cores: Sequence[Tensor]) -> Tensor:
     return out
 
 
-def apple_proximal_coefficient(round_index: int, decay_rounds: int, mu: float, schedule: str = "exponential",
-                               eps: float = 1e-3) -> float:
+def apple_proximal_coefficient(
+    round_index: int, decay_rounds: int, mu: float, schedule: str = "exponential", eps: float = 1e-3
+) -> float:
     """APPLE's weight ``coef(r)`` of ``||p - p0||^2`` in round ``r`` (counted from 0): ``mu eps^(r / R_d)``
     (``exponential``) or ``mu (cos(pi r / R_d) + 1) / 2`` (``cosine``) while ``r < R_d``, 0 from ``R_d`` on (and
     for ``mu = 0``)."""
@@ -73,8 +74,17 @@ def apple_proximal(p: Tensor, p0: Tensor, coef: float) -> Tensor:
     return coef * (p - p0.to(p.device, p.dtype)).pow(2).sum()
 
 
-def apple_download_choice(p: Tensor, own: int, touched: Tensor, limit: int, round_index: int,
-                          generator: torch.Generator, *, lamb: float = 1.0, thresh: float = 1.5) -> list[int]:
+def apple_download_choice(
+    p: Tensor,
+    own: int,
+    touched: Tensor,
+    limit: int,
+    round_index: int,
+    generator: torch.Generator,
+    *,
+    lamb: float = 1.0,
+    thresh: float = 1.5,
+) -> list[int]:
     """The ``limit`` other cores client ``own`` downloads under APPLE's bandwidth limit, sorted.
 
     The module docstring's draw: cores never downloaded (``touched[j]`` False) first, uniformly; the other places
@@ -122,8 +132,11 @@ def reinitialized_parameters(module: nn.Module, names: Sequence[str], seed: int)
     for name in names:
         prefix = name.rpartition(".")[0]
         owners.setdefault(prefix, module.get_submodule(prefix) if prefix else module)
-    saved = {(prefix, n): t.detach().clone() for prefix, owner in owners.items()
-             for n, t in [*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False)]}
+    saved = {
+        (prefix, n): t.detach().clone()
+        for prefix, owner in owners.items()
+        for n, t in [*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False)]
+    }
     devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():

@@ -139,7 +139,7 @@ def trimmed_mean(states: Sequence[State], beta: float) -> dict[str, Tensor]:
     keys = common_keys(states)
     n = len(states)
     cut = int(beta * n)
-    return {key: cast_like(_sorted_stack(states, key)[cut:n - cut].mean(dim=0), states[0][key]) for key in keys}
+    return {key: cast_like(_sorted_stack(states, key)[cut : n - cut].mean(dim=0), states[0][key]) for key in keys}
 
 
 def pairwise_squared_distances(states: Sequence[State]) -> Tensor:
@@ -168,7 +168,7 @@ def krum_scores(states: Sequence[State], num_malicious: int) -> Tensor:
     num_closest = max(1, n - num_malicious - 2)
     scores = torch.zeros(n, dtype=torch.float64)
     for i in range(n):
-        others = torch.cat([dist[i, :i], dist[i, i + 1:]])
+        others = torch.cat([dist[i, :i], dist[i, i + 1 :]])
         scores[i] = others.sort().values[:num_closest].sum()
     return scores
 

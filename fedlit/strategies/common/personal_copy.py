@@ -49,8 +49,9 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
     return obj
 
 
-def personal_copy(pl_module: FederatedModule, stored: Mapping[str, Tensor] | None = None) -> tuple[dict[str, Tensor],
-                  list[str]]:
+def personal_copy(
+    pl_module: FederatedModule, stored: Mapping[str, Tensor] | None = None
+) -> tuple[dict[str, Tensor], list[str]]:
     """A copy of the module's shared and personal tensors (``stored``'s values where given, else the live ones), on
     the live tensors' devices and dtypes, and the names of the trainable ones (in model order), which are leaves
     that require gradients."""
@@ -73,22 +74,33 @@ def functional_loss(step: MethodCall, tensors: Mapping[str, Tensor], batch: Any,
     return cast(Tensor, out["loss"] if isinstance(out, Mapping) else out)  # training_step gives a loss
 
 
-def mirror_optimizer(pl_module: FederatedModule, inner: torch.optim.Optimizer, tensors: Mapping[str, Tensor],
-                     state: dict[str, Any] | None, owner: str) -> torch.optim.Optimizer:
+def mirror_optimizer(
+    pl_module: FederatedModule,
+    inner: torch.optim.Optimizer,
+    tensors: Mapping[str, Tensor],
+    state: dict[str, Any] | None,
+    owner: str,
+) -> torch.optim.Optimizer:
     """An optimizer of ``tensors`` like ``inner`` (the loop's, over the module's parameters): same class, the same
     parameter groups and hyperparameters, each module parameter replaced by the tensor of its name; ``state``
     (a ``state_dict`` kept from an earlier turn) loaded when given. ``owner`` names the strategy in the error
     raised when the class cannot be built that way."""
     names = {id(p): n for n, p in pl_module.named_parameters()}
-    groups = [{**{k: val for k, val in g.items() if k != "params"},
-               "params": [tensors[names[id(p)]] for p in g["params"] if names.get(id(p)) in tensors]}
-              for g in inner.param_groups]
+    groups = [
+        {
+            **{k: val for k, val in g.items() if k != "params"},
+            "params": [tensors[names[id(p)]] for p in g["params"] if names.get(id(p)) in tensors],
+        }
+        for g in inner.param_groups
+    ]
     try:
         mirror = type(inner)(groups, **inner.defaults)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{owner} builds the personal model's optimizer as the local one, but "
-                          f"{type(inner).__name__}(params, **defaults) failed ({err}): use a torch.optim "
-                          "optimizer in model.init_args.optimizer.") from err
+        raise ConfigError(
+            f"{owner} builds the personal model's optimizer as the local one, but "
+            f"{type(inner).__name__}(params, **defaults) failed ({err}): use a torch.optim "
+            "optimizer in model.init_args.optimizer."
+        ) from err
     if state is not None:
         mirror.load_state_dict(state)
     return mirror
@@ -120,8 +132,9 @@ def load_into(pl_module: FederatedModule, tensors: Mapping[str, Tensor]) -> None
             live[name].copy_(tensor)
 
 
-def step_copy(turn: dict[str, Any], key: str, pl_module: FederatedModule, optimizer: Any, stepped: bool,
-              owner: str) -> None:
+def step_copy(
+    turn: dict[str, Any], key: str, pl_module: FederatedModule, optimizer: Any, stepped: bool, owner: str
+) -> None:
     """After the loop's step, step the copy ``turn[key]`` with its mirror optimizer (built on first use from
     ``turn["optimizer_state"]``, kept in ``turn["optimizer"]``; not on a step the gradient scaler skipped), then drop
     its gradients. ``owner`` names the strategy in errors."""

@@ -161,11 +161,14 @@ class FedMetaMed(Strategy):
         if schedule_rounds is not None and (not isinstance(schedule_rounds, int) or schedule_rounds < 1):
             problems.append(f"strategy.init_args.schedule_rounds={schedule_rounds!r} must be an integer >= 1 or null")
         if not 0 < alpha1 <= alpha2:
-            problems.append(f"strategy.init_args.alpha1={alpha1} and alpha2={alpha2} need 0 < alpha1 <= alpha2 "
-                            "(paper 0.6 and 0.8)")
-        for key, value, allowed in (("f1_split", f1_split, ("val", "train")),
-                                    ("weighting", weighting, ("uniform", "num_examples")),
-                                    ("evaluate", evaluate, ("personal", "deputy"))):
+            problems.append(
+                f"strategy.init_args.alpha1={alpha1} and alpha2={alpha2} need 0 < alpha1 <= alpha2 (paper 0.6 and 0.8)"
+            )
+        for key, value, allowed in (
+            ("f1_split", f1_split, ("val", "train")),
+            ("weighting", weighting, ("uniform", "num_examples")),
+            ("evaluate", evaluate, ("personal", "deputy")),
+        ):
             if value not in allowed:
                 problems.append(f"strategy.init_args.{key}={value!r} is not one of {list(allowed)}")
         if problems:
@@ -188,16 +191,21 @@ class FedMetaMed(Strategy):
     @override
     def setup_server_state(self) -> None:
         """The shared 2-D and 4-D floating parameters go through the Fourier mix; no client has a mix yet."""
-        self.fourier_names = [n for n in self.shared_parameter_names() if self.global_state[n].is_floating_point()
-                              and self.global_state[n].ndim in (2, 4)]
+        self.fourier_names = [
+            n
+            for n in self.shared_parameter_names()
+            if self.global_state[n].is_floating_point() and self.global_state[n].ndim in (2, 4)
+        ]
         self.mixes = {}
 
     def ratio(self, server_round: int) -> float:
         """``L_t`` of ``server_round``."""
         rounds = self.schedule_rounds or self._fit_rounds
         if rounds is None:
-            raise ConfigError("FedMetaMed needs the number of rounds of its L schedule: set "
-                              "strategy.init_args.schedule_rounds (a federation sets it at fit start).")
+            raise ConfigError(
+                "FedMetaMed needs the number of rounds of its L schedule: set "
+                "strategy.init_args.schedule_rounds (a federation sets it at fit start)."
+            )
         return F.fourier_ratio(server_round, rounds, self.l_start, self.l_end)
 
     @override
@@ -228,8 +236,9 @@ class FedMetaMed(Strategy):
         mixes = [dict(mean) for _ in updates]
         ratio = self.ratio(server_round)
         for name in (n for n in self.fourier_names if n in mean):
-            for mix, tensor in zip(mixes, F.cumulative_fourier_average([s[name] for s in states], weights, ratio),
-                                   strict=True):
+            for mix, tensor in zip(
+                mixes, F.cumulative_fourier_average([s[name] for s in states], weights, ratio), strict=True
+            ):
                 mix[name] = tensor
 
         def on_server(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -256,14 +265,19 @@ class FedMetaMed(Strategy):
         """Take ``R`` from the federation; refuse a gradient scaler and a module without macro-F1."""
         self._fit_rounds = trainer.settings.rounds
         if trainer.scaler is not None:
-            raise ConfigError("FedMetaMed steps its personal model outside the gradient scaler of 16-bit mixed "
-                              "precision: use federation.precision bf16-mixed or 32-true.")
+            raise ConfigError(
+                "FedMetaMed steps its personal model outside the gradient scaler of 16-bit mixed "
+                "precision: use federation.precision bf16-mixed or 32-true."
+            )
         if "f1" not in pl_module.higher_is_better:
-            raise ConfigError(f"FedMetaMed picks its stages from macro-F1, but {type(pl_module).__name__} reports "
-                              f"{sorted(pl_module.higher_is_better)}: use fedlit.tasks.ClassificationModule.")
+            raise ConfigError(
+                f"FedMetaMed picks its stages from macro-F1, but {type(pl_module).__name__} reports "
+                f"{sorted(pl_module.higher_is_better)}: use fedlit.tasks.ClassificationModule."
+            )
 
-    def on_client_fit_start(self, pl_module: FederatedModule, client_id: str, client_state: dict[str, Any],
-                            client: ClientContext) -> None:
+    def on_client_fit_start(
+        self, pl_module: FederatedModule, client_id: str, client_state: dict[str, Any], client: ClientContext
+    ) -> None:
         """Take the personal model (a copy of the deputy at the client's first turn) and the stage."""
         self._fit_rounds = client.rounds
         live = pl_module.named_tensors("shared", "personal")
@@ -274,8 +288,13 @@ class FedMetaMed(Strategy):
             copy = stored[name].detach().to(tensor.device, tensor.dtype, copy=True)
             personal[name] = copy.requires_grad_(True) if name in trainable else copy
         self._turn = {
-            "client": client, "client_id": client_id, "personal": personal, "optimizer": None,
-            "stage": 0 if self.reset_stage else client_state.get("stage", 0), "stages": [], "f1": None,
+            "client": client,
+            "client_id": client_id,
+            "personal": personal,
+            "optimizer": None,
+            "stage": 0 if self.reset_stage else client_state.get("stage", 0),
+            "stages": [],
+            "f1": None,
             "mutual": client.local.local_steps is None and client.local.local_epochs < 2,
             "training_step": _Method(pl_module, "training_step"),
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
@@ -307,8 +326,10 @@ class FedMetaMed(Strategy):
             return client.train_dataloader(generator=torch.Generator().manual_seed(0))
         loader = client.eval_dataloader("val")
         if loader is None:
-            raise DataError(f"FedMetaMed measures F1 on client {client_id!r}'s validation split, which it has not: "
-                            "give the clients a validation split or set strategy.init_args.f1_split: train.")
+            raise DataError(
+                f"FedMetaMed measures F1 on client {client_id!r}'s validation split, which it has not: "
+                "give the clients a validation split or set strategy.init_args.f1_split: train."
+            )
         return loader
 
     @override
@@ -329,21 +350,25 @@ class FedMetaMed(Strategy):
         turn["stages"].append(turn["stage"])
 
     @override
-    def training_loss(self, pl_module: FederatedModule, loss: Tensor, batch: Batch,
-                      outputs: StepOutput = None) -> Tensor:
+    def training_loss(
+        self, pl_module: FederatedModule, loss: Tensor, batch: Batch, outputs: StepOutput = None
+    ) -> Tensor:
         """The deputy's and the personal model's losses of the stage, summed (gradients stay apart)."""
         turn = self._turn
         if not turn:
             return loss
         if not isinstance(outputs, dict) or "logits" not in outputs:
-            raise ConfigError(f"FedMetaMed distils between logits, but {type(pl_module).__name__}.training_step "
-                              "returns no 'logits': use fedlit.tasks.ClassificationModule.")
+            raise ConfigError(
+                f"FedMetaMed distils between logits, but {type(pl_module).__name__}.training_step "
+                "returns no 'logits': use fedlit.tasks.ClassificationModule."
+            )
         client = turn["client"]
         with client.autocast():
             out = functional_call(turn["training_step"], self._prefixed(), (batch, 0))
         out = client.convert_output(out)
-        personal, deputy = F.prr_losses(turn["stage"], out["loss"], loss, _two_class(out["logits"]),
-                                        _two_class(outputs["logits"]))
+        personal, deputy = F.prr_losses(
+            turn["stage"], out["loss"], loss, _two_class(out["logits"]), _two_class(outputs["logits"])
+        )
         return deputy + personal
 
     @override
@@ -363,15 +388,18 @@ class FedMetaMed(Strategy):
     def _mirror(self, pl_module: FederatedModule, inner: torch.optim.Optimizer) -> torch.optim.Optimizer:
         personal = self._turn["personal"]
         names = {id(p): n for n, p in pl_module.named_parameters()}
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [personal[names[id(p)]]
-                                                                              for p in g["params"]]}
-                  for g in inner.param_groups]
+        groups = [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": [personal[names[id(p)]] for p in g["params"]]}
+            for g in inner.param_groups
+        ]
         try:
             mirror = type(inner)(groups, **inner.defaults)
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"FedMetaMed builds the personal model's optimizer as the local one, but "
-                              f"{type(inner).__name__}(params, **defaults) failed ({err}): use a torch.optim "
-                              "optimizer in model.init_args.optimizer.") from err
+            raise ConfigError(
+                f"FedMetaMed builds the personal model's optimizer as the local one, but "
+                f"{type(inner).__name__}(params, **defaults) failed ({err}): use a torch.optim "
+                "optimizer in model.init_args.optimizer."
+            ) from err
         if self._turn["optimizer_state"] is not None:
             mirror.load_state_dict(self._turn["optimizer_state"])
         return mirror
@@ -391,8 +419,9 @@ class FedMetaMed(Strategy):
         self._turn = {}
 
     @override
-    def on_client_evaluate_start(self, pl_module: FederatedModule, client_id: str, client_state: dict[str,
-                                 Any]) -> None:
+    def on_client_evaluate_start(
+        self, pl_module: FederatedModule, client_id: str, client_state: dict[str, Any]
+    ) -> None:
         """Put the client's personal model into the live module (``evaluate="personal"``, once it has one)."""
         if self.evaluate == "deputy" or "personal" not in client_state:
             return

@@ -115,8 +115,9 @@ def prr_stage(previous: int, f1_deputy: float, f1_personal: float, alpha1: float
     return REFINE
 
 
-def prr_losses(stage: int, ce_personal: Tensor, ce_deputy: Tensor, logits_personal: Tensor,
-               logits_deputy: Tensor) -> tuple[Tensor, Tensor]:
+def prr_losses(
+    stage: int, ce_personal: Tensor, ce_deputy: Tensor, logits_personal: Tensor, logits_deputy: Tensor
+) -> tuple[Tensor, Tensor]:
     """The personal and deputy losses of a PRR-FL stage (each KL toward a detached teacher, see
     :func:`distillation_kl`): Retrieve: ``CE_p``, ``CE_d + KL(p_p || p_d)`` (the deputy learns from the personal
     model); Reciprocate: ``CE_p + KL(p_d || p_p)``, ``CE_d + KL(p_p || p_d)``; Refine: ``CE_p + KL(p_d || p_p)``,

@@ -53,16 +53,23 @@ def _message(excinfo) -> str:
     return str(excinfo.value).lower()
 
 
-@pytest.mark.parametrize(("returned", "expected"), [
-    (None, "fedavg.aggregate returned none, not the new server state"),
-    ([torch.zeros(3)], "fedavg.aggregate returned a list, not a mapping"),
-    ({"w": torch.zeros(2, 3), "b": torch.zeros(3)}, "missing names ['n']"),
-    ({"w": torch.zeros(2, 3), "b": torch.zeros(3), "n": torch.tensor(0), "x": torch.zeros(1)},
-     "unexpected names ['x']"),
-    ({"w": torch.zeros(3, 2), "b": torch.zeros(3, 1), "n": torch.tensor(0)},
-     "'w' of shape [3, 2] where the server state has [2, 3]"),
-    ({"w": torch.zeros(2, 3), "b": [0.0, 0.0, 0.0], "n": torch.tensor(0)}, "values that are not tensors at ['b']"),
-])
+@pytest.mark.parametrize(
+    ("returned", "expected"),
+    [
+        (None, "fedavg.aggregate returned none, not the new server state"),
+        ([torch.zeros(3)], "fedavg.aggregate returned a list, not a mapping"),
+        ({"w": torch.zeros(2, 3), "b": torch.zeros(3)}, "missing names ['n']"),
+        (
+            {"w": torch.zeros(2, 3), "b": torch.zeros(3), "n": torch.tensor(0), "x": torch.zeros(1)},
+            "unexpected names ['x']",
+        ),
+        (
+            {"w": torch.zeros(3, 2), "b": torch.zeros(3, 1), "n": torch.tensor(0)},
+            "'w' of shape [3, 2] where the server state has [2, 3]",
+        ),
+        ({"w": torch.zeros(2, 3), "b": [0.0, 0.0, 0.0], "n": torch.tensor(0)}, "values that are not tensors at ['b']"),
+    ],
+)
 def test_what_does_not_fit_the_declared_state_is_named(returned, expected):
     strategy = _strategy()
     declared = {n: tuple(t.shape) for n, t in strategy.global_state.items()}
@@ -81,8 +88,11 @@ def test_the_returned_state_is_stored_as_returned():
     # FedAvg itself: the weighted mean 1/4 * 4 + 3/4 * 8 = 7 is what the loop stores
     strategy = FedAvg()
     strategy.initialize({"w": torch.zeros(1)}, ["a", "b"])
-    aggregate(strategy, 1, [ClientUpdate("a", 1, {"w": torch.tensor([4.0])}),
-                            ClientUpdate("b", 3, {"w": torch.tensor([8.0])})])
+    aggregate(
+        strategy,
+        1,
+        [ClientUpdate("a", 1, {"w": torch.tensor([4.0])}), ClientUpdate("b", 3, {"w": torch.tensor([8.0])})],
+    )
     assert strategy.global_state["w"].tolist() == [7.0]
 
 
@@ -94,11 +104,14 @@ def test_a_run_uses_what_aggregate_returns(tmp_path):
     assert floats and all(not t.any() for t in floats)  # the zeros returned, not the mean FedAvg computed
 
 
-@pytest.mark.parametrize(("strategy", "expected"), [
-    (StoresAndReturnsNothing, "round 1: storesandreturnsnothing.aggregate returned none"),
-    (DropsATensor, "missing names ['head.bias']; unexpected names ['head.extra']"),
-    (Reshapes, "'head.weight' of shape [24] where the server state has [3, 8]"),
-])
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [
+        (StoresAndReturnsNothing, "round 1: storesandreturnsnothing.aggregate returned none"),
+        (DropsATensor, "missing names ['head.bias']; unexpected names ['head.extra']"),
+        (Reshapes, "'head.weight' of shape [24] where the server state has [3, 8]"),
+    ],
+)
 def test_a_run_refuses_an_aggregate_that_does_not_return_the_server_state(tmp_path, strategy, expected):
     federation = make_federation(tmp_path, strategy(), rounds=2)
     with pytest.raises(ConfigError) as excinfo:

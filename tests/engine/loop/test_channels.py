@@ -21,8 +21,9 @@ from fedlit.tasks import ClassificationModule
 def _federation(tmp_path: Path, data, in_channels: int, config: dict | None = None) -> Federation:
     torch.manual_seed(0)
     module = ClassificationModule(backbone=SmallCNN(in_channels=in_channels, width=4, depth=1), num_classes=2)
-    return Federation(module, data, FedAvg(), rounds=1, out_dir=tmp_path / "run", progress_bar=False,
-                      accelerator="cpu", config=config)
+    return Federation(
+        module, data, FedAvg(), rounds=1, out_dir=tmp_path / "run", progress_bar=False, accelerator="cpu", config=config
+    )
 
 
 def _grey_sites(root: Path) -> Path:
@@ -37,26 +38,41 @@ def _grey_sites(root: Path) -> Path:
 
 
 def test_grey_folders_and_an_rgb_model_are_refused_naming_both_options_and_the_fix(tmp_path: Path) -> None:
-    config = {"model": {"class_path": "fedlit.tasks.ClassificationModule", "init_args": {
-        "backbone": {"class_path": "fedlit.models.SmallCNN", "init_args": {"in_channels": 3}}}}}
-    data = SiteFolders(root=str(_grey_sites(tmp_path / "sites")), image_size=8, channels=1,
-                       split_fractions=(0.5, 0.0, 0.5), batch_size=2)
+    config = {
+        "model": {
+            "class_path": "fedlit.tasks.ClassificationModule",
+            "init_args": {"backbone": {"class_path": "fedlit.models.SmallCNN", "init_args": {"in_channels": 3}}},
+        }
+    }
+    data = SiteFolders(
+        root=str(_grey_sites(tmp_path / "sites")),
+        image_size=8,
+        channels=1,
+        split_fractions=(0.5, 0.0, 0.5),
+        batch_size=2,
+    )
     with pytest.raises(ConfigError) as err:
         _federation(tmp_path, data, 3, config).fit()
-    assert ("the data gives 1-channel images (SiteFolders, data.init_args.channels) but the model expects 3 input "
-            "channels (model.init_args.backbone.init_args.in_channels); set data.init_args.channels: 3 (grey is "
-            "repeated to RGB, RGB made grey) or model.init_args.backbone.init_args.in_channels: 1") in str(err.value)
+    assert (
+        "the data gives 1-channel images (SiteFolders, data.init_args.channels) but the model expects 3 input "
+        "channels (model.init_args.backbone.init_args.in_channels); set data.init_args.channels: 3 (grey is "
+        "repeated to RGB, RGB made grey) or model.init_args.backbone.init_args.in_channels: 1"
+    ) in str(err.value)
     assert not (tmp_path / "run" / "metrics.csv").exists()  # refused at setup, before any round
-    rgb = SiteFolders(root=str(tmp_path / "sites"), image_size=8, channels=3, split_fractions=(0.5, 0.0, 0.5),
-                      batch_size=2)
+    rgb = SiteFolders(
+        root=str(tmp_path / "sites"), image_size=8, channels=3, split_fractions=(0.5, 0.0, 0.5), batch_size=2
+    )
     assert _federation(tmp_path / "rgb", rgb, 3).fit()["last"]["round"] == 1  # the fix the message gives works
 
 
 def test_a_model_for_grey_images_refuses_rgb_ones_without_a_recipe(tmp_path: Path) -> None:
     data = SyntheticImages(num_clients=2, samples_per_client=10, num_classes=2, image_size=8)
-    with pytest.raises(ConfigError, match=r"the data gives 1-channel images \(SyntheticImages\) but the model "
-                                          r"expects 3 input channels \(the model's in_channels\); set the model's "
-                                          r"in_channels: 1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the data gives 1-channel images \(SyntheticImages\) but the model "
+        r"expects 3 input channels \(the model's in_channels\); set the model's "
+        r"in_channels: 1",
+    ):
         _federation(tmp_path, data, 3).fit()
 
 

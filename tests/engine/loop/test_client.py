@@ -77,8 +77,14 @@ def test_a_non_finite_client_is_quarantined_and_reported(tmp_path):
     expected = (strategy.uploads["c0"][name] + strategy.uploads["c2"][name]) / 2
     assert torch.allclose(strategy.global_state[name], expected, atol=1e-7)
     assert torch.isfinite(strategy.global_state[name]).all()
-    assert results["faults"] == [{"round": 1, "client": "c1", "kind": "non-finite",
-                                  "detail": "training loss nan at step 1 (after Poison.training_loss)"}]
+    assert results["faults"] == [
+        {
+            "round": 1,
+            "client": "c1",
+            "kind": "non-finite",
+            "detail": "training loss nan at step 1 (after Poison.training_loss)",
+        }
+    ]
     assert json.loads((tmp_path / "results.json").read_text())["faults"][0]["client"] == "c1"
     assert "left out of aggregation" in (tmp_path / "results.md").read_text()
     events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
@@ -120,13 +126,15 @@ def test_on_client_error_skip_leaves_the_client_out_of_the_round(tmp_path):
     with pytest.warns(UserWarning, match=r"client 'c1' raised RuntimeError: scanner archive unreadable"):
         results = federation.fit()
     assert set(strategy.uploads) == {"c0", "c2"}
-    assert results["faults"] == [{"round": 1, "client": "c1", "kind": "error",
-                                  "detail": "RuntimeError: scanner archive unreadable"}]
+    assert results["faults"] == [
+        {"round": 1, "client": "c1", "kind": "error", "detail": "RuntimeError: scanner archive unreadable"}
+    ]
 
 
 def test_min_clients_stops_a_round_with_too_few_updates(tmp_path):
-    federation = make_federation(tmp_path, FedAvg(), rounds=1, callbacks=[FailFor("c1")], on_client_error="skip",
-                                 min_clients=3)
+    federation = make_federation(
+        tmp_path, FedAvg(), rounds=1, callbacks=[FailFor("c1")], on_client_error="skip", min_clients=3
+    )
     with pytest.warns(UserWarning, match="left out"), pytest.raises(FedlitError, match=r"only 2 of 3 clients"):
         federation.fit()
 
@@ -139,8 +147,7 @@ class Notes(Callback):
 
 
 def test_each_callback_has_its_own_per_client_state(tmp_path):
-    federation = make_federation(tmp_path, SCAFFOLD(), rounds=2, callbacks=[Notes()],
-                                 roles=None)
+    federation = make_federation(tmp_path, SCAFFOLD(), rounds=2, callbacks=[Notes()], roles=None)
     with pytest.warns(UserWarning, match="SCAFFOLD"):
         federation.fit()
     own = federation.store.extra("c0", "Notes")
@@ -170,12 +177,15 @@ class InfGradientOnce(Callback):
 def test_a_step_skipped_by_the_gradient_scaler_is_not_counted(tmp_path):
     recorder = InfGradientOnce()
     strategy = Poison(bad=())
-    federation = make_federation(tmp_path, strategy, rounds=1, callbacks=[recorder], local_steps=3,
-                                 clients_per_round=1)
+    federation = make_federation(tmp_path, strategy, rounds=1, callbacks=[recorder], local_steps=3, clients_per_round=1)
     # a CPU float16 gradient scaler (Fabric only builds one on CUDA): the loop's skip detection is device-agnostic
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
-    federation.fabric = Fabric(accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
-                               callbacks=list(federation.callbacks), loggers=federation.fabric.loggers)
+    federation.fabric = Fabric(
+        accelerator="cpu",
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+        callbacks=list(federation.callbacks),
+        loggers=federation.fabric.loggers,
+    )
     federation.fit()
     # the scaler found the inf at the second batch and skipped that step: local_steps=3 took 4 batches
     assert recorder.stepped == [True, False, True, True]
@@ -206,8 +216,9 @@ class Uploads(Callback):
 
 def test_a_client_failing_in_round_2_is_left_out_of_round_2_only(tmp_path):
     seen = Uploads()
-    federation = make_federation(tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2), seen],
-                                 on_client_error="skip")
+    federation = make_federation(
+        tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2), seen], on_client_error="skip"
+    )
     with pytest.warns(UserWarning, match=r"Round 2: client 'c1' raised OSError: site link down") as caught:
         results = federation.fit()
     assert not [w for w in caught if "Round 1" in str(w.message) or "Round 3" in str(w.message)]
@@ -218,8 +229,9 @@ def test_a_client_failing_in_round_2_is_left_out_of_round_2_only(tmp_path):
 
 
 def test_too_few_survivors_stop_at_the_last_good_checkpoint_which_resumes_with_a_lower_min_clients(tmp_path):
-    federation = make_federation(tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2)], on_client_error="skip",
-                                 min_clients=3)
+    federation = make_federation(
+        tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2)], on_client_error="skip", min_clients=3
+    )
     with pytest.warns(UserWarning, match="c1"), pytest.raises(FedlitError) as err:
         federation.fit()
     message = str(err.value)
@@ -228,8 +240,9 @@ def test_too_few_survivors_stop_at_the_last_good_checkpoint_which_resumes_with_a
     checkpoint = tmp_path / "checkpoints" / "last.ckpt"
     assert torch.load(checkpoint, weights_only=True)["server_round"] == 1
     seen = Uploads()
-    again = make_federation(tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2), seen],
-                            on_client_error="skip", min_clients=2)
+    again = make_federation(
+        tmp_path, FedAvg(), rounds=3, callbacks=[FailIn("c1", 2), seen], on_client_error="skip", min_clients=2
+    )
     with pytest.warns(UserWarning, match=r"Round 2: client 'c1' raised"):
         results = again.fit(ckpt_path=checkpoint)
     assert seen.rounds == {2: ["c0", "c2"], 3: ["c0", "c1", "c2"]}  # it went on from round 2
@@ -268,8 +281,14 @@ def test_a_client_past_client_timeout_is_left_out_and_keeps_its_stored_state(tmp
     clock = [0.0]
     monkeypatch.setattr(local, "_clock", lambda: clock[0])
     seen, slow = Uploads(), SlowFor(clock, "c2", round=2, seconds=30.0)
-    federation = make_federation(tmp_path, FedAvg(), rounds=2, callbacks=[slow, seen], client_timeout=10.0,
-                                 roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")])
+    federation = make_federation(
+        tmp_path,
+        FedAvg(),
+        rounds=2,
+        callbacks=[slow, seen],
+        client_timeout=10.0,
+        roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")],
+    )
     with pytest.warns(UserWarning, match=r"Round 2: client 'c2' timed out, its update is left out") as caught:
         results = federation.fit()
     assert len([w for w in caught if "timed out" in str(w.message)]) == 1
@@ -295,8 +314,9 @@ class DropLast(TinyTabular):
 
     def train_dataloader(self, client_id, generator):
         loader = super().train_dataloader(client_id, generator)
-        return torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True,
-                                           generator=generator, drop_last=True)
+        return torch.utils.data.DataLoader(
+            loader.dataset, batch_size=loader.batch_size, shuffle=True, generator=generator, drop_last=True
+        )
 
 
 class TurnMetrics(Callback):
@@ -314,10 +334,20 @@ def _bn_federation(out_dir, data, recorder):
     from fedlit.tasks import ClassificationModule
 
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=TinyMLP(), num_classes=3, lr=0.1, momentum=0.9,
-                                  roles=[RoleRule("backbone.*", "shared")])
-    return Federation(module, data, FedAvg(), rounds=2, local_epochs=2, out_dir=out_dir, progress_bar=False,
-                      accelerator="cpu", callbacks=[recorder])
+    module = ClassificationModule(
+        backbone=TinyMLP(), num_classes=3, lr=0.1, momentum=0.9, roles=[RoleRule("backbone.*", "shared")]
+    )
+    return Federation(
+        module,
+        data,
+        FedAvg(),
+        rounds=2,
+        local_epochs=2,
+        out_dir=out_dir,
+        progress_bar=False,
+        accelerator="cpu",
+        callbacks=[recorder],
+    )
 
 
 def test_a_batch_of_one_sample_is_left_out_with_batchnorm_and_said_once_per_client(tmp_path):
@@ -346,13 +376,17 @@ def test_without_a_batch_of_one_nothing_changes(tmp_path):
     # the numbers of this run before single-sample batches were handled
     assert results["last"]["summary"]["loss_mean"] == pytest.approx(0.7313775420188904, rel=1e-6)
     assert results["last"]["summary"]["accuracy_mean"] == 0.875
-    assert float(fed.strategy.global_state["backbone.1.running_mean"].sum()) == pytest.approx(-0.4528324604034424,
-                                                                                              rel=1e-6)
+    assert float(fed.strategy.global_state["backbone.1.running_mean"].sum()) == pytest.approx(
+        -0.4528324604034424, rel=1e-6
+    )
 
 
 def test_a_client_with_one_training_sample_and_batchnorm_gets_a_clear_error(tmp_path):
     from fedlit.core.errors import DataError
 
-    with pytest.raises(DataError, match=r"Client 'c0' has no training batch: its train split is one sample, which "
-                                        r"the BatchNorm layers \['backbone.1'\] cannot train on"):
+    with pytest.raises(
+        DataError,
+        match=r"Client 'c0' has no training batch: its train split is one sample, which "
+        r"the BatchNorm layers \['backbone.1'\] cannot train on",
+    ):
         _bn_federation(tmp_path, TinyTabular(samples=2), TurnMetrics()).fit()

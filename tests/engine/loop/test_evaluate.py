@@ -53,20 +53,28 @@ def test_pgfed_is_also_evaluated_with_theta_glob(tmp_path):
     ours, glob = results["last"]["clients"], results["global"]["last"]["clients"]
     assert set(glob) == {"c0", "c1", "c2"} and results["global"]["last"]["round"] == 2
     for client in ("c0", "c1", "c2"):  # every tensor is shared here: theta_i against theta_glob
-        assert ours[client]["loss"] == pytest.approx(_test_loss(fed.module, strategy.local_states[client], fed,
-                                                                client), abs=1e-5)
-        assert glob[client]["loss"] == pytest.approx(_test_loss(fed.module, strategy.global_state, fed, client),
-                                                     abs=1e-5)
+        assert ours[client]["loss"] == pytest.approx(
+            _test_loss(fed.module, strategy.local_states[client], fed, client), abs=1e-5
+        )
+        assert glob[client]["loss"] == pytest.approx(
+            _test_loss(fed.module, strategy.global_state, fed, client), abs=1e-5
+        )
         assert abs(glob[client]["loss"] - ours[client]["loss"]) > 1e-3
     rows = _csv(tmp_path)
     assert {(r["round"], r["split"]) for r in rows if r["client"] == "c0" and r["metric"] == "accuracy"} == {
-        (str(t), s) for t in (1, 2) for s in ("val", "test", "global/val", "global/test")}
+        (str(t), s) for t in (1, 2) for s in ("val", "test", "global/val", "global/test")
+    }
     server = {(r["split"], r["metric"]): float(r["value"]) for r in rows if r["round"] == "2" and not r["client"]}
     assert server["global/test", "loss_mean"] == pytest.approx(
-        sum(_test_loss(fed.module, strategy.global_state, fed, c) for c in ("c0", "c1", "c2")) / 3, abs=1e-5)
+        sum(_test_loss(fed.module, strategy.global_state, fed, c) for c in ("c0", "c1", "c2")) / 3, abs=1e-5
+    )
     tags = EventAccumulator(str(tmp_path / "tensorboard")).Reload().Tags()["scalars"]
-    assert {"global/client/c0/val/accuracy", "global/server/val/accuracy_mean", "global/server/test/loss_mean",
-            "server/val/accuracy_mean"} <= set(tags)
+    assert {
+        "global/client/c0/val/accuracy",
+        "global/server/val/accuracy_mean",
+        "global/server/test/loss_mean",
+        "server/val/accuracy_mean",
+    } <= set(tags)
     text = (tmp_path / "results.md").read_text()
     assert "## Global model" in text and "### Global model: test, last round (round 2)" in text
     assert json.loads((tmp_path / "results.json").read_text())["global"]["last"]["clients"]["c1"] == glob["c1"]
@@ -79,8 +87,9 @@ def test_pgfed_is_also_evaluated_with_theta_glob(tmp_path):
     assert tested["global"]["clients"] == glob and tested["clients"] == ours
 
 
-@pytest.mark.parametrize("strategy", [APPLE(lr_p=0.1, decay_rounds=2), FedMetaMed(schedule_rounds=1)],
-                         ids=["apple", "fedmetamed"])
+@pytest.mark.parametrize(
+    "strategy", [APPLE(lr_p=0.1, decay_rounds=2), FedMetaMed(schedule_rounds=1)], ids=["apple", "fedmetamed"]
+)
 def test_apple_and_fedmetamed_are_also_evaluated_with_their_global_model(tmp_path, strategy):
     # APPLE: sum_j p0_j core_j; FedMetaMed: the client's deputy. Each client keeps its personal tensors.
     fed = make_federation(tmp_path, strategy, rounds=1)
@@ -108,9 +117,11 @@ def test_epfl_is_also_evaluated_with_the_mean_a_under_each_clients_own_b_and_hea
     for client in ("c0", "c1", "c2"):
         personal = fed.store.tensors(client)  # its B and head, kept under the global A
         assert glob[client]["loss"] == pytest.approx(
-            _test_loss(fed.module, {**personal, **strategy.global_state}, fed, client), abs=1e-5)
+            _test_loss(fed.module, {**personal, **strategy.global_state}, fed, client), abs=1e-5
+        )
         assert ours[client]["loss"] == pytest.approx(
-            _test_loss(fed.module, {**personal, **strategy.mixes[client]}, fed, client), abs=1e-5)
+            _test_loss(fed.module, {**personal, **strategy.mixes[client]}, fed, client), abs=1e-5
+        )
     assert any(abs(glob[c]["loss"] - ours[c]["loss"]) > 1e-5 for c in glob)
 
 
@@ -129,10 +140,23 @@ def test_epfl_global_model_state_by_hand():
 def _unseen_federation(out_dir, steps: int, unseen=1, strategy=None) -> Federation:
     """3 clients of 15 training samples, one batch of 16: each local step is a full-batch gradient step."""
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=MLP(num_features=4, hidden=[5], norm="none"), num_classes=3, lr=0.5,
-                                  roles=[RoleRule("backbone.*", "shared")])
-    return Federation(module, TinyTabular(batch_size=16), strategy or FedAvg(), rounds=2, out_dir=out_dir,
-                      progress_bar=False, accelerator="cpu", unseen_clients=unseen, unseen_finetune_steps=steps)
+    module = ClassificationModule(
+        backbone=MLP(num_features=4, hidden=[5], norm="none"),
+        num_classes=3,
+        lr=0.5,
+        roles=[RoleRule("backbone.*", "shared")],
+    )
+    return Federation(
+        module,
+        TinyTabular(batch_size=16),
+        strategy or FedAvg(),
+        rounds=2,
+        out_dir=out_dir,
+        progress_bar=False,
+        accelerator="cpu",
+        unseen_clients=unseen,
+        unseen_finetune_steps=steps,
+    )
 
 
 def test_unseen_clients_never_train_and_are_tested_before_and_after_k_sgd_steps(tmp_path):
@@ -147,7 +171,8 @@ def test_unseen_clients_never_train_and_are_tested_before_and_after_k_sgd_steps(
     assert sorted(set(trained)) == ["c0", "c1"] and fed.strategy.client_ids == ["c0", "c1"]
     assert set(results["last"]["clients"]) == {"c0", "c1"}  # the means leave c2 out
     assert results["last"]["summary"]["loss_mean"] == pytest.approx(
-        (results["last"]["clients"]["c0"]["loss"] + results["last"]["clients"]["c1"]["loss"]) / 2)
+        (results["last"]["clients"]["c0"]["loss"] + results["last"]["clients"]["c1"]["loss"]) / 2
+    )
     unseen = results["unseen"]
     assert unseen["round"] == 2 and unseen["finetune_steps"] == 3
     assert results["unseen_clients"] == ["c2"] and results["evaluation_only"] == []
@@ -183,12 +208,15 @@ def test_unseen_clients_by_name_without_fine_tuning(tmp_path):
     assert set(results["unseen"]["global"]["clients"]) == {"c0"} and "finetuned" not in results["unseen"]
 
 
-@pytest.mark.parametrize(("unseen", "steps", "expected"), [
-    (["c9"], 0, r"\['c9'\] are not clients"),
-    (3, 0, "holds out every client that trains"),
-    (["c0", "c0"], 0, "lists a client twice"),
-    (1, -1, "unseen_finetune_steps=-1 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("unseen", "steps", "expected"),
+    [
+        (["c9"], 0, r"\['c9'\] are not clients"),
+        (3, 0, "holds out every client that trains"),
+        (["c0", "c0"], 0, "lists a client twice"),
+        (1, -1, "unseen_finetune_steps=-1 must be >= 0"),
+    ],
+)
 def test_bad_unseen_settings_are_named(tmp_path, unseen, steps, expected):
     with pytest.raises(ConfigError, match=expected):
         _unseen_federation(tmp_path, steps=steps, unseen=unseen).fit()

@@ -77,18 +77,38 @@ class RightCallback(Callback):
 
 def _build(tmp_path, strategy=None, callbacks=(), module_cls=ClassificationModule) -> Federation:
     module = module_cls(backbone=TinyMLP(), num_classes=3, lr=0.1, roles=[RoleRule("backbone.*", "shared")])
-    return Federation(module, TinyTabular(), strategy if strategy is not None else FedAvg(), rounds=1,
-                      out_dir=tmp_path, progress_bar=False, accelerator="cpu", callbacks=list(callbacks))
+    return Federation(
+        module,
+        TinyTabular(),
+        strategy if strategy is not None else FedAvg(),
+        rounds=1,
+        out_dir=tmp_path,
+        progress_bar=False,
+        accelerator="cpu",
+        callbacks=list(callbacks),
+    )
 
 
-@pytest.mark.parametrize("kwargs, names, closest", [
-    ({"strategy": MisspeltStrategy()}, f"strategy={HERE}.MisspeltStrategy defines on_client_fitstart",
-     "did you mean on_client_fit_start?"),
-    ({"callbacks": [RightCallback(), MisspeltCallback()]},
-     f"callbacks[1]={HERE}.MisspeltCallback defines on_round_ends", "did you mean on_round_end?"),
-    ({"module_cls": MisspeltModule}, f"model={HERE}.MisspeltModule defines configure_optimizer",
-     "did you mean configure_optimizers?"),
-])
+@pytest.mark.parametrize(
+    "kwargs, names, closest",
+    [
+        (
+            {"strategy": MisspeltStrategy()},
+            f"strategy={HERE}.MisspeltStrategy defines on_client_fitstart",
+            "did you mean on_client_fit_start?",
+        ),
+        (
+            {"callbacks": [RightCallback(), MisspeltCallback()]},
+            f"callbacks[1]={HERE}.MisspeltCallback defines on_round_ends",
+            "did you mean on_round_end?",
+        ),
+        (
+            {"module_cls": MisspeltModule},
+            f"model={HERE}.MisspeltModule defines configure_optimizer",
+            "did you mean configure_optimizers?",
+        ),
+    ],
+)
 def test_a_misspelt_hook_is_refused_naming_the_closest_hook(tmp_path, kwargs, names, closest):
     with pytest.raises(ConfigError) as err:
         _build(tmp_path, **kwargs)
@@ -97,10 +117,15 @@ def test_a_misspelt_hook_is_refused_naming_the_closest_hook(tmp_path, kwargs, na
     assert "never be called" in message and "callbacks[0]" not in message
 
 
-@pytest.mark.parametrize("name, closest", [
-    ("on_client_fit_begin", "on_client_fit_start"),  # by its letters alone, on_client_fit_end would be closer
-    ("on_fit_finish", "on_fit_end"), ("configure_clients", "configure_client"), ("on_aggregate", "on_after_aggregate"),
-])
+@pytest.mark.parametrize(
+    "name, closest",
+    [
+        ("on_client_fit_begin", "on_client_fit_start"),  # by its letters alone, on_client_fit_end would be closer
+        ("on_fit_finish", "on_fit_end"),
+        ("configure_clients", "configure_client"),
+        ("on_aggregate", "on_after_aggregate"),
+    ],
+)
 def test_the_closest_hook_of_a_misspelt_name(name, closest):
     strategy = type("Mine", (FedAvg,), {name: lambda self: None})()
     with pytest.raises(ConfigError, match=rf"Mine defines {name}, .*did you mean {closest}\?"):
@@ -115,15 +140,28 @@ def test_every_problem_is_named_at_once(tmp_path):
     assert order == sorted(order) and message.count("did you mean") == 3
 
 
-@pytest.mark.parametrize("kwargs, names, instead", [
-    ({"strategy": TrainStartStrategy()}, "a Lightning hook that fedlit's loop does not call", "Use on_fit_start"),
-    ({"module_cls": EpochHookModule}, "EpochHookModule defines on_train_epoch_start, a Lightning hook that fedlit's "
-     "loop does not call on the module", "Use a callback's on_train_epoch_start"),
-    ({"callbacks": [ValidationCallback()]}, "relies on on_validation_epoch_end,",
-     "(for on_validation_epoch_end: on_round_end, whose metrics hold the round's evaluation)"),
-    ({"callbacks": [StrategyMethodCallback()]}, "StrategyMethodCallback defines configure_client",
-     "a method of the Strategy API, which the loop calls on the strategy only"),
-])
+@pytest.mark.parametrize(
+    "kwargs, names, instead",
+    [
+        ({"strategy": TrainStartStrategy()}, "a Lightning hook that fedlit's loop does not call", "Use on_fit_start"),
+        (
+            {"module_cls": EpochHookModule},
+            "EpochHookModule defines on_train_epoch_start, a Lightning hook that fedlit's "
+            "loop does not call on the module",
+            "Use a callback's on_train_epoch_start",
+        ),
+        (
+            {"callbacks": [ValidationCallback()]},
+            "relies on on_validation_epoch_end,",
+            "(for on_validation_epoch_end: on_round_end, whose metrics hold the round's evaluation)",
+        ),
+        (
+            {"callbacks": [StrategyMethodCallback()]},
+            "StrategyMethodCallback defines configure_client",
+            "a method of the Strategy API, which the loop calls on the strategy only",
+        ),
+    ],
+)
 def test_a_hook_the_loop_never_calls_there_is_refused_with_what_to_use(tmp_path, kwargs, names, instead):
     with pytest.raises(ConfigError) as err:
         _build(tmp_path, **kwargs)
@@ -136,8 +174,12 @@ def test_the_hooks_the_loop_calls_are_accepted(tmp_path):
 
 
 def _called(pattern: str, root: Path = FEDLIT) -> set[str]:
-    return {m for path in root.rglob("*.py") if "strategies" not in path.parts
-            for m in re.findall(pattern, path.read_text())}
+    return {
+        m
+        for path in root.rglob("*.py")
+        if "strategies" not in path.parts
+        for m in re.findall(pattern, path.read_text())
+    }
 
 
 def test_the_loop_hooks_are_the_hooks_the_engine_calls():

@@ -94,10 +94,20 @@ def test_recipe_adamw_with_a_cosine_schedule_over_rounds(tmp_path):
 
 def test_a_step_schedule_advances_per_local_step_and_restarts_each_turn_under_reset(tmp_path):
     _, recorder, _ = fit_recipe(
-        tmp_path, "--model.init_args.lr_scheduler", "torch.optim.lr_scheduler.StepLR",
-        "--model.init_args.lr_scheduler.step_size", "2", "--model.init_args.lr_scheduler.gamma", "0.5",
-        "--model.init_args.lr_scheduler_interval", "step", "--federation.local_steps", "3",
-        "--federation.rounds", "2")
+        tmp_path,
+        "--model.init_args.lr_scheduler",
+        "torch.optim.lr_scheduler.StepLR",
+        "--model.init_args.lr_scheduler.step_size",
+        "2",
+        "--model.init_args.lr_scheduler.gamma",
+        "0.5",
+        "--model.init_args.lr_scheduler_interval",
+        "step",
+        "--federation.local_steps",
+        "3",
+        "--federation.rounds",
+        "2",
+    )
     # StepLR(step_size=2, gamma=0.5) stepped after each of the 3 local steps: 0.1, 0.1, 0.05; every turn anew
     for key, lrs in recorder.seen.items():
         assert lrs == pytest.approx([0.1, 0.1, 0.05]), key
@@ -105,10 +115,22 @@ def test_a_step_schedule_advances_per_local_step_and_restarts_each_turn_under_re
 
 def test_a_step_schedule_continues_across_turns_under_persist(tmp_path):
     federation, recorder, _ = fit_recipe(
-        tmp_path, "--model.init_args.lr_scheduler", "torch.optim.lr_scheduler.StepLR",
-        "--model.init_args.lr_scheduler.step_size", "2", "--model.init_args.lr_scheduler.gamma", "0.5",
-        "--model.init_args.lr_scheduler_interval", "step", "--federation.local_steps", "3",
-        "--federation.rounds", "2", "--federation.optimizer_state", "persist")
+        tmp_path,
+        "--model.init_args.lr_scheduler",
+        "torch.optim.lr_scheduler.StepLR",
+        "--model.init_args.lr_scheduler.step_size",
+        "2",
+        "--model.init_args.lr_scheduler.gamma",
+        "0.5",
+        "--model.init_args.lr_scheduler_interval",
+        "step",
+        "--federation.local_steps",
+        "3",
+        "--federation.rounds",
+        "2",
+        "--federation.optimizer_state",
+        "persist",
+    )
     for client in ("c0", "c1", "c2"):
         assert recorder.seen[(1, client)] == pytest.approx([0.1, 0.1, 0.05])
         # steps 3, 4, 5 of the client's own schedule: 0.1 * 0.5 ** (3 // 2), 0.5 ** 2, 0.5 ** 2
@@ -148,9 +170,11 @@ def test_a_bad_scheduler_class_path_is_one_clear_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert err.startswith("fedlit: error: model.init_args.lr_scheduler.class_path="
-                          "'torch.optim.lr_scheduler.CosineAnealingLR': module 'torch.optim.lr_scheduler' has no "
-                          "attribute 'CosineAnealingLR'. Did you mean torch.optim.lr_scheduler.CosineAnnealingLR?")
+    assert err.startswith(
+        "fedlit: error: model.init_args.lr_scheduler.class_path="
+        "'torch.optim.lr_scheduler.CosineAnealingLR': module 'torch.optim.lr_scheduler' has no "
+        "attribute 'CosineAnealingLR'. Did you mean torch.optim.lr_scheduler.CosineAnnealingLR?"
+    )
 
 
 def test_a_misspelled_scheduler_setting_lists_the_valid_ones(tmp_path, capsys):
@@ -160,7 +184,8 @@ def test_a_misspelled_scheduler_setting_lists_the_valid_ones(tmp_path, capsys):
         main(["fit", "--config", str(recipe), "--out_dir", str(tmp_path / "run")])
     assert capsys.readouterr().err.strip() == (
         "fedlit: error: model.init_args.lr_scheduler.init_args.T_mx is not an option of "
-        "torch.optim.lr_scheduler.CosineAnnealingLR. Did you mean 'T_max'? Valid options: T_max, eta_min, last_epoch.")
+        "torch.optim.lr_scheduler.CosineAnnealingLR. Did you mean 'T_max'? Valid options: T_max, eta_min, last_epoch."
+    )
 
 
 def test_print_config_shows_the_optimizer_and_schedule(tmp_path, capsys):
@@ -174,8 +199,10 @@ def test_print_config_shows_the_optimizer_and_schedule(tmp_path, capsys):
     assert "lr_scheduler_interval: round" in out
     with pytest.raises(SystemExit):  # a recipe with the shorthands shows the new options at their defaults
         main(["fit", "--config", str(Path(__file__).parents[3] / "recipes" / "quickstart.yaml"), "--print_config"])
-    assert ("    optimizer: sgd\n    lr: 0.02\n    momentum: 0.9\n    weight_decay: 0.0\n    lr_scheduler: null\n"
-            "    lr_scheduler_interval: round\n") in capsys.readouterr().out
+    assert (
+        "    optimizer: sgd\n    lr: 0.02\n    momentum: 0.9\n    weight_decay: 0.0\n    lr_scheduler: null\n"
+        "    lr_scheduler_interval: round\n"
+    ) in capsys.readouterr().out
 
 
 def test_the_string_shorthands_still_build_their_optimizers():
@@ -189,8 +216,9 @@ def test_the_string_shorthands_still_build_their_optimizers():
 
 def test_shorthand_settings_beside_a_class_optimizer_are_refused():
     with pytest.raises(ConfigError, match=r"model.init_args.lr=0.5, momentum=0.9 only apply to the shorthands"):
-        ClassificationModule(backbone=TinyMLP(), num_classes=3, optimizer=functools.partial(torch.optim.SGD),
-                             lr=0.5, momentum=0.9)
+        ClassificationModule(
+            backbone=TinyMLP(), num_classes=3, optimizer=functools.partial(torch.optim.SGD), lr=0.5, momentum=0.9
+        )
     with pytest.raises(ConfigError, match=r"lr_scheduler_interval='epoch' is not one of \['round', 'step'\]"):
         ClassificationModule(backbone=TinyMLP(), num_classes=3, lr_scheduler_interval="epoch")
 
@@ -222,16 +250,32 @@ def test_lightnings_forms_are_accepted():
     assert (local.optimizer, local.scheduler, local.interval) == (opt, sched, "step")
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda p: [sgd(p), sgd(p)], "Returns.configure_optimizers returned a list of 2: a client trains with one "
-                                 "optimizer and at most one learning-rate scheduler; return one optimizer, or"),
-    (lambda p: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1),
-                                                            "interval": "epoch"}})(sgd(p)),
-     "interval='epoch' (not one of ['round', 'step']). 'round' steps the schedule once per server round"),
-    (lambda p: (lambda o: {"optimizer": o, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o)})(sgd(p)),
-     "ReduceLROnPlateau is not supported (it needs a monitored metric"),
-    (lambda p: {"optimizer": sgd(p), "monitor": "val/loss"}, "unsupported keys ['monitor']"),
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda p: [sgd(p), sgd(p)],
+            "Returns.configure_optimizers returned a list of 2: a client trains with one "
+            "optimizer and at most one learning-rate scheduler; return one optimizer, or",
+        ),
+        (
+            lambda p: (
+                lambda o: {
+                    "optimizer": o,
+                    "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1), "interval": "epoch"},
+                }
+            )(sgd(p)),
+            "interval='epoch' (not one of ['round', 'step']). 'round' steps the schedule once per server round",
+        ),
+        (
+            lambda p: (lambda o: {"optimizer": o, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o)})(
+                sgd(p)
+            ),
+            "ReduceLROnPlateau is not supported (it needs a monitored metric",
+        ),
+        (lambda p: {"optimizer": sgd(p), "monitor": "val/loss"}, "unsupported keys ['monitor']"),
+    ],
+)
 def test_other_forms_are_refused_before_the_first_round(tmp_path, make, message):
     from fedlit import Federation
 
@@ -243,14 +287,19 @@ def test_other_forms_are_refused_before_the_first_round(tmp_path, make, message)
 def test_a_subclass_dict_form_with_a_step_interval_trains(tmp_path):
     def with_schedule(params):
         optimizer = torch.optim.SGD(params, lr=0.1)
-        return {"optimizer": optimizer, "lr_scheduler": {
-            "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1)),
-            "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1)),
+                "interval": "step",
+            },
+        }
 
     recorder = LearningRates()
     federation = make_federation(tmp_path, FedAvg(), rounds=1, local_steps=3, callbacks=[recorder])
     federation.module.configure_optimizers = lambda: with_schedule(
-        [p for p in federation.module.parameters() if p.requires_grad])
+        [p for p in federation.module.parameters() if p.requires_grad]
+    )
     federation.fit()
     assert recorder.seen[(1, "c0")] == pytest.approx([0.1, 0.05, 0.1 / 3])
 
@@ -262,8 +311,9 @@ def test_the_server_schedule_steps_without_torchs_call_order_warning():
 
     module = Returns(sgd)
     opt = sgd(module.parameters())
-    schedule = RoundSchedule(unpack(module, {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(
-        opt, step_size=1, gamma=0.5)}))
+    schedule = RoundSchedule(
+        unpack(module, {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)})
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         schedule.step()
@@ -278,20 +328,23 @@ def test_a_scheduler_on_another_optimizer_is_refused():
     module = Returns(sgd)
     other = sgd(module.parameters())
     with pytest.raises(ConfigError, match="built on another optimizer than the one returned"):
-        unpack(module, {"optimizer": sgd(module.parameters()),
-                        "lr_scheduler": torch.optim.lr_scheduler.StepLR(other, 1)})
+        unpack(
+            module, {"optimizer": sgd(module.parameters()), "lr_scheduler": torch.optim.lr_scheduler.StepLR(other, 1)}
+        )
 
 
 def test_a_misspelled_optimizer_shorthand_is_one_clear_line(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(RECIPE)
     with pytest.raises(SystemExit):
-        main(["fit", "--config", str(recipe), "--out_dir", str(tmp_path / "run"), "--model.init_args.optimizer",
-              "sgdd"])
+        main(
+            ["fit", "--config", str(recipe), "--out_dir", str(tmp_path / "run"), "--model.init_args.optimizer", "sgdd"]
+        )
     assert capsys.readouterr().err.strip() == (
         "fedlit: error: model.init_args.optimizer='sgdd' is not one of the shorthands ['sgd', 'adam', 'adamw'] nor "
         "a known class. Did you mean 'sgd'? Give a shorthand, or a class of torch.optim as class_path (its name or "
-        "full import path).")
+        "full import path)."
+    )
 
 
 def _trained(tmp_path, name, optimizer_state, reuse, monkeypatch):
@@ -301,9 +354,15 @@ def _trained(tmp_path, name, optimizer_state, reuse, monkeypatch):
     with monkeypatch.context() as patch:
         if not reuse:
             patch.setattr(optim_module, "reused_optimizer", lambda module: None)
-        federation = make_federation(tmp_path / f"{name}-{optimizer_state}-{reuse}", FedAvg(), rounds=3,
-                                     roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")],
-                                     local_steps=2, optimizer_state=optimizer_state, eval_every=10)
+        federation = make_federation(
+            tmp_path / f"{name}-{optimizer_state}-{reuse}",
+            FedAvg(),
+            rounds=3,
+            roles=[RoleRule("backbone.*", "shared"), RoleRule("head.*", "personal")],
+            local_steps=2,
+            optimizer_state=optimizer_state,
+            eval_every=10,
+        )
         federation.module.optimizer_name = name
         federation.fit()
     return federation.store.state_dict(), federation.strategy.state_dict()

@@ -75,8 +75,13 @@ class FakeGroup:
 def fake_fed(rank, world_size=2, store=None):
     """A run on ``rank``: its client contexts carry that rank's Fabric."""
     fabric = SimpleNamespace(world_size=world_size, global_rank=rank, device=torch.device("cpu"))
-    return SimpleNamespace(fabric=fabric, progress=Progress(), store=store, client_ids=["c0", "c1", "c2", "c3"],
-                           client_context=lambda client_id: SimpleNamespace(client_id=client_id, fabric=fabric))
+    return SimpleNamespace(
+        fabric=fabric,
+        progress=Progress(),
+        store=store,
+        client_ids=["c0", "c1", "c2", "c3"],
+        client_context=lambda client_id: SimpleNamespace(client_id=client_id, fabric=fabric),
+    )
 
 
 def run_ranks(group, executor, tasks, run):
@@ -163,20 +168,45 @@ def free_port() -> int:
 
 def fedlit_fit(cwd: Path, out_dir: str, devices: int, rounds: int, *extra: str) -> subprocess.CompletedProcess:
     # One thread per process in both runs: the same float reductions, and 2 processes on a 2-core machine.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "WORLD_SIZE", "SLURM_PROCID"):
         env.pop(key, None)
-    args = ["--config", str(RECIPE), "--federation.rounds", str(rounds), "--federation.local_epochs", "1",
-            "--federation.accelerator", "cpu", "--federation.devices", str(devices),
-            "--federation.optimizer_state", "persist", "--federation.progress_bar", "false", "--out_dir", out_dir,
-            "--data.init_args.samples_per_client", "40"]
+    args = [
+        "--config",
+        str(RECIPE),
+        "--federation.rounds",
+        str(rounds),
+        "--federation.local_epochs",
+        "1",
+        "--federation.accelerator",
+        "cpu",
+        "--federation.devices",
+        str(devices),
+        "--federation.optimizer_state",
+        "persist",
+        "--federation.progress_bar",
+        "false",
+        "--out_dir",
+        out_dir,
+        "--data.init_args.samples_per_client",
+        "40",
+    ]
     return run_child([sys.executable, "-m", "fedlit", "fit", *args, *extra], cwd=cwd, env=env)
 
 
 def per_client(results: dict) -> dict:
-    return {(when, c, m): v for when in ("last", "best") for c, values in results[when]["clients"].items()
-            for m, v in values.items()}
+    return {
+        (when, c, m): v
+        for when in ("last", "best")
+        for c, values in results[when]["clients"].items()
+        for m, v in values.items()
+    }
 
 
 def assert_same_results(a: dict, b: dict) -> None:
@@ -203,8 +233,10 @@ def test_two_gloo_processes_match_one_process_and_resume_either_way(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # no folder made by rank 1
 
     # written once by rank 0, with every client's entries from both ranks (4 clients: 2 per rank)
-    ckpts = {name: torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["store"]
-             for name in ("one", "two")}
+    ckpts = {
+        name: torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["store"]
+        for name in ("one", "two")
+    }
     clients = ["site_0", "site_1", "site_2", "site_3"]
     assert list(ckpts["two"]["tensors"]) == clients and list(ckpts["two"]["optimizer"]) == clients
     for client in clients:

@@ -45,10 +45,13 @@ def test_what_on_round_end_changes_is_in_the_checkpoint(tmp_path):
     assert resumed.seen == [1, 2, 3]
 
 
-@pytest.mark.parametrize("other, expected", [
-    (lambda: FedAdam(), "the strategy was FedAvg(weighting='num_examples'), now FedAdam("),
-    (lambda: FedProx(mu=0.5), "now FedProx("),
-])
+@pytest.mark.parametrize(
+    "other, expected",
+    [
+        (lambda: FedAdam(), "the strategy was FedAvg(weighting='num_examples'), now FedAdam("),
+        (lambda: FedProx(mu=0.5), "now FedProx("),
+    ],
+)
 def test_resume_with_another_strategy_is_refused_by_name(tmp_path, other, expected):
     make_federation(tmp_path, FedAvg(), rounds=1).fit()
     with pytest.raises(CheckpointError, match="belongs to another run") as err:
@@ -66,18 +69,23 @@ def test_resume_with_other_strategy_settings_is_refused(tmp_path):
 def test_resume_with_another_model_shape_names_the_tensor(tmp_path):
     make_federation(tmp_path, FedAvg(), rounds=1).fit()
     torch.manual_seed(0)
-    module = ClassificationModule(backbone=TinyMLP(hidden=16), num_classes=3, lr=0.1,
-                                  roles=[RoleRule("backbone.*", "shared")])
+    module = ClassificationModule(
+        backbone=TinyMLP(hidden=16), num_classes=3, lr=0.1, roles=[RoleRule("backbone.*", "shared")]
+    )
     wider = Federation(module, TinyTabular(), FedAvg(), rounds=2, out_dir=tmp_path, progress_bar=False)
     with pytest.raises(CheckpointError) as err:
         wider.fit(ckpt_path=tmp_path.joinpath(*CKPT))
     assert "the model's tensors differ" in str(err.value) and "backbone.0.bias [8, 'torch.float32'] -> [16" in str(
-        err.value)
+        err.value
+    )
 
 
 def config(lr: float, rounds: int) -> dict:
-    return {"model": {"class_path": "fedlit.tasks.ClassificationModule", "init_args": {"lr": lr}},
-            "strategy": {"class_path": "fedlit.strategies.FedAvg"}, "federation": {"rounds": rounds, "seed": 0}}
+    return {
+        "model": {"class_path": "fedlit.tasks.ClassificationModule", "init_args": {"lr": lr}},
+        "strategy": {"class_path": "fedlit.strategies.FedAvg"},
+        "federation": {"rounds": rounds, "seed": 0},
+    }
 
 
 def test_resume_may_change_rounds_and_records_it_but_not_the_model_settings(tmp_path):
@@ -98,8 +106,10 @@ def test_a_checkpoint_with_an_edited_tensor_shape_names_the_file_the_tensor_and_
     torch.save(payload, path)
     with pytest.raises(CheckpointError) as err:
         make_federation(tmp_path, FedAvg(), rounds=2).fit(ckpt_path=path)
-    assert str(err.value).startswith(f"ckpt_path: {path}: tensor strategy.global_state.backbone.0.weight has shape "
-                                     "[33], the model's backbone.0.weight has shape [8, 4]")
+    assert str(err.value).startswith(
+        f"ckpt_path: {path}: tensor strategy.global_state.backbone.0.weight has shape "
+        "[33], the model's backbone.0.weight has shape [8, 4]"
+    )
     assert "\n" not in str(err.value)
 
 
@@ -108,7 +118,7 @@ def test_a_metrics_csv_that_is_not_utf8_stops_the_resume_naming_the_byte_and_is_
     metrics = tmp_path / "metrics.csv"
     header = b"round,client,split,metric,value\r\n"
     assert metrics.read_bytes().startswith(header)
-    damaged = header + b"1,c\xe9,train,loss,1.0\r\n" + metrics.read_bytes()[len(header):]
+    damaged = header + b"1,c\xe9,train,loss,1.0\r\n" + metrics.read_bytes()[len(header) :]
     metrics.write_bytes(damaged)
     with pytest.raises(RunDirError) as err:
         make_federation(tmp_path, FedAvg(), rounds=2).fit(ckpt_path=tmp_path.joinpath(*CKPT))
@@ -132,6 +142,7 @@ def test_a_row_cut_by_a_kill_is_dropped_on_resume_and_appends_are_whole_and_sync
     assert all(len(r) == 5 for r in rows) and {r[0] for r in rows[1:]} == {"1", "2"}
     assert synced  # the rewrite and round 2's rows reached the disk
     from fedlit.engine.records import record
+
     path = tmp_path / "one.csv"
     monkeypatch.setattr(record, "open", lambda *a, **k: _Counting(open(*a, **k), writes), raising=False)
     record._append(path, [(3, "c0", "train", "loss", 0.5), (3, "", "train", "loss_mean", 0.25)])

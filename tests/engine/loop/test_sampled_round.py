@@ -9,8 +9,16 @@ from fedlit.core.store import ClientStore
 from tests.conftest import TinyTabular, make_federation
 
 _DATA = ("train_dataloader", "val_dataloader", "test_dataloader", "num_examples")
-_STORE = ("tensors", "load_into", "save_from", "optimizer_state", "set_optimizer_state", "extra", "client_state",
-          "nbytes")
+_STORE = (
+    "tensors",
+    "load_into",
+    "save_from",
+    "optimizer_state",
+    "set_optimizer_state",
+    "extra",
+    "client_state",
+    "nbytes",
+)
 
 
 class _Spy(Callback):
@@ -27,6 +35,7 @@ class _Spy(Callback):
             if self.active and args and args[0] is not None:  # the client's id (nbytes() is the whole store)
                 self.touched.add(args[0])
             return method(obj, *args, **kwargs)
+
         return spied
 
     def on_round_start(self, trainer, pl_module, server_round) -> None:
@@ -42,8 +51,17 @@ class _Spy(Callback):
 
 def test_a_sampled_round_reads_the_data_and_store_of_its_clients_only(tmp_path, monkeypatch):
     spy = _Spy(monkeypatch)
-    federation = make_federation(tmp_path, FedAvg(), rounds=3, num_clients=12, clients_per_round=3, local_steps=1,
-                                 eval_every=10, checkpoint_every=10, callbacks=[spy])
+    federation = make_federation(
+        tmp_path,
+        FedAvg(),
+        rounds=3,
+        num_clients=12,
+        clients_per_round=3,
+        local_steps=1,
+        eval_every=10,
+        checkpoint_every=10,
+        callbacks=[spy],
+    )
     federation.fit()
     assert len(spy.selected) == 3
     assert spy.touched == set(spy.selected)

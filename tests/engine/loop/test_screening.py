@@ -29,14 +29,18 @@ def test_an_update_is_screened_by_hand():
     assert kind == "rejected" and detail.startswith("update norm 11 is over federation.max_update_ratio=2 times")
     # an absolute bound: delta (0.6, 0.8), norm 1 > 0.5
     assert screen_update(update([3.6, 4.8]), SENT, 0.5, None) == (
-        "rejected", "update norm 1 over federation.max_update_norm=0.5")
+        "rejected",
+        "update norm 1 over federation.max_update_norm=0.5",
+    )
     assert screen_update(update([3.6, 4.8]), SENT, 1.5, None) is None
     # a small sent model: the ratio is of max(1, ||sent||)
     assert screen_update(update([0.0, 0.5]), {"w": torch.zeros(2)}, None, 1.0) is None
     assert screen_update(update([0.0, 1.5]), {"w": torch.zeros(2)}, None, 1.0)[0] == "rejected"
     # non-finite state or extras, whatever the bounds
     assert screen_update(update([math.nan, 4.0]), SENT, None, None) == (
-        "non-finite", "non-finite uploaded tensor 'w' (found by the server)")
+        "non-finite",
+        "non-finite uploaded tensor 'w' (found by the server)",
+    )
     assert screen_update(update([3.0, 4.0], {"c": [torch.tensor([math.inf])]}), SENT, None, None)[0] == "non-finite"
 
 

@@ -29,8 +29,10 @@ def test_the_docs_table_is_the_generated_one():
     text = (ROOT / "docs" / "runs.md").read_text()
     assert text.count(START) == 1 and text.count(END) == 1, "docs/runs.md: the settings table's markers"
     documented = text.split(START)[1].split("\n", 1)[1].split(END)[0]
-    assert documented == settings_table(), ("docs/runs.md's federation settings differ from their declaration: "
-                                            "put the output of fedlit.engine.loop.settings.settings_table() there")
+    assert documented == settings_table(), (
+        "docs/runs.md's federation settings differ from their declaration: "
+        "put the output of fedlit.engine.loop.settings.settings_table() there"
+    )
     assert "| `rounds` | `10` | may change | Number of server rounds R. |" in documented.splitlines()
     assert "| `seed` | `0` | fixed | Seed of client sampling and local training. |" in documented.splitlines()
 
@@ -42,33 +44,55 @@ def test_the_docstring_jsonargparse_reads_is_generated_from_each_declaration():
 
 
 def test_the_settings_a_resume_may_change_are_those_declared_resumable():
-    assert RESUMABLE == {"rounds", "eval_every", "checkpoint_every", "progress_bar", "accelerator", "devices",
-                         "num_nodes", "store_device", "on_client_error", "min_clients", "loggers", "client_timeout",
-                         "max_update_norm", "max_update_ratio", "allow_dropped_callbacks", "threads",
-                         "cache_features", "fused_clients", "reuse_evaluations"}
+    assert RESUMABLE == {
+        "rounds",
+        "eval_every",
+        "checkpoint_every",
+        "progress_bar",
+        "accelerator",
+        "devices",
+        "num_nodes",
+        "store_device",
+        "on_client_error",
+        "min_clients",
+        "loggers",
+        "client_timeout",
+        "max_update_norm",
+        "max_update_ratio",
+        "allow_dropped_callbacks",
+        "threads",
+        "cache_features",
+        "fused_clients",
+        "reuse_evaluations",
+    }
 
 
-@pytest.mark.parametrize(("values", "expected"), [
-    ({"rounds": 0}, "federation.rounds=0 must be >= 1"),
-    ({"rounds": None}, "federation.rounds=None must be >= 1"),  # not nullable: None is no way around the bound
-    ({"eval_every": math.nan}, "federation.eval_every=nan must be >= 1"),
-    ({"unseen_finetune_steps": -1}, "federation.unseen_finetune_steps=-1 must be >= 0"),
-    ({"local_steps": 0}, "federation.local_steps=0 must be >= 1 (or null for local_epochs)"),
-    ({"threads": 0}, "federation.threads=0 must be >= 1 (or null: PyTorch's default)"),
-    ({"client_timeout": 0}, "federation.client_timeout=0 must be > 0 seconds (or null: no limit)"),
-    ({"max_update_ratio": -1.0}, "federation.max_update_ratio=-1.0 must be > 0 (or null: no bound)"),
-    ({"fused_clients": True}, "federation.fused_clients=True must be an integer >= 1 (1: one client at a time)"),
-    ({"fused_clients": 2.0}, "federation.fused_clients=2.0 must be an integer >= 1 (1: one client at a time)"),
-    ({"optimizer_state": "keep"}, "federation.optimizer_state='keep' is not one of ['reset', 'persist']"),
-    ({"cache_features": "gpu"}, "federation.cache_features='gpu' is not one of ['off', 'memory', 'disk']"),
-])
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"rounds": 0}, "federation.rounds=0 must be >= 1"),
+        ({"rounds": None}, "federation.rounds=None must be >= 1"),  # not nullable: None is no way around the bound
+        ({"eval_every": math.nan}, "federation.eval_every=nan must be >= 1"),
+        ({"unseen_finetune_steps": -1}, "federation.unseen_finetune_steps=-1 must be >= 0"),
+        ({"local_steps": 0}, "federation.local_steps=0 must be >= 1 (or null for local_epochs)"),
+        ({"threads": 0}, "federation.threads=0 must be >= 1 (or null: PyTorch's default)"),
+        ({"client_timeout": 0}, "federation.client_timeout=0 must be > 0 seconds (or null: no limit)"),
+        ({"max_update_ratio": -1.0}, "federation.max_update_ratio=-1.0 must be > 0 (or null: no bound)"),
+        ({"fused_clients": True}, "federation.fused_clients=True must be an integer >= 1 (1: one client at a time)"),
+        ({"fused_clients": 2.0}, "federation.fused_clients=2.0 must be an integer >= 1 (1: one client at a time)"),
+        ({"optimizer_state": "keep"}, "federation.optimizer_state='keep' is not one of ['reset', 'persist']"),
+        ({"cache_features": "gpu"}, "federation.cache_features='gpu' is not one of ['off', 'memory', 'disk']"),
+    ],
+)
 def test_declared_bounds_and_choices_are_checked(values, expected):
     assert _problems(**values) == [expected]
 
 
 def test_none_passes_the_bounds_where_the_type_allows_it():
-    assert _problems(local_steps=None, threads=None, client_timeout=None, max_update_norm=None,
-                     max_update_ratio=None) == []
+    assert (
+        _problems(local_steps=None, threads=None, client_timeout=None, max_update_norm=None, max_update_ratio=None)
+        == []
+    )
     assert _problems(rounds=1, unseen_finetune_steps=0, client_timeout=0.5, fused_clients=4) == []
 
 
@@ -89,7 +113,11 @@ def test_run_has_no_forwarded_settings_and_keeps_its_progress_in_state(tmp_path)
     saved_progress = {"server_round", "comm", "compute", "faults", "identity", "dropped_callbacks", "timing", "history"}
     assert saved_progress <= set(payload)
     assert {f.name for f in fields(RunState)} == (saved_progress - {"server_round"}) | {
-        "round", "should_stop", "stop_reason", "stopped_early"}
+        "round",
+        "should_stop",
+        "stop_reason",
+        "stopped_early",
+    }
 
 
 def test_a_setting_read_or_set_on_the_run_itself_names_run_settings():

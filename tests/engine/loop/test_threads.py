@@ -19,8 +19,22 @@ SHORT = ["--federation.rounds", "2", "--federation.local_epochs", "2", "--federa
 
 def _quickstart(out: Path, omp_threads: int, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(omp_threads), "PYTHONPATH": str(ROOT)}
-    done = run_child([sys.executable, "-m", "fedlit", "fit", "--config", str(ROOT / "recipes" / "quickstart.yaml"),
-                      *SHORT, *extra, "--out_dir", str(out)], cwd=ROOT, env=env)
+    done = run_child(
+        [
+            sys.executable,
+            "-m",
+            "fedlit",
+            "fit",
+            "--config",
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            *SHORT,
+            *extra,
+            "--out_dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     return {"last": results["last"], "best": results["best"]}
@@ -38,11 +52,30 @@ def test_quickstart_gives_the_same_numbers_with_one_and_two_threads(tmp_path):
 def test_threads_is_set_for_the_run_and_recorded(tmp_path):
     """The pinned count is what PyTorch runs with, and ``config.json`` records it with the other settings."""
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
-    code = ("import torch, sys; from fedlit.cli import main; "
-            "main(['fit', '--config', sys.argv[1], *sys.argv[2:]]); print('threads', torch.get_num_threads())")
-    done = run_child([sys.executable, "-c", code, str(ROOT / "recipes" / "quickstart.yaml"),
-                      "--federation.rounds", "1", "--federation.local_epochs", "1", "--federation.progress_bar",
-                      "false", "--federation.threads", "3", "--out_dir", str(tmp_path / "run")], cwd=ROOT, env=env)
+    code = (
+        "import torch, sys; from fedlit.cli import main; "
+        "main(['fit', '--config', sys.argv[1], *sys.argv[2:]]); print('threads', torch.get_num_threads())"
+    )
+    done = run_child(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            "--federation.rounds",
+            "1",
+            "--federation.local_epochs",
+            "1",
+            "--federation.progress_bar",
+            "false",
+            "--federation.threads",
+            "3",
+            "--out_dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "threads 3" in done.stdout
     config = json.loads((tmp_path / "run" / "config.json").read_text())

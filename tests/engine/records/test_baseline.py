@@ -21,8 +21,12 @@ def _baseline(folder, clients, *, best=True, seed=0, strategy=LOCAL, manifest=No
     """A hand-written finished run: results.json with ``clients`` at round 3 (best) and 5 (last), trained as
     ``protocol`` records."""
     folder.mkdir(parents=True, exist_ok=True)
-    results = {"strategy_class": strategy, "seed": seed, "last": {"round": 5, "clients": clients, "summary": {}},
-               "protocol": protocol}
+    results = {
+        "strategy_class": strategy,
+        "seed": seed,
+        "last": {"round": 5, "clients": clients, "summary": {}},
+        "protocol": protocol,
+    }
     if best:
         results["best"] = {"round": 3, "clients": clients, "summary": {}}
     (folder / "results.json").write_text(json.dumps(results))
@@ -33,11 +37,21 @@ def _baseline(folder, clients, *, best=True, seed=0, strategy=LOCAL, manifest=No
 
 
 def test_mean_and_std_of_the_gains_by_hand():
-    run = {"a": {"accuracy": 0.8, "loss": 0.5}, "b": {"accuracy": 0.6, "loss": 0.7}, "c": {"accuracy": 0.9,
-                                                                                         "loss": 0.4}}
-    local = {"last": {"round": 5, "clients": {"a": {"accuracy": 0.7, "loss": 0.6}, "b": {"accuracy": 0.65,
-                                                                                        "loss": 0.6},
-                                              "c": {"accuracy": 0.6, "loss": 0.8}}}}
+    run = {
+        "a": {"accuracy": 0.8, "loss": 0.5},
+        "b": {"accuracy": 0.6, "loss": 0.7},
+        "c": {"accuracy": 0.9, "loss": 0.4},
+    }
+    local = {
+        "last": {
+            "round": 5,
+            "clients": {
+                "a": {"accuracy": 0.7, "loss": 0.6},
+                "b": {"accuracy": 0.65, "loss": 0.6},
+                "c": {"accuracy": 0.6, "loss": 0.8},
+            },
+        }
+    }
     gain = gain_over_local(run, 4, "best", local, HIGHER)
     # gains 0.1, -0.05, 0.3: mean 0.35 / 3; deviations -1/60, -10/60, 11/60, squares sum 222/3600, / (3 - 1)
     assert gain["selection"] == "last" and gain["round"] == 4 and gain["baseline_round"] == 5  # no best: last
@@ -57,8 +71,11 @@ def test_a_client_missing_from_the_baseline_is_refused():
 
 
 def test_a_run_reports_its_gain_over_a_local_run(tmp_path):
-    local = {"c0": {"accuracy": 0.5, "loss": 1.0}, "c1": {"accuracy": 0.25, "loss": 1.5},
-             "c2": {"accuracy": 0.75, "loss": 0.5}}
+    local = {
+        "c0": {"accuracy": 0.5, "loss": 1.0},
+        "c1": {"accuracy": 0.25, "loss": 1.5},
+        "c2": {"accuracy": 0.75, "loss": 0.5},
+    }
     fed = make_federation(tmp_path / "run", FedAvg(), rounds=2)
     fed.baseline_run = _baseline(tmp_path / "local", local, protocol=protocol(fed))
     results = fed.fit()
@@ -84,11 +101,14 @@ def test_another_data_partition_or_seed_is_refused_before_training(tmp_path):
     assert not (tmp_path / "run" / "results.json").exists()
 
 
-@pytest.mark.parametrize(("content", "expected"), [
-    (None, r"no results.json there"),
-    ("{not json", r"results.json cannot be read as JSON"),
-    ('{"seed": 0}', r"results.json holds no test results"),
-])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, r"no results.json there"),
+        ("{not json", r"results.json cannot be read as JSON"),
+        ('{"seed": 0}', r"results.json holds no test results"),
+    ],
+)
 def test_a_missing_or_corrupt_results_json_names_the_file(tmp_path, content, expected):
     folder = _baseline(tmp_path / "local", {})
     if content is None:
@@ -110,16 +130,25 @@ def test_fit_and_test_take_a_baseline_run(tmp_path):
     from fedlit.cli import run
     from tests.test_cli import QUICK
 
-    tiny = [*QUICK, "--federation.local_epochs", "1", "--data.init_args.samples_per_client", "12",
-            "--federation.rounds", "1"]
+    tiny = [
+        *QUICK,
+        "--federation.local_epochs",
+        "1",
+        "--data.init_args.samples_per_client",
+        "12",
+        "--federation.rounds",
+        "1",
+    ]
     local = run(["fit", *tiny, "--strategy", "Local", "--out_dir", str(tmp_path / "local")])
     fit = run(["fit", *tiny, "--out_dir", str(tmp_path / "fedbn"), "--baseline_run", str(tmp_path / "local")])
-    expected = [fit["best"]["clients"][c]["accuracy"] - local["best"]["clients"][c]["accuracy"]
-                for c in fit["best"]["clients"]]
+    expected = [
+        fit["best"]["clients"][c]["accuracy"] - local["best"]["clients"][c]["accuracy"] for c in fit["best"]["clients"]
+    ]
     assert fit["gain_over_local"]["mean"]["accuracy"] == pytest.approx(statistics.mean(expected))
     assert "baseline_run" not in json.loads((tmp_path / "fedbn" / "config.json").read_text())
-    tested = run(["test", "--run", str(tmp_path / "fedbn"), "--ckpt_path", "best", "--baseline_run",
-                  str(tmp_path / "local")])
+    tested = run(
+        ["test", "--run", str(tmp_path / "fedbn"), "--ckpt_path", "best", "--baseline_run", str(tmp_path / "local")]
+    )
     assert tested["gain_over_local"]["selection"] == "best"
     assert tested["gain_over_local"]["mean"]["accuracy"] == pytest.approx(statistics.mean(expected))
 
@@ -137,9 +166,14 @@ def test_a_baseline_trained_otherwise_is_refused_naming_each_difference_unless_a
     with pytest.raises(ConfigError) as info:
         fed.fit()
     message = str(info.value)
-    for part in ("federation.rounds 10 (this run: 2)", "federation.local_steps 20 (this run: 5)",
-                 "optimizer lr 0.05 (this run: 0.1)", "model shapes '0123456789ab'",
-                 "the selection metric 'loss' (this run: 'accuracy')", "--baseline_compare any"):
+    for part in (
+        "federation.rounds 10 (this run: 2)",
+        "federation.local_steps 20 (this run: 5)",
+        "optimizer lr 0.05 (this run: 0.1)",
+        "model shapes '0123456789ab'",
+        "the selection metric 'loss' (this run: 'accuracy')",
+        "--baseline_compare any",
+    ):
         assert part in message
     assert "\n" not in message and not (tmp_path / "run" / "results.json").exists()
     # a run of an older fedlit (no protocol recorded) is refused too
@@ -153,7 +187,8 @@ def test_a_baseline_trained_otherwise_is_refused_naming_each_difference_unless_a
     assert saved["gain_over_local"]["compare"] == "any" and len(saved["gain_over_local"]["differences"]) == 5
     assert saved["protocol"] == json.loads(json.dumps(protocol(fed)))
     assert results["gain_over_local"]["clients"]["c1"]["accuracy"] == pytest.approx(
-        results["best"]["clients"]["c1"]["accuracy"] - 0.25)
+        results["best"]["clients"]["c1"]["accuracy"] - 0.25
+    )
 
 
 def test_the_cli_refuses_a_shorter_run_against_a_longer_local_one_unless_any(tmp_path):
@@ -163,9 +198,31 @@ def test_the_cli_refuses_a_shorter_run_against_a_longer_local_one_unless_any(tmp
     tiny = [*QUICK, "--federation.local_epochs", "1", "--data.init_args.samples_per_client", "12"]
     run(["fit", *tiny, "--federation.rounds", "2", "--strategy", "Local", "--out_dir", str(tmp_path / "local")])
     with pytest.raises(ConfigError, match=r"trained otherwise: federation.rounds 2 \(this run: 1\)\. Give"):
-        run(["fit", *tiny, "--federation.rounds", "1", "--out_dir", str(tmp_path / "short"),
-             "--baseline_run", str(tmp_path / "local")])
-    fit = run(["fit", *tiny, "--federation.rounds", "1", "--out_dir", str(tmp_path / "any"),
-               "--baseline_run", str(tmp_path / "local"), "--baseline_compare", "any"])
+        run(
+            [
+                "fit",
+                *tiny,
+                "--federation.rounds",
+                "1",
+                "--out_dir",
+                str(tmp_path / "short"),
+                "--baseline_run",
+                str(tmp_path / "local"),
+            ]
+        )
+    fit = run(
+        [
+            "fit",
+            *tiny,
+            "--federation.rounds",
+            "1",
+            "--out_dir",
+            str(tmp_path / "any"),
+            "--baseline_run",
+            str(tmp_path / "local"),
+            "--baseline_compare",
+            "any",
+        ]
+    )
     assert fit["gain_over_local"]["compare"] == "any"
     assert fit["gain_over_local"]["differences"] == ["federation.rounds 2 (this run: 1)"]

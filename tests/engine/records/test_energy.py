@@ -111,9 +111,12 @@ def test_nvml_integrates_power_over_time_with_trapezoids(monkeypatch):
 
     powers = iter([100_000, 300_000, 300_000])  # mW at t = 0, 2 and 5 s
     clock = iter([0.0, 2.0, 5.0])
-    fake = types.SimpleNamespace(NVMLError=RuntimeError, nvmlInit=lambda: None,
-                                 nvmlDeviceGetHandleByIndex=lambda index: index,
-                                 nvmlDeviceGetPowerUsage=lambda handle: next(powers))
+    fake = types.SimpleNamespace(
+        NVMLError=RuntimeError,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetPowerUsage=lambda handle: next(powers),
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(energy.time, "perf_counter", lambda: next(clock))
     counter = energy.NvmlPower(0)

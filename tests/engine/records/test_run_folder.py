@@ -93,9 +93,11 @@ def test_a_fresh_run_takes_over_the_folder_of_a_run_killed_before_its_first_chec
         lock = claim_run_dir(out, resume=False)
     messages = [str(w.message) for w in said]
     assert any("taking over the lock of a run that ended" in m for m in messages)
-    assert (f"out_dir {out} holds a run that stopped before its first checkpoint (config.json, manifest.json, "
-            "class_counts.json, metrics.csv, checkpoints/, tensorboard/): it has nothing to resume, so this run "
-            "starts it again from round 1 and replaces its files.") in messages
+    assert (
+        f"out_dir {out} holds a run that stopped before its first checkpoint (config.json, manifest.json, "
+        "class_counts.json, metrics.csv, checkpoints/, tensorboard/): it has nothing to resume, so this run "
+        "starts it again from round 1 and replaces its files."
+    ) in messages
     assert run_files(out) == [] and (out / "notes.txt").read_text() == "mine" and lock.held
     lock.release()
 
@@ -165,8 +167,11 @@ time.sleep(60)
 
 
 def test_a_live_run_in_another_process_holds_the_folder_until_it_is_killed(tmp_path):
-    child = popen_child([sys.executable, "-c", HOLDER, str(Path(rundir.__file__).parent), str(tmp_path)],
-                        stdout=subprocess.PIPE, text=True)
+    child = popen_child(
+        [sys.executable, "-c", HOLDER, str(Path(rundir.__file__).parent), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "holding"
         with pytest.raises(RunDirError, match=f"in use by another run \\(pid {child.pid} on host"):

@@ -23,7 +23,11 @@ def test_a_too_long_out_dir_is_one_line_before_anything_is_built(tmp_path, capsy
 def test_every_way_a_run_folder_is_made_names_out_dir(tmp_path, shape):
     # a folder name over 255 bytes, or a whole path over 4096
     out_dir = tmp_path / ("x" * 300) if shape == "name" else tmp_path.joinpath(*["y" * 250] * 20)
-    for make in (lambda: check_run_dir(out_dir, resume=False), lambda: claim_run_dir(out_dir, resume=False),
-                 lambda: claim_run_dir(out_dir, resume=True), lambda: new_version_dir(out_dir)):
+    for make in (
+        lambda: check_run_dir(out_dir, resume=False),
+        lambda: claim_run_dir(out_dir, resume=False),
+        lambda: claim_run_dir(out_dir, resume=True),
+        lambda: new_version_dir(out_dir),
+    ):
         with pytest.raises(RunDirError, match=f"--out_dir .*: {FIX}"):
             make()

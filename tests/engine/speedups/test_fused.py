@@ -37,13 +37,21 @@ class Images(FederatedDataModule):
             inputs.append(rng.normal(0.3 * k, 1.0, size=(n, 1, 16, 16)).astype(np.float32))
             targets.append(rng.integers(0, 3, size=n))
             idx = np.arange(start, start + n)
-            splits[f"c{k}"] = {"train": idx[:n_train], "val": idx[n_train:n_train + n_val],
-                               "test": idx[n_train + n_val:]}
+            splits[f"c{k}"] = {
+                "train": idx[:n_train],
+                "val": idx[n_train : n_train + n_val],
+                "test": idx[n_train + n_val :],
+            }
             start += n
-        return PartitionedData(name="images", task="multiclass", num_classes=3,
-                               inputs=torch.from_numpy(np.concatenate(inputs)),
-                               targets=torch.from_numpy(np.concatenate(targets)), splits=splits,
-                               partitioner="natural")
+        return PartitionedData(
+            name="images",
+            task="multiclass",
+            num_classes=3,
+            inputs=torch.from_numpy(np.concatenate(inputs)),
+            targets=torch.from_numpy(np.concatenate(targets)),
+            splits=splits,
+            partitioner="natural",
+        )
 
 
 class Uploads(Callback):
@@ -82,13 +90,27 @@ def _vit_federation(out_dir, strategy, fused=1, roles=None, rounds=2, optimizer=
     torch.manual_seed(0)
     module = ClassificationModule(
         backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4), model_args={"in_chans": 1}),
-        num_classes=3, lr=0.05, momentum=0.9 if optimizer == "sgd" else 0.0, optimizer=optimizer,
-        roles=roles if roles is not None else [RoleRule("backbone.*lora_*", "shared")])
+        num_classes=3,
+        lr=0.05,
+        momentum=0.9 if optimizer == "sgd" else 0.0,
+        optimizer=optimizer,
+        roles=roles if roles is not None else [RoleRule("backbone.*lora_*", "shared")],
+    )
     uploads = Uploads()
     data = data if data is not None else Images(batch_size=8, seed=0)
-    federation = Federation(module, data, strategy, rounds=rounds, out_dir=out_dir,
-                            progress_bar=False, seed=0, accelerator="cpu", fused_clients=fused,
-                            callbacks=[uploads], **kwargs)
+    federation = Federation(
+        module,
+        data,
+        strategy,
+        rounds=rounds,
+        out_dir=out_dir,
+        progress_bar=False,
+        seed=0,
+        accelerator="cpu",
+        fused_clients=fused,
+        callbacks=[uploads],
+        **kwargs,
+    )
     return federation, uploads
 
 
@@ -109,8 +131,11 @@ def _assert_same_run(tmp_path, strategy_factory, fused, **kwargs):
             fused_state, fused_metrics = fus_round[client]
             assert state.keys() == fused_state.keys()
             assert all(_close(state[n], fused_state[n]) for n in state), client
-            assert fused_metrics["steps"] == metrics["steps"] == (
-                kwargs["local_epochs"] * math.ceil(TRAIN[int(client[1])] / 8))
+            assert (
+                fused_metrics["steps"]
+                == metrics["steps"]
+                == (kwargs["local_epochs"] * math.ceil(TRAIN[int(client[1])] / 8))
+            )
             assert fused_metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
     for client in seq.client_ids:
         a, b = seq.store.tensors(client), fus.store.tensors(client)
@@ -125,14 +150,17 @@ def _assert_same_run(tmp_path, strategy_factory, fused, **kwargs):
     return seq, fus
 
 
-@pytest.mark.parametrize(("strategy_factory", "fused"), [
-    pytest.param(FedAvg, 4, id="FedAvg"),
-    pytest.param(lambda: FedProx(mu=0.5), 3, id="FedProx"),  # a group of 3 and one client alone
-    pytest.param(FedSA, 4, id="FedSA"),
-    pytest.param(FedPer, 2, id="FedPer"),
-    pytest.param(ScaledPerClient, 4, id="per-client-attribute"),
-    pytest.param(NonFiniteForC2, 4, id="quarantine"),
-])
+@pytest.mark.parametrize(
+    ("strategy_factory", "fused"),
+    [
+        pytest.param(FedAvg, 4, id="FedAvg"),
+        pytest.param(lambda: FedProx(mu=0.5), 3, id="FedProx"),  # a group of 3 and one client alone
+        pytest.param(FedSA, 4, id="FedSA"),
+        pytest.param(FedPer, 2, id="FedPer"),
+        pytest.param(ScaledPerClient, 4, id="per-client-attribute"),
+        pytest.param(NonFiniteForC2, 4, id="quarantine"),
+    ],
+)
 def test_fused_training_equals_the_sequential_turns(tmp_path, strategy_factory, fused):
     seq, fus = _assert_same_run(tmp_path, strategy_factory, fused)
     if type(seq.strategy) in (FedSA, FedPer):  # personal tensors compared (FedSA's B, FedPer's head)
@@ -175,11 +203,22 @@ def test_fused_training_refuses_per_step_callbacks_and_dropout(tmp_path):
     torch.manual_seed(0)
     module = ClassificationModule(
         backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4), model_args={"in_chans": 1}),
-        num_classes=3, roles=[RoleRule("backbone.*lora_*", "shared")])
+        num_classes=3,
+        roles=[RoleRule("backbone.*lora_*", "shared")],
+    )
     # the backbone, frozen, stays in eval mode (its dropout is off); a dropout before the head trains
     module.head = torch.nn.Sequential(torch.nn.Dropout(0.1), module.head)
-    federation = Federation(module, Images(batch_size=8), FedAvg(), rounds=1, out_dir=tmp_path,
-                            progress_bar=False, accelerator="cpu", fused_clients=2, callbacks=[Clip()])
+    federation = Federation(
+        module,
+        Images(batch_size=8),
+        FedAvg(),
+        rounds=1,
+        out_dir=tmp_path,
+        progress_bar=False,
+        accelerator="cpu",
+        fused_clients=2,
+        callbacks=[Clip()],
+    )
     with pytest.raises(ConfigError) as err:
         federation.fit()
     assert "Clip implements on_before_optimizer_step" in str(err.value)
@@ -207,7 +246,9 @@ def test_the_fused_forward_computes_each_segment_with_its_clients_tensors(sizes)
     torch.manual_seed(0)
     module = ClassificationModule(
         backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4), model_args={"in_chans": 1}),
-        num_classes=3, roles=[RoleRule("backbone.*lora_*", "shared")])
+        num_classes=3,
+        roles=[RoleRule("backbone.*lora_*", "shared")],
+    )
     module.set_parameter_roles(module.parameter_roles())
     module.eval()
     params = ClientParameters(module, 3)

@@ -49,8 +49,9 @@ class BatchSizes:
 
 
 def _run(tmp_path, strategy, fused):
-    federation, _ = _vit_federation(tmp_path, strategy, fused=fused, rounds=2, local_epochs=1,
-                                    data=UnevenImages(batch_size=8, seed=0))
+    federation, _ = _vit_federation(
+        tmp_path, strategy, fused=fused, rounds=2, local_epochs=1, data=UnevenImages(batch_size=8, seed=0)
+    )
     sizes = BatchSizes(federation.module)
     results = federation.fit()
     return federation, results, sizes
@@ -64,11 +65,14 @@ def _assert_same_metrics(a, b):
             assert b[client][name] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), (client, name)
 
 
-@pytest.mark.parametrize(("strategy_factory", "fused"), [
-    pytest.param(FedPer, 4, id="FedPer"),  # personal heads: every client evaluates another model
-    pytest.param(PerWithGlobal, 3, id="global-model"),  # a group of 3 (6 models) and one client alone
-    pytest.param(FineTunedFedAvg, 4, id="fine-tuned-alone"),
-])
+@pytest.mark.parametrize(
+    ("strategy_factory", "fused"),
+    [
+        pytest.param(FedPer, 4, id="FedPer"),  # personal heads: every client evaluates another model
+        pytest.param(PerWithGlobal, 3, id="global-model"),  # a group of 3 (6 models) and one client alone
+        pytest.param(FineTunedFedAvg, 4, id="fine-tuned-alone"),
+    ],
+)
 def test_fused_evaluation_gives_each_client_its_sequential_metrics(tmp_path, strategy_factory, fused):
     seq, seq_results, _ = _run(tmp_path / "seq", strategy_factory(), 1)
     fus, fus_results, _ = _run(tmp_path / "fused", strategy_factory(), fused)
@@ -99,16 +103,27 @@ def test_fused_evaluation_runs_one_forward_pass_per_batch_index(tmp_path):
     assert seq.sizes == [*seq_train, *seq_eval] * 2
     # fused: batch b of every client that has one, in one pass (training is fused too)
     fused_train = [8 + 8 + 7 + 8, 4 + 8 + 8, 4]
-    fused_eval = [3 + 8 + 1 + 8, 1 + 4,  # validation: first batches of c0..c3, then c1's and c3's second ones
-                  5 + 4 + 2 + 6]  # test
+    fused_eval = [
+        3 + 8 + 1 + 8,
+        1 + 4,  # validation: first batches of c0..c3, then c1's and c3's second ones
+        5 + 4 + 2 + 6,
+    ]  # test
     assert fus.sizes == [*fused_train, *fused_eval] * 2
 
 
 def test_fused_training_and_evaluation_read_cached_features(tmp_path):
     # head-only FedAvg on cached features: the fused passes concatenate the cached features, not the images
     def run(name, fused):
-        federation, _ = _vit_federation(tmp_path / name, FedAvg(), fused=fused, roles=[], rounds=2, local_epochs=1,
-                                        data=UnevenImages(batch_size=8, seed=0), cache_features="memory")
+        federation, _ = _vit_federation(
+            tmp_path / name,
+            FedAvg(),
+            fused=fused,
+            roles=[],
+            rounds=2,
+            local_epochs=1,
+            data=UnevenImages(batch_size=8, seed=0),
+            cache_features="memory",
+        )
         sizes = BatchSizes(federation.module)
         federation.fit()
         return federation, sizes

@@ -15,8 +15,11 @@ from tests.conftest import make_federation
 
 def _scalars(out_dir, metric):
     with open(out_dir / "metrics.csv", newline="", encoding="utf-8") as f:
-        return {int(r["round"]): float(r["value"]) for r in csv.DictReader(f)
-                if r["split"] == "system" and r["metric"] == metric}
+        return {
+            int(r["round"]): float(r["value"])
+            for r in csv.DictReader(f)
+            if r["split"] == "system" and r["metric"] == metric
+        }
 
 
 def _run(out_dir, strategy, reuse, **kwargs):
@@ -48,8 +51,11 @@ class Unmoved(FedAvg):
 
 def _comm(out_dir, metric):
     with open(out_dir / "metrics.csv", newline="", encoding="utf-8") as f:
-        return {int(r["round"]): float(r["value"]) for r in csv.DictReader(f)
-                if r["split"] == "comm" and r["metric"] == metric}
+        return {
+            int(r["round"]): float(r["value"])
+            for r in csv.DictReader(f)
+            if r["split"] == "comm" and r["metric"] == metric
+        }
 
 
 def test_fedavg_clients_are_reused_only_while_the_global_model_is_unchanged(tmp_path):
