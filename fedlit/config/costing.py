@@ -32,7 +32,7 @@ import importlib
 import json
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
@@ -46,6 +46,7 @@ from fedlit.core.seeding import num_selected
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.core.tensors import numel as state_numel
 from fedlit.data import FederatedDataModule
+from fedlit.engine.loop.settings import Settings
 from fedlit.models.dry import skip_weight_loading
 from fedlit.module import FederatedModule
 from fedlit.strategies.base import Strategy
@@ -298,9 +299,8 @@ def estimate(recipe: Recipe, compare: Sequence[str] = ()) -> dict[str, Any]:
     parser, cfg, subcommand = recipe.parser, recipe.cfg, recipe.subcommand
     sub = recipe.options
     federation = sub.federation
-    problems = [
-        f"federation.{key}={federation[key]} must be >= 1" for key in ("rounds", "eval_every") if federation[key] < 1
-    ]
+    # every federation setting checked as a fit checks it, from its one declaration
+    problems = Settings.problems({f.name: federation.get(f.name, f.default) for f in fields(Settings)})
     if problems:
         raise ConfigError("Invalid federation settings: " + "; ".join(problems) + ".")
     others = [_compare_strategy(name) for name in compare]

@@ -207,8 +207,8 @@ class FeatureCache:
             generator=loader.generator,
             drop_last=loader.drop_last,
             # torch types collate_fn as taking a list of samples; __getitems__ gives it one tuple.
-            collate_fn=_collate,
-        )  # type: ignore[arg-type]
+            collate_fn=_collate,  # type: ignore[arg-type]
+        )
 
     def _features(self, client_id: str, split: str, loader: DataLoader) -> tuple[Tensor, Tensor]:
         key = (client_id, split)
