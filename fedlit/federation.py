@@ -5,7 +5,7 @@
 run's life to the engine: :func:`~fedlit.engine.loop.lifecycle.fit` runs the rounds
 (:mod:`fedlit.engine.loop.rounds`),
 each
-client's turn over a :class:`~fedlit.engine.loop.client.ClientContext` (:mod:`fedlit.engine.loop.client`), the
+client's turn over a :class:`~fedlit.engine.loop.client_context.ClientContext` (:mod:`fedlit.engine.loop.client`), the
 evaluation and the report (:mod:`fedlit.engine.loop.evaluate`, :mod:`fedlit.engine.loop.results`), checkpoints and
 resume (:mod:`fedlit.engine.loop.resume`); where the clients' turns run is ``Federation.executor`` (this process, the
 ranks of a multi-device run, a Flower deployment). A Federation is the engine's :class:`~fedlit.engine.loop.run.Run`;

@@ -25,9 +25,7 @@ from tests.children import run_child
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedlit"
 TESTS = ROOT / "tests"
-# 400 lines in the compact style the code had before `ruff format`; the formatter spreads the same code over about
-# 17 % more lines (32.8k -> 38.2k), so the same limit reads 470.
-MAX_LINES = 470
+MAX_LINES = 400
 
 #: Files allowed over MAX_LINES, path relative to the repository -> why. Remove an entry once its file is split.
 ALLOWED_LONG: dict[str, str] = {}

@@ -11,10 +11,12 @@ from typing import Literal
 
 from jsonargparse import ArgumentParser
 
-from fedlit.config.costing import CostJob, estimate, estimate_costs, format_table
+from fedlit.config.cost_table import format_table
+from fedlit.config.costing import CostJob, estimate, estimate_costs
 from fedlit.config.parser import load, recipe_parser
 
-#: What this module defines, and the names it re-exports from :mod:`fedlit.config.costing` (their home before).
+#: What this module defines, and the names it re-exports from :mod:`fedlit.config.costing` and
+#: :mod:`fedlit.config.cost_table` (their home before).
 __all__ = ["HELP", "CostJob", "add_arguments", "command", "estimate_costs", "format_table", "parser"]
 
 

@@ -29,7 +29,7 @@ from fedlit.config.build import build_run, remove_if_empty
 from fedlit.config.costing import CostJob, estimate
 from fedlit.config.parser import load, recipe_parser, root_parser
 from fedlit.config.resolve import resolve_run
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, broken
 from fedlit.federation import Federation
 
 HELP = {
@@ -109,7 +109,8 @@ class FitJob:
         try:
             if self.subcommand == "fit":
                 return self.federation.fit(ckpt_path=self.ckpt_path)
-            assert self.ckpt_path is not None  # validate and test resolve a checkpoint (last by default)
+            if not (self.ckpt_path is not None):  # validate and test resolve a checkpoint (last by default)
+                raise broken("validate and test resolve a checkpoint (last by default)")
             return self.federation.evaluate(self.subcommand.replace("validate", "val"), ckpt_path=self.ckpt_path)
         finally:
             remove_if_empty(self.created)

@@ -10,7 +10,7 @@ multi-device run and on a Flower node. A server-side hook (``on_fit_start``, ``o
 history and the round's log, all read-only, and :meth:`ServerContext.request_stop` to end the run after the round.
 Neither exposes the engine's run: a hook that needs more asks for a hook argument.
 
-The engine implements both (:class:`fedlit.engine.loop.client.ClientContext` subclasses :class:`ClientContext`;
+The engine implements both (:class:`fedlit.engine.loop.client_context.ClientContext` subclasses :class:`ClientContext`;
 :meth:`fedlit.engine.loop.run.Run.server_context` builds a :class:`ServerContext` over the run).
 """
 

@@ -36,3 +36,9 @@ class RunDirError(FedlitError, ValueError):
 
 class NonFiniteError(FedlitError, RuntimeError):
     """Every client of a round produced a non-finite update: the run stops, its last good checkpoint kept."""
+
+
+def broken(guarantee: str) -> RuntimeError:
+    """The error for a guarantee of fedlit's own code that did not hold (a bug, not bad input): raised in place of an
+    ``assert``, which ``python -O`` would remove. ``guarantee`` says why the condition should have held."""
+    return RuntimeError(f"fedlit internal error (please report it): a guarantee did not hold: {guarantee}.")

@@ -50,6 +50,8 @@ from typing import Literal, get_args
 from torch import nn
 from typing_extensions import override
 
+from fedlit.core.errors import broken
+
 Role = Literal["frozen", "shared", "personal"]
 ROLES: tuple[str, ...] = get_args(Role)
 
@@ -199,7 +201,8 @@ class RoleRule:
         if self.first is not None:
             keep = set(depths[: self.first])
         else:
-            assert self.last is not None  # one of first and last is set (both None returned above)
+            if not (self.last is not None):  # one of first and last is set (both None returned above)
+                raise broken("one of first and last is set (both None returned above)")
             keep = set(depths[-self.last :])
         return [n for n in matched if depth_of.get(n) in keep]
 

@@ -19,6 +19,7 @@ from fedlit.data.common.partition import (
 )
 from fedlit.data.common.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType
 from fedlit.data.common.samples import ImageFile, SampleList, SampleSubset, split_samples
+from fedlit.data.common.segmentation_pairs import MaskedImageFile, PairFlip, PairRandomCrop
 from fedlit.data.common.splits import SPLITS, check_split_fractions, split_clients, split_sizes, stratified_split
 from fedlit.data.folders import SiteFolders
 from fedlit.data.heart_disease import FedHeartDisease
@@ -30,7 +31,7 @@ from fedlit.data.prostate_volumes import FedProstateVolumes
 from fedlit.data.ptbxl import PTBXL
 from fedlit.data.pubmed_rct import PubMedRCT
 from fedlit.data.respiratory import ICBHI, SPRSound
-from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices, MaskedImageFile, PairFlip, PairRandomCrop
+from fedlit.data.segmentation_sites import FedFundus, FedProstateSlices
 from fedlit.data.site_dataset import SiteDataset
 from fedlit.data.survival import SyntheticSurvival
 from fedlit.data.synthetic import SyntheticImages

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from fedlit.core.errors import ConfigError, DataError
+from fedlit.core.errors import ConfigError, DataError, broken
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
 from fedlit.data.common.partition import Dirichlet, Natural, Partitioner
 from fedlit.data.common.samples import SampleList
@@ -172,7 +172,8 @@ class ADFTD(FederatedDataModule):
                     f"{self.root / files[next(iter(files))]} has {channels} at {rate:g} Hz"
                 )
             lengths[subject] = read.length(file)
-        assert rate is not None  # read_participants refuses a file that lists no participant
+        if not (rate is not None):  # read_participants refuses a file that lists no participant
+            raise broken("read_participants refuses a file that lists no participant")
         window, stride = round(self.window_seconds * rate), round(self.stride_seconds * rate)
         read = EEGWindows(str(self.root), window=window, open_files=self.open_files)
         windows = [(s, [files[s], start]) for s in subjects for start in range(0, lengths[s] - window + 1, stride)]

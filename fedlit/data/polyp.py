@@ -21,6 +21,7 @@ from typing_extensions import override
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule
 from fedlit.data.common.samples import SampleList, is_image
+from fedlit.data.common.segmentation_pairs import decode_image, pair_augmentation
 from fedlit.data.common.site_options import (
     check_site_names,
     find_sites,
@@ -29,7 +30,6 @@ from fedlit.data.common.site_options import (
     site_rng,
 )
 from fedlit.data.common.splits import SPLITS, check_split_fractions, split_sizes
-from fedlit.data.segmentation_sites import decode_image, pair_augmentation
 
 _OPTION = "data.init_args"
 _SOURCE = (

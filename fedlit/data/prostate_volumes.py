@@ -25,6 +25,7 @@ from typing_extensions import override
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
 from fedlit.data.common.samples import SampleList
+from fedlit.data.common.segmentation_pairs import pair_augmentation
 from fedlit.data.common.site_options import (
     PROSTATE_SAME_SITE,
     PROSTATE_SITES,
@@ -34,7 +35,6 @@ from fedlit.data.common.site_options import (
     site_rng,
 )
 from fedlit.data.common.splits import SPLITS, check_split_fractions, split_sizes
-from fedlit.data.segmentation_sites import pair_augmentation
 
 _OPTION = "data.init_args"
 # CaseXX.nii.gz (image) and CaseXX_segmentation.nii.gz / CaseXX_Segmentation.nii.gz (mask); .nii too.

@@ -9,43 +9,37 @@ by Dirichlet(0.1) label skew, and each client 4:3:3 into train/val/test.
 
 from __future__ import annotations
 
-import json
 import os
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal
 
 import numpy as np
 import torch
 from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, DataError
-from fedlit.data.audio_clips import AudioClip, clip_identity, soundfile
+from fedlit.data.audio_clips import AudioClip
 from fedlit.data.common.datamodule import FederatedDataModule, is_int
 from fedlit.data.common.partition import Dirichlet, Natural, Partitioner
 from fedlit.data.common.samples import SampleList
 from fedlit.data.common.splits import SPLITS, check_split_fractions, stratified_split
+from fedlit.data.respiratory_annotations import (
+    ICBHI_CLASSES,
+    ICBHI_SPLIT_FILE,
+    ICBHI_URL,
+    SPRSOUND_CLASSES,
+    SPRSOUND_URL,
+    Cycle,
+    icbhi_cycles,
+    icbhi_official_test,
+    in_test_folder,
+    sprsound_cycles,
+)
 
 __all__ = ["ICBHI", "ICBHI_CLASSES", "SPRSOUND_CLASSES", "SPRSound"]
 
 _OPTION = "data.init_args"
-ICBHI_URL = "https://bhichallenge.med.auth.gr/"
-SPRSOUND_URL = "https://github.com/SJTU-YONGFU-RESEARCH-GRP/SPRSound"
-ICBHI_SPLIT_FILE = "ICBHI_challenge_train_test.txt"
-# Label = crackles + 2 * wheezes (FHBench's numbering).
-ICBHI_CLASSES = ("normal", "crackle", "wheeze", "both")
-# FHBench's numbering of SPRSound's event types.
-SPRSOUND_CLASSES = ("Normal", "Fine Crackle", "Wheeze", "Coarse Crackle", "Wheeze+Crackle", "Rhonchi", "Stridor")
-_SPRSOUND_ALIASES = {"Wheeze & Crackle": "Wheeze+Crackle"}
-
-
-class Cycle(NamedTuple):
-    """One annotated cycle: its identity (``file@start:end``), class, patient and official split (or None)."""
-
-    identity: str
-    label: int
-    patient: str
-    official: str | None = None
 
 
 class _RespiratoryCycles(FederatedDataModule):
@@ -208,25 +202,6 @@ class _RespiratoryCycles(FederatedDataModule):
             },
         }
 
-    def _duration(self, path: Path) -> float:
-        sf = soundfile()
-        try:
-            return float(sf.info(str(path)).duration)
-        except (RuntimeError, sf.LibsndfileError) as err:
-            raise DataError(
-                f"{path}: cannot be read as a sound file ({err}); replace it or remove it and its "
-                f"annotation (download: {self.url})"
-            ) from None
-
-    def _cycle(self, wav: Path, start: float, end: float, duration: float, where: str) -> str:
-        """The identity of a cycle after checking its span against the file's duration."""
-        if not 0 <= start < end or start >= duration:
-            raise DataError(
-                f"{where}: the cycle {start}-{end} s is empty or outside {wav.name} ({duration:.3f} s "
-                "long); fix or drop the line"
-            )
-        return clip_identity(wav.relative_to(self.root).as_posix(), start, end)
-
 
 class ICBHI(_RespiratoryCycles):
     """The ICBHI 2017 Respiratory Sound Database, one sample per annotated respiratory cycle, 4 classes.
@@ -280,58 +255,13 @@ class ICBHI(_RespiratoryCycles):
 
     @override
     def cycles(self) -> list[Cycle]:
-        cycles = []
-        for wav in sorted(self.root.glob("*.wav")):
-            parts = wav.stem.split("_")
-            if len(parts) != 5:
-                raise DataError(
-                    f"{wav}: ICBHI names are <patient>_<index>_<location>_<mode>_<device>.wav (5 parts "
-                    f"joined by _), got {len(parts)}; rename or remove it"
-                )
-            notes = wav.with_suffix(".txt")
-            if not notes.is_file():
-                raise DataError(f"{wav} has no annotation file {notes.name} beside it (download: {ICBHI_URL})")
-            duration = self._duration(wav)
-            for number, line in enumerate(notes.read_text(encoding="utf-8").splitlines(), start=1):
-                fields = line.split()
-                if not fields:
-                    continue
-                try:
-                    start, end = float(fields[0]), float(fields[1])
-                    flags = [int(f) for f in fields[2:]]
-                except (ValueError, IndexError):
-                    flags = []
-                if len(fields) != 4 or len(flags) != 2 or any(f not in (0, 1) for f in flags):
-                    raise DataError(
-                        f"{notes}, line {number}: expected 'start end crackles wheezes' (seconds, then "
-                        f"two 0/1 flags), got {line.strip()!r}"
-                    )
-                identity = self._cycle(wav, start, end, duration, f"{notes}, line {number}")
-                cycles.append(Cycle(identity, flags[0] + 2 * flags[1], parts[0]))
-        return cycles
+        return icbhi_cycles(self.root)
 
     @override
     def official_test(self, cycles: list[Cycle]) -> np.ndarray | None:
         if self.split != "official":
             return None
-        path = self.root / ICBHI_SPLIT_FILE
-        assigned = {}
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            fields = line.split()
-            if not fields:
-                continue
-            if len(fields) != 2 or fields[1] not in ("train", "test"):
-                raise DataError(f"{path}, line {number}: expected '<recording name> train|test', got {line!r}")
-            assigned[fields[0].removesuffix(".wav")] = fields[1]
-        test = []
-        for cycle in cycles:
-            name = Path(cycle.identity.rpartition("@")[0]).stem
-            if name not in assigned:
-                raise DataError(
-                    f"{path} does not list the recording {name}; add it (train or test) or remove the recording"
-                )
-            test.append(assigned[name] == "test")
-        return np.array(test, dtype=bool)
+        return icbhi_official_test(self.root, cycles)
 
 
 class SPRSound(_RespiratoryCycles):
@@ -358,7 +288,7 @@ class SPRSound(_RespiratoryCycles):
 
     @override
     def check_official_split(self) -> None:
-        if not any(_in_test_folder(self.root, p) for p in self.root.rglob("*.json")):
+        if not any(in_test_folder(self.root, p) for p in self.root.rglob("*.json")):
             raise DataError(
                 f"{_OPTION}.split=official needs SPRSound's test annotations in a folder named test... "
                 f"under {self.root} (e.g. test2022_json/, from {SPRSOUND_URL}); add them or use split: "
@@ -371,52 +301,4 @@ class SPRSound(_RespiratoryCycles):
 
     @override
     def cycles(self) -> list[Cycle]:
-        wavs: dict[str, Path] = {}
-        for wav in sorted(self.root.rglob("*.wav")):
-            wavs.setdefault(wav.stem, wav)
-        index = {name: i for i, name in enumerate(SPRSOUND_CLASSES)}
-        cycles = []
-        for notes in sorted(self.root.rglob("*.json")):
-            try:
-                record = json.loads(notes.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as err:
-                raise DataError(
-                    f"{notes}: not a JSON annotation ({err}); download it again from {SPRSOUND_URL}"
-                ) from None
-            events = record.get("event_annotation") if isinstance(record, dict) else None
-            if not isinstance(events, list):
-                raise DataError(
-                    f"{notes}: no event_annotation list; SPRSound annotations hold "
-                    '{"event_annotation": [{"start", "end", "type"}, ...]}; remove other JSON '
-                    "files from the root"
-                )
-            if not events:
-                continue
-            recording = wavs.get(notes.stem)
-            if recording is None:
-                raise DataError(f"{notes}: no recording {notes.stem}.wav under {self.root} (download: {SPRSOUND_URL})")
-            duration = self._duration(recording)
-            for number, event in enumerate(events):
-                where = f"{notes}, event {number}"
-                kind: Any = event.get("type") if isinstance(event, dict) else None  # anything the JSON holds
-                kind = _SPRSOUND_ALIASES.get(kind, kind)
-                if kind not in index:
-                    raise DataError(f"{where}: type {kind!r} is not one of {list(SPRSOUND_CLASSES)}")
-                try:
-                    start, end = float(event["start"]) / 1000, float(event["end"]) / 1000
-                except (KeyError, TypeError, ValueError):
-                    raise DataError(f"{where}: start and end must be times in ms, got {event!r}") from None
-                cycles.append(
-                    Cycle(
-                        self._cycle(recording, start, end, duration, where),
-                        index[kind],
-                        notes.stem.split("_")[0],
-                        "test" if _in_test_folder(self.root, notes) else "train",
-                    )
-                )
-        return cycles
-
-
-def _in_test_folder(root: Path, path: Path) -> bool:
-    """Whether a folder between ``root`` and ``path`` is named ``test...`` (SPRSound's test releases)."""
-    return any(part.lower().startswith("test") for part in path.relative_to(root).parent.parts)
+        return sprsound_cycles(self.root)

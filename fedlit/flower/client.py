@@ -8,8 +8,8 @@ launches one task per message) and keeps ``context.state`` between them. fedlit'
 the client is built from the recipe (:func:`node_run`: model, data, strategy and callbacks straight from the run
 config's recipe, with the same seed and overrides as the server, no command line and no recipe file; a
 :class:`ClientRuntime` sets them up as a run of one client that never fits by itself and builds that client's
-:class:`~fedlit.engine.loop.client.ClientContext`, which every turn and evaluation takes), restores the client's store
-entry (its personal tensors, optimizer state and the per-client state of the strategy and callbacks) from the
+:class:`~fedlit.engine.loop.client_context.ClientContext`, which every turn and evaluation takes), restores the client's
+store entry (its personal tensors, optimizer state and the per-client state of the strategy and callbacks) from the
 snapshots before every message, answers, and saves the entry again, so a kept client answers as a fresh one. The
 entry (a ``torch.save`` of :meth:`~fedlit.core.store.ClientStore.client_state`, loaded with ``weights_only=True``)
 is kept per round (:class:`~fedlit.flower.snapshots.Snapshots`, so a resumed server finds the state of its

@@ -48,6 +48,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.common.serde import context_to_proto, message_to_proto, recorddict_from_proto
 
+from fedlit.core.errors import broken
+
 #: Node config keys of the worker, with their defaults.
 WORKER, IDLE = "worker", "worker-idle-s"
 DEFAULT_IDLE_S = 600.0
@@ -233,7 +235,8 @@ def answer(msg: Message, context: Context, watch_pid: int | None = None) -> Mess
         return Message(error_content(f"the node's fedlit worker failed: {type(err).__name__}: {err}"), reply_to=msg)
     if raised is not None:
         raise WorkerRaised(raised)
-    assert content is not None  # ask_worker gives the content or what answering raised
+    if not (content is not None):  # ask_worker gives the content or what answering raised
+        raise broken("ask_worker gives the content or what answering raised")
     return Message(content, reply_to=msg)
 
 

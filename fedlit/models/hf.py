@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch import Tensor, nn
 from typing_extensions import override
 
-from fedlit.core.errors import ConfigError, InputFileError
+from fedlit.core.errors import ConfigError, InputFileError, broken
 from fedlit.models.backbones import Backbone, _raise_if
 from fedlit.models.lora import LoRA
 from fedlit.models.weights import check_weights_name, resolve_weights
@@ -239,7 +239,8 @@ class TransformersEncoder(nn.Module):
     def hf_model(self) -> nn.Module:
         """The wrapped transformers model."""
         model = self._modules[self.prefix]
-        assert model is not None  # registered by __init__
+        if not (model is not None):  # registered by __init__
+            raise broken("registered by __init__")
         return model
 
     @override

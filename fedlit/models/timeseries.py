@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from typing_extensions import override
 
-from fedlit.core.errors import CheckpointError, ConfigError, InputFileError
+from fedlit.core.errors import CheckpointError, ConfigError, InputFileError, broken
 from fedlit.models.backbones import Backbone, _raise_if
 from fedlit.models.lora import LoRA
 from fedlit.models.pretrained import read_state_dict
@@ -168,7 +168,8 @@ class MomentEncoder(Backbone):
         problems = ["no t5_config"] if not isinstance(t5, dict) else _t5_problems(t5, "t5_config", known_only=False)
         if problems:
             raise CheckpointError(f"{config_file}: {'; '.join(problems)}; this is not a MOMENT config.json")
-        assert isinstance(t5, dict)  # no problems means a t5_config dict
+        if not (isinstance(t5, dict)):  # no problems means a t5_config dict
+            raise broken("no problems means a t5_config dict")
         module = TimeSeriesEncoder(
             t5,
             patch_len=int(moment.get("patch_len", self.patch_len)),

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from typing_extensions import override
 
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, broken
 from fedlit.core.roles import RoleRule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
@@ -235,7 +235,8 @@ class ClassificationModule(FederatedModule):
             out = {name: float(value) for name, value in self.metrics.compute().items()}
         out["loss"] = self._loss_sum / self._loss_count
         positives = self._positives
-        assert positives is not None  # counted by every batch that counted the loss
+        if not (positives is not None):  # counted by every batch that counted the loss
+            raise broken("counted by every batch that counted the loss")
         if self.task == "multiclass":
             undefined = bool((positives > 0).sum() < 2)
         else:

@@ -28,7 +28,8 @@ A run whose ``results.json`` or ``metrics.csv`` is missing or unreadable is name
 for ``metrics.csv``, left out of the curves); the report fails only when no run can be read.
 
 The runs are read and the numbers computed in :mod:`fedlit.commands.report.runs` (its names are importable from
-here too); the figures are drawn and the report rendered in :mod:`fedlit.commands.report.figures`.
+here too); the figures are drawn in :mod:`fedlit.commands.report.figures` and the report rendered in
+:mod:`fedlit.commands.report.render`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from pathlib import Path
 
 from fedlit.commands.partition_summary import VECTOR_FORMATS
 from fedlit.commands.report import grid as report_grid
-from fedlit.commands.report.figures import build, markdown, to_html
+from fedlit.commands.report.figures import build
+from fedlit.commands.report.render import markdown, to_html
 from fedlit.commands.report.runs import (
     NOT_METHOD,
     PROPORTIONS,

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedlit.commands.report.figures import Block, bold_best
+from fedlit.commands.report.figures import bold_best
+from fedlit.commands.report.render import Block
 from fedlit.commands.report.runs import Run, client_values, find_runs, load_run, mean_se, mean_std
 from fedlit.core.errors import ConfigError, DataError
 

@@ -1,8 +1,8 @@
 """The runs that ``fedlit report`` compares, read from their folders, and the numbers it shows: runs found and
 read (:class:`Run`), grouped into methods, per-client tables and per-method summaries (mean, worst client, gain
 over the baseline), and the configuration keys that differ. Nothing here draws or writes; see
-:mod:`fedlit.commands.report` for the command and :mod:`fedlit.commands.report.figures` for the figures and the
-rendering."""
+:mod:`fedlit.commands.report` for the command, :mod:`fedlit.commands.report.figures` for the figures and
+:mod:`fedlit.commands.report.render` for the rendering."""
 
 from __future__ import annotations
 

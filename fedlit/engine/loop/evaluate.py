@@ -38,11 +38,12 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor
 
-from fedlit.core.errors import DataError
+from fedlit.core.errors import DataError, broken
 from fedlit.core.seeding import manual_seed
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine.loop import optim
-from fedlit.engine.loop.client import ClientContext, batch_statistics_layers, load_client, skip_single_sample
+from fedlit.engine.loop.client import batch_statistics_layers, load_client, skip_single_sample
+from fedlit.engine.loop.client_context import ClientContext
 from fedlit.engine.loop.tasks import evaluate_tasks
 from fedlit.engine.records import record
 from fedlit.engine.records.history import summarize
@@ -139,7 +140,8 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     if run.evaluation_reuse is not None:  # clients whose inputs are unchanged keep their last metrics
         results, reused = run.evaluation_reuse.evaluate(run, server_round, tasks)
     else:
-        assert run.executor is not None  # chosen by setup
+        if not (run.executor is not None):  # chosen by setup
+            raise broken("the executor is chosen when the run is set up")
         results, reused = run.executor.evaluate(run, server_round, tasks), None
     for client_id, result in zip(clients, results, strict=True):
         download += result.download_bytes

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedlit.engine.loop.client import ClientContext, ClientTurn, train_client
+from fedlit.engine.loop.client import ClientTurn, train_client
+from fedlit.engine.loop.client_context import ClientContext
 from fedlit.engine.loop.evaluate import GLOBAL, evaluate_client
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from fedlit.core.checkpoint_io import load_checkpoint
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, broken
 from fedlit.core.names import check_client_ids
 from fedlit.engine.loop import ranks, results, resume, rounds
 from fedlit.engine.loop.channels import channel_problem
@@ -222,7 +222,8 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
                     )
             out = results.report(run)
         finally:
-            assert run.executor is not None  # chosen by setup
+            if not (run.executor is not None):  # chosen by setup
+                raise broken("the executor is chosen when the run is set up")
             run.executor.teardown(run)
         energy.stop(run)
         run.hooks.call("on_fit_end", trainer=run.server_context(), pl_module=run.module)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-from fedlit.core.errors import CheckpointError, ConfigError
+from fedlit.core.errors import CheckpointError, ConfigError, broken
 
 if TYPE_CHECKING:
     from fedlit.module import FederatedModule
@@ -134,7 +134,8 @@ class RoundSchedule:
     """
 
     def __init__(self, local: LocalOptimizer) -> None:
-        assert local.scheduler is not None  # an interval comes with a scheduler
+        if not (local.scheduler is not None):  # an interval comes with a scheduler
+            raise broken("an interval comes with a scheduler")
         self.optimizer, self.scheduler = local.optimizer, local.scheduler
 
     def apply(self, optimizer: Optimizer) -> None:

@@ -51,7 +51,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fedlit.engine.loop.client import ClientContext, ClientTurn
+from fedlit.engine.loop.client import ClientTurn
+from fedlit.engine.loop.client_context import ClientContext
 from fedlit.engine.loop.executor import run_evaluate_task, run_fit_task
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlit.core.checkpoint_io import BEST
-from fedlit.core.errors import DataError
+from fedlit.core.errors import DataError, broken
 from fedlit.core.files import write_text_atomic
 from fedlit.engine.loop import resume
 from fedlit.engine.loop.evaluate import GLOBAL, UNSEEN, evaluate_unseen, unseen_scalars
@@ -51,7 +51,8 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
     global_per_client: dict[str, dict[str, float]] = {}
     clients = run.evaluated_client_ids
     tasks = evaluate_tasks(run.strategy, run.state.round, clients, (split,))
-    assert run.executor is not None  # chosen by setup
+    if not (run.executor is not None):  # chosen by setup
+        raise broken("the executor is chosen when the run is set up")
     for client_id, evaluation in zip(clients, run.executor.evaluate(run, run.state.round, tasks), strict=True):
         if evaluation.metrics.get(split):
             per_client[client_id] = evaluation.metrics[split]

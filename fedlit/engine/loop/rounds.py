@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedlit.core.checkpoint_io import LAST
-from fedlit.core.errors import FedlitError, NonFiniteError
+from fedlit.core.errors import FedlitError, NonFiniteError, broken
 from fedlit.core.names import table_cell
 from fedlit.core.roles import role_summary_table
 from fedlit.core.tensors import nbytes as state_nbytes
@@ -74,7 +74,8 @@ def run_round(run: Run, server_round: int) -> None:
     updates, faults = [], []
     upload = download = 0
     tasks = fit_tasks(run.strategy, server_round, selected)
-    assert run.executor is not None  # chosen by setup
+    if not (run.executor is not None):  # chosen by setup
+        raise broken("the executor is chosen when the run is set up")
     turns = run.executor.fit(run, server_round, tasks)
     for task, turn in zip(tasks, turns, strict=True):
         client_id = task.client_id

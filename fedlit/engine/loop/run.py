@@ -7,8 +7,8 @@ faults, stop; its settings are ``run.settings``. The engine's server-side functi
 (:mod:`fedlit.engine.loop.lifecycle`, :mod:`~fedlit.engine.loop.rounds`, :mod:`~fedlit.engine.loop.evaluate`,
 :mod:`~fedlit.engine.loop.resume`...) take it. Hooks never see it: server-side hooks receive a read-only
 :class:`~fedlit.core.contexts.ServerContext` over it as ``trainer`` (:meth:`Run.server_context`), and the run hands
-each client's turn a :class:`~fedlit.engine.loop.client.ClientContext` (:meth:`Run.client_context`). The facade users
-build extends it (``fedlit.federation``).
+each client's turn a :class:`~fedlit.engine.loop.client_context.ClientContext` (:meth:`Run.client_context`). The
+facade users build extends it (``fedlit.federation``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
 from fedlit.core.seeding import derive_seed, num_selected
 from fedlit.core.store import ClientStore
-from fedlit.engine.loop.client import ClientContext, ClientTurn
+from fedlit.engine.loop.client import ClientTurn
+from fedlit.engine.loop.client_context import ClientContext
 from fedlit.engine.loop.hooks import Hooks
 from fedlit.engine.loop.protocols import DataSource
 from fedlit.engine.loop.settings import Settings

@@ -3,7 +3,8 @@
 Each field of :class:`Settings` is declared once, by :func:`setting`: its default, its help text, its simple
 bounds and whether a resumed run may change it. From that declaration come the class's documentation (which
 jsonargparse reads for ``fedlit fit --help``), the bounds and choices :meth:`Settings.problems` checks, the
-settings a resume may change (:data:`RESUMABLE`) and the table of ``docs/runs.md`` (:func:`settings_table`).
+settings a resume may change (:data:`RESUMABLE`) and the table of ``docs/runs.md`` (:func:`settings_table`);
+:func:`setting` and the documentation it generates are in :mod:`fedlit.engine.loop.settings_doc`.
 :class:`Settings` is the schema of the ``federation`` section and of the facade's keyword settings
 (``rounds=3``...); every problem is collected and reported in one :class:`~fedlit.core.errors.ConfigError` naming
 the options as spelled in a recipe. :class:`LocalSettings` is the part a client's turn reads.
@@ -11,56 +12,15 @@ the options as spelled in a recipe. :class:`LocalSettings` is the part a client'
 
 from __future__ import annotations
 
-import json
-import re
-import textwrap
 import typing
 from collections.abc import Collection
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, dataclass, fields
 from typing import Any, Literal
 
 from lightning.fabric.loggers import Logger
 
 from fedlit.core.errors import ConfigError
-
-
-def setting(
-    default: Any,
-    doc: str,
-    *,
-    low: float | None = None,
-    above: float | None = None,
-    integer: bool = False,
-    unit: str = "",
-    note: str = "",
-    resumable: bool = False,
-) -> Any:
-    """Declare one federation setting (a field of :class:`Settings`). None passes the bounds where the field's type
-    allows it; a ``Literal`` type gives the choices :meth:`Settings.problems` checks.
-
-    Args:
-        default: Its default value.
-        doc: Its help text (``--help``, the class documentation, the docs' table).
-        low: The least value allowed (``>= low``), checked by :meth:`Settings.problems`.
-        above: A bound the value must exceed (``> above``).
-        integer: Whether only an int (not a bool, not a float) is allowed.
-        unit: The unit of the bound, in the message (``seconds``).
-        note: What the message adds in parentheses (``or null: no limit``).
-        resumable: Whether a resumed run may change it (:data:`RESUMABLE`); a change of another one would make
-            another experiment.
-    """
-    return field(
-        default=default,
-        metadata={
-            "doc": doc,
-            "low": low,
-            "above": above,
-            "integer": integer,
-            "unit": unit,
-            "note": note,
-            "resumable": resumable,
-        },
-    )
+from fedlit.engine.loop.settings_doc import class_doc, markdown_table, setting
 
 
 @dataclass
@@ -359,35 +319,13 @@ _HINTS = _hints()
 RESUMABLE = frozenset(f.name for f in fields(Settings) if f.metadata["resumable"])
 
 
-def _docstring() -> str:
-    """:class:`Settings`'s documentation, in the Google style jsonargparse reads for ``--help``."""
-    lines = ["The federated loop's settings (each declared once, by :func:`setting`).", "", "Args:"]
-    for declared in fields(Settings):
-        lines += textwrap.wrap(
-            f"{declared.name}: {declared.metadata['doc']}",
-            width=116,
-            initial_indent="    ",
-            subsequent_indent="        ",
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-    return "\n".join(lines) + "\n"
-
-
-Settings.__doc__ = _docstring()
+Settings.__doc__ = class_doc(fields(Settings))
 
 
 def settings_table() -> str:
     """The Markdown table of the ``federation`` settings in ``docs/runs.md``: name, default, whether a resume may
-    change it, and its help text."""
-    rows = ["| setting | default | on resume | what it does |", "|---|---|---|---|"]
-    for declared in fields(Settings):
-        default = declared.default
-        shown = default if isinstance(default, str) else json.dumps(default)
-        doc = re.sub(r":\w+:`~?([^`]+)`", r"``\1``", declared.metadata["doc"]).replace("``", "`").replace("|", "\\|")
-        change = "may change" if declared.metadata["resumable"] else "fixed"
-        rows.append(f"| `{declared.name}` | `{shown}` | {change} | {doc} |")
-    return "\n".join(rows) + "\n"
+    change it, and its help text (see :func:`~fedlit.engine.loop.settings_doc.markdown_table`)."""
+    return markdown_table(fields(Settings))
 
 
 def seed_problem(seed: Any) -> str | None:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, broken
 from fedlit.core.names import table_cell
 
 if TYPE_CHECKING:
@@ -152,7 +152,8 @@ def gain(
 ) -> dict[str, Any]:
     """:func:`gain_over_local` of ``run`` over its ``baseline_run`` (checked by :func:`load`), with how they were
     compared: ``compare`` (``strict`` or ``any``) and, under ``any``, the ``differences`` that were let through."""
-    assert run.baseline_run is not None  # asked for only with a baseline run
+    if not (run.baseline_run is not None):  # asked for only with a baseline run
+        raise broken("asked for only with a baseline run")
     results = load(run.baseline_run, run)
     out = gain_over_local(clients, server_round, selection, results, run.module.higher_is_better)
     out["compare"] = run.baseline_compare

@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampl
 from typing_extensions import override
 
 from fedlit.core.checkpoint_io import save_checkpoint
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, broken
 from fedlit.data.common.datamodule import FederatedDataModule, SplitName
 from fedlit.data.common.samples import SampleList
 from fedlit.engine.loop.client import batch_statistics_layers
@@ -68,7 +68,8 @@ def feature_data(run: Run) -> FeatureCache | None:
             stacklevel=2,
         )
         return None
-    assert isinstance(run.datamodule, FederatedDataModule)  # cache_problem refuses other data
+    if not (isinstance(run.datamodule, FederatedDataModule)):  # cache_problem refuses other data
+        raise broken("cache_problem refuses other data")
     return FeatureCache(run.datamodule, run.module, run.fabric, run.out_dir / FOLDER if mode == "disk" else None)
 
 
@@ -230,7 +231,8 @@ class FeatureCache:
         module, fabric = self.module, self.fabric
         precision = fabric.strategy.precision
         name = module.feature_extractor
-        assert name is not None  # cache_problem refuses a module without one
+        if not (name is not None):
+            raise broken("cache_problem refuses a module without one")
         extractor = getattr(module, name)
         # Its own generator: the run's global random stream stays as the uncached run leaves it.
         reader = DataLoader(
@@ -272,10 +274,12 @@ class FeatureCache:
     def _path(self, client_id: str, split: str) -> Path:
         """The file of a client's split, named by what its features depend on: the extractor (class, tensors), the
         precision, the split's transform and samples."""
-        assert self.folder is not None  # only a disk cache has files
+        if not (self.folder is not None):
+            raise broken("only a disk cache has files")
         if self._fingerprint is None:
             name = self.module.feature_extractor
-            assert name is not None  # cache_problem refuses a module without one
+            if not (name is not None):
+                raise broken("cache_problem refuses a module without one")
             frozen = {n: t for n, t in self.module.named_tensors("frozen").items() if n.startswith(f"{name}.")}
             self._fingerprint = f"{type(getattr(self.module, name)).__qualname__}:{fingerprint(frozen)}"
         built = self.data.data

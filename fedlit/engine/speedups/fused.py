@@ -24,11 +24,12 @@ import torch
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from fedlit.core.errors import ConfigError, DataError
+from fedlit.core.errors import ConfigError, DataError, broken
 from fedlit.core.tensors import first_non_finite
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine.loop import client as client_turn
-from fedlit.engine.loop.client import ClientContext, ClientTurn, load_client
+from fedlit.engine.loop.client import ClientTurn, load_client
+from fedlit.engine.loop.client_context import ClientContext
 from fedlit.engine.loop.executor import LocalExecutor, run_evaluate_task, run_fit_task
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask
 from fedlit.engine.speedups.fused_eval import evaluate_group, fuses_evaluation, fuses_task
@@ -225,7 +226,8 @@ def train_group(
             vars(strategy).update(turn.callback_state)
             end = None if turn.failed else guard(turn, lambda turn=turn: _finish(turn, server_round))
             if end is None:
-                assert turn.failed is not None  # guard gives None only for a failed turn
+                if not (turn.failed is not None):  # guard gives None only for a failed turn
+                    raise broken("guard gives None only for a failed turn")
                 results.append(turn.failed)
             else:
                 results.append(end)
@@ -281,7 +283,8 @@ def _batches(ctx: ClientContext, loader: Any) -> Iterator[Any]:
 
 def _next_batch(turn: _Turn) -> None:
     """Draw the client's next batch under its own global random stream (a data transform may read it)."""
-    assert turn.rng is not None and turn.stream is not None  # set by _start
+    if not (turn.rng is not None and turn.stream is not None):
+        raise broken("_start sets the turn's random state and stream")
     torch.set_rng_state(turn.rng)
     try:
         batch = next(turn.stream, None)

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, broken
 from fedlit.core.tensors import nbytes as state_nbytes
-from fedlit.engine.loop.client import ClientContext, load_client
+from fedlit.engine.loop.client import load_client
+from fedlit.engine.loop.client_context import ClientContext
 from fedlit.engine.loop.evaluate import GLOBAL, eval_loaders
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask
 from fedlit.engine.speedups.fused_model import ClientParameters
@@ -151,7 +152,8 @@ def _forward_split(module: Any, params: ClientParameters, models: list[_Model], 
 def _metrics(model: _Model) -> dict[str, dict[str, float]]:
     """The model's metrics per split, from its kept logits, as ``validation_step`` would have accumulated them."""
     module, out = model.ctx.module, {}
-    assert isinstance(module, ClassificationModule)  # the executor fuses only such modules (see above)
+    if not (isinstance(module, ClassificationModule)):  # the executor fuses only such modules (see above)
+        raise broken("the executor fuses only such modules (see above)")
     for split, outputs in model.outputs.items():
         module.reset_metrics()
         with torch.no_grad(), model.ctx.autocast():

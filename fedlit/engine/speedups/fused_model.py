@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedlit.core.errors import ConfigError
+from fedlit.core.errors import ConfigError, broken
 from fedlit.module import FederatedModule
 
 #: Train-mode layers whose output for a sample would depend on the other samples of the batch.
@@ -102,7 +102,8 @@ class ClientParameters:
         self.live: dict[str, nn.Parameter] = {}
         for n, (owner, leaf) in self.owners.items():
             param = owner._parameters[leaf]
-            assert param is not None  # named by trainable_names, so a parameter
+            if not (param is not None):  # named by trainable_names, so a parameter
+                raise broken("a name from trainable_names is a parameter")
             self.live[n] = param
         self.clients: list[dict[str, nn.Parameter]] = [
             {n: nn.Parameter(p.detach().clone()) for n, p in self.live.items()} for _ in range(num_clients)

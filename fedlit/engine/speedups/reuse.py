@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from lightning.pytorch import Callback
 
+from fedlit.core.errors import broken
 from fedlit.core.tensors import digest
 from fedlit.engine.loop.executor import LocalExecutor
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask
@@ -62,14 +63,16 @@ class EvaluationReuse:
         memo: dict[tuple[int, int], bytes] = {}
         roles = run.module.parameter_roles()
         frozen = digest({n: b for n, b in run.module.named_buffers() if roles.get(n) == "frozen"}, memo)
-        assert frozen is not None  # a dict of tensors always has a digest
+        if not (frozen is not None):  # a dict of tensors always has a digest
+            raise broken("a dict of tensors always has a digest")
         keys = [None if task.finetune_steps else _task_key(run, task, frozen, memo) for task in tasks]
         stale = [
             i
             for i, (task, key) in enumerate(zip(tasks, keys, strict=True))
             if key is None or self.kept.get(task.client_id, (None,))[0] != key
         ]
-        assert run.executor is not None  # attach() runs after the executor is chosen
+        if not (run.executor is not None):
+            raise broken("attach() runs after the executor is chosen")
         fresh = run.executor.evaluate(run, server_round, [tasks[i] for i in stale])
         results: list[EvaluateResult | None] = [None] * len(tasks)
         for i, result in zip(stale, fresh, strict=True):

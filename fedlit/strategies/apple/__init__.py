@@ -72,7 +72,6 @@ Communication counts the own core in the download (the client holds it already).
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Any, Literal, cast
 
 import torch
@@ -82,11 +81,13 @@ from typing_extensions import override
 from fedlit.core.contexts import Batch, ClientContext, ServerContext, StepOutput
 from fedlit.core.errors import ConfigError
 from fedlit.module import FederatedModule
+from fedlit.strategies.apple.downloads import is_limited, keep_and_request, with_kept_cores
 from fedlit.strategies.apple.equations import (
     apple_download_choice,
     apple_mix,
     apple_proximal,
     apple_proximal_coefficient,
+    initial_cores,
     reinitialized_parameters,
     swapped_parameters,
 )
@@ -190,22 +191,9 @@ class APPLE(Strategy):
         sizes = [float(trainer.num_examples(c, "train")) for c in self.client_ids]
         self.p0 = normalized_weights(sizes).to(torch.float64)
         if self.core_init == "own" and pl_module is not None and not self.starts and not self.cores:
-            self._draw_starts(trainer, pl_module)
-
-    def _draw_starts(self, trainer: ServerContext, pl_module: FederatedModule) -> None:
-        names = self.shared_parameter_names()
-        kept: list[str] = []
-        for client_id in self.client_ids:
-            drawn, kept = reinitialized_parameters(pl_module, names, trainer.derive_seed("apple-core", client_id))
-            self.starts[client_id] = {**self.initial, **{n: t.to(self.initial[n].device) for n, t in drawn.items()}}
-        left = [n for n in kept if n in names]
-        if len(left) == len(names) and names:
-            warnings.warn(
-                "APPLE core_init='own': no shared parameter could be re-initialized (constant, or their "
-                "layers have no reset_parameters()): every core starts equal, as with core_init='shared'.",
-                stacklevel=2,
-            )
-        self.global_state = weighted_average([self.starts[c] for c in self.client_ids], self.p0.tolist())
+            names = self.shared_parameter_names()
+            self.starts = initial_cores(pl_module, names, self.initial, self.client_ids, trainer.derive_seed)
+            self.global_state = weighted_average([self.starts[c] for c in self.client_ids], self.p0.tolist())
 
     def coefficient(self, server_round: int) -> float:
         """``coef(r)`` of round ``server_round`` (r = server_round - 1)."""
@@ -221,7 +209,7 @@ class APPLE(Strategy):
         return self.cores.get(client_id) or self.starts.get(client_id) or self.initial
 
     def _limited(self) -> bool:
-        return self.max_downloads is not None and self.max_downloads + 1 < len(self.client_ids)
+        return is_limited(self.max_downloads, len(self.client_ids))
 
     @override
     def configure_client(self, server_round: int, client_id: str) -> dict[str, Tensor]:
@@ -312,12 +300,12 @@ class APPLE(Strategy):
         device = next(iter(params.values())).device if params else torch.device("cpu")
         clients = list(received_extras["clients"])
         own = clients.index(client_id)
-        limited = self.max_downloads is not None and self.max_downloads + 1 < len(clients)
+        limited = is_limited(self.max_downloads, len(clients))
         p0 = received_extras["p0"].to(device, torch.float32)
         first = "p" not in client_state
         received = received_extras["cores"]
         if limited:  # the cores not downloaded: their last downloaded values, kept on the client
-            received = {**client_state.get("cores", {}), **received}
+            received = with_kept_cores(received, client_state)
         others = {j: {n: t.to(device, params[n].dtype) for n, t in core.items()} for j, core in received.items()}
         p = (p0.clone() if first else client_state["p"].to(device, torch.float32).clone()).requires_grad_(True)
         self._turn = {
@@ -393,24 +381,10 @@ class APPLE(Strategy):
         p = turn["p"].detach().to(store, copy=True)
         client_state["p"] = p
         if turn["limited"]:  # committed here, so a quarantined turn leaves the client's state as it was
-            cache = client_state.setdefault("cores", {})
-            touched = client_state.setdefault("touched", torch.eye(len(turn["clients"]), dtype=torch.bool)[turn["own"]])
-            for j, core in turn["received"].items():
-                cache[j] = {n: t.detach().to(store, copy=True) for n, t in core.items()}
-                if not turn["first"]:  # the first turn's download is the initial cores
-                    touched[turn["clients"].index(j)] = True
-            generator = torch.Generator().manual_seed(client.derive_seed("apple", server_round, client_id))
-            request = apple_download_choice(
-                p,
-                turn["own"],
-                touched,
-                cast(int, self.max_downloads),
-                server_round,
-                generator,
-                lamb=self.lamb,
-                thresh=self.thresh,
+            seed, limit = client.derive_seed("apple", server_round, client_id), cast(int, self.max_downloads)
+            update.extras["request"] = keep_and_request(
+                client_state, turn, p, store, limit, server_round, seed, lamb=self.lamb, thresh=self.thresh
             )
-            update.extras["request"] = torch.tensor(request, dtype=torch.int64)
         self._turn = {}
 
     @override

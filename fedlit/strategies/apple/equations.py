@@ -9,7 +9,8 @@ calls these; they are apart from it only to keep that file under 400 lines.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -160,3 +161,28 @@ def reinitialized_parameters(module: nn.Module, names: Sequence[str], seed: int)
             drawn[name] = initial.clone()
             kept.append(name)
     return drawn, kept
+
+
+def initial_cores(
+    module: nn.Module,
+    names: Sequence[str],
+    initial: Mapping[str, Tensor],
+    client_ids: Sequence[str],
+    derive_seed: Callable[..., int],
+) -> dict[str, dict[str, Tensor]]:
+    """Every client's initial core under APPLE's ``core_init: own``: ``initial`` with the parameters ``names``
+    re-drawn by :func:`reinitialized_parameters` from the seed ``derive_seed("apple-core", client_id)``, on
+    ``initial``'s devices; a warning when none of ``names`` could be re-drawn (every core then starts equal)."""
+    starts: dict[str, dict[str, Tensor]] = {}
+    kept: list[str] = []
+    for client_id in client_ids:
+        drawn, kept = reinitialized_parameters(module, names, derive_seed("apple-core", client_id))
+        starts[client_id] = {**initial, **{n: t.to(initial[n].device) for n, t in drawn.items()}}
+    left = [n for n in kept if n in names]
+    if len(left) == len(names) and names:
+        warnings.warn(
+            "APPLE core_init='own': no shared parameter could be re-initialized (constant, or their "
+            "layers have no reset_parameters()): every core starts equal, as with core_init='shared'.",
+            stacklevel=2,
+        )
+    return starts

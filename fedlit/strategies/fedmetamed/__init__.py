@@ -75,7 +75,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -87,29 +87,7 @@ from fedlit.module import FederatedModule
 from fedlit.strategies.base import ClientUpdate, Strategy
 from fedlit.strategies.common.aggregate import client_weights, weighted_average
 from fedlit.strategies.fedmetamed import equations as F
-
-
-class _Method(nn.Module):
-    """Calls ``module.<method>`` as its ``forward``, so ``functional_call`` can run a training or validation step
-    with other tensors in place of the module's (names prefixed ``module.``)."""
-
-    def __init__(self, module: nn.Module, method: str) -> None:
-        super().__init__()
-        self.module, self.method = module, method
-
-    @override
-    def forward(self, *args: Any) -> Any:
-        return getattr(self.module, self.method)(*args)
-
-
-def _to(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.detach().to(device, copy=True)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(v, device) for v in obj)
-    return obj
+from fedlit.strategies.fedmetamed.personal import MethodCall, detached_to, macro_f1, mirror_optimizer
 
 
 def _two_class(logits: Tensor) -> Tensor:
@@ -296,29 +274,12 @@ class FedMetaMed(Strategy):
             "stages": [],
             "f1": None,
             "mutual": client.local.local_steps is None and client.local.local_epochs < 2,
-            "training_step": _Method(pl_module, "training_step"),
+            "training_step": MethodCall(pl_module, "training_step"),
             "optimizer_state": client_state.get("optimizer") if client.local.optimizer_state == "persist" else None,
         }
 
     def _prefixed(self) -> dict[str, Tensor]:
         return {f"module.{n}": t for n, t in self._turn["personal"].items()}
-
-    def _macro_f1(self, pl_module: FederatedModule, loader: Any, personal: bool) -> float:
-        client = self._turn["client"]
-        step = _Method(pl_module, "validation_step")
-        pl_module.eval()
-        pl_module.reset_metrics()
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
-                batch = client.prepare_batch(batch)
-                with client.autocast():
-                    if personal:
-                        functional_call(step, self._prefixed(), (batch, batch_idx))
-                    else:
-                        pl_module.validation_step(batch, batch_idx)
-        f1 = pl_module.compute_metrics().get("f1", float("nan"))
-        pl_module.set_train_mode()
-        return f1
 
     def _f1_loader(self) -> Any:
         client, client_id = self._turn["client"], self._turn["client_id"]
@@ -344,7 +305,8 @@ class FedMetaMed(Strategy):
             turn["stage"] = F.RETRIEVE
         else:
             loader = self._f1_loader()
-            f1_deputy, f1_personal = self._macro_f1(pl_module, loader, False), self._macro_f1(pl_module, loader, True)
+            f1_deputy = macro_f1(pl_module, turn["client"], loader, None)
+            f1_personal = macro_f1(pl_module, turn["client"], loader, self._prefixed())
             turn["f1"] = [f1_deputy, f1_personal]
             turn["stage"] = F.prr_stage(turn["stage"], f1_deputy, f1_personal, self.alpha1, self.alpha2)
         turn["stages"].append(turn["stage"])
@@ -379,30 +341,11 @@ class FedMetaMed(Strategy):
             return
         inner = getattr(optimizer, "optimizer", optimizer)
         if turn["optimizer"] is None:
-            turn["optimizer"] = self._mirror(pl_module, inner)
+            turn["optimizer"] = mirror_optimizer(pl_module, inner, turn["personal"], turn["optimizer_state"])
         for group, ref in zip(turn["optimizer"].param_groups, inner.param_groups, strict=True):
             group.update({k: v for k, v in ref.items() if k != "params"})
         turn["optimizer"].step()
         turn["optimizer"].zero_grad(set_to_none=True)
-
-    def _mirror(self, pl_module: FederatedModule, inner: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        personal = self._turn["personal"]
-        names = {id(p): n for n, p in pl_module.named_parameters()}
-        groups = [
-            {**{k: v for k, v in g.items() if k != "params"}, "params": [personal[names[id(p)]] for p in g["params"]]}
-            for g in inner.param_groups
-        ]
-        try:
-            mirror = type(inner)(groups, **inner.defaults)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(
-                f"FedMetaMed builds the personal model's optimizer as the local one, but "
-                f"{type(inner).__name__}(params, **defaults) failed ({err}): use a torch.optim "
-                "optimizer in model.init_args.optimizer."
-            ) from err
-        if self._turn["optimizer_state"] is not None:
-            mirror.load_state_dict(self._turn["optimizer_state"])
-        return mirror
 
     def on_client_fit_end(self, update: ClientUpdate, client_state: dict[str, Any], client: ClientContext) -> None:
         """Keep the personal model, the stage (and the personal optimizer's state under ``persist``)."""
@@ -415,7 +358,7 @@ class FedMetaMed(Strategy):
         if turn["f1"] is not None:
             client_state["f1"] = list(turn["f1"])
         if client.local.optimizer_state == "persist" and turn["optimizer"] is not None:
-            client_state["optimizer"] = _to(turn["optimizer"].state_dict(), device)
+            client_state["optimizer"] = detached_to(turn["optimizer"].state_dict(), device)
         self._turn = {}
 
     @override
