@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from fedlit.core.files import write_text_atomic
 from fedlit.core.processes import pid_alive
 from fedlit.flower.clientapp import error_content, recv_frames, send_frames
 
@@ -134,7 +135,7 @@ def serve(path: Path, idle_s: float, watch_pid: int | None = None) -> None:
     listener.listen(16)
     inode = os.stat(path).st_ino
     pid_file = Path(f"{path}.pid")
-    pid_file.write_text(f"{os.getpid()}\n")
+    write_text_atomic(pid_file, f"{os.getpid()}\n")  # a reader never sees it empty
     listener.settimeout(POLL_S)
     last = time.monotonic()
     try:
