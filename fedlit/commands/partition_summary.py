@@ -145,16 +145,18 @@ def plot(summary: dict[str, Any], path: Path, *, title: str | None = None, vecto
         for y, v in enumerate(row):
             if v > 0:
                 ax.scatter(x, y, s=max_area * v / largest, color="tab:blue", alpha=0.7, edgecolors="none")
-                if len(clients) <= LABELLED:  # the count beside its dot (marker size s is an area in points^2)
-                    ax.annotate(
-                        str(v),
-                        (x, y),
-                        textcoords="offset points",
-                        xytext=(math.sqrt(max_area * v / largest) / 2 + 2, 0),
-                        ha="left",
-                        va="center",
-                        fontsize=7,
-                    )
+            else:  # a zero drawn as a small grey cross: no dot would look like a count missing
+                ax.scatter(x, y, s=16, marker="x", color="0.55", linewidths=1)
+            if len(clients) <= LABELLED:  # the count beside its dot (marker size s is an area in points^2)
+                ax.annotate(
+                    str(v),
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(math.sqrt(max_area * v / largest if v > 0 else 16) / 2 + 2, 0),
+                    ha="left",
+                    va="center",
+                    fontsize=7,
+                )
     ax.set_xticks(range(len(clients)))
     ax.set_xticklabels(
         clients,
@@ -169,7 +171,8 @@ def plot(summary: dict[str, Any], path: Path, *, title: str | None = None, vecto
     ax.set_xlabel("client")
     ax.set_ylabel("class" if summary["classes"] else "")
     heading = title if title is not None else f"{summary['dataset']}: train samples per client"
-    ax.set_title(f"{heading}\n(dot area ~ count; largest {largest})", fontsize=9)
+    zero = "; a grey x: zero" if any(v == 0 for row in values for v in row) else ""
+    ax.set_title(f"{heading}\n(dot area ~ count; largest {largest}{zero})", fontsize=9)
     ax.grid(True, color="0.9", zorder=0)
     ax.set_axisbelow(True)
     fig.tight_layout()

@@ -220,7 +220,8 @@ def test_labels_are_drawn_as_plain_text_and_escaped_in_tables(tmp_path: Path) ->
     out = tmp_path / "out"
     report.main([str(tmp_path / "runs"), "--out", str(out)])
     text = (out / "report.md").read_text()
-    assert f"| client | FedAvg ({odd}) | FedAvg (b\\|c) |" in text
+    # methods are named by what sets them apart (their lr); the configuration table's columns by their folders
+    assert "| client | FedAvg lr=0.1 | FedAvg lr=0.2 |" in text and f"| key | {odd} | b\\|c |" in text
     assert f"| {odd} | **0.8000** | 0.7000 |" in text and "| a\\|b | 0.6000 | **0.9000** |" in text
     for figure in ("convergence.png", "cost.png", "partition_seed_0.png"):
         assert (out / figure).stat().st_size > 0

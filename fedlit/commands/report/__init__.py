@@ -1,22 +1,27 @@
 """``fedlit report RUN_OR_EXPERIMENT... [--out DIR] [--metric accuracy] [--baseline Local]``: compare finished runs.
 
 Each argument is a run folder of ``fedlit fit`` (it holds ``results.json``) or a folder searched recursively for
-such run folders (an experiment of several seeds, or several experiments). Runs are grouped into methods by
-their strategy class (``strategy_class`` in ``results.json``), and further by their recipe name where one class
-ran under several recipes; the runs of one method are its seeds. The report (``report.md``, a self-contained
-``report.html`` and the figures as PNG files, each also as a PDF or SVG unless ``--vector none``) holds:
+such run folders (an experiment of several seeds, or several experiments). Runs are grouped into methods by what
+they are, not where they sit: a method is a strategy class (``strategy_class`` in ``results.json``) with one
+configuration (``config.json`` and the recorded strategy arguments, less paths, names and seeds), labelled by what
+sets it apart from the other runs of its class (``FedAvg lr=0.1``); its runs are its seeds, one run per seed
+(:mod:`fedlit.commands.report.methods`). Every ranking follows the direction each metric's module declared
+(``higher_is_better`` in ``results.json``). The report (``report.md``, a self-contained ``report.html`` and the
+figures as PNG files, each also as a PDF or SVG unless ``--vector none``) holds:
 
 - the per-client test metric at the best-validation round and at the last round, mean +- standard error of the
   mean over the k seeds (sample std / sqrt(k)), and for accuracy and balanced accuracy the sampling standard error
   of every cell (its test set's size from the run's ``class_counts.json``): whether a client can resolve a
   difference of a few points at all;
-- per method, the mean and the worst client and, with a run of the baseline strategy among the inputs, the mean
-  individual gain over it (runs paired by seed), each mean +- standard error over seeds;
-- convergence (mean validation metric per round, a min-max band over seeds) and cost (bytes, trainable
-  parameters, the metric against cumulative upload bytes);
-- the partition of each seed (train samples per class and client);
-- the resolved configurations, only the keys that differ (for a run built in Python, whose ``config.json`` has no
-  ``strategy`` or ``callbacks``, the arguments ``results.json`` records of them).
+- per method, the mean and the worst client, FLamby's pooled figure where the runs recorded it and, with a run of
+  the baseline strategy among the inputs, the mean individual gain over it (runs paired by seed; positive is
+  better), each mean +- standard error over seeds;
+- convergence (mean validation metric per round, a min-max band over seeds; the mean training loss per round too
+  where a method has no validation split) and cost (bytes, trainable parameters, the metric against cumulative
+  upload bytes);
+- the partition of each seed (train samples per class and client), drawn once for seeds that share it;
+- the resolved configurations, only the keys that differ, one column per run named by its path (for a run built in
+  Python, whose ``config.json`` has no ``strategy`` or ``callbacks``, the arguments ``results.json`` records).
 
 The output folder of ``fedlit grid`` (it holds ``grid.json``; or any folder with ``--table grid``) adds, first,
 the benchmark's table in FHBench's Table 2 layout: data sets as rows, methods as columns, each cell mean ± standard
@@ -40,13 +45,12 @@ from pathlib import Path
 from fedlit.commands.partition_summary import VECTOR_FORMATS
 from fedlit.commands.report import grid as report_grid
 from fedlit.commands.report.figures import build
-from fedlit.commands.report.render import markdown, to_html
+from fedlit.commands.report.methods import NOT_METHOD, by_method, load_runs, name_methods, run_names, setting
+from fedlit.commands.report.render import markdown, plural, to_html
 from fedlit.commands.report.runs import (
-    NOT_METHOD,
     PROPORTIONS,
     SEED_OR_VERSION,
     Run,
-    by_method,
     client_table,
     client_values,
     config_differences,
@@ -55,10 +59,8 @@ from fedlit.commands.report.runs import (
     held_out_counts,
     higher_is_better,
     load_run,
-    load_runs,
     mean_se,
     mean_std,
-    name_methods,
     read_metrics,
     sampling_se,
     summary,
@@ -86,7 +88,9 @@ __all__ = [
     "mean_std",
     "name_methods",
     "read_metrics",
+    "run_names",
     "sampling_se",
+    "setting",
     "summary",
     "write",
 ]
@@ -145,7 +149,7 @@ def write(
         blocks[2:2] = grid_blocks  # after the title and the list of runs
     write_text_atomic(out / "report.md", markdown(blocks))
     write_text_atomic(out / "report.html", to_html(blocks, f"fedlit report: {metric}"))
-    print(f"fedlit report: {len(runs)} runs -> {out / 'report.md'}, {out / 'report.html'}")
+    print(f"fedlit report: {plural(len(runs), 'run')} -> {out / 'report.md'}, {out / 'report.html'}")
     return out / "report.md"
 
 

@@ -17,7 +17,15 @@ from typing import Any
 
 from fedlit.commands.report.figures import bold_best
 from fedlit.commands.report.render import Block
-from fedlit.commands.report.runs import Run, client_values, find_runs, load_run, mean_se, mean_std
+from fedlit.commands.report.runs import (
+    Run,
+    client_values,
+    find_runs,
+    higher_is_better,
+    load_run,
+    mean_se,
+    mean_std,
+)
 from fedlit.core.errors import ConfigError, DataError
 
 GRID_FILE = "grid.json"  # as fedlit.commands.grid writes it
@@ -84,14 +92,16 @@ def table(
     record: dict[str, Any], cells: dict[tuple[str, str], list[Run]], metric: str
 ) -> tuple[list[str], list[list[str]]]:
     """Table 2: header (``data set``, then the methods) and one row per data set; each cell mean ± standard error
-    of :func:`run_value` over the cell's seeds, the best of the row in bold."""
+    of :func:`run_value` over the cell's seeds, the best of the row in bold (the highest, or the lowest where the
+    runs' modules declare ``metric`` lower-is-better)."""
     methods = list(record["methods"])
+    higher = higher_is_better(metric, (r for runs in cells.values() for r in runs))
     rows = []
     for dataset in record["datasets"]:
         values = {
             m: mean_se([run_value(r, metric) for r in cells[(dataset, m)]]) for m in methods if (dataset, m) in cells
         }
-        rows.append([dataset, *bold_best(values, methods, metric)])
+        rows.append([dataset, *bold_best(values, methods, higher)])
     return ["data set", *methods], rows
 
 

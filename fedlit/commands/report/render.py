@@ -8,11 +8,12 @@ import base64
 import html
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from fedlit.core.names import table_cell
 
-__all__ = ["Block", "fmt", "fmt_count", "markdown", "to_html"]
+__all__ = ["Block", "fmt", "fmt_count", "markdown", "plural", "to_html", "twin"]
 
 
 # A report is a list of blocks: ("h", level, text), ("p", text), ("table", header, rows) with cells as strings
@@ -34,6 +35,16 @@ def fmt_count(mean_std: tuple[float, float]) -> str:
     if math.isnan(mean):
         return "—"
     return f"{mean:,.0f}" if math.isnan(std) or std == 0 else f"{mean:,.0f} ± {std:,.0f}"
+
+
+def twin(path: Path, vector: str | None) -> Path | None:
+    """The vector file written beside the figure ``path`` (None without one)."""
+    return None if vector is None else path.with_suffix(f".{vector}")
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 method``, ``2 methods``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def markdown(blocks: Sequence[Block]) -> str:

@@ -1,8 +1,9 @@
 """The runs that ``fedlit report`` compares, read from their folders, and the numbers it shows: runs found and
-read (:class:`Run`), grouped into methods, per-client tables and per-method summaries (mean, worst client, gain
-over the baseline), and the configuration keys that differ. Nothing here draws or writes; see
-:mod:`fedlit.commands.report` for the command, :mod:`fedlit.commands.report.figures` for the figures and
-:mod:`fedlit.commands.report.render` for the rendering."""
+read (:class:`Run`), per-client tables and per-method summaries (mean, worst client, pooled value, gain over the
+baseline, each ranked the way the runs' modules declared: :func:`higher_is_better`), and the configuration keys
+that differ. Nothing here draws or writes; see :mod:`fedlit.commands.report` for the command,
+:mod:`fedlit.commands.report.methods` for the grouping into methods, :mod:`fedlit.commands.report.figures` for the
+figures and :mod:`fedlit.commands.report.render` for the rendering."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import csv
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,12 @@ class Run:
 
     @property
     def recipe(self) -> str:
-        """The run's name: its folder, or the experiment's folder for ``seed_<s>``/``version_<n>`` folders."""
-        name = self.folder.name
-        return self.folder.parent.name if SEED_OR_VERSION.match(name) else name
+        """The run's experiment: its folder's name, or for ``seed_<s>``/``version_<n>`` folders that of the first
+        folder above them that is neither (``runs/<name>/version_0/seed_1`` -> ``<name>``)."""
+        folder = self.folder
+        while SEED_OR_VERSION.match(folder.name) and folder.parent.name:
+            folder = folder.parent
+        return folder.name
 
     def series(self, split: str, metric: str) -> dict[int, float]:
         """Server rows of ``metrics.csv`` (empty client) for ``split``/``metric``: value per round."""
@@ -157,70 +161,6 @@ def recorded_settings(results: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_runs(paths: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
-    """The readable runs under ``paths``, their methods named, and the warnings about the others.
-
-    Raises:
-        DataError: When no run can be read.
-    """
-    warnings: list[str] = []
-    runs = []
-    for folder in find_runs(paths, warnings):
-        try:
-            runs.append(load_run(folder, warnings))
-        except DataError as err:
-            warnings.append(str(err))
-    if not runs:
-        raise DataError(
-            "fedlit report: no readable run under "
-            + ", ".join(map(str, paths))
-            + (" (" + "; ".join(warnings) + ")" if warnings else "")
-            + ". Give folders of finished `fedlit fit` runs (they hold results.json)."
-        )
-    name_methods(runs)
-    return runs, warnings
-
-
-#: Configuration keys that do not make another method: paths, names and seeds (any key ending in ``seed``).
-NOT_METHOD = ("out_dir", "name", "version", "ckpt_path")
-
-
-def _setting(run: Run) -> str:
-    flat = flatten(run.config)
-    return json.dumps(
-        {k: v for k, v in flat.items() if k not in NOT_METHOD and not k.endswith("seed")}, sort_keys=True, default=str
-    )
-
-
-def name_methods(runs: list[Run]) -> None:
-    """A method is a strategy class (its short name). Runs of one class whose configurations differ beyond
-    seeds and paths are told apart by their recipe name (the folder, or the experiment folder of
-    ``seed_<s>``/``version_<n>`` folders), or by the strategy's settings where the names do not separate them."""
-    classes: dict[str, list[Run]] = {}
-    for run in runs:
-        classes.setdefault(run.strategy_class, []).append(run)
-    for cls, members in classes.items():
-        short = cls.rsplit(".", 1)[-1]
-        settings = {_setting(r) for r in members}
-        by_recipe: dict[str, set[str]] = {}
-        for r in members:
-            by_recipe.setdefault(r.recipe, set()).add(_setting(r))
-        for r in members:
-            if len(settings) == 1:
-                r.method = short
-            elif all(len(v) == 1 for v in by_recipe.values()):
-                r.method = f"{short} ({r.recipe})"
-            else:
-                r.method = str(r.results.get("strategy") or f"{short} ({r.recipe})")
-
-
-def by_method(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    groups: dict[str, list[Run]] = {}
-    for run in runs:
-        groups.setdefault(run.method, []).append(run)
-    return groups
-
-
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n - 1; NaN for one value) of the finite values (NaN, NaN if none)."""
     values = [v for v in values if not math.isnan(v)]
@@ -265,8 +205,24 @@ def sampling_se(metric: str, value: float, counts: Sequence[int]) -> float:
     return math.sqrt(sum(var / n for n in present)) / len(present)
 
 
-def higher_is_better(metric: str) -> bool:
-    return "loss" not in metric
+def higher_is_better(metric: str, runs: Iterable[Run] = ()) -> bool:
+    """The direction of ``metric``: as the runs' modules declared it (``results.json`` ``higher_is_better``); for
+    runs written before it was recorded, lower is better for a name containing ``loss`` only.
+
+    Raises:
+        ConfigError: When two runs declare opposite directions for ``metric`` (their modules differ).
+    """
+    declared: dict[bool, Path] = {}
+    for run in runs:
+        recorded = run.results.get("higher_is_better")
+        if isinstance(recorded, Mapping) and metric in recorded:
+            declared.setdefault(bool(recorded[metric]), run.folder)
+    if len(declared) > 1:
+        raise ConfigError(
+            f"fedlit report --metric {metric}: the runs' modules rank it in opposite directions (higher is better "
+            f"in {declared[True]}, lower in {declared[False]}); report the runs of each module apart."
+        )
+    return next(iter(declared)) if declared else "loss" not in metric
 
 
 def client_values(run: Run, when: str, metric: str) -> dict[str, float]:
@@ -305,13 +261,22 @@ def summary(
     metric: str,
     baseline_class: str = baseline.LOCAL,
     spread: Spread = mean_std,
+    higher: bool | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per method: ``mean`` and ``worst`` client (``spread`` over seeds: mean and std, or mean and standard error
-    with :func:`mean_se`), and the mean individual gain over the
+    with :func:`mean_se`), the ``pooled`` value where the runs recorded one (``results.json`` ``pooled`` of
+    ``when``: the metric on all clients' test predictions together), and the mean individual gain over the
     baseline strategy's runs (``gain``, with ``paired``: the seeds paired; ``unpaired``: why the other runs are
     not) when there are some. Runs are paired by seed; a pair whose ``manifest.json`` files differ (other data)
-    or whose baseline lacks some of the run's clients is not a pair."""
-    worst = min if higher_is_better(metric) else max
+    or whose baseline lacks some of the run's clients is not a pair.
+
+    ``higher``: the metric's direction (None: :func:`higher_is_better` of the runs). It picks the worst client
+    (the lowest where higher is better, else the highest) and the gain's sign: positive is better, so for a
+    lower-is-better metric the gain is the baseline's value minus the run's.
+    """
+    if higher is None:
+        higher = higher_is_better(metric, (r for runs in groups.values() for r in runs))
+    worst = min if higher else max
     local: dict[Any, list[Run]] = {}  # per seed: several where the runs cover several data sets (a grid)
     for r in (r for runs in groups.values() for r in runs if r.strategy_class == baseline_class):
         local.setdefault(r.seed, []).append(r)
@@ -325,6 +290,13 @@ def summary(
                 [worst(finite) for v in values if (finite := [x for x in v.values() if not math.isnan(x)])]
             ),  # NaN: undefined
         }
+        pooled = [
+            float(value)
+            for r in runs
+            if isinstance(value := ((r.results.get(when) or {}).get("pooled") or {}).get(metric), int | float)
+        ]
+        if pooled:
+            row["pooled"] = spread(pooled)
         if local and runs[0].strategy_class != baseline_class:
             gains, paired, unpaired = [], [], []
             for run, clients in zip(runs, values, strict=True):
@@ -347,13 +319,13 @@ def summary(
                         run.results[when]["round"],
                         when if when in theirs.results else "last",
                         theirs.results,
-                        {metric: higher_is_better(metric)},
+                        {metric: higher},
                     )
                 except ConfigError as err:  # other data or other clients: not a pair
                     unpaired.append(f"{run.folder}: {err}")
                     continue
                 if metric in gain["mean"]:
-                    gains.append(gain["mean"][metric])
+                    gains.append(gain["mean"][metric])  # an improvement: positive is better
                     paired.append(run.seed)
             row.update(gain=spread(gains), paired=paired, unpaired=unpaired)
         out[method] = row

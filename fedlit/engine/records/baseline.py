@@ -198,7 +198,9 @@ def gain_over_local(
     baseline: Mapping[str, Any],
     higher_is_better: Mapping[str, bool],
 ) -> dict[str, Any]:
-    """Every client's gain over the baseline at ``selection`` (``best`` or ``last``), their mean and std.
+    """Every client's gain over the baseline at ``selection`` (``best`` or ``last``), their mean and std. A gain is
+    an improvement: this run's value minus the baseline's for a metric where higher is better, the baseline's
+    minus this run's where lower is better (a loss, an error), so a positive gain is better either way.
 
     Args:
         clients: This run's test metrics per client at ``selection``.
@@ -220,7 +222,11 @@ def gain_over_local(
             f"results.json ({selection}); give a Local run of the same data."
         )
     gains = {
-        c: {m: float(values[m]) - float(theirs[c][m]) for m in higher_is_better if m in values and m in theirs[c]}
+        c: {
+            m: (1.0 if up else -1.0) * (float(values[m]) - float(theirs[c][m]))
+            for m, up in higher_is_better.items()
+            if m in values and m in theirs[c]
+        }
         for c, values in clients.items()
     }
     mean, std, count = {}, {}, {}

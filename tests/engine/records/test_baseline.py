@@ -58,8 +58,10 @@ def test_mean_and_std_of_the_gains_by_hand():
     assert gain["clients"]["b"]["accuracy"] == pytest.approx(-0.05)
     assert gain["mean"]["accuracy"] == pytest.approx(0.1166667, abs=1e-7)
     assert gain["std"]["accuracy"] == pytest.approx(0.1755942, abs=1e-7)
-    # loss: -0.1, 0.1, -0.4 -> mean -0.4 / 3, std sqrt(((1/30)^2 + (7/30)^2 + (8/30)^2) / 2) = sqrt(114/1800)
-    assert gain["mean"]["loss"] == pytest.approx(-0.1333333, abs=1e-7)
+    # loss, lower is better, so the gain is local minus run: 0.1, -0.1, 0.4 -> mean 0.4 / 3 (a lower loss is a
+    # positive gain), std sqrt(((1/30)^2 + (7/30)^2 + (8/30)^2) / 2) = sqrt(114/1800)
+    assert gain["clients"]["c"]["loss"] == pytest.approx(0.4)
+    assert gain["mean"]["loss"] == pytest.approx(0.1333333, abs=1e-7)
     assert gain["std"]["loss"] == pytest.approx(0.2516611, abs=1e-7)
     one = gain_over_local({"a": run["a"]}, 4, "last", local, HIGHER)
     assert one["mean"]["accuracy"] == pytest.approx(0.1) and math.isnan(one["std"]["accuracy"])
