@@ -87,8 +87,8 @@ class FederatedModule(LightningModule):
     ) -> None:
         super().__init__()
         problems = _check_optimization(optimizer, lr, momentum, weight_decay, lr_scheduler, lr_scheduler_interval)
-        if lr <= 0:
-            problems.append(f"model.init_args.lr={lr} must be > 0")
+        if not 0 < lr < float("inf"):  # nan fails both comparisons too
+            problems.append(f"model.init_args.lr={lr} is not a learning rate: it must be a finite number > 0")
         if not 0 <= momentum < 1:
             problems.append(f"model.init_args.momentum={momentum} must be in [0, 1)")
         if weight_decay < 0:
@@ -260,6 +260,21 @@ class FederatedModule(LightningModule):
 
     def compute_metrics(self) -> dict[str, float]:
         """The metrics accumulated by ``validation_step`` since :meth:`reset_metrics`."""
+        return {}
+
+    def pooled_predictions(self) -> Any:
+        """What :meth:`pooled_metrics` needs of the split evaluated since :meth:`reset_metrics` to compute the
+        metrics over several clients' splits together: per-sample scores and targets, or counts, as CPU tensors,
+        numbers and their containers. The federation asks for it after :meth:`compute_metrics` on each client's test
+        split (``federation.pooled_metrics``), in the process that runs the loop. None (the default): the module
+        has no pooled form, and its runs report no pooled figure."""
+        return None
+
+    def pooled_metrics(self, predictions: list[Any]) -> dict[str, float]:
+        """The metrics over the concatenation of several clients' splits, from their :meth:`pooled_predictions`:
+        FLamby's "pooled" figure (Ogier du Terrail et al., NeurIPS Datasets and Benchmarks 2022), reported beside
+        the mean over clients. It must leave the metrics that ``validation_step`` accumulates as they are. {} (the
+        default): none."""
         return {}
 
     def validation_images(self) -> Tensor | None:

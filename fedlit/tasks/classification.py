@@ -10,6 +10,7 @@ import torchmetrics
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torchmetrics.utilities import dim_zero_cat
 from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, broken
@@ -101,6 +102,14 @@ class _BinaryMacroF1(torchmetrics.classification.MulticlassF1Score):
     @override
     def update(self, probs: Tensor, target: Tensor) -> None:
         super().update((probs >= 0.5).long(), target.long())
+
+
+def _ranking_undefined(task: str, positives: Tensor, seen: int) -> bool:
+    """Whether AUROC and AUPRC are undefined on a split with these positives per class (multi-class: fewer than
+    two classes present) or per label (binary, multilabel: no label with both positives and negatives)."""
+    if task == "multiclass":
+        return bool((positives > 0).sum() < 2)
+    return bool(((positives == 0) | (positives == seen)).all())
 
 
 class ClassificationModule(FederatedModule):
@@ -237,11 +246,42 @@ class ClassificationModule(FederatedModule):
         positives = self._positives
         if not (positives is not None):  # counted by every batch that counted the loss
             raise broken("counted by every batch that counted the loss")
+        if _ranking_undefined(self.task, positives, self._seen):
+            out["auroc"] = out["auprc"] = float("nan")
+        return out
+
+    @override
+    def pooled_predictions(self) -> dict[str, Any] | None:
+        """The split's probabilities and targets since the last reset (those the AUROC keeps: no second copy), on
+        the CPU, with its summed loss and sample count."""
+        if self._loss_count == 0:
+            return None
+        auroc: Any = self.metrics["auroc"]  # a torchmetrics AUROC without thresholds: it keeps every sample
+        return {
+            "probs": dim_zero_cat(auroc.preds).cpu(),
+            "targets": dim_zero_cat(auroc.target).cpu(),
+            "loss_sum": self._loss_sum,
+            "count": self._loss_count,
+        }
+
+    @override
+    def pooled_metrics(self, predictions: list[Any]) -> dict[str, float]:
+        """Every metric over the clients' samples together (fresh metrics: those being accumulated are left as they
+        are); the loss is the mean over all the samples."""
+        if not predictions:
+            return {}
+        probs, targets = torch.cat([p["probs"] for p in predictions]), torch.cat([p["targets"] for p in predictions])
+        metrics = build_metrics(self.task, self.num_classes)
+        metrics.update(probs, targets)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            out = {name: float(value) for name, value in metrics.compute().items()}
+        out["loss"] = sum(p["loss_sum"] for p in predictions) / sum(p["count"] for p in predictions)
         if self.task == "multiclass":
-            undefined = bool((positives > 0).sum() < 2)
+            positives = torch.bincount(targets.long().reshape(-1), minlength=self.num_classes)
         else:
-            undefined = bool(((positives == 0) | (positives == self._seen)).all())
-        if undefined:
+            positives = targets.reshape(len(targets), -1).float().sum(0)
+        if _ranking_undefined(self.task, positives, len(targets)):
             out["auroc"] = out["auprc"] = float("nan")
         return out
 

@@ -20,7 +20,7 @@ and the predicted mask tinted red (all channels merged); the federation logs tha
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -236,14 +236,36 @@ class SegmentationModule(FederatedModule):
         conventions; a channel with no defined value (``empty: ignore``, no true mask) is NaN."""
         if self._scores.empty_split:
             return {}
+        return self._metrics(self._scores, self._loss_sum, self._loss_count)
+
+    @override
+    def pooled_predictions(self) -> dict[str, Any] | None:
+        """The split's per-image pixel counts (and HD95s, with ``hd95``), its summed loss and image count: a few
+        numbers per image, never the masks."""
+        if self._scores.empty_split:
+            return None
+        return {**self._scores.samples(), "loss_sum": self._loss_sum, "count": self._loss_count}
+
+    @override
+    def pooled_metrics(self, predictions: list[Any]) -> dict[str, float]:
+        """The metrics over the clients' images together, under the same ``empty`` and ``dice_reduction``
+        conventions (with ``pooled``: Dice from the pixel counts summed over every client's images)."""
+        if not predictions:
+            return {}
+        scores = SegmentationScores(empty=self.empty, dice_reduction=self.dice_reduction, hd95=self.hd95)
+        for samples in predictions:
+            scores.extend(samples)
+        return self._metrics(scores, sum(p["loss_sum"] for p in predictions), sum(p["count"] for p in predictions))
+
+    def _metrics(self, scores: SegmentationScores, loss_sum: float, loss_count: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, per_channel in self._scores.per_channel().items():
+        for name, per_channel in scores.per_channel().items():
             if self.num_classes > 1:
                 out.update(
                     {f"{name}_{c}": float(value) for c, value in zip(self.channel_names, per_channel, strict=True)}
                 )
             out[name] = mean_over_channels(per_channel)
-        out["loss"] = self._loss_sum / self._loss_count if self._loss_count else float("nan")
+        out["loss"] = loss_sum / loss_count if loss_count else float("nan")
         return out
 
     @override

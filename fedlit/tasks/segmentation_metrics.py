@@ -120,6 +120,19 @@ class SegmentationScores:
     def empty_split(self) -> bool:
         return not self._counts
 
+    def samples(self) -> dict[str, Tensor]:
+        """The split's per-image pixel counts (and HD95s), which :meth:`extend` adds to other scores."""
+        out = {"counts": torch.cat(self._counts)}
+        if self.hd95:
+            out["hd95"] = torch.cat(self._hd95)
+        return out
+
+    def extend(self, samples: dict[str, Tensor]) -> None:
+        """Add the images of another split's :meth:`samples` (computed under the same conventions)."""
+        self._counts.append(samples["counts"])
+        if self.hd95:
+            self._hd95.append(samples["hd95"])
+
     def per_channel(self) -> dict[str, list[float]]:
         """``dice``, ``iou`` (and ``hd95``): one value per channel, NaN for a channel with no defined image."""
         counts = torch.cat(self._counts)

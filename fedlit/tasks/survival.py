@@ -172,7 +172,25 @@ class CoxModule(FederatedModule):
         """``c_index`` and ``loss`` over every sample since the last reset."""
         if not self._risks:
             return {}
-        risk, targets = torch.cat(self._risks), torch.cat(self._targets)
+        return self._metrics(torch.cat(self._risks), torch.cat(self._targets))
+
+    @override
+    def pooled_predictions(self) -> dict[str, Tensor] | None:
+        """The split's risk scores and (time, event) targets since the last reset (CPU tensors)."""
+        if not self._risks:
+            return None
+        return {"risk": torch.cat(self._risks), "targets": torch.cat(self._targets)}
+
+    @override
+    def pooled_metrics(self, predictions: list[Any]) -> dict[str, float]:
+        """``c_index`` and ``loss`` over the clients' samples together: the C-index's pairs and the Cox loss's risk
+        sets span the clients (FLamby's pooled C-index on Fed-TCGA-BRCA)."""
+        if not predictions:
+            return {}
+        risk = torch.cat([p["risk"] for p in predictions])
+        return self._metrics(risk, torch.cat([p["targets"] for p in predictions]))
+
+    def _metrics(self, risk: Tensor, targets: Tensor) -> dict[str, float]:
         time, event = targets[:, 0], targets[:, 1]
         has_events = bool((event > 0.5).any())
         loss = float(cox_loss(risk, time, event, self.loss_normalization)) if has_events else float("nan")

@@ -8,6 +8,13 @@ round; test metrics are recorded for the final report only (nothing is chosen or
 whose ``validation_images()`` draws its validation examples (segmentation) has that picture logged per client and
 round, to the loggers that take images (TensorBoard).
 
+**Pooled metrics** (``federation.pooled_metrics``, on by default): at every evaluated round the module's test
+metrics are also computed over every evaluated client's test samples together (FLamby's "pooled" figure, beside the
+mean over clients): each client's evaluation keeps the module's ``pooled_predictions()`` of its test split (per-sample
+scores and targets, or per-image counts) and the server's module computes ``pooled_metrics`` of them, recorded in the
+history beside the per-client values (``pooled`` in ``results.json``'s ``last`` and ``best``). A module without a
+pooled form has none, and so has a Flower deployment: its nodes never send their patients' predictions.
+
 Personalized methods are evaluated three more ways:
 
 - **The global model.** A strategy whose :meth:`~fedlit.strategies.base.Strategy.global_model_state` is not None
@@ -66,6 +73,8 @@ def evaluate_client(
     personalized: bool = False,
     images: dict[str, Tensor] | None = None,
     finetune_steps: int = 0,
+    pooled: tuple[str, ...] = (),
+    predictions: dict[str, Any] | None = None,
 ) -> tuple[dict[str, dict[str, float]], int]:
     """The client's metrics on each of ``splits`` that it has, with its personal tensors and ``received``, and the
     bytes it downloaded for that (0 when it has none of the splits). ``personalized`` lets the strategy put a model
@@ -73,7 +82,8 @@ def evaluate_client(
     ``finetune_steps > 0`` (:attr:`~fedlit.strategies.base.Strategy.eval_finetune_steps`) first takes that many
     plain local steps from that model on the client's train split (:func:`local_steps`, seeded by the run's seed,
     the round and the client); nothing of them is kept. With ``images`` given, the module's ``validation_images()``
-    after the validation split, if any, is put there under the client's id."""
+    after the validation split, if any, is put there under the client's id; with ``predictions`` given, its
+    ``pooled_predictions()`` after each of the ``pooled`` splits, when not None, under the split."""
     loaders = eval_loaders(ctx, splits)
     if not loaders:
         return {}, 0
@@ -96,7 +106,7 @@ def evaluate_client(
             f"{type(ctx.strategy).__name__}(finetune_steps={finetune_steps})",
             ctx.strategy.configure_eval_finetune(ctx.module),
         )
-    return _run_loaders(ctx, loaders, images), state_nbytes(received)
+    return _run_loaders(ctx, loaders, images, pooled, predictions), state_nbytes(received)
 
 
 def eval_loaders(ctx: ClientContext, splits: tuple[str, ...]) -> dict[str, Any]:
@@ -106,9 +116,13 @@ def eval_loaders(ctx: ClientContext, splits: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _run_loaders(
-    ctx: ClientContext, loaders: Mapping[str, Any], images: dict[str, Tensor] | None = None
+    ctx: ClientContext,
+    loaders: Mapping[str, Any],
+    images: dict[str, Tensor] | None = None,
+    pooled: tuple[str, ...] = (),
+    predictions: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """The live module's metrics on each loader, as it is (nothing loaded)."""
+    """The live module's metrics on each loader, as it is (nothing loaded); see :func:`evaluate_client`."""
     module, fabric = ctx.module, ctx.fabric
     precision = fabric.strategy.precision
     module.eval()
@@ -121,6 +135,10 @@ def _run_loaders(
                 with fabric.autocast():
                     module.validation_step(batch, batch_idx)
         metrics[split] = module.compute_metrics()
+        if predictions is not None and split in pooled:
+            kept = module.pooled_predictions()
+            if kept is not None:
+                predictions[split] = kept
         if split == "val" and images is not None:
             image = module.validation_images()
             if image is not None:
@@ -136,7 +154,11 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
     download = steps = 0
     images: dict[str, torch.Tensor] = {}
     clients = run.evaluated_client_ids
-    tasks = evaluate_tasks(run.strategy, server_round, clients, SPLITS, images=bool(record.image_writers(run)))
+    pooled = ("test",) if run.settings.pooled_metrics else ()
+    tasks = evaluate_tasks(
+        run.strategy, server_round, clients, SPLITS, images=bool(record.image_writers(run)), pooled=pooled
+    )
+    predictions: dict[str, dict[str, Any]] = {}
     if run.evaluation_reuse is not None:  # clients whose inputs are unchanged keep their last metrics
         results, reused = run.evaluation_reuse.evaluate(run, server_round, tasks)
     else:
@@ -151,6 +173,8 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
         for split, values in result.metrics.items():
             if values:
                 per_split[split][client_id] = values
+        for split, kept in result.pooled.items():
+            predictions.setdefault(split, {})[client_id] = kept
     if images:
         record.log_validation_images(run, server_round, images)
     run.state.comm["eval_download_bytes"] = run.state.comm.get("eval_download_bytes", 0) + download
@@ -173,9 +197,23 @@ def evaluate_round(run: Run, server_round: int) -> dict[str, float]:
             continue
         run.state.history.add(server_round, split, per_client)
         if split.endswith("test"):
+            values = pooled_metrics(run, per_client, predictions.get(split, {}))
+            if values:
+                run.state.history.add_pooled(server_round, split, values)
             continue
         log.update(_scalars(run, split, per_client))
     return log
+
+
+def pooled_metrics(
+    run: Run, per_client: Mapping[str, Mapping[str, float]], predictions: Mapping[str, Any]
+) -> dict[str, float]:
+    """The module's metrics over the evaluated clients' samples together (its ``pooled_metrics`` of their
+    ``pooled_predictions()``, in client order): FLamby's "pooled" figure. {} when a client with metrics has no
+    predictions: a module without a pooled form, or a Flower node (which never sends its patients' predictions)."""
+    if not per_client or any(c not in predictions for c in per_client):
+        return {}
+    return run.module.pooled_metrics([predictions[c] for c in per_client])
 
 
 def _scalars(

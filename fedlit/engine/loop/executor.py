@@ -19,7 +19,7 @@ uploads in one order and the result does not depend on where the clients ran.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -79,6 +79,7 @@ def run_evaluate_task(ctx: ClientContext, server_round: int, task: EvaluateTask)
     """``task``'s evaluation in this process (the personalized model, fine-tuned first when the task says so, then
     the global one if given)."""
     images: dict[str, torch.Tensor] | None = {} if task.images else None
+    predictions: dict[str, Any] = {}
     metrics, download = evaluate_client(
         ctx,
         server_round,
@@ -87,10 +88,16 @@ def run_evaluate_task(ctx: ClientContext, server_round: int, task: EvaluateTask)
         personalized=True,
         images=images,
         finetune_steps=task.finetune_steps,
+        pooled=task.pooled,
+        predictions=predictions,
     )
     steps = task.finetune_steps if metrics else 0
     if task.global_state is not None:
-        global_metrics, received = evaluate_client(ctx, server_round, task.splits, task.global_state)
+        global_predictions: dict[str, Any] = {}
+        global_metrics, received = evaluate_client(
+            ctx, server_round, task.splits, task.global_state, pooled=task.pooled, predictions=global_predictions
+        )
         download += received
         metrics.update({f"{GLOBAL}/{s}": v for s, v in global_metrics.items()})
-    return EvaluateResult(metrics, download, (images or {}).get(task.client_id), steps)
+        predictions.update({f"{GLOBAL}/{s}": v for s, v in global_predictions.items()})
+    return EvaluateResult(metrics, download, (images or {}).get(task.client_id), steps, predictions)

@@ -12,7 +12,7 @@ from fedlit.core.checkpoint_io import BEST
 from fedlit.core.errors import DataError, broken
 from fedlit.core.files import write_text_atomic
 from fedlit.engine.loop import resume
-from fedlit.engine.loop.evaluate import GLOBAL, UNSEEN, evaluate_unseen, unseen_scalars
+from fedlit.engine.loop.evaluate import GLOBAL, UNSEEN, evaluate_unseen, pooled_metrics, unseen_scalars
 from fedlit.engine.loop.tasks import evaluate_tasks
 from fedlit.engine.records import baseline, hparams, record
 from fedlit.engine.records.history import markdown_table, summarize
@@ -49,8 +49,10 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
     the unseen clients, as in :func:`report`); prints the tables."""
     per_client: dict[str, dict[str, float]] = {}
     global_per_client: dict[str, dict[str, float]] = {}
+    predictions: dict[str, dict[str, Any]] = {split: {}, f"{GLOBAL}/{split}": {}}
     clients = run.evaluated_client_ids
-    tasks = evaluate_tasks(run.strategy, run.state.round, clients, (split,))
+    pooled = (split,) if run.settings.pooled_metrics else ()
+    tasks = evaluate_tasks(run.strategy, run.state.round, clients, (split,), pooled=pooled)
     if not (run.executor is not None):  # chosen by setup
         raise broken("the executor is chosen when the run is set up")
     for client_id, evaluation in zip(clients, run.executor.evaluate(run, run.state.round, tasks), strict=True):
@@ -58,6 +60,8 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
             per_client[client_id] = evaluation.metrics[split]
         if evaluation.metrics.get(f"{GLOBAL}/{split}"):
             global_per_client[client_id] = evaluation.metrics[f"{GLOBAL}/{split}"]
+        for key, kept in evaluation.pooled.items():
+            predictions[key][client_id] = kept
     if not per_client:
         raise DataError(f"The data set has no {split!r} split to evaluate.")
     weights = {c: run.datamodule.num_examples(c, split) for c in run.client_ids}
@@ -67,6 +71,8 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
         "clients": per_client,
         "summary": summarize(per_client, weights, run.module.higher_is_better),
     }
+    if values := pooled_metrics(run, per_client, predictions[split]):
+        result["pooled"] = values
     tables = [markdown_table(f"{split} of {ckpt_path}", result, metric_names)]
     if global_per_client:
         result[GLOBAL] = {
@@ -74,6 +80,8 @@ def evaluate_checkpoint(run: Run, split: str, ckpt_path: str | Path) -> dict[str
             "clients": global_per_client,
             "summary": summarize(global_per_client, weights, run.module.higher_is_better),
         }
+        if values := pooled_metrics(run, global_per_client, predictions[f"{GLOBAL}/{split}"]):
+            result[GLOBAL]["pooled"] = values
         tables.append(markdown_table(f"{split} of {ckpt_path}, global model", result[GLOBAL], metric_names))
     unseen = evaluate_unseen(run, split)
     if unseen is not None:
@@ -115,6 +123,9 @@ def report(run: Run) -> dict[str, Any]:
     results["compute"] = dict(run.state.compute)
     results["checkpoints"] = record.checkpoints(run)
     results.update(record.describe(run))
+    # each metric's direction, as the module declares it: `fedlit report` ranks by it (a custom `mse` is
+    # lower-is-better without "loss" in its name)
+    results["higher_is_better"] = {m: bool(v) for m, v in run.module.higher_is_better.items()}
     for callback in run.callbacks:  # sections a callback adds (fedlit.privacy's ``privacy``), merged by key
         sections = getattr(callback, "results_json", None)
         for key, value in (sections(run.server_context()) if callable(sections) else {}).items():
@@ -198,6 +209,8 @@ def report(run: Run) -> dict[str, Any]:
                 for client_id, values in block[key]["clients"].items():
                     final.update({f"{section}client/{client_id}/{split_key}/{m}": v for m, v in values.items()})
                 final.update({f"{section}server/{split_key}/{m}": v for m, v in block[key]["summary"].items()})
+                pooled = block[key].get("pooled", {})
+                final.update({f"{section}server/{split_key}/{m}_pooled": v for m, v in pooled.items()})
     if unseen is not None and run.state.history.last_round is not None:
         unseen_log = unseen_scalars(run, unseen)
         final.update(unseen_log)

@@ -42,6 +42,8 @@ class EvaluateTask:
         images: Return the module's ``validation_images()`` after the validation split.
         finetune_steps: Local steps it takes from ``received`` before evaluating it (the strategy's
             ``eval_finetune_steps``: FedAvg-FT); the global model is evaluated without.
+        pooled: The splits whose predictions come back for the metrics pooled over clients (the module's
+            ``pooled_predictions()``; ``federation.pooled_metrics``). A Flower node is never asked for them.
     """
 
     client_id: str
@@ -50,6 +52,7 @@ class EvaluateTask:
     splits: tuple[str, ...] = ("val", "test")
     images: bool = False
     finetune_steps: int = 0
+    pooled: tuple[str, ...] = ()
 
 
 @dataclass
@@ -63,12 +66,15 @@ class EvaluateResult:
         image: The validation picture, when asked for and the module draws one.
         finetune_steps: Local steps taken before the evaluation (``EvaluateTask.finetune_steps``; 0 when the
             client had none of the splits).
+        pooled: Per split of ``EvaluateTask.pooled`` it has (``global/<split>`` for the global model), the module's
+            ``pooled_predictions()``; absent where the module has none.
     """
 
     metrics: dict[str, dict[str, float]]
     download_bytes: int = 0
     image: Tensor | None = None
     finetune_steps: int = 0
+    pooled: dict[str, Any] = field(default_factory=dict)
 
 
 def fit_tasks(strategy: Strategy, server_round: int, client_ids: list[str]) -> list[FitTask]:
@@ -86,8 +92,10 @@ def evaluate_tasks(
     splits: tuple[str, ...],
     images: bool = False,
     with_global: bool = True,
+    pooled: tuple[str, ...] = (),
 ) -> list[EvaluateTask]:
-    """What the strategy sends each of ``client_ids`` to evaluate (and its global model, when it has one)."""
+    """What the strategy sends each of ``client_ids`` to evaluate (and its global model, when it has one);
+    ``pooled``: the splits whose predictions come back for the pooled metrics."""
     return [
         EvaluateTask(
             c,
@@ -96,6 +104,7 @@ def evaluate_tasks(
             splits,
             images,
             strategy.eval_finetune_steps,
+            pooled,
         )
         for c in client_ids
     ]

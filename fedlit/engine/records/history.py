@@ -17,6 +17,11 @@ from typing import Any
 from fedlit.core.names import table_cell
 
 AGGREGATES = ("mean", "wmean", "worst")
+#: What the tables' ``pooled`` row is.
+POOLED_NOTE = (
+    "_pooled: each metric over all the clients' samples together (FLamby's \"pooled\" figure), not a mean over "
+    "clients._"
+)
 PerClient = dict[str, dict[str, float]]
 
 
@@ -63,10 +68,16 @@ class EvaluationHistory:
         self.selection_metric = selection_metric
         self.higher_is_better = dict(higher_is_better)
         self.rounds: dict[int, dict[str, PerClient]] = {}
+        #: Per round and split, the metrics over every client's samples together (FLamby's "pooled" figure).
+        self.pooled: dict[int, dict[str, dict[str, float]]] = {}
 
     def add(self, server_round: int, split: str, per_client: PerClient) -> None:
         """Record one split's per-client metrics at ``server_round``."""
         self.rounds.setdefault(server_round, {})[split] = {c: dict(m) for c, m in per_client.items()}
+
+    def add_pooled(self, server_round: int, split: str, values: Mapping[str, float]) -> None:
+        """Record one split's metrics pooled over its clients at ``server_round``."""
+        self.pooled.setdefault(server_round, {})[split] = dict(values)
 
     @property
     def last_round(self) -> int | None:
@@ -119,8 +130,9 @@ class EvaluationHistory:
         }
 
     def results(self, split: str, weights: Mapping[str, int]) -> dict[str, Any]:
-        """``{"last": {...}, "best": {...}}`` with round, per-client values and aggregates of ``split``, and how
-        many clients each metric's aggregates cover (``summary_clients``)."""
+        """``{"last": {...}, "best": {...}}`` with round, per-client values and aggregates of ``split``, how many
+        clients each metric's aggregates cover (``summary_clients``), and the metrics pooled over the clients
+        (``pooled``) where they were computed."""
         out: dict[str, Any] = {"selection_metric": self.selection_metric}
         for key, server_round in (("last", self.last_round), ("best", self.best_round())):
             if server_round is None or split not in self.rounds.get(server_round, {}):
@@ -132,15 +144,22 @@ class EvaluationHistory:
                 "summary": summarize(per_client, weights, self.higher_is_better),
                 "summary_clients": counted(per_client),
             }
+            pooled = self.pooled.get(server_round, {}).get(split)
+            if pooled:
+                out[key]["pooled"] = dict(pooled)
         return out
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers for a checkpoint."""
-        return {"rounds": {str(r): v for r, v in self.rounds.items()}}
+        return {
+            "rounds": {str(r): v for r, v in self.rounds.items()},
+            "pooled": {str(r): v for r, v in self.pooled.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore :meth:`state_dict` (a checkpoint written before pooled metrics has none)."""
         self.rounds = {int(r): v for r, v in state["rounds"].items()}
+        self.pooled = {int(r): v for r, v in state.get("pooled", {}).items()}
 
 
 def markdown_table(title: str, result: Mapping[str, Any], metrics: list[str]) -> str:
@@ -157,12 +176,17 @@ def markdown_table(title: str, result: Mapping[str, Any], metrics: list[str]) ->
         lines.append(f"| {table_cell(client)} | " + " | ".join(_fmt(values.get(m)) for m in metrics) + " |")
     for agg in AGGREGATES:
         lines.append(f"| **{agg}** | " + " | ".join(_fmt(summary.get(f"{m}_{agg}")) for m in metrics) + " |")
+    pooled = result.get("pooled")
+    if pooled:
+        lines.append("| **pooled** | " + " | ".join(_fmt(pooled.get(m)) for m in metrics) + " |")
     count = counted(per_client)
     fewer = [
         f"{m} over {count.get(m, 0)} of {len(per_client)} clients" for m in metrics if count.get(m, 0) < len(per_client)
     ]
     if fewer:
         lines += ["", f"_Undefined values (—) are left out of mean, wmean and worst: {'; '.join(fewer)}._"]
+    if pooled:
+        lines += ["", POOLED_NOTE]
     return "\n".join(lines) + "\n"
 
 

@@ -60,8 +60,11 @@ class _Model:
     received: Mapping[str, Tensor]
     personalized: bool
     splits: tuple[str, ...]
+    pooled: tuple[str, ...] = ()
     loaders: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, list[tuple[Tensor, Tensor]]] = field(default_factory=dict)
+    #: Per split of ``pooled``, the module's ``pooled_predictions()`` (set by :func:`_metrics`).
+    predictions: dict[str, Any] = field(default_factory=dict)
 
 
 def evaluate_group(ctxs: list[ClientContext], server_round: int, tasks: list[EvaluateTask]) -> list[EvaluateResult]:
@@ -71,10 +74,10 @@ def evaluate_group(ctxs: list[ClientContext], server_round: int, tasks: list[Eva
     owners: list[list[int]] = []  # per task, its models' indices
     for ctx, task in zip(ctxs, tasks, strict=True):
         owners.append([len(models)])
-        models.append(_Model(ctx, task.received, True, task.splits))
+        models.append(_Model(ctx, task.received, True, task.splits, task.pooled))
         if task.global_state is not None:
             owners[-1].append(len(models))
-            models.append(_Model(ctx, task.global_state, False, task.splits))
+            models.append(_Model(ctx, task.global_state, False, task.splits, task.pooled))
     params = ClientParameters(module, len(models))
     last = len(models) - 1
     try:
@@ -90,13 +93,15 @@ def evaluate_group(ctxs: list[ClientContext], server_round: int, tasks: list[Eva
         results = []
         for indices in owners:
             metrics: dict[str, dict[str, float]] = {}
+            predictions: dict[str, Any] = {}
             download = 0
             for k in indices:
                 model = models[k]
                 prefix = "" if model.personalized else f"{GLOBAL}/"
                 metrics.update({f"{prefix}{s}": v for s, v in _metrics(model).items()})
+                predictions.update({f"{prefix}{s}": v for s, v in model.predictions.items()})
                 download += state_nbytes(model.received) if model.loaders else 0
-            results.append(EvaluateResult(metrics, download))
+            results.append(EvaluateResult(metrics, download, pooled=predictions))
     finally:
         params.restore(last)  # the live module holds the last evaluated model, as after sequential evaluations
     return results
@@ -150,7 +155,8 @@ def _forward_split(module: Any, params: ClientParameters, models: list[_Model], 
 
 
 def _metrics(model: _Model) -> dict[str, dict[str, float]]:
-    """The model's metrics per split, from its kept logits, as ``validation_step`` would have accumulated them."""
+    """The model's metrics per split, from its kept logits, as ``validation_step`` would have accumulated them (and
+    its ``pooled_predictions()`` of the splits it pools, kept in ``model.predictions``)."""
     module, out = model.ctx.module, {}
     if not (isinstance(module, ClassificationModule)):  # the executor fuses only such modules (see above)
         raise broken("the executor fuses only such modules (see above)")
@@ -160,4 +166,6 @@ def _metrics(model: _Model) -> dict[str, dict[str, float]]:
             for logits, targets in outputs:
                 module.update_metrics(logits, targets)
         out[split] = module.compute_metrics()
+        if split in model.pooled and (kept := module.pooled_predictions()) is not None:
+            model.predictions[split] = kept
     return out
