@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import difflib
-import io
 import os
 import warnings
 from pathlib import Path
@@ -24,13 +22,12 @@ from fedlit.data.common.samples import (
     Transform,
     TransformSpec,
     class_sort_key,
-    is_image,
     make_transform,
     split_samples,
 )
-from fedlit.data.common.site_options import check_site_names, class_index, class_names_problem, site_rng
+from fedlit.data.common.site_options import check_site_names, class_index, class_names_problem, site_rng, warn_labels
 from fedlit.data.common.splits import SPLITS, check_split_fractions
-from fedlit.data.common.text import decode_utf8
+from fedlit.data.folders_read import check_sizes, image_files, read_labels, sub_folders
 
 _OPTION = "data.init_args"
 
@@ -59,7 +56,10 @@ class SiteFolders(FederatedDataModule):
     Images (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``, ``.tif``, ``.tiff``, ``.gif``, ``.webp``) are decoded with PIL
     in the DataLoader workers, turned grey or RGB (``channels``), scaled to float [0, 1] and resized to
     ``image_size``; then ``train_transform`` (train split) or ``eval_transform`` (val and test) is applied, then
-    ``(x - mean) / std`` if ``mean`` and ``std`` are given. Class counts come from the file listing alone.
+    ``(x - mean) / std`` if ``mean`` and ``std`` are given. Class counts come from the file listing alone (with
+    ``image_size`` null, the images' headers are read to refuse two sizes). An unreadable folder is refused; a FIFO,
+    a link that cannot be followed and a link to a folder are skipped with a warning, as are rare classes (fewer
+    than 5 images) and labels that are fractional numbers; a labels CSV listing a file twice is refused.
 
     Args:
         root: folder holding one sub-folder per site.
@@ -141,7 +141,7 @@ class SiteFolders(FederatedDataModule):
         if sites is not None:
             check_site_names(sites)
         # Listed sites are looked for when built: a node holds its own site folder only (only_site).
-        self.sites = list(sites) if sites is not None else _site_folders(self.root)
+        self.sites = list(sites) if sites is not None else sub_folders(self.root)
         if not self.sites:
             raise InputFileError(
                 f"{_OPTION}.root: {self.root} holds no site folder; put each site's images in {self.root}/<site>/"
@@ -166,7 +166,7 @@ class SiteFolders(FederatedDataModule):
     def _built_sites(self) -> list[str]:
         """The sites to build (every one of ``sites``, or the node's own), each checked to be a folder of root."""
         sites = self.sites_to_build(self.sites)
-        found = _site_folders(self.root)
+        found = sub_folders(self.root)
         unknown = [s for s in sites if s not in found]
         if unknown:
             close = difflib.get_close_matches(unknown[0], found, n=1)
@@ -180,10 +180,11 @@ class SiteFolders(FederatedDataModule):
     def build_samples(self) -> SampleList:
         listed: dict[str, dict[str, list[tuple[str, str]]]] = {}
         self._seen: dict[str, str] = {}  # class name -> where it first appears (a class folder, a labels line)
+        self._skipped: list[str] = []  # entries neither folders nor regular files, links to folders
         layouts = {}
         for site in self._built_sites():
             folder = self.root / site
-            own = [s for s in SPLITS if (folder / s).is_dir()]
+            own = [s for s in SPLITS if s in sub_folders(folder)]  # refuses an unreadable site folder
             if own and not ("train" in own and "test" in own):
                 raise DataError(
                     f"{folder} has {own} sub-folders but not both train and test: a site's own splits "
@@ -196,6 +197,15 @@ class SiteFolders(FederatedDataModule):
             else:
                 listed[site] = {"all": self._list(folder)}
                 layouts[site] = self.labels_file if (folder / self.labels_file).is_file() else "class folders"
+        if self._skipped:
+            shown = "; ".join(self._skipped[:10]) + (
+                f"; and {len(self._skipped) - 10} more" if len(self._skipped) > 10 else ""
+            )
+            warnings.warn(
+                f"SiteFolders ({self.root}): skipped {len(self._skipped)} entries, not read as images: {shown}; "
+                "replace each by the file it stands for, or remove it",
+                stacklevel=3,
+            )
         read = {label for groups in listed.values() for rows in groups.values() for _, label in rows}
         class_names = self._class_names(read)
         if self.requested_task == "binary" and len(class_names) != 2:
@@ -225,6 +235,15 @@ class SiteFolders(FederatedDataModule):
             else:
                 bounds = np.cumsum([0] + [len(groups.get(s, [])) for s in SPLITS])
                 splits[site] = {s: np.arange(bounds[i], bounds[i + 1]) for i, s in enumerate(SPLITS)}
+        counts = torch.bincount(torch.cat(list(targets.values())).long(), minlength=len(class_names)).tolist()
+        warn_labels(
+            f"SiteFolders ({self.root})",
+            dict(zip(class_names, counts, strict=True)),
+            self._seen,
+            declared=self.class_index is not None,
+        )
+        if self.image_size is None:
+            check_sizes(self.root, [path for paths in samples.values() for path in paths])
         normalize = [Normalize(self.mean, self.std)] if self.mean is not None and self.std is not None else []
         return SampleList(
             name=self.root.name,
@@ -292,10 +311,10 @@ class SiteFolders(FederatedDataModule):
         """(path relative to ``root``, class name) of every image in ``folder``, in a stable order."""
         table = folder / self.labels_file
         if table.is_file():
-            return self._read_labels(table)
+            return read_labels(table, self.root, self.file_column, self.label_column, self._seen)
         rows = []
-        for class_dir in _site_folders(folder):
-            files = sorted(p for p in (folder / class_dir).rglob("*") if p.is_file() and is_image(p))
+        for class_dir in sub_folders(folder, self._skipped):
+            files = image_files(folder / class_dir, self._skipped)
             rows += [(p.relative_to(self.root).as_posix(), class_dir) for p in files]
             if files:
                 self._seen.setdefault(class_dir, str(folder / class_dir))
@@ -306,62 +325,6 @@ class SiteFolders(FederatedDataModule):
                 f"site with {_OPTION}.sites"
             )
         return rows
-
-    def _read_labels(self, table: Path) -> list[tuple[str, str]]:
-        try:
-            text = decode_utf8(table, table.read_bytes())
-        except OSError as err:
-            raise DataError(f"{table}: cannot be read ({type(err).__name__}: {err})") from None
-        reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True, strict=True)
-        try:
-            lines = [(reader.line_num, row) for row in reader if any(field.strip() for field in row)]
-        except csv.Error as err:
-            raise DataError(
-                f"{table}: line {reader.line_num}: not valid CSV ({err}); close the quoted field or "
-                "remove the stray quote"
-            ) from None
-        if not lines:
-            raise DataError(
-                f"{table} is empty; give it a header line {self.file_column},{self.label_column} and one line per image"
-            )
-        header_line, header = lines[0][0], [c.strip() for c in lines[0][1]]
-        missing = [
-            (option, c)
-            for option, c in (("file_column", self.file_column), ("label_column", self.label_column))
-            if c not in header
-        ]
-        if missing:
-            raise DataError(
-                f"{table}: line {header_line} (the header) has no column "
-                f"{', '.join(repr(c) for _, c in missing)} (its columns: {header}); name the right ones "
-                f"with {', '.join(f'{_OPTION}.{o}' for o, _ in missing)}"
-            )
-        at_file, at_label = header.index(self.file_column), header.index(self.label_column)
-        folder, rows, problems = table.parent, [], []
-        for line, fields in lines[1:]:
-            if len(fields) > len(header) and any(f.strip() for f in fields[len(header) :]):
-                problems.append(f"line {line}: {len(fields)} fields, but the header has {len(header)}")
-                continue
-            fields = [f.strip() for f in fields] + [""] * (len(header) - len(fields))
-            name, label = fields[at_file], fields[at_label]
-            if not name or not label:
-                column = self.file_column if not name else self.label_column
-                problems.append(f"line {line}: column {column!r} is empty")
-            elif not (folder / name).is_file():
-                problems.append(f"line {line}: file {folder / name} does not exist")
-            else:
-                rows.append(((folder / name).relative_to(self.root).as_posix(), label))
-                self._seen.setdefault(label, f"{table}, line {line}")
-        if problems:
-            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise DataError(f"{table}: {shown}. Fix the rows (paths are relative to {folder})")
-        if not rows:
-            raise DataError(f"{table} lists no image; add rows or remove the file")
-        return rows
-
-
-def _site_folders(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
 
 def _chain(transform: Transform | None, after: list[Normalize]) -> Transform | None:

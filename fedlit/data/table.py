@@ -15,13 +15,14 @@ from fedlit.core.errors import ConfigError, DataError, InputFileError
 from fedlit.data.common.datamodule import FederatedDataModule
 from fedlit.data.common.pool import PartitionedData
 from fedlit.data.common.samples import CLASSIFICATION, class_sort_key, split_samples
-from fedlit.data.common.site_options import class_index, class_names_problem, site_rng
+from fedlit.data.common.site_options import class_index, class_names_problem, site_rng, warn_labels
 from fedlit.data.common.splits import SPLITS, check_split_fractions
 from fedlit.data.table_read import OPTION as _OPTION
 from fedlit.data.table_read import (
     check_numeric,
     check_parquet_types,
     check_survival,
+    duplicates,
     read_table,
     row_label,
     split_codes,
@@ -35,8 +36,9 @@ class SiteTable(FederatedDataModule):
     """Rows of a CSV or Parquet file, one client per value of ``site_column``; a tensor pool. No code needed.
 
     Features are ``feature_columns`` (default: every column but the site, target and split columns), in that
-    order, as float32. They must be numbers: a categorical (text) value, a missing value or an infinite one is
-    refused naming the file, the row (the CSV line, header = line 1; the Parquet row, from 0) and the column;
+    order, as float32. A file without rows or whose header names a column twice is refused. Features must be
+    numbers: a categorical (text) value, a missing value, an infinite one or one beyond float32's range is refused
+    naming the file, the row (the CSV line, header = line 1; the Parquet row, from 0) and the column;
     encode or impute such columns before (fedlit does not guess an encoding). Booleans are numbers, 0 and 1: a
     Parquet bool column, or a CSV column holding only ``true``/``false`` (any case, as pandas reads them). A
     Parquet column of dates, durations, categories or numbers stored as text is refused naming its dtype and the
@@ -51,7 +53,8 @@ class SiteTable(FederatedDataModule):
     (the second in ``class_names``, or in sorted order, is positive). ``survival`` takes two columns,
     ``[time, event]``: times finite and >= 0, event flags 0 (censored) or 1, each bad value refused naming its row
     and column; the targets are float32 (N, 2). Any other task name (e.g. ``regression``) keeps the columns'
-    numbers as float32 targets (one column or several).
+    numbers as float32 targets (one column or several). A class of fewer than 5 rows, and (unless declared) class
+    values that are fractional numbers (``0.5`` beside ``0`` and ``1``), get a warning.
 
     Splits: with ``split_column``, each row's split is that column's value, ``train``, ``val`` or ``test``
     (case-sensitive; any other value is refused naming its row); every site needs train and test rows, and one
@@ -84,6 +87,8 @@ class SiteTable(FederatedDataModule):
         eval_batch_size: val/test batch size (default ``batch_size``).
         num_workers: DataLoader worker processes.
         seed: seed of the splits drawn by ``split_fractions`` (none with ``split_column``).
+        dedupe: drop the rows that repeat an earlier row of their site exactly (same features and targets),
+            keeping the first; the manifest lists the dropped rows. Without it such rows get a warning.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class SiteTable(FederatedDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         seed: int = 0,
+        dedupe: bool = False,
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, seed=seed)
         check_split_fractions(split_fractions, f"{_OPTION}.split_fractions")
@@ -140,7 +146,7 @@ class SiteTable(FederatedDataModule):
             )
         self.site_column, self.target_columns, self.split_column = site_column, targets, split_column
         self.feature_columns = None if feature_columns is None else list(feature_columns)
-        self.requested_task, self.standardize = task, standardize
+        self.requested_task, self.standardize, self.dedupe = task, standardize, dedupe
         self.split_fractions = tuple(float(f) for f in split_fractions)
 
     @override
@@ -177,14 +183,33 @@ class SiteTable(FederatedDataModule):
         else:
             y = torch.from_numpy(frame[self.target_columns].to_numpy(dtype=np.float32))
             y = y[:, 0] if len(self.target_columns) == 1 else y
-        x = torch.from_numpy(frame[features].to_numpy(dtype=np.float32))
+        x = torch.from_numpy(frame[features].to_numpy(dtype=np.float64))  # standardized in float64: no overflow
         sites = frame[self.site_column].astype(str).str.strip().to_numpy()
+        file_rows = np.arange(len(frame))
+        dropped = duplicates(frame, [self.site_column, *features], self.target_columns, path, row_name, self.dedupe)
+        if len(dropped):
+            keep = np.setdiff1d(file_rows, dropped)
+            x, y, sites, file_rows = x[torch.from_numpy(keep)], y[torch.from_numpy(keep)], sites[keep], keep
+            codes = None if codes is None else codes[keep]
         site_ids = self.sites_to_build(
             sorted({str(s) for s in sites}, key=class_sort_key), f"the sites of column {self.site_column!r} of {path}"
         )
         order = np.concatenate([np.flatnonzero(sites == s) for s in site_ids])
-        x, y, file_rows = x[torch.from_numpy(order)], y[torch.from_numpy(order)], order
+        x, y, file_rows = x[torch.from_numpy(order)], y[torch.from_numpy(order)], file_rows[order]
         bounds = np.cumsum([0] + [int((sites == s).sum()) for s in site_ids])
+        if class_names is not None:
+            first = {
+                name: row_label(int(values[values == name].index[0]), row_name)
+                for name in class_names
+                if (values == name).any()
+            }
+            counts = torch.bincount(y.long(), minlength=len(class_names)).tolist()
+            warn_labels(
+                f"SiteTable ({path})",
+                dict(zip(class_names, counts, strict=True)),
+                first,
+                declared=self.class_index is not None,
+            )
         if codes is None:
             per_site = {s: y[bounds[i] : bounds[i + 1]] for i, s in enumerate(site_ids)}
             local = {
@@ -205,6 +230,7 @@ class SiteTable(FederatedDataModule):
                 std = torch.where(torch.isfinite(std) & (std > 0), std, torch.ones_like(std))
                 x[bounds[i] : bounds[i + 1]] = (x[bounds[i] : bounds[i + 1]] - mean) / std
                 stats[s] = {"mean": mean.tolist(), "std": std.tolist()}
+        x = x.float()
         if task == SURVIVAL:
             self._warn_without_events(splits, y)
         return PartitionedData(
@@ -224,6 +250,8 @@ class SiteTable(FederatedDataModule):
                 "pool": {s: [int(bounds[i]), int(bounds[i + 1])] for i, s in enumerate(site_ids)},
                 "rows": {s: [int(r) for r in file_rows[bounds[i] : bounds[i + 1]]] for i, s in enumerate(site_ids)},
                 "standardize": self.standardize,
+                "dedupe": self.dedupe,
+                "dropped_duplicates": [row_label(int(r), row_name) for r in dropped],
                 "train_statistics": stats,
                 "split_column": self.split_column,
                 "splits_from": (

@@ -3,6 +3,7 @@ splits, each bad value named by file, row (CSV line or Parquet row) and column."
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from fedlit.data.common.splits import SPLITS
 from fedlit.data.common.text import not_utf8
 
 OPTION = "data.init_args"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def read_table(path: Path) -> tuple[pd.DataFrame, str]:
@@ -20,14 +22,17 @@ def read_table(path: Path) -> tuple[pd.DataFrame, str]:
     (``line`` for CSV, ``row`` for Parquet).
 
     Raises:
-        DataError: naming the file when it cannot be read; for a CSV that is not UTF-8, the byte offset and the
-            line of its first bad byte; for Parquet text that is not UTF-8, the row and column.
+        DataError: naming the file when it cannot be read, has no rows or names a column twice; for a CSV that
+            is not UTF-8, the byte offset and the line of its first bad byte; for Parquet text that is not UTF-8,
+            the row and column.
     """
     parquet = path.suffix.lower() in (".parquet", ".pq")
     try:
         if not parquet:
-            return pd.read_csv(path, skipinitialspace=True), "line"
-        frame = pd.read_parquet(path).reset_index(drop=True)
+            frame = pd.read_csv(path, skipinitialspace=True)
+            header = pd.read_csv(path, skipinitialspace=True, header=None, nrows=1, dtype=str).iloc[0]
+        else:
+            frame = pd.read_parquet(path).reset_index(drop=True)
     except ImportError as err:
         raise DataError(
             f"{path}: reading Parquet needs pyarrow ({err}); pip install pyarrow, or save the table as CSV"
@@ -40,8 +45,28 @@ def read_table(path: Path) -> tuple[pd.DataFrame, str]:
         if type(err).__module__.split(".")[0] != "pyarrow":  # pyarrow's ArrowException is no OSError/ValueError
             raise
         raise _parquet_error(path, err) from None
+    if not parquet:
+        _check_rows(path, frame, [str(c) for c in header if not pd.isna(c)], "line")
+        return frame, "line"
     _check_parquet_text(path)  # pyarrow reads bad UTF-8 without a word; pandas fails on it later
+    _check_rows(path, frame, [str(c) for c in frame.columns], "row")
     return frame, "row"
+
+
+def _check_rows(path: Path, frame: pd.DataFrame, header: list[str], row_name: str) -> None:
+    """Refuse a table without rows, or whose header names a column twice (pandas renames the second ``age.1``)."""
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        where = "its header" if row_name == "line" else "its columns"
+        raise DataError(
+            f"{path}: {where} names column {', '.join(repr(c) for c in twice)} more than once; "
+            "rename or drop the repeated column (fedlit does not guess which one is meant)"
+        )
+    if not len(frame):
+        raise DataError(
+            f"{path} has no rows (only {'a header' if row_name == 'line' else 'a schema'}: columns "
+            f"{header[:10]}); give it one row per sample"
+        )
 
 
 def row_label(i: int, row_name: str) -> str:
@@ -93,7 +118,8 @@ def check_parquet_types(frame: pd.DataFrame, columns: list[str], path: Path, kin
 def check_numeric(
     frame: pd.DataFrame, columns: list[str], path: Path, row_name: str, kind: str, numeric: bool = True
 ) -> None:
-    """Refuse missing values in ``columns`` and, if ``numeric``, values that are not finite numbers.
+    """Refuse missing values in ``columns`` and, if ``numeric``, values that are not finite numbers or that float32
+    (the tensors' type) cannot hold.
 
     Raises:
         DataError: naming ``path``, the row (CSV line or Parquet row) and the column of each bad value (first
@@ -120,6 +146,15 @@ def check_numeric(
             )
         for i in np.flatnonzero(~missing & np.isinf(numbers.to_numpy())):
             problems.append((int(i), column, f"{_show(values.iloc[i])} is not finite"))
+        for i in np.flatnonzero(np.isfinite(numbers.to_numpy()) & (numbers.abs().to_numpy() > _FLOAT32_MAX)):
+            problems.append(
+                (
+                    int(i),
+                    column,
+                    f"{_show(values.iloc[i])} is finite but beyond float32's range (+-{_FLOAT32_MAX:.4g}), so it "
+                    "would become inf; rescale the column (divide it by a power of ten, or take its log)",
+                )
+            )
     _raise(problems, columns, path, row_name)
 
 
@@ -209,3 +244,35 @@ def _parquet_error(path: Path, error: Exception) -> DataError:
 
 def _show(value: object) -> str:
     return repr(value) if isinstance(value, str) else str(value)
+
+
+def duplicates(
+    frame: pd.DataFrame, keys: list[str], targets: list[str], path: Path, row_name: str, dedupe: bool
+) -> np.ndarray:
+    """The rows ``dedupe`` drops: those that repeat an earlier row's ``keys`` (the site and feature columns) and
+    ``targets`` (none without ``dedupe``). A warning names the rows that repeat an earlier row: exact copies (unless
+    dropped), and rows whose keys repeat with other targets (conflicting labels, never dropped)."""
+    exact = frame[keys + targets].duplicated().to_numpy()
+    conflicting = frame[keys].duplicated().to_numpy() & ~exact
+    hashes = pd.util.hash_pandas_object(frame[keys], index=False).to_numpy()
+    first = pd.Series(np.arange(len(frame))).groupby(hashes).transform("min").to_numpy()
+    shown = {
+        kind: ", ".join(f"{row_label(int(i), row_name)} = {row_label(int(first[i]), row_name)}" for i in rows[:5])
+        + (", ..." if len(rows) > 5 else "")
+        for kind, rows in (("exact", np.flatnonzero(exact)), ("conflicting", np.flatnonzero(conflicting)))
+    }
+    found = []
+    if exact.any() and not dedupe:
+        found.append(
+            f"rows repeating an earlier row of their site exactly: {int(exact.sum())} ({shown['exact']}); such copies "
+            "can land in both the train and the test split, which inflates test scores: drop them from the file, "
+            f"or set {OPTION}.dedupe: true to keep the first of each"
+        )
+    if conflicting.any():
+        found.append(
+            f"rows repeating an earlier row's site and features with another target: {int(conflicting.sum())} "
+            f"({shown['conflicting']}), conflicting labels, kept as they are; fix or drop them"
+        )
+    if found:
+        warnings.warn(f"SiteTable ({path}): {'; '.join(found)}", stacklevel=3)
+    return np.flatnonzero(exact) if dedupe else np.array([], dtype=np.int64)

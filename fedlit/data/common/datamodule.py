@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.names import check_client_ids
+from fedlit.data.common.loader import Loader
 from fedlit.data.common.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType, check_pool
 from fedlit.data.common.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
 from fedlit.data.common.splits import SPLITS
@@ -352,7 +353,7 @@ class FederatedDataModule:
             )
         else:
             dataset = PoolSubset(data.inputs, data.targets, self._indices(client_id, split), data.transform)
-        return DataLoader(
+        return Loader(  # a DataError raised in a worker keeps its own message
             dataset,
             batch_size=batch_size,
             shuffle=shuffle,

@@ -17,6 +17,8 @@ from fedlit.core.names import client_id_problem
 from fedlit.data.common.datamodule import is_int
 
 _OPTION = "data.init_args"
+#: A class with fewer samples than this in the whole pool gets a warning (:func:`warn_labels`).
+RARE_CLASS = 5
 
 # The six Fed-Prostate sites of SAML (Liu, Dou, Heng, MICCAI 2020) under both names in use: the site names
 # (BIDMC, BMC, HK, I2CVB, RUNMC, UCL) and the SAML download's folders, which name the two NCI-ISBI 2013 sites by
@@ -171,3 +173,43 @@ def class_index(names: Sequence[str] | None, option: str = f"{_OPTION}.class_nam
             + (f" ({twice} given twice)" if twice else "")
         )
     return {name: i for i, name in enumerate(listed)}
+
+
+def warn_labels(owner: str, counts: Mapping[str, int], where: Mapping[str, str], declared: bool) -> None:
+    """Warn about labels that look like mistakes: a class with fewer than ``RARE_CLASS`` samples in the whole pool
+    (none is no mistake: a declared class a site lacks), and, unless the classes were ``declared``, class names
+    that read as numbers but not as integers (``0.5`` beside ``0`` and ``1``: a typo, or a regression target).
+
+    Args:
+        owner: the data set and its file or folder, as messages start.
+        counts: class name -> samples in the pool.
+        where: class name -> where it first appears (a row, a folder).
+        declared: whether the names come from ``class_names`` (then only rare classes are named).
+    """
+    rare = [f"{c!r}: {n} (first at {where.get(c, '?')})" for c, n in counts.items() if 0 < n < RARE_CLASS]
+    if rare:
+        warnings.warn(
+            f"{owner}: {'a class has' if len(rare) == 1 else f'{len(rare)} classes have'} fewer than {RARE_CLASS} "
+            f"samples in the whole pool: {'; '.join(rare)}. "
+            "Such a class can hardly be learned or tested (a split gets one or none of it): check its labels, "
+            "merge it into another class, or drop its samples",
+            stacklevel=3,
+        )
+    if declared:
+        return
+    fractional = [c for c in counts if _fraction(c)]
+    if fractional:
+        warnings.warn(
+            f"{owner}: labels {fractional[:10]} read as numbers but not as integers, yet each is a class of its own "
+            f"(first at {where.get(fractional[0], '?')}); a typo, or a regression target (declare task: regression)?",
+            stacklevel=3,
+        )
+
+
+def _fraction(name: str) -> bool:
+    """Whether ``name`` reads as a finite number that is not an integer (``0.5``; not ``1``, ``1.0`` or ``a``)."""
+    try:
+        value = float(name)
+    except ValueError:
+        return False
+    return bool(np.isfinite(value)) and value != round(value)

@@ -39,6 +39,7 @@ from typing_extensions import override
 from fedlit.core.checkpoint_io import save_checkpoint
 from fedlit.core.errors import ConfigError, broken
 from fedlit.data.common.datamodule import FederatedDataModule, SplitName
+from fedlit.data.common.loader import Loader
 from fedlit.data.common.samples import SampleList
 from fedlit.engine.loop.client import batch_statistics_layers
 from fedlit.engine.loop.resume import fingerprint
@@ -235,7 +236,7 @@ class FeatureCache:
             raise broken("cache_problem refuses a module without one")
         extractor = getattr(module, name)
         # Its own generator: the run's global random stream stays as the uncached run leaves it.
-        reader = DataLoader(
+        reader = Loader(  # a worker's DataError reaches the user with its own message, as in training
             loader.dataset,
             batch_size=loader.batch_size,
             shuffle=False,
