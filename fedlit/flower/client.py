@@ -74,7 +74,7 @@ from fedlit.engine.loop.tasks import EvaluateTask
 from fedlit.flower import codec
 from fedlit.flower.node_data import OwnClientData
 from fedlit.flower.secagg_client import client_mods, handle_secure_train, is_secure_train
-from fedlit.flower.snapshots import FolderTable, Snapshots
+from fedlit.flower.snapshots import MARKER, FolderTable, Snapshots
 
 #: What this module defines, and the names it re-exports from :mod:`fedlit.flower.node_data` and
 #: :mod:`fedlit.flower.snapshots` (their home before the split).
@@ -318,7 +318,7 @@ def snapshots_of(context: Context) -> Snapshots:
     if folder:
         client_id = str(context.node_config["client-id"])
         check_client_id(client_id, "--node-config client-id of this SuperNode", _RENAME)  # a folder under state-dir
-        return Snapshots(FolderTable(Path(str(folder)) / run / client_id))
+        return Snapshots(FolderTable(Path(str(folder)) / run / client_id, marker=Path(str(folder)) / run / MARKER))
     name = f"{STATE_RECORD}.{run}"
     if name not in context.state.config_records:
         context.state[name] = ConfigRecord()

@@ -12,20 +12,33 @@ first 16 hex digits of the SHA-256 of the server's run folder (the run config's 
 snapshots a resume can need are kept, but a finished run's stay until deleted. Without ``--delete`` the runs that
 would be deleted are listed only. Delete a run's folder only when the server's run is finished or abandoned: a
 resumed server whose nodes lost their snapshots gets clients without their personal state.
+
+Only the folders fedlit wrote are ever listed as runs, or deleted: those holding the file ``.fedlit-node-state``
+(:data:`fedlit.flower.snapshots.MARKER`, written with a run's first snapshot), and, written before that file
+existed, those laid out exactly as fedlit lays them out (a name of 16 hex digits or ``run<N>``, holding only client
+folders, which hold only ``round_<r>.pt`` files, at least one). Any other folder of ``--state_dir`` is listed as
+"not a node state" and kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedlit.core.errors import ConfigError, InputFileError
+from fedlit.flower.snapshots import MARKER
 
 DAY = 86400.0
+#: A run folder's name as :func:`fedlit.flower.client.snapshots_of` writes it, and a snapshot's file name.
+_RUN_NAME = re.compile(r"[0-9a-f]{16}|run\d+")
+_SNAPSHOT = re.compile(r"round_\d+\.(pt|tmp)")
+#: Folders fedlit itself keeps in a state-dir that are no run (the ClientApp worker's socket folder).
+_OWN_OTHER = (".fedlit-worker",)
 
 
 def run_key(out_dir: str) -> str:
@@ -53,10 +66,34 @@ class RunState:
         )
 
 
+def is_node_state(folder: Path) -> bool:
+    """Whether fedlit wrote ``folder`` as a run's snapshots: it holds the :data:`MARKER` file or (written before the
+    marker existed) has exactly fedlit's layout, ``<run>/<client-id>/round_<r>.pt``. A link is never one."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    if (folder / MARKER).is_file():
+        return True
+    clients = list(folder.iterdir())
+    if not _RUN_NAME.fullmatch(folder.name) or not clients:
+        return False
+    for client in clients:
+        if client.is_symlink() or not client.is_dir():
+            return False
+        files = list(client.iterdir())
+        if not files or not all(f.is_file() and not f.is_symlink() and _SNAPSHOT.fullmatch(f.name) for f in files):
+            return False
+    return True
+
+
+def not_node_states(state_dir: Path) -> list[Path]:
+    """The folders of ``state_dir`` fedlit did not write as runs (never listed as runs, never deleted)."""
+    return sorted(p for p in state_dir.iterdir() if p.is_dir() and p.name not in _OWN_OTHER and not is_node_state(p))
+
+
 def runs(state_dir: Path) -> list[RunState]:
-    """The runs kept in ``state_dir``, oldest last write first."""
+    """The runs kept in ``state_dir`` (folders fedlit wrote, :func:`is_node_state`), oldest last write first."""
     found = []
-    for folder in sorted(p for p in state_dir.iterdir() if p.is_dir()):
+    for folder in sorted(p for p in state_dir.iterdir() if is_node_state(p)):
         files = [p for p in folder.rglob("*") if p.is_file()]
         snapshots = [p for p in files if p.suffix == ".pt" and p.stem.startswith("round_")]
         found.append(
@@ -112,6 +149,8 @@ def main(argv: list[str]) -> list[RunState]:
     if args.delete and args.older_than is None and args.out_dir is None:
         raise ConfigError("--delete needs --older_than DAYS or --out_dir RUN_FOLDER: it never deletes every run.")
     now = time.time()
+    for other in not_node_states(state_dir):
+        print(f"kept {other.name}: not a node state (no {MARKER} file, nor fedlit's snapshot layout)", flush=True)
     chosen = select(state_dir, older_than=args.older_than, out_dir=args.out_dir, now=now)
     for run in chosen:
         print(("deleted " if args.delete else "") + run.line(now), flush=True)

@@ -14,16 +14,23 @@ from pathlib import Path
 
 from typing_extensions import override
 
+#: The file fedlit writes in each run folder it creates under a node's ``state-dir`` (``<state-dir>/<run>/``), so
+#: that ``fedlit node-state --delete`` deletes only folders fedlit wrote (:mod:`fedlit.flower.node_state`).
+MARKER = ".fedlit-node-state"
+
 
 class FolderTable(MutableMapping[str, bytes]):
     """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file).
 
     Args:
         folder: The folder (created on the first write).
+        marker: A file written (once, with its own text) when the folder is first written, e.g. the :data:`MARKER`
+            of the run folder above it.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, marker: Path | None = None) -> None:
         self.folder = folder
+        self.marker = marker
 
     @override
     def __getitem__(self, key: str) -> bytes:
@@ -35,6 +42,8 @@ class FolderTable(MutableMapping[str, bytes]):
     @override
     def __setitem__(self, key: str, value: bytes) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.marker is not None and not self.marker.is_file():
+            self.marker.write_text("A run's client snapshots, written by fedlit (fedlit node-state lists them).\n")
         partial = self.folder / f"{key}.tmp"
         partial.write_bytes(value)
         partial.replace(self.folder / f"{key}.pt")

@@ -71,3 +71,50 @@ def test_refused(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
         main(["node-state", "--state_dir", str(tmp_path), *argv])
     assert message in capsys.readouterr().err and kept.is_dir()
+
+
+def _aged(path, age_days):
+    stamp = os.path.getmtime(path) - age_days * DAY
+    for p in [path, *path.rglob("*")]:
+        os.utime(p, (stamp, stamp))
+
+
+def test_only_folders_fedlit_wrote_are_deleted(tmp_path, capsys):
+    run = _run(tmp_path, "/abs/runs/old", ["site_0"], [1], 40)
+    assert (run / ".fedlit-node-state").is_file()  # written with the run's first snapshot
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(12):
+        (images / f"scan_{i}.png").write_bytes(b"\x89PNG" + bytes(100))
+    lookalike = tmp_path / ("0123456789abcdef")  # a run's name, but a file no node writes
+    (lookalike / "site_0").mkdir(parents=True)
+    (lookalike / "site_0" / "notes.txt").write_text("mine")
+    worker = tmp_path / ".fedlit-worker"  # the ClientApp worker's socket folder: neither a run nor listed
+    worker.mkdir()
+    for folder in (images, lookalike, worker):
+        _aged(folder, 40)
+    main(["node-state", "--state_dir", str(tmp_path), "--older_than", "30", "--delete"])
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "kept 0123456789abcdef: not a node state (no .fedlit-node-state file, nor fedlit's snapshot layout)",
+        "kept images: not a node state (no .fedlit-node-state file, nor fedlit's snapshot layout)",
+        out[2],
+    ]
+    assert out[2].startswith(f"deleted {run.name}  clients site_0  rounds 1")
+    assert not run.exists() and len(list(images.iterdir())) == 12 and (lookalike / "site_0" / "notes.txt").is_file()
+    main(["node-state", "--state_dir", str(tmp_path), "--older_than", "0", "--delete"])
+    assert capsys.readouterr().out.splitlines()[-1] == f"fedlit node-state: no run selected in {tmp_path}."
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".fedlit-worker", "0123456789abcdef", "images"]
+
+
+def test_runs_written_before_the_marker_are_recognised_by_their_layout_only(tmp_path, capsys):
+    legacy = _run(tmp_path, "/abs/runs/legacy", ["site_0", "site_1"], [2], 40)
+    (legacy / ".fedlit-node-state").unlink()
+    extra = _run(tmp_path, "/abs/runs/extra", ["site_0"], [2], 40)
+    (extra / ".fedlit-node-state").unlink()
+    (extra / "site_0" / "round_2.png").write_bytes(b"x")  # one file fedlit never writes: not its layout
+    _aged(extra, 40)
+    main(["node-state", "--state_dir", str(tmp_path), "--older_than", "30", "--delete"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"kept {extra.name}: not a node state") and out[1].startswith(f"deleted {legacy.name}")
+    assert len(out) == 2 and not legacy.exists() and (extra / "site_0" / "round_2.pt").is_file()
