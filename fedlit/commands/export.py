@@ -161,6 +161,7 @@ def _client_folders(out: Path, client_ids: list[str]) -> dict[str, Path]:
     """Each client's folder ``out/<client_id>``, all checked before anything is written: the id is a safe name,
     and the folder, once resolved (symbolic links followed), is a sub-folder of ``out``."""
     check_client_ids(client_ids, "fedlit export: the federation's clients")
+    check_out(out)
     root = out.resolve()
     folders = {c: out / c for c in client_ids}
     outside = [
@@ -174,6 +175,19 @@ def _client_folders(out: Path, client_ids: list[str]) -> dict[str, Path]:
             "(a symbolic link?); nothing was written. Remove the links, or export into a new folder."
         )
     return folders
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that is a file, or lies under one, before anything is rebuilt or written."""
+    for path in (out, *out.parents):
+        if path.exists() or path.is_symlink():
+            if path.is_dir():
+                return
+            where = "is a file" if path == out else f"lies under {path}, which is a file"
+            raise ConfigError(
+                f"export --out {out} {where}, not a folder: give a folder for the clients' exports (created if "
+                f"missing), e.g. --out {path.parent / (path.stem + '_export')}; nothing was written."
+            )
 
 
 def load_export(folder: str | Path, module: nn.Module) -> dict[str, Any]:
@@ -343,9 +357,10 @@ class ExportJob:
 def prepare(cfg: Namespace, imports: Iterable[str] = ()) -> ExportJob:
     """Rebuild the run and restore its checkpoint (configuration errors are raised here, as for the others);
     ``imports``: modules or ``.py`` files to import first (``--import``)."""
+    out = Path(cfg.out) if cfg.out else Path(cfg.run) / "export"
+    check_out(out)
     ckpt = checkpoint_of(cfg.run, cfg.ckpt_path)
     clients = [c.strip() for c in cfg.clients.split(",") if c.strip()] if cfg.clients else None
-    out = Path(cfg.out) if cfg.out else Path(cfg.run) / "export"
     return ExportJob(load_run(cfg.run, ckpt, imports), ckpt, clients, out, cfg.full)
 
 

@@ -18,8 +18,9 @@ The recipe flows down once: :func:`~fedlit.config.parser.load` (parse, import th
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,18 +103,43 @@ class FitJob:
     federation: Federation
     ckpt_path: Path | None
     created: Path | None  # the new version folder made for this run, removed again if the run leaves it empty
+    argv: list[str] = field(default_factory=list)  # the command line, for the resume command of an interrupted fit
 
     def __call__(self) -> Any:
         if self.federation.fabric.is_global_zero:
             print(f"fedlit {self.subcommand}: out_dir={self.federation.out_dir}", flush=True)
         try:
             if self.subcommand == "fit":
-                return self.federation.fit(ckpt_path=self.ckpt_path)
+                try:
+                    return self.federation.fit(ckpt_path=self.ckpt_path)
+                except KeyboardInterrupt:  # Ctrl-C: one line saying how to go on, for the command line to print
+                    raise KeyboardInterrupt(interrupted(self.federation, self.argv)) from None
             if not (self.ckpt_path is not None):  # validate and test resolve a checkpoint (last by default)
                 raise broken("validate and test resolve a checkpoint (last by default)")
             return self.federation.evaluate(self.subcommand.replace("validate", "val"), ckpt_path=self.ckpt_path)
         finally:
             remove_if_empty(self.created)
+
+
+def interrupted(federation: Federation, argv: list[str]) -> str:
+    """What an interrupted fit says: the round its last checkpoint holds and the exact command that resumes it
+    (``argv`` with ``--out_dir`` of the run and ``--ckpt_path last``), or that there is nothing to resume."""
+    state = federation.state
+    if state.checkpointed is None:
+        return (
+            f"fit interrupted in round {max(state.round, 1)}, before its first checkpoint: nothing to resume; run the "
+            "same command again to start over."
+        )
+    dropped = ("--ckpt_path", "--out_dir", "--name", "--version")
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip or arg.split("=", 1)[0] in dropped:
+            skip = arg in dropped  # the option's value follows it
+            continue
+        kept.append(arg)
+    command = shlex.join(["fedlit", *kept, "--out_dir", str(federation.out_dir), "--ckpt_path", "last"])
+    return f"fit interrupted after round {state.checkpointed} (its checkpoint is kept); resume it with: {command}"
 
 
 def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -> FitJob | CostJob:
@@ -133,4 +159,4 @@ def prepare(argv: list[str], *, wrap_data: Callable[[Any], Any] | None = None) -
         return CostJob(estimate(recipe), title="fedlit fit --dry_run")  # builds no data, writes no run folder
     out_dir, ckpt_path = resolve_run(options, name)
     built = build_run(recipe, out_dir, ckpt_path, wrap_data=wrap_data)
-    return FitJob(name, built.federation, built.ckpt_path, built.created)
+    return FitJob(name, built.federation, built.ckpt_path, built.created, list(argv))

@@ -324,3 +324,19 @@ def test_client_ids_with_spaces_and_signs_are_exported_under_their_own_names(tmp
     assert written == {c: tmp_path / "out" / c for c in names}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(names)
     assert json.loads((tmp_path / "out" / "site a 50%" / "export.json").read_text())["client"] == "site a 50%"
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_an_out_that_is_a_file_is_one_clear_error(tmp_path, capsys, under):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    out = taken / "export" if under else taken
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "--run", str(tmp_path / "no_run"), "--out", str(out)])
+    assert exit_info.value.code == 2
+    where = f"lies under {taken}, which is a file" if under else "is a file"
+    assert capsys.readouterr().err == (
+        f"fedlit: error: export --out {out} {where}, not a folder: give a folder for the clients' exports "
+        f"(created if missing), e.g. --out {tmp_path / 'notes_export'}; nothing was written.\n"
+    )
+    assert taken.read_text() == "mine"

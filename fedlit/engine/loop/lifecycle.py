@@ -106,6 +106,9 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
     if ckpt_path is not None:
         dropped = resume.restore(run, load_checkpoint(ckpt_path), ckpt_path, resuming=resuming)
         resume.record_resume(run, run.out_dir, dropped)
+        run.state.checkpointed = run.state.round
+        if resuming and run.fabric.is_global_zero:
+            resume.check_run_files(run, ckpt_path)
     run.executor.setup(run)
 
 
@@ -200,6 +203,14 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
         if run.baseline_run is not None:  # refuse another data set or seed before training, not after
             baseline.load(run.baseline_run, run)
         record.begin(run, resumed=ckpt_path is not None)
+        if zero and ckpt_path is not None and run.state.round >= run.settings.rounds:
+            where = "already past" if run.state.round > run.settings.rounds else "at"
+            print(
+                f"Note: {ckpt_path} is of round {run.state.round}, {where} federation.rounds={run.settings.rounds}: "
+                f"no round is run, and its results are reported again. To train on, resume with --federation.rounds "
+                f"above {run.state.round}.",
+                flush=True,
+            )
         if zero:
             resume.save_config(run)
             rounds.log_class_counts(run)

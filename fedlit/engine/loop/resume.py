@@ -7,7 +7,9 @@ fingerprint of the frozen tensors, the partition manifest and, for runs started 
 refused with a message that names what differs. Settings that may change on resume are
 :data:`~fedlit.engine.loop.settings.RESUMABLE` (declared with each setting); each resume is recorded in
 ``config.json`` under ``resumed`` (the round it continued from and the keys it changed), the rest of the file
-staying the original configuration.
+staying the original configuration. A resume into the checkpoint's own run folder that lost its ``metrics.csv`` is
+refused (its rows of the rounds so far would be gone for good); one that lost its ``config.json`` warns, and the
+file written again from the command's configuration says so (:func:`check_run_files`).
 
 Callbacks may change on resume, except one that reports on the whole run in ``results.json`` (a ``results_json``
 method: the privacy callbacks): the checkpoint keeps what each reported, and a resume without one of them is
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 from torch import Tensor
 
 from fedlit.core.checkpoint_io import rng_state, save_checkpoint, set_rng_state
-from fedlit.core.errors import CheckpointError
+from fedlit.core.errors import CheckpointError, RunDirError
 from fedlit.core.files import write_text_atomic
 from fedlit.core.tensors import raw_bytes
 from fedlit.engine.loop import optim, ranks
@@ -78,6 +80,7 @@ def save(run: Run, path: str | Path) -> Path:
         "comm": dict(run.state.comm),
         "compute": dict(run.state.compute),
         "faults": [dict(f) for f in run.state.faults],
+        "divergence": {k: v for k, v in run.state.divergence.items() if k in ("round", "loss")},
         "rng": rng_state(),
         "lr_schedule": None if run.lr_schedule is None else run.lr_schedule.state_dict(),
         "timing": record.timing_state(run),
@@ -123,6 +126,7 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
     run.state.comm = dict(payload["comm"])
     run.state.compute = dict(payload.get("compute", {"eval_finetune_steps": 0}))
     run.state.faults = [dict(f) for f in payload.get("faults", [])]
+    run.state.divergence = dict(payload.get("divergence", {}))
     set_rng_state(payload["rng"])
     optim.restore_round_schedule(run.lr_schedule, payload)
     record.load_timing(run, payload.get("timing"))
@@ -293,6 +297,41 @@ def record_resume(run: Run, folder: Path, dropped: list[str] | None = None) -> N
             entry["dropped_callbacks"] = list(dropped)
         resumed.append(entry)
         run.config = {**original, "resumed": resumed}
+
+
+def check_run_files(run: Run, ckpt_path: str | Path) -> None:
+    """Before a fit resumed from ``ckpt_path`` writes anything (rank 0): the run folder still holds what the rounds
+    so far recorded.
+
+    Raises:
+        RunDirError: when the checkpoint lies in the run folder, which lost its ``metrics.csv``: a new one would
+            hold only the rounds after the checkpoint's. (Resumed into another folder, that is said in a warning.)
+    """
+    folder, last = run.out_dir, run.state.round
+    metrics = folder / record.CSV_NAME
+    own = Path(ckpt_path).resolve().is_relative_to(folder.resolve())  # its checkpoints/, not a copy elsewhere
+    earlier = "round 1" if last == 1 else f"rounds 1..{last}"
+    if last > 0 and not metrics.is_file():
+        if own:
+            raise RunDirError(
+                f"{metrics} is missing: resuming {ckpt_path} (round {last}) would start a new one at round "
+                f"{last + 1}, without the rows of {earlier}. Restore it from a copy; or, to go on with a "
+                f"metrics.csv of the rounds after {last} only, create it empty (touch {metrics}) and resume again."
+            )
+        warnings.warn(
+            f"{metrics} starts at round {last + 1}: the rows of {earlier} are in the metrics.csv of the run of "
+            f"{ckpt_path}.",
+            stacklevel=3,
+        )
+    if own and run.config and not (folder / "config.json").is_file():
+        warnings.warn(
+            f"{folder / 'config.json'} is missing: it is written again from this command's configuration (the "
+            "checkpoint's own record matches it but for settings a resume may change, whose first values are "
+            "lost), marked config_json_missing in its `resumed` entry.",
+            stacklevel=3,
+        )
+        resumed = [*run.config.get("resumed", []), {"from_round": last, "config_json_missing": True}]
+        run.config = {**run.config, "resumed": resumed}
 
 
 def fingerprint(tensors: Mapping[str, Tensor]) -> str:

@@ -16,7 +16,7 @@ from fedlit.core.errors import FedlitError, NonFiniteError, broken
 from fedlit.core.names import table_cell
 from fedlit.core.roles import role_summary_table
 from fedlit.core.tensors import nbytes as state_nbytes
-from fedlit.engine.loop import aggregation, resume
+from fedlit.engine.loop import aggregation, divergence, resume
 from fedlit.engine.loop import evaluate as evaluation
 from fedlit.engine.loop.screening import non_finite_server_state, screen_update
 from fedlit.engine.loop.tasks import fit_tasks
@@ -113,6 +113,7 @@ def run_round(run: Run, server_round: int) -> None:
     losses = [u.metrics["loss"] for u in updates]
     if losses:
         log["server/train/loss_mean"] = sum(losses) / len(losses)
+    divergence.check(run, server_round, log.get("server/train/loss_mean"))  # may stop before the round is saved
     log.update(
         {
             "comm/upload_bytes": upload,
@@ -153,6 +154,7 @@ def run_round(run: Run, server_round: int) -> None:
     settings = run.settings
     if server_round % settings.checkpoint_every == 0 or server_round == settings.rounds or run.state.should_stop:
         resume.save(run, run.out_dir / "checkpoints" / LAST)
+        run.state.checkpointed = server_round
 
 
 #: The tag of a left-out turn in the round's log, by the kind of its fault.

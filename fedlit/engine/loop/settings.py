@@ -34,7 +34,10 @@ class Settings:
         "for every client.",
     )
     local_epochs: int = setting(
-        1, "Passes over the client's training data per round (ignored when ``local_steps`` is set).", low=1
+        1,
+        "Passes over the client's training data per round; with ``local_steps`` set it must stay 1 (a turn then "
+        "takes ``local_steps`` steps: another value would be ignored, so it is refused).",
+        low=1,
     )
     local_steps: int | None = setting(
         None,
@@ -146,6 +149,15 @@ class Settings:
         note="or null: no bound",
         resumable=True,
     )
+    divergence: Literal["warn", "stop", "off"] = setting(
+        "warn",
+        "What to do when the clients' mean training loss of a round is over 100 times that of the run's first "
+        "round (a learning rate far too high: the loss grows by orders of magnitude while every value stays "
+        "finite): ``warn`` (the default) warns once and goes on; ``stop`` ends the run before that round is "
+        "recorded or saved, its last good checkpoint kept; ``off`` checks nothing. See "
+        ":mod:`fedlit.engine.loop.divergence`.",
+        resumable=True,
+    )
     allow_dropped_callbacks: bool = setting(
         False,
         "Let a resumed run go on without a callback of the checkpoint's run that reports on the whole run in "
@@ -202,6 +214,17 @@ class Settings:
         "client anyway. See :mod:`fedlit.engine.speedups.reuse`.",
         resumable=True,
     )
+    pooled_metrics: bool = setting(
+        True,
+        "Also compute the test metrics over every client's test samples together, at each evaluated round: FLamby's "
+        '"pooled" figure (its pooled C-index on Fed-TCGA-BRCA), reported beside the mean over clients (``pooled`` '
+        "in ``results.json``'s ``last`` and ``best``, a ``pooled`` row in the tables). It reuses the predictions "
+        "the test evaluation computes: the module keeps each client's per-sample scores and targets (survival, "
+        "classification: those its AUROC keeps anyway) or per-image counts (segmentation) until the round's "
+        "figure is computed. False skips it. Simulation only: a Flower deployment's nodes never send their "
+        "predictions, and a module without ``pooled_metrics`` has none.",
+        resumable=True,
+    )
 
     def __post_init__(self) -> None:
         problems = self.problems(vars(self))
@@ -231,6 +254,13 @@ class Settings:
             problems.append(f"federation.unseen_clients={unseen} must be >= 0 (a count) or a list of ids")
         if isinstance(unseen, list) and len(set(unseen)) < len(unseen):
             problems.append(f"federation.unseen_clients={unseen} lists a client twice")
+        epochs, steps = values["local_epochs"], values["local_steps"]
+        if steps is not None and epochs != 1:  # 1 is the default, so a recipe may keep it beside local_steps
+            problems.append(
+                f"federation.local_epochs={epochs} and federation.local_steps={steps} conflict: a turn takes "
+                "local_steps optimizer steps and would ignore local_epochs; give one of them (leave local_epochs "
+                "out, or set local_steps: null)"
+            )
         per_round = values["clients_per_round"]
         if isinstance(per_round, float) and not 0 < per_round <= 1:
             problems.append(f"federation.clients_per_round={per_round}: a fraction must be in (0, 1]")

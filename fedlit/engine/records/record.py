@@ -234,7 +234,7 @@ def open_metrics(run: RecordedRun) -> Path:
         CSV_COLUMNS,
         *(r for r in rows[1:] if r and _round_of(r) <= run.state.round and not r[2].startswith(_FINAL_SECTIONS)),
     ]
-    if len(kept) < len(rows) or torn:
+    if len(kept) < len(rows) or torn or not rows:  # not rows: an empty file, given its header
         tmp = path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="", encoding="utf-8") as file:
             csv.writer(file).writerows(kept)

@@ -55,6 +55,10 @@ class RunState:
         stop_reason: Why, as the callback says it.
         stopped_early: ``{"round", "reason"}`` once the run has stopped before ``federation.rounds``; in
             ``results.json``.
+        divergence: The reference of :mod:`fedlit.engine.loop.divergence`: the first round's ``round`` and mean
+            training ``loss`` (kept in the checkpoint), and ``warned`` once it has warned.
+        checkpointed: The round of the last ``checkpoints/last.ckpt`` this process wrote or resumed from (None:
+            none yet), for the line an interrupted fit prints.
     """
 
     history: EvaluationHistory
@@ -68,6 +72,8 @@ class RunState:
     should_stop: bool = False
     stop_reason: str | None = None
     stopped_early: dict[str, Any] | None = None
+    divergence: dict[str, Any] = field(default_factory=dict)
+    checkpointed: int | None = None
 
 
 class RecordedSettings(Protocol):

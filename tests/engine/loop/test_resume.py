@@ -165,3 +165,56 @@ class _Counting:
 
     def __exit__(self, *exc):
         self.file.close()
+
+
+def test_a_resume_into_its_folder_that_lost_metrics_csv_is_refused_and_an_empty_one_goes_on(tmp_path):
+    make_federation(tmp_path, FedAvg(), rounds=2).fit()
+    metrics, ckpt = tmp_path / "metrics.csv", tmp_path.joinpath(*CKPT)
+    metrics.unlink()
+    with pytest.raises(RunDirError) as err:
+        make_federation(tmp_path, FedAvg(), rounds=3).fit(ckpt_path=ckpt)
+    assert str(err.value) == (
+        f"{metrics} is missing: resuming {ckpt} (round 2) would start a new one at round 3, without the rows of "
+        f"rounds 1..2. Restore it from a copy; or, to go on with a metrics.csv of the rounds after 2 only, create "
+        f"it empty (touch {metrics}) and resume again."
+    )
+    assert not metrics.exists()  # refused before anything was written
+    metrics.touch()
+    make_federation(tmp_path, FedAvg(), rounds=3).fit(ckpt_path=ckpt)
+    rows = list(csv.reader(io.StringIO(metrics.read_text(), newline="")))
+    assert rows[0] == ["round", "client", "split", "metric", "value"] and {r[0] for r in rows[1:]} == {"3"}
+
+
+def test_a_resume_into_another_folder_says_where_the_earlier_rows_are(tmp_path):
+    make_federation(tmp_path / "a", FedAvg(), rounds=1).fit()
+    ckpt = tmp_path.joinpath("a", *CKPT)
+    with pytest.warns(UserWarning) as caught:
+        make_federation(tmp_path / "b", FedAvg(), rounds=2).fit(ckpt_path=ckpt)
+    said = [str(w.message) for w in caught if "metrics.csv" in str(w.message)]
+    assert said == [
+        f"{tmp_path / 'b' / 'metrics.csv'} starts at round 2: the rows of round 1 are in the metrics.csv of the run "
+        f"of {ckpt}."
+    ]
+
+
+def test_a_resume_that_lost_config_json_warns_and_records_it(tmp_path):
+    make_federation(tmp_path, FedAvg(), rounds=1, config=config(0.1, 1)).fit()
+    (tmp_path / "config.json").unlink()
+    with pytest.warns(UserWarning, match=r"config\.json is missing: it is written again from this command's"):
+        make_federation(tmp_path, FedAvg(), rounds=2, config=config(0.1, 2)).fit(ckpt_path=tmp_path.joinpath(*CKPT))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["federation"]["rounds"] == 2  # the command's: the first value (1) is lost
+    assert saved["resumed"] == [{"from_round": 1, "config_json_missing": True}]
+
+
+@pytest.mark.parametrize(("rounds", "where"), [(1, "already past"), (2, "at")])
+def test_a_resume_with_rounds_not_above_the_checkpoints_says_so(tmp_path, capsys, rounds, where):
+    make_federation(tmp_path, FedAvg(), rounds=2).fit()
+    ckpt, metrics = tmp_path.joinpath(*CKPT), (tmp_path / "metrics.csv").read_bytes()
+    capsys.readouterr()
+    make_federation(tmp_path, FedAvg(), rounds=rounds).fit(ckpt_path=ckpt)
+    assert (
+        f"Note: {ckpt} is of round 2, {where} federation.rounds={rounds}: no round is run, and its results are "
+        "reported again. To train on, resume with --federation.rounds above 2.\n"
+    ) in capsys.readouterr().out
+    assert (tmp_path / "metrics.csv").read_bytes() == metrics

@@ -11,6 +11,7 @@ import docstring_parser
 import pytest
 import torch
 
+from fedlit.core.errors import ConfigError
 from fedlit.engine.loop.run import Run
 from fedlit.engine.loop.settings import RESUMABLE, Settings, settings_table
 from fedlit.engine.records.state import RunState
@@ -59,11 +60,13 @@ def test_the_settings_a_resume_may_change_are_those_declared_resumable():
         "client_timeout",
         "max_update_norm",
         "max_update_ratio",
+        "divergence",
         "allow_dropped_callbacks",
         "threads",
         "cache_features",
         "fused_clients",
         "reuse_evaluations",
+        "pooled_metrics",
     }
 
 
@@ -96,6 +99,17 @@ def test_none_passes_the_bounds_where_the_type_allows_it():
     assert _problems(rounds=1, unseen_finetune_steps=0, client_timeout=0.5, fused_clients=4) == []
 
 
+def test_local_epochs_beside_local_steps_is_refused_unless_it_is_the_default_1():
+    assert _problems(local_epochs=5, local_steps=1) == [
+        "federation.local_epochs=5 and federation.local_steps=1 conflict: a turn takes local_steps optimizer steps "
+        "and would ignore local_epochs; give one of them (leave local_epochs out, or set local_steps: null)"
+    ]
+    assert _problems(local_epochs=1, local_steps=20) == []  # as the shipped recipes write it
+    assert _problems(local_epochs=5, local_steps=None) == []
+    with pytest.raises(ConfigError, match="federation.local_epochs=5 and federation.local_steps=1 conflict"):
+        Settings.from_options({"local_epochs": 5, "local_steps": 1})
+
+
 def test_run_has_no_forwarded_settings_and_keeps_its_progress_in_state(tmp_path):
     assert not [f.name for f in fields(Settings) if hasattr(Run, f.name)]
     federation = make_federation(tmp_path, FedAvg(), rounds=2)
@@ -111,12 +125,15 @@ def test_run_has_no_forwarded_settings_and_keeps_its_progress_in_state(tmp_path)
     assert payload["identity"] == state.identity and payload["history"] == state.history.state_dict()
     assert state.comm["upload_bytes"] > 0 and state.stopped_early is None
     saved_progress = {"server_round", "comm", "compute", "faults", "identity", "dropped_callbacks", "timing", "history"}
+    saved_progress |= {"divergence"}
     assert saved_progress <= set(payload)
+    assert payload["divergence"] == {"round": 1, "loss": state.divergence["loss"]}  # the reference, not "warned"
     assert {f.name for f in fields(RunState)} == (saved_progress - {"server_round"}) | {
         "round",
         "should_stop",
         "stop_reason",
         "stopped_early",
+        "checkpointed",  # not saved: the checkpoint is that round's
     }
 
 
