@@ -4,7 +4,8 @@ The loop (:class:`~fedlit.federation.Federation`) is not Lightning's ``Trainer``
 :data:`LOOP_HOOKS` and no others. A Lightning callback written for the ``Trainer`` (``EarlyStopping``,
 ``ModelCheckpoint``, ``LearningRateMonitor``...) acts in hooks such as ``on_validation_end`` or
 ``on_train_end`` that never come, so it would do nothing, silently; :func:`check_callbacks` refuses it and says
-what to use instead.
+what to use instead. One whose hooks share the loop's names (``ModelSummary``'s ``on_fit_start``) would get the loop's
+contexts instead of a Trainer: refused too. :func:`accepted` says which classes can act in the loop.
 """
 
 from __future__ import annotations
@@ -110,8 +111,12 @@ _LIGHTNING_BASES = frozenset({*Callback.__mro__, *LightningModule.__mro__})
 def _defined_hooks(obj: Any) -> list[str]:
     """The methods of ``obj``'s class named like hooks (:data:`HOOK_PREFIXES`) that the class or a base other than
     Lightning's own base classes defines, sorted."""
+    return _class_hooks(type(obj))
+
+
+def _class_hooks(owner: type) -> list[str]:
     names: set[str] = set()
-    for cls in type(obj).__mro__:
+    for cls in owner.__mro__:
         if cls not in _LIGHTNING_BASES:
             names |= {
                 n
@@ -134,6 +139,28 @@ def _instead(hook: str, on_module: bool = False) -> str:
         return f"one of the loop's hooks{where}: " + ", ".join(sorted(LOOP_HOOKS))
     name, why = _HOOK_INSTEAD[hook]
     return ("a callback's " if on_module and name.startswith("on_") else "") + name + (f", {why}" if why else "")
+
+
+def accepted(cls: type) -> bool:
+    """Whether a callback of class ``cls`` can act in the loop (what ``fedlit fit --help`` lists under
+    ``--callbacks``): it implements only the loop's hooks and is none of Lightning's own callbacks, which are
+    written for its Trainer (:func:`check_callbacks` refuses those that implement hooks; the others do nothing)."""
+    return not _lightning_class(cls) and all(h in LOOP_HOOKS for h in _class_hooks(cls))
+
+
+def _lightning_class(cls: type) -> bool:
+    """Whether ``cls`` is (or derives from) one of Lightning's callbacks, not its base classes."""
+    return any(
+        c not in _LIGHTNING_BASES and c.__module__.startswith(("lightning.", "pytorch_lightning.")) for c in cls.__mro__
+    )
+
+
+def _trainer_callback(cls: type) -> str | None:
+    """What to use instead of ``cls`` when it is (or derives from) one of Lightning's Trainer-only callbacks."""
+    return next(
+        (_INSTEAD[c.__name__] for c in cls.__mro__ if c.__name__ in _INSTEAD and _lightning_class(c)),
+        None,
+    )
 
 
 def trainer_only_hooks(callback: Any) -> list[str]:
@@ -198,14 +225,14 @@ def check_callbacks(callbacks: list[Any], *, strategy: Any = None, module: Any =
         hooks = trainer_only_hooks(callback)
         problems += [_misspelt(label, h, LOOP_HOOKS) for h in hooks if not _is_lightning_hook(h)]
         hooks = [h for h in hooks if _is_lightning_hook(h)]
-        known = next(
-            (
-                _INSTEAD[c.__name__]
-                for c in cls.__mro__
-                if c.__name__ in _INSTEAD and c.__module__.startswith(("lightning", "pytorch_lightning"))
-            ),
-            None,
-        )
+        known = _trainer_callback(cls)
+        if not hooks and known is None and _lightning_class(cls) and _class_hooks(cls):
+            problems.append(  # its hooks are the loop's names, but they expect a Trainer and a LightningModule
+                f"{label} is written for Lightning's Trainer: the federated loop would call its "
+                f"{', '.join(_class_hooks(cls))} with its own contexts, not a Trainer, and it would fail. Use a "
+                "callback that implements the loop's hooks instead: " + ", ".join(sorted(LOOP_HOOKS))
+            )
+            continue
         if not hooks and known is None:
             continue
         relies = f"relies on {', '.join(hooks)}" if hooks else "is written for Lightning's Trainer"

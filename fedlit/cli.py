@@ -18,8 +18,9 @@ Each command parses its own options and builds its objects (:func:`prepare`); th
 recipe, the command line, the input files or the run folder end with one clear line and exit code 2: fedlit's own
 :class:`~fedlit.core.errors.FedlitError` and the parser's errors (:data:`fedlit.config.explain.CONFIG_ERRORS`).
 Anything else (a bug in a custom strategy, module or data module, even while it is built) keeps its traceback
-(exit code 1). torch and Lightning are imported by the commands, so ``fedlit --help`` and ``fedlit --version``
-answer in a fraction of a second.
+(exit code 1). A Ctrl-C ends with one line too (exit code 130); an interrupted ``fit`` gives the exact command that
+resumes it (:func:`fedlit.commands.fit.interrupted`). torch and Lightning are imported by the commands, so
+``fedlit --help`` and ``fedlit --version`` answer in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -135,10 +136,19 @@ def main(argv: list[str] | None = None) -> None:
         job = prepare(argv)
     except CONFIG_ERRORS as err:
         _fail(explain(err))
+    except KeyboardInterrupt:
+        _interrupted("interrupted")
     try:
         job()
     except FedlitError as err:
         _fail(str(err))
+    except KeyboardInterrupt as err:  # Ctrl-C: a fit says how to resume (fedlit.commands.fit.interrupted)
+        _interrupted(str(err) or "interrupted")
+
+
+def _interrupted(message: str) -> NoReturn:
+    print(f"fedlit: {message}", file=sys.stderr)
+    raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def _fail(message: str) -> NoReturn:

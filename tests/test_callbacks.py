@@ -11,10 +11,10 @@ import torch
 import yaml
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LambdaCallback, LearningRateMonitor, ModelCheckpoint, ModelSummary
 
 from fedlit import Federation, Local, RoleRule
-from fedlit.callbacks import EarlyStopping, check_callbacks
+from fedlit.callbacks import EarlyStopping, accepted, check_callbacks
 from fedlit.cli import main, prepare
 from fedlit.core.contexts import ServerContext
 from fedlit.core.errors import ConfigError
@@ -133,6 +133,24 @@ def _federation(out_dir, rounds=2, **kwargs) -> Federation:
     return Federation(
         module, TinyTabular(), Local(), rounds=rounds, out_dir=out_dir, progress_bar=False, checkpoint_every=4, **kwargs
     )
+
+
+def test_lightning_callbacks_on_hooks_named_like_the_loops_are_refused_as_written_for_the_trainer():
+    with pytest.raises(ConfigError) as err:
+        check_callbacks([LoopHooksOnly(), ModelSummary()])
+    assert str(err.value).startswith(
+        "callbacks[1]=lightning.pytorch.callbacks.model_summary.ModelSummary is written for Lightning's Trainer: the "
+        "federated loop would call its on_fit_start with its own contexts, not a Trainer, and it would fail."
+    )
+
+
+def test_accepted_lists_only_classes_that_act_in_the_loop():
+    class OwnLightningBase(ModelSummary):  # a user's subclass of Lightning's: its hooks still expect a Trainer
+        pass
+
+    assert accepted(EarlyStopping) and accepted(LoopHooksOnly)
+    assert not accepted(OnValidationEnd) and not accepted(OwnLightningBase)
+    assert not any(accepted(c) for c in (ModelCheckpoint, LearningRateMonitor, ModelSummary, LambdaCallback))
 
 
 def test_the_cli_builds_early_stopping_from_a_recipe_and_refuses_trainer_callbacks(tmp_path, capsys):

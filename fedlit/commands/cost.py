@@ -7,13 +7,16 @@ the recipe strategy's) and ``--format``.
 
 from __future__ import annotations
 
+from argparse import ArgumentError
 from typing import Literal
 
 from jsonargparse import ArgumentParser
 
 from fedlit.config.cost_table import format_table
 from fedlit.config.costing import CostJob, estimate, estimate_costs
+from fedlit.config.explain import missing_required
 from fedlit.config.parser import load, recipe_parser
+from fedlit.core.errors import ConfigError
 
 #: What this module defines, and the names it re-exports from :mod:`fedlit.config.costing` and
 #: :mod:`fedlit.config.cost_table` (their home before).
@@ -46,7 +49,21 @@ def parser(name: str = "cost") -> ArgumentParser:
 
 
 def command(argv: list[str]) -> CostJob:
-    """``fedlit cost ...`` read and estimated (configuration errors are raised here)."""
-    recipe = load(argv, parser(argv[0]))
+    """``fedlit cost ...`` read and estimated (configuration errors are raised here). A recipe without its data
+    folder (or file: a required option of the data section left out, as in a recipe whose sites each give their
+    own) is estimated too, its clients counted from its options (its ``sites`` list)."""
+    not_given: list[str] = []
+    try:
+        recipe = load(argv, parser(argv[0]))
+    except ArgumentError as err:
+        required = missing_required(err)
+        if required is None or required[0] != "data":
+            raise
+        not_given = required[2]
+        placeholders = [f"--data.init_args.{option}=(not given)" for option in not_given]
+        try:
+            recipe = load([*argv, *placeholders], parser(argv[0]))
+        except (ArgumentError, ConfigError):
+            raise err from None  # an option that takes no text: the recipe's own error
     options = recipe.options
-    return CostJob(estimate(recipe, options.compare or ()), options.format, "fedlit cost")
+    return CostJob(estimate(recipe, options.compare or (), not_given), options.format, "fedlit cost")

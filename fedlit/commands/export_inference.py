@@ -7,7 +7,9 @@ weights it adapts: ``W + (alpha / r) B A`` stored as ``<layer>.weight`` where th
 LoRA, so for a classifier on a timm backbone they are ``backbone.<timm's own names>`` and ``head.weight``,
 ``head.bias``, and ``torch.nn.Sequential(OrderedDict(backbone=timm.create_model(name, num_classes=0, **model_args),
 head=torch.nn.Linear(num_features, num_classes)))`` loads it with ``strict=True``: no peft, no fedlit, no
-pretrained weight file (the frozen tensors are in it).
+pretrained weight file (the frozen tensors are in it). fedlit's own backbones (``SmallCNN``, ``Identity``...) are
+rebuilt by their spec's ``build()``; the head's shape (and whether it has a bias: a Cox model's has none) is that of
+``head.weight`` in the file (docs/runs.md, "Inference in plain PyTorch").
 
 ``preprocessing.json`` is the data module's
 :meth:`~fedlit.data.common.datamodule.FederatedDataModule.preprocessing` for that client: task, class names, the input

@@ -2,7 +2,7 @@
 
 ::
 
-    fedlit recipes                                     # list them
+    fedlit recipes                                     # list them, each with its description
     fedlit recipes quickstart.yaml [NAME ...] [--out recipes]   # copy them: recipes/quickstart.yaml
 
 An installed package holds the recipes as package data (``fedlit/recipes``, a link to the checkout's ``recipes/``),
@@ -10,12 +10,15 @@ so ``fedlit recipes quickstart.yaml`` followed by ``fedlit fit --config recipes/
 folder, as it does from the checkout's root. A name is a recipe's path under the recipes folder
 (``flamby_heart/heart_disease_fedadam.yaml``; ``.yaml`` may be left out) or a folder of recipes
 (``fedsca_baselines``); copies keep that path under ``--out``. A file that exists with other content is never
-overwritten.
+overwritten. The listing gives each recipe's description: the first sentence of its header comment, shortened to
+one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 from difflib import get_close_matches
 from importlib import resources
 from pathlib import Path
@@ -35,6 +38,37 @@ def shipped() -> list[str]:
     """The shipped recipes, as paths under :func:`recipes_folder` (``quickstart.yaml``, ``flamby_heart/...``)."""
     folder = recipes_folder()
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.yaml"))
+
+
+# words whose period ends no sentence: "Li et al. (2021)", "e.g. 0.1", an initial ("T. Dinh")
+_ABBREVIATION = re.compile(r"(\bal|\be\.g|\bi\.e|\bvs|\bcf|\bFig|\bNo|\b[A-Z])\.$")
+
+
+def description(text: str, width: int = 100) -> str:
+    """A recipe's one-line description: the first sentence of its header comment (the ``#`` lines it starts with,
+    up to a blank comment line or its ``Run:`` line) without the titles of the papers it cites, cut at a word to
+    ``width`` characters; "" without one."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        line = line.lstrip("#").strip()
+        if not line or line.startswith("Run:"):
+            break
+        lines.append(line)
+    header = " ".join(lines)
+    end = next(
+        (
+            m.start() + 1
+            for m in re.finditer(r"\.(\s|$)", header)
+            if not _ABBREVIATION.search(header[: m.end()].rstrip())
+        ),
+        len(header),
+    )
+    sentence = re.sub(r'"[^"]*",\s*', "", header[:end].strip())  # a cited paper's title: its venue stays
+    if len(sentence) <= width:
+        return sentence
+    return sentence[: width - 3].rsplit(" ", 1)[0].rstrip(",;:(") + "..."
 
 
 def _select(name: str, names: list[str]) -> list[str]:
@@ -78,7 +112,11 @@ def main(argv: list[str]) -> list[Path]:
     parser.add_argument("--out", default="recipes", help="Where to copy them (default: recipes).")
     args = parser.parse_args(argv)
     if not args.names:
-        print("\n".join(shipped()), flush=True)
+        names, folder = shipped(), recipes_folder()
+        column = max(map(len, names)) + 2
+        width = max(40, shutil.get_terminal_size((160, 24)).columns - column)
+        lines = [f"{n:<{column}}{description((folder / n).read_text(encoding='utf-8'), width)}".rstrip() for n in names]
+        print("\n".join(lines), flush=True)
         return []
     paths = copy_recipes(args.names, Path(args.out))
     print("\n".join(str(p) for p in paths), flush=True)

@@ -213,11 +213,13 @@ class CostJob:
         return self.report
 
 
-def estimate(recipe: Recipe, compare: Sequence[str] = ()) -> dict[str, Any]:
+def estimate(recipe: Recipe, compare: Sequence[str] = (), not_given: Sequence[str] = ()) -> dict[str, Any]:
     """The cost report of a loaded recipe, and of the strategies ``compare`` (short names or import paths, built
     with their default arguments): the model is built on the meta device (no weight file read), the strategies
-    and, if it can be built without its files, the data module (never set up). Configuration errors are raised
-    here."""
+    and, if it can be built without its files, the data module (never set up). ``not_given``: the data module's
+    required options that the recipe leaves out (its data folder: ``root``): the data module is not built and its
+    clients are counted from its options (:meth:`~fedlit.data.FederatedDataModule.clients_in_options`).
+    Configuration errors are raised here."""
     parser, cfg, subcommand = recipe.parser, recipe.cfg, recipe.subcommand
     sub = recipe.options
     federation = sub.federation
@@ -228,7 +230,12 @@ def estimate(recipe: Recipe, compare: Sequence[str] = ()) -> dict[str, Any]:
     others = [_compare_strategy(name) for name in compare]
     notes: list[str] = []
     objects, device = _build_without_data(parser, cfg, subcommand)
-    num_clients, note = _expected_clients(parser, cfg, subcommand)
+    if not_given:
+        num_clients, where = _clients_in_options(cfg[subcommand].data)
+        given = " and ".join(f"data.init_args.{o}" for o in not_given)
+        note: str | None = f"the data module was not built ({given} not given): {where}."
+    else:
+        num_clients, note = _expected_clients(parser, cfg, subcommand)
     notes += [n for n in (note, device) if n]
     report = estimate_costs(
         objects.model,
@@ -282,13 +289,8 @@ def _expected_clients(parser: ArgumentParser, cfg: Namespace, subcommand: str) -
         missing = _missing_files(err)
         if missing is None:
             raise
-        args = cfg[subcommand].data.get("init_args") or Namespace()
-        count = args.get("num_clients")
-        key = "data.init_args.num_clients"
-        if not isinstance(count, int) and isinstance(args.get("sites"), list):
-            count, key = len(args.sites), "data.init_args.sites"
-        where = f"{count} clients from {key}" if isinstance(count, int) else "the number of clients is unknown"
-        return (count if isinstance(count, int) else None), f"the data module was not built ({missing}): {where}."
+        count, where = _clients_in_options(cfg[subcommand].data)
+        return count, f"the data module was not built ({missing}): {where}."
     count = data.expected_num_clients()
     if count is None:
         return None, (
@@ -296,6 +298,22 @@ def _expected_clients(parser: ArgumentParser, cfg: Namespace, subcommand: str) -
             "over all clients are unknown."
         )
     return count, None
+
+
+def _clients_in_options(data: Namespace) -> tuple[int | None, str]:
+    """The number of clients that the data section's options give without building it (its ``sites`` list,
+    ``num_clients``, or the data set's own sites: :meth:`~fedlit.data.FederatedDataModule.clients_in_options`),
+    and where it comes from."""
+    args = (data.get("init_args") or Namespace()).as_dict()
+    module_name, _, name = str(data.class_path).rpartition(".")
+    count = getattr(importlib.import_module(module_name), name).clients_in_options(args)
+    if count is None:
+        return None, "the number of clients is unknown"
+    if isinstance(args.get("sites"), list | tuple):
+        return count, f"{count} clients from data.init_args.sites"
+    if args.get("num_clients") is not None:
+        return count, f"{count} clients from data.init_args.num_clients"
+    return count, f"{count} clients, {name}'s sites"
 
 
 def _missing_files(err: BaseException) -> str | None:

@@ -9,15 +9,19 @@ module, data module, strategy or callback, even while it is built) keeps its tra
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import contextlib
 import difflib
 import importlib
 import re
+import sys
 
 from fedlit.core.errors import FedlitError
 
 #: Errors of the recipe, the command line, the input files or the run folder: printed as one line (exit code 2).
 CONFIG_ERRORS = (argparse.ArgumentError, FedlitError)
+#: Option names read as learning rates in messages.
+LR_KEYS = ("lr", "server_lr", "eta", "eta_l", "learning_rate")
 
 
 def explain(err: BaseException) -> str:
@@ -30,13 +34,7 @@ def explain(err: BaseException) -> str:
     """
     if isinstance(err, FedlitError):
         return str(err)
-    chain: list[BaseException] = []
-    node: BaseException | None = err
-    while node is not None and node not in chain:
-        chain.append(node)  # as Python prints a chain: the cause, else the context unless it was suppressed
-        node = (
-            node.__cause__ if node.__cause__ is not None else (None if node.__suppress_context__ else node.__context__)
-        )
+    chain = _chain(err)
     outer, text = str(chain[0]), "\n".join(str(e) for e in chain)
     keys = list(dict.fromkeys(re.findall(r'Parser key "([\w.]+)"', outer)))
     class_paths = re.findall(r"Problem with given class_path '([\w.]+)'", outer)
@@ -78,14 +76,118 @@ def explain(err: BaseException) -> str:
             f"({', '.join(_section_keys(''))}), each followed by ':'. See fedlit fit --print_config for a "
             "complete one, or fedlit fit --help."
         )
+    if (required := missing_required(err)) is not None:
+        key, owner, options = required
+        flags = " or ".join(f"--{key}.init_args.{o} VALUE" for o in options)
+        return (
+            f"{', '.join(f'{key}.init_args.{o}' for o in options)} {'is' if len(options) == 1 else 'are'} required by "
+            f"{owner} and not given: set it in the recipe or on the command line ({flags})."
+        )
+    if (typo := _class_path_typo(chain[-1], keys, class_paths, text)) is not None:
+        return typo
     if found := re.search(r"expects a function or a callable class: (.+?)\. Got value: .*?class_path='([\w.]+)'", text):
         return _callable_class_path(_nested_key(keys), found.group(2), found.group(1))
     if found := re.search(r"Expected a dot import path string: (\S+)", text):
         return _callable_class_path(_nested_key(keys), found.group(1), "not a known class")
     if found := re.search(r"Expected a (.+?)\. Got value: (.*)", text):
-        return f"{_nested_key(keys) or '?'}: expected {found.group(1)}, got {found.group(2)!r}."
+        expected = re.sub(r"<class '([\w.]+)'>", r"\1", found.group(1))
+        return _wrong_type(_nested_key(keys) or "?", expected, found.group(2))
     innermost = str(chain[-1]).strip()
     return innermost.splitlines()[0] if len(innermost.splitlines()) > 6 else innermost
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions behind it, as Python prints a chain: the cause, else the context unless it was
+    suppressed."""
+    chain: list[BaseException] = []
+    node: BaseException | None = err
+    while node is not None and node not in chain:
+        chain.append(node)
+        node = (
+            node.__cause__ if node.__cause__ is not None else (None if node.__suppress_context__ else node.__context__)
+        )
+    return chain
+
+
+def missing_required(err: BaseException) -> tuple[str, str, list[str]] | None:
+    """For a parser error that says a class was given without some of its required arguments: the option as in the
+    YAML (``data``, ``model.init_args.backbone``), the class, and those arguments; else None."""
+    chain = _chain(err)
+    outer, text = str(chain[0]), "\n".join(str(e) for e in chain)
+    found = re.search(
+        r"Problem with given class_path '([\w.]+)':\s*\n\s*the following arguments are required: ([\w., ]+)", text
+    )
+    keys = list(dict.fromkeys(re.findall(r'Parser key "([\w.]+)"', outer)))
+    if found is None or not keys:
+        return None
+    return _nested_key(keys), found.group(1), [o.strip() for o in found.group(2).split(",") if o.strip()]
+
+
+def _wrong_type(key: str, expected: str, value: str) -> str:
+    """A value of the wrong type: a float that is not finite, a YAML 1.1 boolean where a name was meant."""
+    if expected == "float" and value.strip().lstrip("+-").lower() in ("inf", "infinity", "nan"):
+        what = "a learning rate must be a finite number > 0" if key.rsplit(".", 1)[-1] in LR_KEYS else "give a number"
+        return f"{key}={value}: not a finite number: {what} (e.g. {key}=0.01)."
+    if expected == "str" and value in ("True", "False"):
+        return (
+            f"{key}: expected a string, got the boolean {value}: YAML reads an unquoted yes, no, on, off, true or "
+            'false as a boolean. Quote it: ["no", "yes"], not [no, yes].'
+        )
+    return f"{key}: expected {expected}, got {value!r}."
+
+
+def _class_path_typo(inner: BaseException, keys: list[str], class_paths: list[str], text: str) -> str | None:
+    """A nested ``class_path`` (``model.init_args.backbone``) naming no class: the option, the closest known
+    subclass of the class the option takes, and the valid names; None when the option takes a callable (an
+    optimizer: :func:`_callable_class_path`) or its class is not known."""
+    short = re.search(r"Expected a dot import path string: (\S+)", text)
+    missing = isinstance(inner, (AttributeError, ModuleNotFoundError)) and class_paths and str(inner) in text
+    if not keys or not (short or missing):
+        return None
+    name = short.group(1) if short else class_paths[-1]
+    owners = [c for c in class_paths if c != name]
+    base = _expected_class(keys, owners[-1] if owners else None)
+    if base is None:
+        return None
+    from fedlit.config.parser import subclasses
+
+    known = {c.__name__: f"{c.__module__}.{c.__name__}" for c in subclasses(base)}
+    module_name, _, attr = name.rpartition(".")
+    close = difflib.get_close_matches(attr, sorted(known), n=1)
+    module = sys.modules.get(module_name)
+    suggestion = (f"{module_name}.{close[0]}" if hasattr(module, close[0]) else known[close[0]]) if close else ""
+    hint = f" Did you mean {suggestion if module_name else close[0]!r}?" if close else ""
+    why = f" ({inner})" if missing else ""
+    return (
+        f"{_nested_key(keys)}.class_path={name!r} is not a known {base.__name__}{why}.{hint} Valid names: "
+        f"{', '.join(sorted(known))} (or the import path of your own subclass of {base.__module__}.{base.__name__})."
+    )
+
+
+def _expected_class(keys: list[str], owner: str | None) -> type | None:
+    """The class that the option ``keys[-1]`` of the class ``owner`` (a section without one) takes, or None when it
+    takes a callable or no one class."""
+    import typing
+
+    if owner is None:
+        from fedlit.config.parser import SECTIONS, bases
+
+        return bases()[keys[0]] if len(keys) == 1 and keys[0] in SECTIONS else None
+    module_name, _, name = owner.rpartition(".")
+    try:
+        hint = typing.get_type_hints(getattr(importlib.import_module(module_name), name).__init__)[keys[-1]]
+    except Exception:  # noqa: BLE001  (an unresolvable annotation: no suggestion, the generic message stays)
+        return None
+    found: list[type] = []
+    stack = [hint]
+    while stack:
+        tp = stack.pop()
+        if typing.get_origin(tp) is collections.abc.Callable:
+            return None
+        if isinstance(tp, type) and tp is not type(None):
+            found.append(tp)
+        stack.extend(a for a in typing.get_args(tp) if not isinstance(a, list))
+    return found[0] if len(found) == 1 else None
 
 
 def _callable_class_path(key: str, name: str, problem: str) -> str:

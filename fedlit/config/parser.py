@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from fedlit.config import imports, resolve
+from fedlit.config import imports, recipe_checks, resolve
 from fedlit.core.errors import ConfigError
 from fedlit.core.version import __version__
 
@@ -61,14 +61,15 @@ def recipe_parser(subcommand: str, description: str) -> ArgumentParser:
     parser.add_subclass_arguments(FederatedModule, "model", required=True, help="The client model.")
     parser.add_subclass_arguments(Strategy, "strategy", required=True, help="The server algorithm.")
     parser.add_class_arguments(Settings, "federation", instantiate=False, help="Settings of the federated loop.")
-    parser.add_argument(
+    callbacks = parser.add_argument(
         "--callbacks",
         type=list[Callback] | None,
         default=None,
         help="Extra callbacks, e.g. fedlit.callbacks.EarlyStopping. Only callbacks that act in the "
-        "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's "
-        "Trainer-only ones (EarlyStopping, ModelCheckpoint...) are refused.",
+        "federated loop's hooks (docs/concepts.md, 'The loop') are accepted: Lightning's own "
+        "(EarlyStopping, ModelCheckpoint, ModelSummary...), written for its Trainer, are refused.",
     )
+    callbacks.extra_help = lambda: accepted_callbacks_help(Callback, Strategy)  # not every Callback subclass
     parser.add_argument(
         "--out_dir", type=str | None, default=None, help="Output folder (default: runs/<name>/<version>)."
     )
@@ -90,6 +91,17 @@ def recipe_parser(subcommand: str, description: str) -> ArgumentParser:
     )
     resolve.add_run_arguments(parser, subcommand)
     return parser
+
+
+def accepted_callbacks_help(callback: type, strategy: type) -> str:
+    """The end of ``--callbacks``' help: the callbacks the loop accepts (:func:`fedlit.callbacks.accepted`), where
+    jsonargparse would list every subclass of ``callback``, Lightning's Trainer-only ones and the strategies too."""
+    from fedlit.callbacks import accepted
+
+    names = sorted(
+        f"{c.__module__}.{c.__qualname__}" for c in subclasses(callback) if accepted(c) and not issubclass(c, strategy)
+    )
+    return f", accepted: {', '.join(names)}, or a Callback of your own that implements only the loop's hooks"
 
 
 def root_parser(subcommands: Mapping[str, tuple[str, ArgumentParser]]) -> ArgumentParser:
@@ -138,8 +150,9 @@ def parse(parser: ArgumentParser, argv: list[str]) -> Namespace:
     """``argv`` parsed, after the checks that give clearer messages than jsonargparse (recipe files, YAML syntax,
     ``class_path`` names); ``--run DIR`` reads the run's recipe; the recipe's ``imports`` and ``--import`` are
     imported first, and recorded as ``imports`` (absolute paths)."""
-    argv = resolve.expand_run(list(argv))
+    argv = recipe_checks.join_negative_values(resolve.expand_run(list(argv)))
     recipes = read_configs(argv)
+    recipe_checks.check_top_level_keys(recipes, top_level_keys(parser, argv[0]))
     argv, entries = imports.split(argv)
     for i, arg in enumerate(argv[:-1]):
         if arg == f"--{imports.KEY}":
@@ -155,6 +168,12 @@ def parse(parser: ArgumentParser, argv: list[str]) -> Namespace:
         argv = [*argv, f"--{imports.KEY}", json.dumps(imports.import_all(entries))]
     precheck(argv, recipes)
     return parser.parse_args(argv)
+
+
+def top_level_keys(parser: ArgumentParser, subcommand: str) -> set[str]:
+    """The options of ``subcommand`` under the ``fedlit`` parser ``parser``: what a recipe's top-level keys may be."""
+    subs = [a.choices[subcommand] for a in parser._actions if isinstance(a.choices, dict) and subcommand in a.choices]
+    return {a.dest.split(".")[0] for sub in subs for a in sub._actions}  # argparse keeps its options there
 
 
 def read_configs(argv: list[str]) -> list[tuple[Path | None, Any]]:
@@ -175,19 +194,36 @@ def precheck(argv: list[str], recipes: list[tuple[Path | None, Any]] | None = No
     """Checks that give a clearer message than jsonargparse: recipe files exist and are valid YAML (file, line and
     column), and each ``class_path`` names a known class of the right kind."""
     sections: dict[str, Any] = {}
+    named: dict[str, bool] = {}  # each section given: whether some --config or option names its class
     contents = iter([content for _, content in (read_configs(argv) if recipes is None else recipes)])
     for i, arg in enumerate(argv):
         if arg == "--config" and i + 1 < len(argv):  # in order: a later --config or option overrides an earlier one
             loaded = next(contents, None)
             if isinstance(loaded, dict):
-                sections.update({k: v for k, v in loaded.items() if k in SECTIONS})
+                given = {k: v for k, v in loaded.items() if k in SECTIONS}
+                sections.update(given)
+                named |= {k: named.get(k, False) or _names_class(v) for k, v in given.items()}
         for section in SECTIONS:
             if arg in (f"--{section}", f"--{section}.class_path") and i + 1 < len(argv):
                 sections[section] = {"class_path": argv[i + 1]}
+            if arg.split("=", 1)[0] in (f"--{section}", f"--{section}.class_path"):
+                named[section] = True
+    missing = [f"{section}.class_path" for section in SECTIONS if named.get(section) is False]
+    if missing:
+        raise ConfigError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: the model, data and strategy "
+            "sections each name their class, as in `data: {class_path: fedlit.data.SiteFolders, init_args: {...}}` "
+            "(`fedlit recipes` lists recipes to start from)."
+        )
     for section, value in sections.items():
         name = value.get("class_path") if isinstance(value, dict) else value
         if isinstance(name, str):
             check_class_path(section, name)
+
+
+def _names_class(value: Any) -> bool:
+    """Whether a recipe's section names its class: a ``class_path``, or a short name (``strategy: FedAvg``)."""
+    return isinstance(value, str) or (isinstance(value, dict) and value.get("class_path") is not None)
 
 
 class DuplicateKeyError(yaml.YAMLError):

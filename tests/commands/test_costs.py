@@ -160,6 +160,35 @@ def test_cost_and_dry_run_of_a_recipe_whose_data_is_absent(capsys, tmp_path, mon
     assert list(tmp_path.iterdir()) == [recipe]  # no run folder, nothing written
 
 
+def test_cost_of_a_recipe_without_its_data_folder_counts_the_recipes_sites(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "sites.yaml"
+    quickstart = Path(QUICKSTART).read_text()
+    recipe.write_text(
+        quickstart.split("data:")[0]
+        + "data:\n  class_path: fedlit.data.SiteFolders\n  init_args: {sites: [north, south, east]}\n"
+        + "strategy:"
+        + quickstart.split("strategy:")[1]
+    )
+    report = cli.run(["cost", "--config", str(recipe), "--format", "json"])
+    assert report["clients"] == {"total": 3, "per_round": 3, "clients_per_round": None}
+    assert report["notes"][0] == "the data module was not built (data.init_args.root not given): 3 clients from " + (
+        "data.init_args.sites."
+    )
+    # a data set with its own sites (FLamby's four Heart Disease centers), its folder absent
+    heart = str(ROOT / "recipes" / "heart_disease_fedavg.yaml")
+    report = cli.run(["cost", "--config", heart, "--data.init_args.root", str(tmp_path / "absent"), "--format", "json"])
+    assert report["clients"]["total"] == 4 and report["notes"][0].endswith(": 4 clients, FedHeartDisease's sites.")
+    # fit still needs the folder, and says which option is missing
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--config", str(recipe)])
+    assert capsys.readouterr().err == (
+        "fedlit: error: data.init_args.root is required by fedlit.data.SiteFolders and not given: set it in the "
+        "recipe or on the command line (--data.init_args.root VALUE).\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sites.yaml"]
+
+
 def test_cost_errors_are_one_line(capsys, tmp_path):
     for argv, expected in (
         (

@@ -18,9 +18,10 @@ from safetensors.torch import load_file
 from fedlit.cli import run
 from fedlit.commands.export import load_export
 from fedlit.commands.export_inference import merged_state_dict
+from fedlit.core.roles import RoleRule
 from fedlit.data import SiteTable, SyntheticImages
-from fedlit.models import LoRA, TimmBackbone
-from fedlit.tasks import ClassificationModule
+from fedlit.models import Identity, LoRA, SmallCNN, TimmBackbone
+from fedlit.tasks import ClassificationModule, CoxModule
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a real timm ViT shrunk to 2 blocks on 16 x 16 one-channel images: plain timm builds it without fedlit
@@ -197,3 +198,51 @@ def test_a_full_export_is_the_whole_model(tmp_path):
 
     save_file(state, tmp_path / "x.safetensors")
     assert set(load_file(tmp_path / "x.safetensors")) == plain_keys
+
+
+def _run_snippet(folder: Path, capsys) -> tuple[dict, str]:
+    """The docs/runs.md block run as written on the export ``folder``: its namespace and what it printed."""
+    namespace: dict = {}
+    capsys.readouterr()
+    code = _snippet().replace(PLACEHOLDER, repr(str(folder)))
+    exec(compile(code, "docs/runs.md", "exec"), namespace)  # noqa: S102
+    return namespace, capsys.readouterr().out
+
+
+COX_FEATURES = Identity(num_features=8)  # survival_cox.yaml's linear Cox model on 8 features
+
+
+def _quickstart_model() -> ClassificationModule:
+    return ClassificationModule(
+        backbone=SmallCNN(in_channels=1, width=16, depth=2), num_classes=3, roles=[RoleRule("backbone.*", "shared")]
+    )
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, build",
+    [
+        ("quickstart.yaml", ["--data.init_args.samples_per_client", "30"], _quickstart_model),
+        ("survival_cox.yaml", ["--data.init_args.samples_per_client", "60"], lambda: CoxModule(backbone=COX_FEATURES)),
+    ],
+)
+def test_the_plain_pytorch_snippet_runs_on_fedlits_own_backbones_and_a_survival_model(
+    recipe, overrides, build, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    argv = ["fit", "--config", str(ROOT / "recipes" / recipe), *overrides, "--out_dir", str(out)]
+    run([*argv, "--federation.rounds", "1", "--federation.local_epochs", "1", "--federation.progress_bar", "false"])
+    folder = run(["export", "--run", str(out), "--clients", "site_1"])["site_1"]
+    namespace, printed = _run_snippet(folder, capsys)
+    seed_everything(0, verbose=False)  # the run's seed
+    fedlit_model = build()
+    load_export(folder, fedlit_model)  # the client's trained tensors, into fedlit's own module
+    with torch.no_grad():
+        expected = fedlit_model.eval()(namespace["x"].unsqueeze(0)).reshape(-1)
+    assert torch.allclose(namespace["out"].reshape(-1), expected, atol=1e-5)
+    if recipe == "quickstart.yaml":
+        assert namespace["head"].bias is not None and tuple(namespace["head"].weight.shape) == (3, 32)
+        assert printed.split(" ", 1)[0] == str(int(namespace["probabilities"].argmax()))
+    else:  # a Cox model: one risk score, a head without bias, no class names
+        assert namespace["head"].bias is None and tuple(namespace["head"].weight.shape) == (1, 8)
+        assert namespace["pre"]["class_names"] is None
+        assert printed == f"survival [{float(expected[0])!r}]\n"
