@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test test-fast test-all lint benchmark clean
+.PHONY: install quickstart test test-fast test-all test-gpu lint benchmark clean
 
 install: $(STAMP)
 
@@ -33,6 +33,19 @@ test-fast: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m ""
+
+# The tests marked `gpu`, on CUDA: every strategy's exact resume, the fused training and evaluation equalities, cached
+# features, 16-mixed and bf16-mixed, the ranks' exchange on one device, the flagship recipe for 2 rounds with a random
+# SAM ViT-B (docs/runs.md, "On a GPU"). Skips itself where torch sees no CUDA device. GPU_PYTHON: the venv's python,
+# else python3 (a GPU machine without a package index: shared/docs/GPU.md).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_WORKERS ?= 4
+test-gpu:
+	@if $(GPU_PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(GPU_PYTHON) -m pytest -n $(GPU_WORKERS) --dist loadfile -m gpu; \
+	else \
+		echo "make test-gpu: skipped (torch sees no CUDA device)"; \
+	fi
 
 # ruff (lint and format), the import contracts of pyproject.toml (layers that import only downward, the engine's
 # three parts, no circles), then mypy (strict on the lowest layer, the engine's seams and the Strategy API).

@@ -151,3 +151,21 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} is absent (it sits beside the repository as shared/data)")
     return SHARED_DATA
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def accelerator(request: pytest.FixtureRequest):
+    """The device a test runs on: ``cpu`` in the default suite; also ``cuda`` under the ``gpu`` marker (``make
+    test-gpu``), skipped without CUDA. On CUDA, TF32 is off while the test runs: its equalities hold to the CPU's
+    float32 tolerances."""
+    if request.param == "cpu":
+        yield "cpu"
+        return
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA: run `make test-gpu` on a machine with an NVIDIA GPU")
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield "cuda"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn

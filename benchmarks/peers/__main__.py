@@ -22,7 +22,13 @@ rounds 2..R, round 1 alone when R = 1; the fastest repeat), the peak memory of t
 ``measure.py``) and the start-to-finish wall time of the R-round process, each with its ratio to the floor of the
 same N; then the goals, pass or miss. Nothing is asserted.
 
+On a GPU (``--accelerator cuda``, see ``device.py``): the floor's loop and fedlit run there, at 32-true and
+bf16-mixed, N = 20 and 100, unfused and fused 10 and 20 by default (``--vit-base``: a ViT-B/16 at 224 px); each row
+also gets its ratio to the compute bound (the round's FLOPs over the device's peak; an H100's by default) and the
+peak GPU memory (``torch.cuda.max_memory_allocated``).
+
 Run: python benchmarks/peers [--clients 2 20 100 1000] [--rounds 4] [--fused 2 4 20] [--skip-flower-above 20] [--quick]
+     python benchmarks/peers --accelerator cuda --vit-base [--matmul-precision high] [--peak-bf16 989 ...]
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import device
 import measure
 import psutil
 
@@ -59,6 +67,7 @@ class Row:
     system: str
     runs: list[measure.Measured]
     note: str = ""
+    precision: str = "32-true"
 
     @property
     def ok(self) -> bool:
@@ -75,6 +84,10 @@ class Row:
     @property
     def peak(self) -> float:
         return min(r.peak_mib for r in self.runs)
+
+    @property
+    def gpu_peak(self) -> float | None:
+        return min((r.gpu_peak_mib for r in self.runs if r.gpu_peak_mib is not None), default=None)
 
 
 def overrides(task: str, clients: int, args: argparse.Namespace) -> list[str]:
@@ -154,21 +167,24 @@ def measure_one(system: str, recipe: Path, extra: list[str], args: argparse.Name
     result = measure.run(command(system, recipe, extra, out / "run"), env=env, cwd=str(work), timeout=args.timeout)
     if result.ok and system.startswith("fedlit"):
         result.round_seconds, result.eval_seconds = fedlit_rounds(out / "run")
+        if args.accelerator == "cuda":
+            result.gpu_peak_mib = device.fedlit_gpu_peak(out / "run")
     return result
 
 
-def plan(args: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
-    """(task, N, systems) in the order they run."""
+def plan(args: argparse.Namespace) -> list[tuple[str, int, str, list[str]]]:
+    """(task, N, precision, systems) in the order they run."""
     systems = list(args.systems)
     if args.fused and "fedlit" in systems:
         at = systems.index("fedlit") + 1
         systems[at:at] = [f"fedlit fused {k}" for k in args.fused]
     jobs = []
-    if "vit" in args.task:
-        for n in args.clients:
-            jobs.append(("vit", n, systems))
-    if "heart" in args.task:
-        jobs.append(("heart", 4, [s for s in systems if not s.startswith("fedlit fused")]))
+    for precision in args.precision:
+        if "vit" in args.task:
+            for n in args.clients:
+                jobs.append(("vit", n, precision, systems))
+        if "heart" in args.task:
+            jobs.append(("heart", 4, precision, [s for s in systems if not s.startswith("fedlit fused")]))
     return jobs
 
 
@@ -176,13 +192,13 @@ def run_all(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     flower_missing = importlib.util.find_spec("ray") is None
     with tempfile.TemporaryDirectory(prefix="fedlit-peers-") as tmp:
-        for task, n, systems in plan(args):
+        for task, n, precision, systems in plan(args):
             recipe = VIT if task == "vit" else HEART
             if task == "heart" and not args.heart_root.is_dir():
                 print(f"heart: skipped, no data at {args.heart_root} (--heart-root)", flush=True)
                 continue
-            extra = overrides(task, n, args)
-            group = {s: Row(task, n, s, []) for s in systems}
+            extra = device.overrides(args, precision, task) + overrides(task, n, args)
+            group = {s: Row(task, n, s, [], precision=precision) for s in systems}
             for system in systems:
                 if system == "flower" and flower_missing:
                     group[system].note = "not available: Ray is not installed (pip install -e '.[bench]')"
@@ -196,10 +212,10 @@ def run_all(args: argparse.Namespace) -> list[Row]:
                     row.runs.append(result)
                     if not result.ok:
                         row.note = _failure(system, result)
-                        print(f"{task} N={n} {system}: {row.note}", flush=True)
+                        print(f"{task} N={n} {precision} {system}: {row.note}", flush=True)
                         continue
                     print(
-                        f"{task} N={n} {system}: {result.wall_s:.1f} s, rounds "
+                        f"{task} N={n} {precision} {system}: {result.wall_s:.1f} s, rounds "
                         f"{', '.join(f'{s:.2f}' for s in result.round_seconds)} s, peak {result.peak_mib:.0f} MiB "
                         f"{result.memory_kind}"
                         + ("" if result.eval_seconds is None else f", evaluations {result.eval_seconds:.2f} s")
@@ -216,27 +232,32 @@ def _failure(system: str, result: measure.Measured) -> str:
     return f"failed: {result.error[:200]}"
 
 
-def table(rows: list[Row], rounds: int) -> list[str]:
+def table(rows: list[Row], rounds: int, bound: Any = None) -> list[str]:
+    """The Markdown table; ``bound(flops, precision)`` gives a round's compute bound in seconds (None: no column's
+    figure), from the floor's count of the round's FLOPs."""
     lines = [
-        f"| task | N | system | s / round | x floor | peak MiB | x floor | {rounds}-round run s | x floor |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        f"| task | N | precision | system | s / round | x floor | x bound | peak MiB | x floor | GPU MiB | "
+        f"{rounds}-round run s | x floor |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        floor = next(
-            (r for r in rows if r.task == row.task and r.clients == row.clients and r.system == "floor" and r.ok), None
-        )
+        same = (row.task, row.clients, row.precision, "floor")
+        floor = next((r for r in rows if (r.task, r.clients, r.precision, r.system) == same and r.ok), None)
+        head = f"| {row.task} | {row.clients} | {row.precision} | {row.system} |"
         if not row.ok:
-            lines.append(f"| {row.task} | {row.clients} | {row.system} | {row.note or 'not run'} | | | | | |")
+            lines.append(f"{head} {row.note or 'not run'} | | | | | | | |")
             continue
 
         def ratio(value: float, base: float | None) -> str:
             return f"{value / base:.2f}" if base else "-"
 
+        flops = floor.runs[0].round_flops if floor else None
+        seconds = bound(flops, row.precision) if bound is not None else None
+        gpu = "-" if row.gpu_peak is None else f"{row.gpu_peak:.0f}"
         lines.append(
-            f"| {row.task} | {row.clients} | {row.system} | {row.per_round:.2f} | "
-            f"{ratio(row.per_round, floor and floor.per_round)} | {row.peak:.0f} | "
-            f"{ratio(row.peak, floor and floor.peak)} | {row.wall:.1f} | "
-            f"{ratio(row.wall, floor and floor.wall)} |"
+            f"{head} {row.per_round:.2f} | {ratio(row.per_round, floor and floor.per_round)} | "
+            f"{ratio(row.per_round, seconds)} | {row.peak:.0f} | {ratio(row.peak, floor and floor.peak)} | {gpu} | "
+            f"{row.wall:.1f} | {ratio(row.wall, floor and floor.wall)} |"
         )
     return lines
 
@@ -313,19 +334,16 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[2, 20, 100, 1000], help="Client counts N (vit).")
+    parser.add_argument("--clients", type=int, nargs="+", help="Client counts N (vit; default 2 20 100 1000).")
     parser.add_argument("--rounds", type=int, default=4, help="Rounds of every run.")
     parser.add_argument("--repeats", type=int, default=1, help="Runs of each system (the fastest is reported).")
-    parser.add_argument(
-        "--systems", nargs="+", default=["floor", "fedlit", "flower"], choices=["floor", "fedlit", "flower"]
-    )
-    parser.add_argument("--task", nargs="+", default=["vit", "heart"], choices=["vit", "heart"])
+    parser.add_argument("--systems", nargs="+", choices=["floor", "fedlit", "flower"], help="Default: all three.")
+    parser.add_argument("--task", nargs="+", choices=["vit", "heart"], help="Default: both.")
     parser.add_argument(
         "--fused",
         type=int,
         nargs="*",
-        default=[],
-        help="Also run fedlit with --federation.fused_clients K, a row for each K given.",
+        help="Also run fedlit with --federation.fused_clients K, a row for each K given (on CUDA: 10 20).",
     )
     parser.add_argument("--skip-flower-above", type=int, default=20, help="No Flower run above this N.")
     parser.add_argument("--heart-root", type=Path, default=ROOT.parent / "shared" / "data" / "heart_disease")
@@ -335,7 +353,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="A smoke run: N = 2, 2 rounds, 16 samples, a one-block ViT (figures mean nothing).",
     )
+    device.add_options(parser)
     args = parser.parse_args(argv)
+    device.resolve(args)
     if args.quick:
         args.clients, args.rounds = [2], 2
     started = time.perf_counter()
@@ -347,8 +367,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     kind = next((r.runs[0].memory_kind for r in rows if r.ok), "PSS")
     print(f"(memory: peak {kind} of the process tree; seconds per round: training + aggregation)\n")
-    print("\n".join(table(rows, args.rounds)))
-    print("\ngoals:\n" + "\n".join(goals(rows, args)))
+    for row in rows:
+        if row.system == "floor" and row.ok and (flops := row.runs[0].round_flops) is not None:
+            seconds = device.bound_seconds(flops, row.precision, args)
+            print(
+                f"{row.task} N={row.clients} {row.precision}: {flops / 1e9:.4g} GFLOP a round"
+                + ("" if seconds is None else f", compute bound {seconds:.3g} s")
+            )
+    print(device.bound_note(args) + "\n")
+    print("\n".join(table(rows, args.rounds, lambda flops, precision: device.bound_seconds(flops, precision, args))))
+    print("\ngoals:\n" + "\n".join(goals(rows, args) if args.accelerator == "cpu" else device.gpu_goals(rows)))
 
 
 if __name__ == "__main__":

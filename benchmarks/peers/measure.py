@@ -29,6 +29,8 @@ class Measured:
     memory_kind: str = "PSS"
     round_seconds: list[float] = field(default_factory=list)
     eval_seconds: float | None = None  # fedlit's evaluations in all (its metrics.csv's system/eval_seconds)
+    round_flops: float | None = None  # the floor's count of a round's training FLOPs
+    gpu_peak_mib: float | None = None  # torch.cuda.max_memory_allocated, on a GPU
     error: str = ""
     output: str = ""
 
@@ -53,8 +55,9 @@ def tree_memory(root: psutil.Process) -> tuple[float, str]:
 
 
 def run(command: list[str], *, env: dict[str, str], cwd: str, timeout: float, interval: float = 0.25) -> Measured:
-    """Run ``command``; its wall seconds, peak tree memory and the ``round_seconds`` of the JSON on its last line
-    of output that has them (the floor and Flower print them; fedlit's come from its ``metrics.csv``)."""
+    """Run ``command``; its wall seconds, peak tree memory and the ``round_seconds`` (with the floor's
+    ``round_flops`` and ``gpu_peak_mib``) of the JSON on its last line of output that has them (the floor and Flower
+    print them; fedlit's come from its ``metrics.csv``)."""
     peak, kind, stop = [0.0], ["PSS"], threading.Event()
     start = time.perf_counter()
     process = subprocess.Popen(
@@ -85,13 +88,20 @@ def run(command: list[str], *, env: dict[str, str], cwd: str, timeout: float, in
         return Measured(
             ok=False, error=output.strip().splitlines()[-1] if output.strip() else "no output", output=output
         )
-    rounds = []
+    printed: dict = {"round_seconds": []}
     for line in reversed(output.splitlines()):
         if line.startswith("{") and "round_seconds" in line:
-            rounds = json.loads(line)["round_seconds"]
+            printed = json.loads(line)
             break
     return Measured(
-        ok=True, wall_s=wall, peak_mib=peak[0] / 2**20, memory_kind=kind[0], round_seconds=rounds, output=output
+        ok=True,
+        wall_s=wall,
+        peak_mib=peak[0] / 2**20,
+        memory_kind=kind[0],
+        round_seconds=printed["round_seconds"],
+        round_flops=printed.get("round_flops"),
+        gpu_peak_mib=printed.get("gpu_peak_mib"),
+        output=output,
     )
 
 

@@ -5,6 +5,12 @@ A checkpoint is one file holding only tensors and plain containers (loaded with
 callbacks' state, the client store (every client's tensors, optimizer and strategy state), the evaluation
 history, communication totals, RNG states and the partition manifest. It is written atomically (temporary file
 then rename), so a run killed while saving, or one that fills its disk, keeps its previous checkpoint.
+
+A run writes its checkpoints off the critical path (:func:`write_in_background`): the payload is copied
+(:func:`snapshot`) on the calling thread, then serialized, written and synced by one writer thread while the next
+round trains. At most one write is in flight: the next write, the end of the run and every
+:func:`load_checkpoint` wait for it (:func:`wait_for_writes`), and its error (a full disk) is raised there. A
+process that dies while the thread writes keeps its previous checkpoint (the rename has not happened).
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ import errno
 import os
 import random
 import re
+import threading
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -67,11 +76,13 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> Pa
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: data, never code).
+    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``: data, never code), after the
+    write in flight, if any (:func:`wait_for_writes`).
 
     Raises:
         CheckpointError: If the file is missing, truncated, corrupted, or not a fedlit checkpoint.
     """
+    wait_for_writes()
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
@@ -99,6 +110,69 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{FORMAT_VERSION}. Resume it with the fedlit version that wrote it, or start a new run."
         )
     return payload
+
+
+class _Writer:
+    """The one checkpoint write in flight (a thread) and the error of the last one that failed."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+
+
+_WRITER = _Writer()
+
+
+def write_in_background(job: Callable[[], None]) -> None:
+    """Run ``job`` (writing checkpoint files from a :func:`snapshot`) in the writer thread, after the write in
+    flight, if any, has ended (its error raised here).
+
+    The thread is not a daemon: an interpreter that exits normally (an exception, Ctrl-C) still finishes the file.
+    """
+    wait_for_writes()
+
+    def run() -> None:
+        try:
+            job()
+        except BaseException as err:  # noqa: BLE001  (raised on the run's thread by wait_for_writes)
+            with _WRITER.lock:
+                _WRITER.error = err
+
+    thread = threading.Thread(target=run, name="fedlit-checkpoint-writer")
+    with _WRITER.lock:
+        _WRITER.thread = thread
+    thread.start()
+
+
+def wait_for_writes(*, raise_error: bool = True) -> None:
+    """Wait for the checkpoint write in flight, if any; raise its error (``raise_error=False``: warn instead, for a
+    run that is already ending with an error of its own)."""
+    with _WRITER.lock:
+        thread, _WRITER.thread = _WRITER.thread, None
+    if thread is not None:
+        thread.join()
+    with _WRITER.lock:
+        error, _WRITER.error = _WRITER.error, None
+    if error is None:
+        return
+    if raise_error:
+        raise error
+    warnings.warn(f"The last checkpoint write failed: {error}", stacklevel=2)
+
+
+def snapshot(obj: Any) -> Any:
+    """A copy of ``obj`` (tensors in dicts, lists and tuples) that the run's later in-place changes cannot reach:
+    every tensor copied to the CPU, every container rebuilt; other values (numbers, strings) kept."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return obj
 
 
 def _why_unreadable(err: BaseException) -> str:

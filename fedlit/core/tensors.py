@@ -7,7 +7,8 @@ counted as communication, what is checked finite and what is encoded for the net
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -64,25 +65,60 @@ def raw_bytes(tensor: Tensor) -> np.ndarray:
     return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
-def digest(tree: Any, memo: dict[tuple[int, int], bytes] | None = None) -> bytes | None:
+class DigestMemo:
+    """Tensors' digests kept across :func:`digest` calls, by tensor object: a tensor neither changed in place (its
+    ``_version``) nor given other memory (``.data =``, moved to a device: its data pointer, shape, strides) is hashed
+    once, however many calls read it (a frozen backbone once per run); a changed or new tensor is hashed again. An
+    entry goes when its tensor is freed (a weak reference). Writes that bypass torch's version counter (through a
+    NumPy view of the tensor) are not seen: hash such tensors with a memo of their own.
+
+    Attributes:
+        hashed: how many tensors were hashed (not found in the memo).
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[weakref.ref[Tensor], tuple[Any, ...], bytes]] = {}
+        self.hashed = 0
+
+    def get(self, tensor: Tensor) -> bytes:
+        """The digest of ``tensor``'s dtype, shape and values; hashed only when the memo cannot vouch for it."""
+        key = id(tensor)
+        state = (tensor._version, tensor.device, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
+        kept = self._kept.get(key)
+        if kept is not None and kept[0]() is tensor and kept[1] == state:
+            return kept[2]
+        inner = hashlib.blake2b(f"T{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=16)
+        inner.update(raw_bytes(tensor))  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer on 3.12+ only
+        self.hashed += 1
+        kept_digest = inner.digest()
+        self._kept[key] = (weakref.ref(tensor, self._forget(key)), state, kept_digest)
+        return kept_digest
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[Tensor]], None]:
+        owner = weakref.ref(self)  # the callback must not keep the memo alive
+
+        def forget(ref: weakref.ref[Tensor]) -> None:
+            memo = owner()
+            if memo is not None and key in memo._kept and memo._kept[key][0] is ref:
+                del memo._kept[key]
+
+        return forget
+
+
+def digest(tree: Any, memo: DigestMemo | None = None) -> bytes | None:
     """A BLAKE2b digest of ``tree`` (tensors, arrays, numbers, strings, None and their dicts, lists and tuples):
     equal values give equal digests (dtypes and shapes included); None for a tree holding anything else. ``memo``
-    keeps tensors' digests by identity and version across calls (a tensor given to many is hashed once; an
-    in-place change bumps its version)."""
+    keeps tensors' digests across calls (:class:`DigestMemo`: a tensor given to many calls is hashed once while it
+    is unchanged)."""
     hasher = hashlib.blake2b(digest_size=16)
-    if not _feed(hasher, tree, memo if memo is not None else {}):
+    if not _feed(hasher, tree, memo if memo is not None else DigestMemo()):
         return None
     return hasher.digest()
 
 
-def _feed(hasher: Any, value: Any, memo: dict[tuple[int, int], bytes]) -> bool:
+def _feed(hasher: Any, value: Any, memo: DigestMemo) -> bool:
     if isinstance(value, Tensor):
-        key = (id(value), value._version)
-        if key not in memo:
-            inner = hashlib.blake2b(f"T{value.dtype}{tuple(value.shape)}".encode(), digest_size=16)
-            inner.update(raw_bytes(value))  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer on 3.12+ only
-            memo[key] = inner.digest()
-        hasher.update(memo[key])
+        hasher.update(memo.get(value))
         return True
     if isinstance(value, np.ndarray):
         hasher.update(f"A{value.dtype}{value.shape}".encode())

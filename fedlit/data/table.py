@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 from typing_extensions import override
 
@@ -27,6 +27,9 @@ from fedlit.data.table_read import (
     row_label,
     split_codes,
 )
+
+if TYPE_CHECKING:  # only annotations here; table_read imports pandas when a table is read
+    import pandas as pd
 
 SURVIVAL = "survival"
 _FRACTIONS = (0.6, 0.2, 0.2)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from fedlit.core.errors import DataError
 from fedlit.data.common.splits import SPLITS
 from fedlit.data.common.text import not_utf8
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: a run without one never pays its import
+    import pandas as pd
 
 OPTION = "data.init_args"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -26,6 +29,8 @@ def read_table(path: Path) -> tuple[pd.DataFrame, str]:
             is not UTF-8, the byte offset and the line of its first bad byte; for Parquet text that is not UTF-8,
             the row and column.
     """
+    import pandas as pd
+
     parquet = path.suffix.lower() in (".parquet", ".pq")
     try:
         if not parquet:
@@ -85,6 +90,8 @@ def check_parquet_types(frame: pd.DataFrame, columns: list[str], path: Path, kin
     Raises:
         DataError: naming ``path`` and every refused column with its dtype and fix.
     """
+    import pandas as pd
+
     problems = []
     for column in columns:
         values = frame[column]
@@ -125,6 +132,8 @@ def check_numeric(
         DataError: naming ``path``, the row (CSV line or Parquet row) and the column of each bad value (first
             few listed, then the count).
     """
+    import pandas as pd
+
     problems = []
     for column in columns:
         values = frame[column]
@@ -164,6 +173,8 @@ def check_survival(frame: pd.DataFrame, time: str, event: str, path: Path, row_n
     Raises:
         DataError: naming ``path``, the row and the column of each bad value.
     """
+    import pandas as pd
+
     times = pd.Series(frame[time], dtype="float64").to_numpy()
     events = pd.Series(frame[event], dtype="float64").to_numpy()
     problems = [
@@ -252,6 +263,8 @@ def duplicates(
     """The rows ``dedupe`` drops: those that repeat an earlier row's ``keys`` (the site and feature columns) and
     ``targets`` (none without ``dedupe``). A warning names the rows that repeat an earlier row: exact copies (unless
     dropped), and rows whose keys repeat with other targets (conflicting labels, never dropped)."""
+    import pandas as pd
+
     exact = frame[keys + targets].duplicated().to_numpy()
     conflicting = frame[keys].duplicated().to_numpy() & ~exact
     hashes = pd.util.hash_pandas_object(frame[keys], index=False).to_numpy()

@@ -125,3 +125,41 @@ def test_an_error_that_is_not_the_disk_keeps_its_traceback(tmp_path):
     with pytest.raises((AttributeError, pickle.PicklingError), match="pickle"):
         save_checkpoint(tmp_path / "last.ckpt", {"f": lambda: 0})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_background_write_holds_the_state_of_when_it_was_asked_for_and_a_read_waits_for_it(tmp_path):
+    import threading
+
+    path, release = tmp_path / "last.ckpt", threading.Event()
+    payload = {"server_round": 1, "store": {"c0": [torch.zeros(3)]}}
+    frozen = checkpoint.snapshot(payload)
+
+    def write() -> None:
+        release.wait(10)
+        save_checkpoint(path, frozen)
+
+    checkpoint.write_in_background(write)
+    payload["store"]["c0"][0].add_(5.0)  # the next round changes the store in place while the thread writes
+    payload["server_round"] = 2
+    threading.Timer(0.2, release.set).start()
+    assert not path.exists()  # still held back by the event: the read below has to wait for it
+    loaded = load_checkpoint(path)
+    assert loaded["server_round"] == 1 and torch.equal(loaded["store"]["c0"][0], torch.zeros(3))
+
+
+def test_a_failed_background_write_is_raised_at_the_next_wait_and_keeps_the_previous_checkpoint(tmp_path):
+    path = saved(tmp_path)  # round 3
+
+    def write() -> None:
+        with open(path.with_suffix(".ckpt.tmp"), "wb") as file:  # killed (here: failed) half-way through
+            file.write(b"PK\x03\x04 half")
+        raise RunDirError("no space left on device (ENOSPC) writing last.ckpt; the previous checkpoint is kept.")
+
+    checkpoint.write_in_background(write)
+    with pytest.raises(RunDirError, match="ENOSPC"):
+        checkpoint.wait_for_writes()
+    checkpoint.wait_for_writes()  # raised once
+    assert load_checkpoint(path)["server_round"] == 3
+    checkpoint.write_in_background(write)
+    with pytest.warns(UserWarning, match=r"The last checkpoint write failed: no space left"):
+        checkpoint.wait_for_writes(raise_error=False)  # a run that ends on an error of its own

@@ -1,5 +1,6 @@
 """The FedSCA recipes through the CLI: the paper's costs (FedSCA sends one adapter, the baselines every adapter), the
-flagship recipe's message when its data is absent, and the same recipe on the real slice samples with the tiny SAM."""
+flagship recipe's message when its data is absent, and the same recipe on the real slice samples with the tiny SAM;
+under the ``gpu`` marker (``make test-gpu``), the flagship itself on CUDA for 2 rounds with a random SAM ViT-B."""
 
 from __future__ import annotations
 
@@ -139,3 +140,51 @@ def test_the_flagship_recipe_runs_on_the_real_slices_with_the_tiny_sam(shared_da
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["strategy"]["class_path"].endswith("FedSCA")
     assert config["model"]["init_args"]["network"]["init_args"]["variant"] == "tiny"
+
+
+@pytest.mark.gpu
+def test_the_flagship_recipe_runs_2_rounds_on_cuda_with_a_random_sam_vit_b_and_resumes(shared_data, tmp_path):
+    """The flagship as shipped (SAM ViT-B, 384 px, the recipe's DataLoader workers), in bf16-mixed on one GPU, on the
+    real slice samples, with a randomly initialised ViT-B checkpoint written here: 2 rounds straight, then 1 round
+    and a resume to round 2 with the same results (``make test-gpu``; skipped without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA: run `make test-gpu` on a machine with an NVIDIA GPU")
+    from segment_anything import sam_model_registry
+
+    checkpoint = tmp_path / "sam_vit_b_random.pth"
+    torch.manual_seed(0)
+    torch.save(sam_model_registry["vit_b"](checkpoint=None).state_dict(), checkpoint)
+    args = [
+        "--config",
+        PROSTATE,
+        "--data.init_args.root",
+        str(shared_data / "site_samples" / "ProstateSlice"),
+        f"{NET}checkpoint",
+        str(checkpoint),
+        "--federation.accelerator",
+        "cuda",
+        "--federation.precision",
+        "bf16-mixed",
+        "--federation.progress_bar",
+        "false",
+    ]
+
+    def fit(folder: str, rounds: int, *extra: str) -> dict:
+        more = ["--federation.rounds", str(rounds), "--out_dir", str(tmp_path / folder), *extra]
+        with pytest.warns(UserWarning, match="no mask"):
+            return cli.run(["fit", *args, *more])
+
+    straight = fit("straight", 2)
+    assert straight["last"]["round"] == 2 and straight["evaluation_only"] == ["I2CVB"]
+    assert set(straight["last"]["clients"]) == {"BIDMC", "BMC", "HK", "I2CVB", "RUNMC", "UCL"}
+    fit("resumed", 1)
+    resumed = fit("resumed", 2, "--ckpt_path", "last")
+    # CUDA's bilinear upsampling backward adds with atomics: the same run to a tolerance, not to the bit
+    for client, metrics in straight["last"]["clients"].items():
+        for name, value in metrics.items():
+            got = resumed["last"]["clients"][client][name]
+            assert got == pytest.approx(value, rel=0.02, abs=1e-3, nan_ok=True), (client, name)
+    saved = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["server_round"] == 2 and saved["strategy"]["global_state"]  # FedSCA's one shared adapter

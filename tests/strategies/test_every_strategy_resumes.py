@@ -15,6 +15,11 @@ and ``a``, FedALA's ``W``) and the strategy's ``state_dict()``. Every strategy r
 ``optimizer_state="reset"`` and all clients; those in :data:`PERSIST` also with ``optimizer_state="persist"`` (each
 client's optimizer state kept in the store) and 2 of the 3 clients per round (the sampling stream and clients that
 sit a round out must resume too).
+
+Each case runs on the CPU and, under the ``gpu`` marker (``make test-gpu``), on CUDA (the ``accelerator`` fixture of
+``tests/conftest.py``). Equal also means on the same device: every tensor of the store and of the strategy's state
+lies where :mod:`fedlit.engine.loop.placement` says (the store's device, the CPU), in the straight run and after
+the resume, and on CUDA the store's tensors are in pinned host memory.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 import fedlit.strategies
 from fedlit import Federation, RoleRule
 from fedlit.core.errors import ConfigError
+from fedlit.core.tensors import tensors
 from fedlit.data import FederatedDataModule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
@@ -129,7 +135,7 @@ SETTINGS = {"reset": {"optimizer_state": "reset"}, "persist": {"optimizer_state"
 CASES = [(name, "reset") for name in STRATEGIES] + [(name, "persist") for name in PERSIST]
 
 
-def federation(out_dir, name: str, setting: str, rounds: int) -> Federation:
+def federation(out_dir, name: str, setting: str, rounds: int, accelerator: str = "cpu") -> Federation:
     """A fresh federation of strategy ``name`` on 3 tiny clients, 2 local steps per turn."""
     needs = NEEDS.get(name, Needs())
     torch.manual_seed(0)
@@ -153,17 +159,17 @@ def federation(out_dir, name: str, setting: str, rounds: int) -> Federation:
         out_dir=out_dir,
         progress_bar=False,
         seed=0,
-        accelerator="cpu",
+        accelerator=accelerator,
         **SETTINGS[setting],
     )
 
 
 def difference(a: Any, b: Any, path: str = "") -> str | None:
     """Where ``a`` and ``b`` (nested dicts, lists, tensors, numbers) first differ, None where they are exactly equal
-    (``torch.equal`` and dtype for tensors, ``==`` and type otherwise); NaN equals NaN (a metric undefined on a tiny
-    split is undefined in both runs)."""
+    (``torch.equal``, dtype and device for tensors, ``==`` and type otherwise); NaN equals NaN (a metric undefined on
+    a tiny split is undefined in both runs)."""
     if isinstance(a, torch.Tensor):
-        same = isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        same = isinstance(b, torch.Tensor) and (a.dtype, a.device) == (b.dtype, b.device) and torch.equal(a, b)
         return None if same else f"{path}: {a!r} != {b!r}"
     if isinstance(a, dict):
         if not isinstance(b, dict) or a.keys() != b.keys():
@@ -194,18 +200,18 @@ def test_every_shipped_strategy_is_discovered_and_exported():
 
 
 @pytest.mark.parametrize(("name", "setting"), CASES, ids=[f"{n}-{s}" for n, s in CASES])
-def test_one_round_checkpoint_and_resume_equals_two_rounds(tmp_path, name, setting):
+def test_one_round_checkpoint_and_resume_equals_two_rounds(tmp_path, name, setting, accelerator):
     try:
-        straight = federation(tmp_path / "straight", name, setting, rounds=2)
+        straight = federation(tmp_path / "straight", name, setting, rounds=2, accelerator=accelerator)
         expected = straight.fit()
     except ConfigError as err:
         pytest.fail(
             f"{name} cannot run on the tiny federation ({err}): give it the arguments, backbone or roles it "
             f"needs in NEEDS of {__name__}."
         )
-    federation(tmp_path / "resumed", name, setting, rounds=1).fit()
+    federation(tmp_path / "resumed", name, setting, rounds=1, accelerator=accelerator).fit()
     torch.manual_seed(1234)  # the resumed run must not depend on the global RNG state it starts with
-    resumed = federation(tmp_path / "resumed", name, setting, rounds=2)
+    resumed = federation(tmp_path / "resumed", name, setting, rounds=2, accelerator=accelerator)
     got = resumed.fit(ckpt_path=tmp_path / "resumed" / "checkpoints" / "last.ckpt")
 
     assert got["last"]["round"] == 2
@@ -217,3 +223,8 @@ def test_one_round_checkpoint_and_resume_equals_two_rounds(tmp_path, name, setti
     assert difference(resumed.strategy.state_dict(), straight.strategy.state_dict(), "state_dict") is None
     if setting == "persist":
         assert store["optimizer"], f"{name}: optimizer_state='persist' stored no optimizer state"
+    for run in (straight, resumed):  # where state lives: the store's device (the CPU), the same after a resume
+        held = {"store": run.store.state_dict(), "strategy": run.strategy.state_dict()}
+        assert {t.device for t in tensors(held)} <= {torch.device("cpu")}, f"{name}: state off the store's device"
+        if accelerator == "cuda":  # copied to and from the GPU through pinned host memory
+            assert all(t.is_pinned() for t in tensors(held["store"]["tensors"])), name

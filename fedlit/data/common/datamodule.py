@@ -20,14 +20,15 @@ from typing import Any, Literal, TypeGuard
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.names import check_client_ids
 from fedlit.data.common.loader import Loader
 from fedlit.data.common.pool import CLASSIFICATION_TASKS, PartitionedData, PoolSubset, TaskType, check_pool
-from fedlit.data.common.samples import CLASSIFICATION, SampleList, SampleSubset, check_samples
+from fedlit.data.common.samples import CLASSIFICATION, SampleList, check_samples
 from fedlit.data.common.splits import SPLITS
+from fedlit.data.common.workers import WorkerPools, pools_enabled, split_dataset
 
 __all__ = [
     "CLASSIFICATION_TASKS",
@@ -88,6 +89,7 @@ class FederatedDataModule:
         self._data: PartitionedData | SampleList | None = None
         #: The one client to build (:meth:`only_site`), or None: every client.
         self.only_client: str | None = None
+        self._workers = WorkerPools()
         if not (_overrides(type(self), "build") or _overrides(type(self), "build_samples")):
             raise TypeError(
                 f"{type(self).__name__} must implement build() (an in-memory tensor pool) or build_samples() "
@@ -336,31 +338,26 @@ class FederatedDataModule:
         return splits[client_id][split]
 
     def _loader(
-        self,
-        client_id: str,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool,
-        generator: torch.Generator | None = None,
+        self, client_id: str, split: str, batch_size: int, *, shuffle: bool, generator: torch.Generator | None = None
     ) -> DataLoader:
+        self._indices(client_id, split)  # an unknown client or split is named
         data = self.data
-        dataset: Dataset
-        if isinstance(data, SampleList):
-            transform = data.train_transform if split == "train" else data.eval_transform
-            dataset = SampleSubset(
-                data.samples[client_id], data.targets[client_id], self._indices(client_id, split), data.read, transform
-            )
-        else:
-            dataset = PoolSubset(data.inputs, data.targets, self._indices(client_id, split), data.transform)
-        return Loader(  # a DataError raised in a worker keeps its own message
-            dataset,
+        loader = Loader(  # a DataError raised in a worker keeps its own message
+            split_dataset(data, client_id, split),
             batch_size=batch_size,
             shuffle=shuffle,
             generator=generator,
             drop_last=False,
             num_workers=self.num_workers,
         )
+        if self.num_workers > 0 and pools_enabled():  # workers forked once per run, not per client
+            loader.route = lambda own: self._workers.batches(data, own, client_id, split)
+        return loader
+
+    def close_workers(self) -> None:
+        """Stop the DataLoader worker processes its loaders share (:mod:`fedlit.data.common.workers`); a run calls
+        it when it ends. A later loader starts them again."""
+        self._workers.close()
 
 
 def is_int(value: object) -> TypeGuard[int | np.integer[Any]]:

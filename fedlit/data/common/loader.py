@@ -3,7 +3,7 @@ raised, not inside torch's "Caught DataError in DataLoader worker process 0. Ori
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -15,10 +15,19 @@ from fedlit.core.errors import FedlitError
 class Loader(DataLoader):
     """A ``torch.utils.data.DataLoader`` whose batches raise a worker's :class:`~fedlit.core.errors.FedlitError`
     (a ``DataError`` naming an unreadable image) with its own message, as with ``num_workers: 0``. Other errors
-    keep torch's text: their worker traceback points into user code."""
+    keep torch's text: their worker traceback points into user code.
+
+    ``route``, when set, is asked first for the batches of each ``iter()`` (a persistent worker pool shared by every
+    client's loaders: :mod:`fedlit.data.common.workers`); when it gives None the loader iterates on its own."""
+
+    route: Callable[[Loader], Iterator[Any] | None] | None = None
 
     @override
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a wrapper, not torch's private iterator class
+        if self.route is not None:
+            batches = self.route(self)
+            if batches is not None:
+                return batches
         return _Batches(super().__iter__())
 
 

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedlit.core.checkpoint_io import load_checkpoint
+from fedlit.core.checkpoint_io import load_checkpoint, wait_for_writes
 from fedlit.core.errors import ConfigError, broken
 from fedlit.core.names import check_client_ids
-from fedlit.engine.loop import ranks, results, resume, rounds
+from fedlit.data.common.workers import close_workers
+from fedlit.engine.loop import placement, ranks, results, resume, rounds
 from fedlit.engine.loop.channels import channel_problem
 from fedlit.engine.loop.executor import LocalExecutor
 from fedlit.engine.loop.optim import round_schedule
@@ -94,15 +96,19 @@ def setup(run: Run, ckpt_path: str | Path | None = None, *, resuming: bool = Fal
         speedup.attach(run)
     run.lr_schedule = round_schedule(run.module)
     run.state.identity = resume.identity(run)
+    # where state lives (fedlit.engine.loop.placement): the store and the server on store_device, pinned host memory
+    # between a CUDA device and a CPU store
+    run.store.pin_memory = run.fabric.device.type == "cuda" and run.store.device.type == "cpu"
     run.store.set_initial(run.module.named_tensors("personal"))
     counts = run.datamodule.class_counts()  # None for a task without classes
     training = run.train_client_ids
     run.strategy.initialize(
-        run.module.named_tensors("shared"),
+        placement.server_inputs(run.module.named_tensors("shared"), run.store.device),
         training,
         None if counts is None else {c: counts[c]["train"] for c in training},
         roles=roles,
     )
+    placement.place_server_state(run.strategy, run.store.device)
     if ckpt_path is not None:
         dropped = resume.restore(run, load_checkpoint(ckpt_path), ckpt_path, resuming=resuming)
         resume.record_resume(run, run.out_dir, dropped)
@@ -198,6 +204,7 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
     with (
         ranks.abort_on_error(run),
         claim_run_dir(run.out_dir, resume=ckpt_path is not None) if zero else contextlib.nullcontext(),
+        matmul_precision(run),
     ):
         setup(run, ckpt_path, resuming=True)
         if run.baseline_run is not None:  # refuse another data set or seed before training, not after
@@ -222,6 +229,7 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
                 if run.state.should_stop:
                     break
                 rounds.run_round(run, server_round)
+            wait_for_writes()  # the last checkpoint on disk (or its error raised) before the run reports
             run.progress.close()
             state = run.state
             if state.should_stop and state.round < run.settings.rounds:
@@ -233,9 +241,11 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
                     )
             out = results.report(run)
         finally:
+            wait_for_writes(raise_error=False)  # ending on an error of its own: its last checkpoint written anyway
             if not (run.executor is not None):  # chosen by setup
                 raise broken("the executor is chosen when the run is set up")
             run.executor.teardown(run)
+            close_workers(run.datamodule)  # the DataLoader workers its loaders shared end with the run
         energy.stop(run)
         run.hooks.call("on_fit_end", trainer=run.server_context(), pl_module=run.module)
     return out
@@ -243,7 +253,23 @@ def fit(run: Run, ckpt_path: str | Path | None = None) -> dict[str, Any]:
 
 def evaluate(run: Run, split: str, ckpt_path: str | Path) -> dict[str, Any]:
     """Evaluate the checkpoint's state on every client's ``split`` (``val`` or ``test``); print the table."""
-    setup(run, ckpt_path)
-    result = evaluate_checkpoint(run, split, ckpt_path)
+    with matmul_precision(run):
+        setup(run, ckpt_path)
+        result = evaluate_checkpoint(run, split, ckpt_path)
     record.write_evaluation(run, split, ckpt_path, result)
     return result
+
+
+@contextlib.contextmanager
+def matmul_precision(run: Run) -> Iterator[None]:
+    """``federation.matmul_precision`` (``torch.set_float32_matmul_precision``) while the run computes, the process's
+    own setting restored after it; None leaves the process's setting alone."""
+    chosen, before = run.settings.matmul_precision, torch.get_float32_matmul_precision()
+    if chosen is None:
+        yield
+        return
+    torch.set_float32_matmul_precision(chosen)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -23,12 +23,13 @@ is kept in checkpoints: the first evaluation after a resume evaluates every clie
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import TYPE_CHECKING
 
 from lightning.pytorch import Callback
 
 from fedlit.core.errors import broken
-from fedlit.core.tensors import digest
+from fedlit.core.tensors import DigestMemo, digest
 from fedlit.engine.loop.executor import LocalExecutor
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask
 from fedlit.strategies.base import Strategy
@@ -57,10 +58,14 @@ class EvaluationReuse:
 
     def __init__(self) -> None:
         self.kept: dict[str, tuple[bytes, EvaluateResult]] = {}
+        #: Tensors' digests for the whole run: the frozen buffers and every tensor a round left unchanged (the store
+        #: entries of clients that did not train) are hashed once. ``FEDLIT_DIGEST_MEMO=0`` keeps them for one
+        #: evaluation only (every tensor hashed every round: the behaviour to compare with).
+        self.memo = DigestMemo()
 
     def evaluate(self, run: Run, server_round: int, tasks: list[EvaluateTask]) -> tuple[list[EvaluateResult], int]:
         """Each task's result, in order, and how many were reused: the executor evaluates the others."""
-        memo: dict[tuple[int, int], bytes] = {}
+        memo = self.memo if os.environ.get("FEDLIT_DIGEST_MEMO", "1") != "0" else DigestMemo()
         roles = run.module.parameter_roles()
         frozen = digest({n: b for n, b in run.module.named_buffers() if roles.get(n) == "frozen"}, memo)
         if not (frozen is not None):  # a dict of tensors always has a digest
@@ -89,7 +94,7 @@ class EvaluationReuse:
         return reused, len(tasks) - len(stale)
 
 
-def _task_key(run: Run, task: EvaluateTask, frozen: bytes, memo: dict[tuple[int, int], bytes]) -> bytes | None:
+def _task_key(run: Run, task: EvaluateTask, frozen: bytes, memo: DigestMemo) -> bytes | None:
     """The fingerprint of what ``task``'s evaluation reads; None when part of it cannot be fingerprinted."""
     store = run.store
     parts = [

@@ -1,5 +1,7 @@
 """Clients sharded over Fabric ranks: ownership, result order, failures, checkpoints, and 2 gloo processes on CPU
-against 1 process through the real CLI."""
+against 1 process through the real CLI. The exchange of results between ranks also runs with the tensors on one
+CUDA device under the ``gpu`` marker (``make test-gpu``; the ``accelerator`` fixture): they cross on the CPU and
+arrive on the device."""
 
 from __future__ import annotations
 
@@ -72,9 +74,9 @@ class FakeGroup:
             out[:] = [self.parts[r] for r in range(self.world_size)]
 
 
-def fake_fed(rank, world_size=2, store=None):
-    """A run on ``rank``: its client contexts carry that rank's Fabric."""
-    fabric = SimpleNamespace(world_size=world_size, global_rank=rank, device=torch.device("cpu"))
+def fake_fed(rank, world_size=2, store=None, device="cpu"):
+    """A run on ``rank`` (its live module on ``device``): its client contexts carry that rank's Fabric."""
+    fabric = SimpleNamespace(world_size=world_size, global_rank=rank, device=torch.device(device))
     return SimpleNamespace(
         fabric=fabric,
         progress=Progress(),
@@ -84,16 +86,16 @@ def fake_fed(rank, world_size=2, store=None):
     )
 
 
-def run_ranks(group, executor, tasks, run):
+def run_ranks(group, executor, tasks, run, device="cpu"):
     """Rank 1 (its part recorded), then rank 0 (every part there): rank 0's results."""
     group.rank = 1
     with pytest.raises(Pending):
-        executor._run(fake_fed(1), 1, tasks, run, "turn")
+        executor._run(fake_fed(1, device=device), 1, tasks, run, "turn")
     group.rank = 0
-    return executor._run(fake_fed(0), 1, tasks, run, "turn")
+    return executor._run(fake_fed(0, device=device), 1, tasks, run, "turn")
 
 
-def test_results_come_back_in_task_order_whoever_ran_them(monkeypatch):
+def test_results_come_back_in_task_order_whoever_ran_them(monkeypatch, accelerator):
     group = FakeGroup(monkeypatch)
     executor = RankExecutor()
     executor.owner = {"c0": 0, "c1": 1, "c2": 1, "c3": 0}
@@ -101,12 +103,16 @@ def test_results_come_back_in_task_order_whoever_ran_them(monkeypatch):
 
     def run(fed, server_round, task):
         ran.append((fed.fabric.global_rank, task.client_id))
-        return {"who": f"{task.client_id}@{fed.fabric.global_rank}", "state": torch.tensor([float(task.client_id[1])])}
+        state = torch.tensor([float(task.client_id[1])], device=fed.fabric.device)
+        return {"who": f"{task.client_id}@{fed.fabric.global_rank}", "state": state, "upload": state.cpu()}
 
     tasks = [FitTask(c, {}) for c in ("c2", "c0", "c3", "c1")]
-    results = run_ranks(group, executor, tasks, run)
+    results = run_ranks(group, executor, tasks, run, accelerator)
     assert [r["who"] for r in results] == ["c2@1", "c0@0", "c3@0", "c1@1"]
     assert [r["state"].item() for r in results] == [2.0, 0.0, 3.0, 1.0]
+    # a tensor on the device comes back on the device, one on the CPU (an upload, in the store) on the CPU
+    assert {r["state"].device.type for r in results} == {accelerator}
+    assert {r["upload"].device.type for r in results} == {"cpu"}
     assert sorted(ran) == [(0, "c0"), (0, "c3"), (1, "c1"), (1, "c2")]  # each client once, by its owner
 
 

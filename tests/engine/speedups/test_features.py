@@ -1,6 +1,7 @@
 """Frozen features computed once (``federation.cache_features``): the same results as without the cache, the
 extractor run once per sample, a disk cache a resumed run reads back, and a warning (the run uncached) where the
-features would change from pass to pass."""
+features would change from pass to pass. The equality with the uncached run holds on the CPU and, under the ``gpu``
+marker (``make test-gpu``), on CUDA (the ``accelerator`` fixture)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,12 @@ def _same_run(a: Federation, b: Federation, a_results: dict, b_results: dict) ->
     ],
     ids=["fedavg", "fedper", "fedrep", "fedavg_ft"],
 )
-def test_cached_features_give_the_results_of_the_uncached_run(tmp_path: Path, strategy, kwargs) -> None:
+def test_cached_features_give_the_results_of_the_uncached_run(tmp_path: Path, strategy, kwargs, accelerator) -> None:
     runs, results, calls = {}, {}, {}
     for mode in ("off", "memory"):
-        runs[mode] = make_federation(tmp_path / mode, strategy(), rounds=3, roles=FROZEN, cache_features=mode, **kwargs)
+        runs[mode] = make_federation(
+            tmp_path / mode, strategy(), rounds=3, roles=FROZEN, cache_features=mode, accelerator=accelerator, **kwargs
+        )
         runs[mode].setup()
         calls[mode] = _count_calls(runs[mode])
         results[mode] = runs[mode].fit()

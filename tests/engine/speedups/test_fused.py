@@ -1,4 +1,5 @@
-"""Fused multi-client training (federation.fused_clients) against the sequential turns it must reproduce."""
+"""Fused multi-client training (federation.fused_clients) against the sequential turns it must reproduce: the
+equalities run on the CPU and, under the ``gpu`` marker (``make test-gpu``), on CUDA (the ``accelerator`` fixture)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ class NonFiniteForC2(ScaledPerClient):
         self.scale = math.nan if client_id == "c2" else 1.0
 
 
-def _vit_federation(out_dir, strategy, fused=1, roles=None, rounds=2, optimizer="sgd", data=None, **kwargs):
+def _vit_federation(
+    out_dir, strategy, fused=1, roles=None, rounds=2, optimizer="sgd", data=None, accelerator="cpu", **kwargs
+):
     torch.manual_seed(0)
     module = ClassificationModule(
         backbone=TimmBackbone(name="fedlit_test_vit", lora=LoRA(r=2, alpha=4), model_args={"in_chans": 1}),
@@ -106,7 +109,7 @@ def _vit_federation(out_dir, strategy, fused=1, roles=None, rounds=2, optimizer=
         out_dir=out_dir,
         progress_bar=False,
         seed=0,
-        accelerator="cpu",
+        accelerator=accelerator,
         fused_clients=fused,
         callbacks=[uploads],
         **kwargs,
@@ -161,16 +164,18 @@ def _assert_same_run(tmp_path, strategy_factory, fused, **kwargs):
         pytest.param(NonFiniteForC2, 4, id="quarantine"),
     ],
 )
-def test_fused_training_equals_the_sequential_turns(tmp_path, strategy_factory, fused):
-    seq, fus = _assert_same_run(tmp_path, strategy_factory, fused)
+def test_fused_training_equals_the_sequential_turns(tmp_path, strategy_factory, fused, accelerator):
+    seq, fus = _assert_same_run(tmp_path, strategy_factory, fused, accelerator=accelerator)
     if type(seq.strategy) in (FedSA, FedPer):  # personal tensors compared (FedSA's B, FedPer's head)
         assert seq.store.tensors("c0")
     if type(seq.strategy) is NonFiniteForC2:
         assert seq.state.faults == fus.state.faults and [f["client"] for f in fus.state.faults] == ["c2", "c2"]
 
 
-def test_fused_training_with_adam_and_persisted_optimizer_state(tmp_path):
-    _assert_same_run(tmp_path, FedPer, 4, optimizer="adam", optimizer_state="persist", local_epochs=1)
+def test_fused_training_with_adam_and_persisted_optimizer_state(tmp_path, accelerator):
+    _assert_same_run(
+        tmp_path, FedPer, 4, optimizer="adam", optimizer_state="persist", local_epochs=1, accelerator=accelerator
+    )
 
 
 def test_fused_training_refuses_a_strategy_not_marked_fusable(tmp_path):

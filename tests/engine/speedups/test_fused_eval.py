@@ -1,5 +1,6 @@
 """Fused evaluation (federation.fused_clients): K clients' evaluation batches in one forward pass must give each
-client the metrics of its own sequential evaluation."""
+client the metrics of its own sequential evaluation, on the CPU and, under the ``gpu`` marker (``make test-gpu``), on
+CUDA (the ``accelerator`` fixture)."""
 
 from __future__ import annotations
 
@@ -48,9 +49,15 @@ class BatchSizes:
         module.backbone.register_forward_hook(lambda m, args, out: self.sizes.append(len(args[0])))
 
 
-def _run(tmp_path, strategy, fused):
+def _run(tmp_path, strategy, fused, accelerator="cpu"):
     federation, _ = _vit_federation(
-        tmp_path, strategy, fused=fused, rounds=2, local_epochs=1, data=UnevenImages(batch_size=8, seed=0)
+        tmp_path,
+        strategy,
+        fused=fused,
+        rounds=2,
+        local_epochs=1,
+        data=UnevenImages(batch_size=8, seed=0),
+        accelerator=accelerator,
     )
     sizes = BatchSizes(federation.module)
     results = federation.fit()
@@ -73,9 +80,9 @@ def _assert_same_metrics(a, b):
         pytest.param(FineTunedFedAvg, 4, id="fine-tuned-alone"),
     ],
 )
-def test_fused_evaluation_gives_each_client_its_sequential_metrics(tmp_path, strategy_factory, fused):
-    seq, seq_results, _ = _run(tmp_path / "seq", strategy_factory(), 1)
-    fus, fus_results, _ = _run(tmp_path / "fused", strategy_factory(), fused)
+def test_fused_evaluation_gives_each_client_its_sequential_metrics(tmp_path, strategy_factory, fused, accelerator):
+    seq, seq_results, _ = _run(tmp_path / "seq", strategy_factory(), 1, accelerator)
+    fus, fus_results, _ = _run(tmp_path / "fused", strategy_factory(), fused, accelerator)
     assert seq.history.rounds.keys() == fus.history.rounds.keys() == {1, 2}
     for server_round, splits in seq.history.rounds.items():
         assert splits.keys() == fus.history.rounds[server_round].keys()

@@ -7,8 +7,11 @@ import csv
 import pytest
 import torch
 
-from fedlit import FedAvg
+from fedlit import FedAvg, RoleRule
+from fedlit.core import tensors
+from fedlit.core.tensors import DigestMemo
 from fedlit.core.tensors import digest as fingerprint
+from fedlit.engine.loop import resume
 from fedlit.strategies import APFL, Local
 from tests.conftest import make_federation
 
@@ -90,7 +93,7 @@ def test_fingerprint_tells_values_apart():
     assert fingerprint({**a, "n": 4}) != fingerprint(a)
     assert fingerprint({**a, "n": 3.0}) != fingerprint(a)
     assert fingerprint({**a, "other": object()}) is None
-    memo = {}
+    memo = DigestMemo()
     t = torch.zeros(3)
     first = fingerprint(t, memo)
     t.add_(1.0)  # in place: a new version, hashed again
@@ -101,3 +104,21 @@ def test_fingerprint_tells_values_apart():
 @pytest.mark.parametrize("value", [torch.tensor(True), torch.tensor(2, dtype=torch.bfloat16), torch.ones(2, 2).t()])
 def test_fingerprint_takes_any_dense_tensor(value):
     assert fingerprint(value) == fingerprint(value.clone())
+
+
+@pytest.mark.parametrize(("memo", "hashed"), [("1", 1), ("0", 3)])
+def test_frozen_buffers_are_hashed_once_per_run(tmp_path, monkeypatch, memo, hashed):
+    """3 rounds, 3 evaluations: the frozen BatchNorm's running mean is hashed once for the evaluation fingerprints
+    (3 times with FEDLIT_DIGEST_MEMO=0, once per evaluation) and once for the checkpoints' frozen fingerprint."""
+    monkeypatch.setenv("FEDLIT_DIGEST_MEMO", memo)
+    seen: dict[object, list[torch.Tensor]] = {tensors: [], resume: []}
+    for owner, kept in seen.items():  # each module's own name for it
+        read = owner.raw_bytes
+        monkeypatch.setattr(owner, "raw_bytes", lambda t, read=read, kept=kept: kept.append(t) or read(t))
+    roles = [RoleRule("backbone.0.*", "shared"), RoleRule("backbone.1.*", "frozen")]
+    federation = make_federation(tmp_path, FedAvg(), rounds=3, roles=roles)
+    federation.fit()
+    running_mean = federation.module.get_buffer("backbone.1.running_mean")
+    assert sum(t is running_mean for t in seen[tensors]) == hashed
+    assert sum(t is running_mean for t in seen[resume]) == 1
+    assert len(list((tmp_path / "checkpoints").glob("*.ckpt"))) >= 1
