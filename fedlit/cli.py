@@ -13,6 +13,7 @@
     fedlit flower-app --config RECIPE.yaml --out APP                              fedlit.flower.app
     fedlit certs --out DIR --host HOST [--nodes N]                                fedlit.flower.certs
     fedlit node-state --state_dir DIR [--older_than DAYS] [--delete]              fedlit.flower.node_state
+    fedlit flower-wait [--superlink NAME] [--run_id N]                            fedlit.flower.wait
 
 Each command parses its own options and builds its objects (:func:`prepare`); the result runs it. Errors in the
 recipe, the command line, the input files or the run folder end with one clear line and exit code 2: fedlit's own
@@ -75,6 +76,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "fedlit.flower.node_state",
         "main",
     ),
+    "flower-wait": (
+        "Wait for a Flower run to finish; exit 1 when it failed or was stopped (`flwr run --stream` exits 0).",
+        "fedlit.flower.wait",
+        "main",
+    ),
     "recipes": (
         "List the recipes that ship with fedlit, or copy some into a folder (default recipes/).",
         "fedlit.commands.recipes",
@@ -82,7 +88,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
 }
 #: Commands that parse their own arguments (those after the subcommand) when run.
-_OWN_PARSER = ("grid", "report", "flower-app", "certs", "node-state", "recipes")
+_OWN_PARSER = ("grid", "report", "flower-app", "certs", "node-state", "flower-wait", "recipes")
 
 
 def _summary(argv: list[str]) -> NoReturn:

@@ -8,8 +8,9 @@ Three parts, ordered by the import contract of ``pyproject.toml`` (``speedups`` 
   (:mod:`~.loop.tasks`); the new server state checked and stored (:mod:`~.loop.aggregation`); where turns run
   (:mod:`~.loop.executor`, :mod:`~.loop.ranks`); hooks (:mod:`~.loop.hooks`); uploads screened
   (:mod:`~.loop.screening`); training that diverges (:mod:`~.loop.divergence`); settings (:mod:`~.loop.settings`,
-  declared and documented by :mod:`~.loop.settings_doc`); what the loop reads of the data (:mod:`~.loop.protocols`,
-  :mod:`~.loop.channels`); the local optimizer (:mod:`~.loop.optim`); checkpoints (:mod:`~.loop.resume`); the final
+  the screening ones in :mod:`~.loop.settings_screening`, declared and documented by :mod:`~.loop.settings_doc`); what
+  the loop reads of the data (:mod:`~.loop.protocols`, :mod:`~.loop.channels`); the local optimizer
+  (:mod:`~.loop.optim`); where state lives (:mod:`~.loop.placement`); checkpoints (:mod:`~.loop.resume`); the final
   report (:mod:`~.loop.results`).
 - :mod:`fedlit.engine.records`: the run's progress and what the records read of a run (:mod:`~.records.state`:
   ``RunState``, ``RecordedRun``), the run folder (:mod:`~.records.run_folder`), ``metrics.csv`` and the run's

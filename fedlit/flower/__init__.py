@@ -12,7 +12,9 @@
 - :mod:`fedlit.flower.secagg`: secure aggregation with SecAgg+ (options, strategy checks), its server side in
   :mod:`fedlit.flower.secagg_server` and its client side in :mod:`fedlit.flower.secagg_client`;
 - :mod:`fedlit.flower.inprocess`: the same server and clients without Flower's processes (tests);
-- :mod:`fedlit.flower.app`: ``fedlit flower-app``, which writes a Flower app folder for a recipe.
+- :mod:`fedlit.flower.app`: ``fedlit flower-app``, which writes a Flower app folder for a recipe;
+- :mod:`fedlit.flower.bundle`: nothing of a run in the bundle ``flwr run`` ships to every node;
+- :mod:`fedlit.flower.wait`: ``fedlit flower-wait``, which waits for a run and exits non-zero when it failed.
 
 Needs ``flwr`` (``pip install 'fedlit[flower]'``). See docs/deployment.md.
 """
@@ -20,4 +22,4 @@ Needs ``flwr`` (``pip install 'fedlit[flower]'``). See docs/deployment.md.
 try:
     import flwr  # noqa: F401
 except ImportError as err:  # pragma: no cover  (flwr is in the dev extra)
-    raise ImportError("fedlit.flower needs Flower: pip install 'fedlit[flower]' (flwr>=1.40,<1.42).") from err
+    raise ImportError("fedlit.flower needs Flower: pip install 'fedlit[flower]' (flwr>=1.40,<1.43).") from err

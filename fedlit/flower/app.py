@@ -5,7 +5,8 @@
     fedlit flower-app --config recipes/quickstart.yaml --out flower_app [--overrides "--federation.rounds 5"]
     flwr run flower_app <superlink connection>
 
-The folder holds one ``pyproject.toml``: the app's components are fedlit's ServerApp and ClientApp
+The folder holds one ``pyproject.toml`` (and a ``.gitignore`` that keeps any other file out of the bundle ``flwr run``
+ships to every node, :mod:`fedlit.flower.bundle`): the app's components are fedlit's ServerApp and ClientApp
 (``fedlit.flower.server:app``, ``fedlit.flower.clientapp:app``; fedlit and flwr must be installed where the SuperLink
 and the SuperNodes run), and its run config carries the recipe's text, the overrides (applied on the server and on
 every node) and the server's settings (:data:`fedlit.flower.server.RUN_CONFIG`). Any of them can be changed per run
@@ -28,9 +29,10 @@ from typing import Any
 import tomli_w
 
 from fedlit.core.errors import ConfigError
+from fedlit.flower.bundle import write_ignore
 from fedlit.flower.server import RUN_CONFIG
 
-FLWR_REQUIREMENT = "flwr>=1.40,<1.42"
+FLWR_REQUIREMENT = "flwr>=1.40,<1.43"
 
 
 def write_app(
@@ -101,6 +103,7 @@ def write_app(
     out.mkdir(parents=True, exist_ok=True)
     path = out / "pyproject.toml"
     path.write_text(tomli_w.dumps(project, multiline_strings=True))
+    write_ignore(out)  # a second guard: whatever lands in the folder stays out of the bundle
     return path
 
 

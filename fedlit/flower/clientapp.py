@@ -49,6 +49,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.common.serde import context_to_proto, message_to_proto, recorddict_from_proto
 
 from fedlit.core.errors import broken
+from fedlit.flower.snapshots import private_folder
 
 #: Node config keys of the worker, with their defaults.
 WORKER, IDLE = "worker", "worker-idle-s"
@@ -116,7 +117,7 @@ def socket_path(context: Context) -> Path:
     if context.node_config.get("state-dir"):
         candidates.insert(0, Path(str(context.node_config["state-dir"])).absolute() / ".fedlit-worker")
     folder = next((c for c in candidates if len(str(c / name)) <= _UNIX_PATH_MAX), candidates[-1])
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_folder(folder)  # and the state-dir above it, when this makes it
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise WorkerError(
@@ -128,7 +129,7 @@ def socket_path(context: Context) -> Path:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    with open(path.with_suffix(".lock"), "a") as lock:
+    with os.fdopen(os.open(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

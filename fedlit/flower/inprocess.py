@@ -32,21 +32,30 @@ class InProcessTransport:
         builders: Per client id, what builds its node's federation (the recipe's objects, not set up).
         fail: Called as ``fail(client_id, message_type, server_round)`` before a node answers; what it raises
             reaches the server as the node's failure (a crashed process), as if the node had died.
+        keys: Per client id, the public key its node presents (PEM, as the SuperLink holds it); a client left out
+            has none.
     """
 
     def __init__(
-        self, builders: Mapping[str, Callable[[], Federation]], fail: Callable[[str, str, int], None] | None = None
+        self,
+        builders: Mapping[str, Callable[[], Federation]],
+        fail: Callable[[str, str, int], None] | None = None,
+        keys: Mapping[str, bytes] | None = None,
     ) -> None:
         self.builders = dict(builders)
         self.clients = {node: client for node, client in enumerate(self.builders, start=101)}
         #: Each node's snapshots of its client's store entry (:class:`~fedlit.flower.snapshots.Snapshots`).
         self.tables: dict[str, dict[str, bytes]] = {c: {} for c in self.builders}
-        self.fail = fail
+        self.fail, self.keys = fail, dict(keys or {})
         self.sent: list[tuple[str, str]] = []
 
     def node_ids(self) -> list[int]:
         """Every node."""
         return list(self.clients)
+
+    def node_keys(self) -> dict[int, bytes]:
+        """Each node's public key (``keys``; empty bytes for a node without one)."""
+        return {node: self.keys.get(client, b"") for node, client in self.clients.items()}
 
     def exchange(
         self, messages: list[tuple[int, str, RecordDict]], group: str, timeout: float | None

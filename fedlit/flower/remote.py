@@ -5,7 +5,9 @@
   :class:`~fedlit.flower.inprocess.InProcessTransport`).
 - :class:`RemoteData`: the server's data module, which holds no data: before round 1 it sends a ``query`` message
   to every node and keeps what each answers about its client (id, split sizes, class counts, manifest entry,
-  task), waiting for the expected nodes up to ``connect-timeout`` seconds.
+  task), waiting for the expected nodes up to ``connect-timeout`` seconds. With the operator's node registry
+  (:mod:`fedlit.flower.registry`) it refuses a node whose key is not registered for the client it claims, or whose
+  train size is not the registry's; without one it warns once that the clients' ids are self-declared.
 
 The ServerApp and the executor that sends the clients' turns through a transport are in :mod:`fedlit.flower.server`
 (which re-exports these names); the node's side of the ``query`` is
@@ -27,6 +29,7 @@ from flwr.serverapp import Grid
 
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.core.names import check_client_ids
+from fedlit.flower.registry import NodeRegistry
 
 
 class Transport(Protocol):
@@ -34,6 +37,9 @@ class Transport(Protocol):
 
     def node_ids(self) -> list[int]:
         """The nodes connected now."""
+
+    def node_keys(self) -> dict[int, bytes]:
+        """The public key the SuperLink holds for each node connected now (read only with a node registry)."""
 
     def exchange(
         self, messages: list[tuple[int, str, RecordDict]], group: str, timeout: float | None
@@ -55,6 +61,11 @@ class GridTransport:
     def node_ids(self) -> list[int]:
         """The nodes connected to the SuperLink."""
         return list(self.grid.get_node_ids())
+
+    def node_keys(self) -> dict[int, bytes]:
+        """Each connected node's public key as the SuperLink holds it (flwr 1.41's ``NodeInfo.public_key``: with
+        ``--enable-supernode-auth``, the key registered for that node id, which signs its every request)."""
+        return {int(n.node_id): bytes(getattr(n, "public_key", b"")) for n in self.grid.get_nodes()}
 
     def exchange(
         self, messages: list[tuple[int, str, RecordDict]], group: str, timeout: float | None
@@ -111,6 +122,8 @@ class RemoteData:
             data set orders them.
         num_clients: The expected number of clients when ``client_ids`` is empty (0: the recipe's data section).
         connect_timeout: Seconds to wait for the nodes.
+        registry: The operator's node registry (:mod:`fedlit.flower.registry`); None: the nodes' client ids are
+            taken as they declare them (warned once).
     """
 
     def __init__(
@@ -121,6 +134,7 @@ class RemoteData:
         client_ids: list[str] | None = None,
         num_clients: int = 0,
         connect_timeout: float = 600.0,
+        registry: NodeRegistry | None = None,
     ) -> None:
         self.recipe_data, self.transport = recipe_data, transport
         self.expected_ids = list(client_ids or [])
@@ -131,7 +145,7 @@ class RemoteData:
                 f"{name} cannot tell its number of clients from its options (the server builds no "
                 "data): give the run config client-ids (comma-separated) or num-clients."
             )
-        self.connect_timeout = connect_timeout
+        self.connect_timeout, self.registry = connect_timeout, registry
         self.nodes: dict[str, int] = {}
         self.info: dict[str, dict[str, Any]] = {}
 
@@ -142,8 +156,15 @@ class RemoteData:
         deadline = time.monotonic() + self.connect_timeout
         answers: dict[int, dict[str, Any]] = {}
         problems: dict[int, str] = {}
+        refused: set[int] = set()  # by the registry: not asked again
+        if self.registry is None:
+            warnings.warn(
+                "No node registry (run config node-registry): the SuperNodes' client ids are self-declared, so a "
+                "node the SuperLink accepts may claim any client. See docs/deployment.md, 'Identities'.",
+                stacklevel=2,
+            )
         while True:
-            new = [n for n in self.transport.node_ids() if n not in answers]
+            new = [n for n in self.transport.node_ids() if n not in answers and n not in refused]
             if new:
                 replies = self.transport.exchange(
                     [(n, "query", RecordDict()) for n in new], "query", max(1.0, deadline - time.monotonic())
@@ -152,14 +173,31 @@ class RemoteData:
                     if isinstance(reply, str) or "error" in reply.config_records:
                         problems[node] = reply if isinstance(reply, str) else str(reply["error"]["detail"])
                     else:
-                        answers[node] = dict(reply.config_records["query"])
-                        problems.pop(node, None)
+                        answer = dict(reply.config_records["query"])
+                        why = self._refused(node, answer)
+                        if why is None:
+                            answers[node] = answer
+                            problems.pop(node, None)
+                        else:
+                            problems[node] = why
+                            refused.add(node)
+                            warnings.warn(f"Refused: {why}.", stacklevel=2)
             found = {str(a["client-id"]) for a in answers.values()}
             done = set(self.expected_ids) <= found if self.expected_ids else len(found) >= self.expected
             if done or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         self._keep(answers, problems, done)
+
+    def _refused(self, node: int, answer: dict[str, Any]) -> str | None:
+        """Why the registry refuses the node's answer to the ``query`` (None: no registry, or a registered node)."""
+        if self.registry is None:
+            return None
+        try:
+            claimed, size = str(answer["client-id"]), int(json.loads(str(answer["num-examples"]))["train"])
+        except (KeyError, TypeError, ValueError) as err:
+            return f"node {node} answered the query without a readable client id and train size ({err!r})"
+        return self.registry.check(node, self.transport.node_keys().get(node), claimed, size)
 
     def _keep(self, answers: dict[int, dict[str, Any]], problems: dict[int, str], done: bool) -> None:
         by_client: dict[str, list[int]] = {}

@@ -12,7 +12,8 @@ A ``train`` reply must be readable (a ``turn`` record and the ``state``, ``updat
 and (:func:`update_problem`, which the SecAgg+ path applies to its turns too):
 
 - name the task's client;
-- give ``num_examples`` as an int in 1..the train size its node reported at the ``query``;
+- give ``num_examples`` as the int its node declared as its train size at the ``query``, when the run started (a
+  client's weight is fixed for the run: a reply that changes it is refused);
 - upload in ``state`` exactly the tensors the strategy expects back
   (:meth:`~fedlit.strategies.base.Strategy.expected_upload_names`; by default every shared tensor sent), each with
   the shape and dtype it was sent with;
@@ -25,9 +26,11 @@ global model was sent), each a dict of numbers (NaN allowed: a metric that is un
 one class; never +-inf), and download bytes between 0 and what was sent.
 
 Not checked, for the server cannot know them: the values of an update beyond finiteness (a bounded but poisoned
-update passes: that is the robust aggregators' job, FedMedian, FedTrimmedAvg, Krum); that ``num_examples`` is the
-node's real train size rather than a smaller one; the names and shapes of the extras (each strategy's own,
-read by its ``aggregate``); what the node reported at the ``query`` (the bound above is the node's own word).
+update passes the reply's checks: the server's norm bounds, :mod:`fedlit.engine.loop.screening`, and the robust
+aggregators, FedMedian, FedTrimmedAvg, Krum, are for that); that the size a node declared is its real train size
+(the operator's node registry may fix it, :mod:`fedlit.flower.registry`; ``federation.max_client_weight`` caps its
+weight); the names and shapes of the extras (each strategy's own, read by its ``aggregate``); the rest of what the
+node reported at the ``query``.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def train_reply(
         reply: The reply's content (not an ``error`` reply).
         task: What the server sent the client.
         expected: The names of the tensors the client must upload in ``state``.
-        train_size: The client's train split, as its node reported it at the ``query``.
+        train_size: The client's train split, as its node declared it at the ``query``: the only ``num_examples``
+            allowed.
         download_bytes: Bytes of what the server sent (the reply's own count is not used).
     """
     try:
@@ -210,8 +214,9 @@ def _int_in(value: Any, low: int, high: int) -> bool:
 def _num_examples(value: Any, train_size: int) -> str | None:
     return (
         None
-        if _int_in(value, 1, train_size)
-        else (f"num_examples={value!r}, not an int in 1..{train_size} (its train split's size, as its node reported)")
+        if _int_in(value, train_size, train_size)
+        else f"num_examples={value!r}, not {train_size} (the train size its node declared when the run started: a "
+        "client's weight is fixed for the run)"
     )
 
 

@@ -27,7 +27,8 @@ warning naming it and ``min_clients`` applies; with ``raise`` the run stops with
 last checkpoint kept.
 
 Not available in deployment (refused when the run starts, with the reason): ``federation.unseen_clients`` (the
-unseen clients are evaluated and fine-tuned on the server, which holds no data). Every built-in strategy deploys
+unseen clients are evaluated and fine-tuned on the server, which holds no data); a run folder inside a Flower app
+folder, which ``flwr run`` would ship to every node (:mod:`fedlit.flower.bundle`). Every built-in strategy deploys
 with the simulation's results (``tests/flower/test_inprocess.py`` checks each one): their client-side hooks use
 only what the client receives and keeps.
 
@@ -54,7 +55,9 @@ from fedlit.core.errors import ConfigError, FedlitError
 from fedlit.core.tensors import nbytes as state_nbytes
 from fedlit.engine.loop.client import ClientTurn
 from fedlit.engine.loop.tasks import EvaluateResult, EvaluateTask, FitTask
-from fedlit.flower import codec, replies, secagg
+from fedlit.flower import bundle, codec, replies, secagg
+from fedlit.flower.defaults import deployment_argv
+from fedlit.flower.registry import NodeRegistry
 from fedlit.flower.remote import GridTransport, RemoteData, Transport
 from fedlit.flower.secagg_server import secure_fit
 
@@ -87,6 +90,7 @@ RUN_CONFIG: dict[str, Any] = {
     "connect-timeout": 600.0,  # seconds to wait for the nodes to connect and answer the query
     "client-timeout": 3600.0,  # seconds a node has for one turn or evaluation (federation.client_timeout wins)
     "secure-aggregation": False,  # SecAgg+ for the training uploads (fedlit.flower.secagg)
+    "node-registry": "",  # the operator's file binding node keys to client ids (fedlit.flower.registry); "": none
 }
 
 
@@ -322,8 +326,10 @@ def _error(reply: RecordDict | str) -> str:
 
 # ------------------------------------------------------------------------------------------------ the ServerApp
 def server_argv(run_config: Mapping[str, Any], recipe_file: Path) -> list[str]:
-    """The ``fedlit fit`` command line of the server: the recipe, the run's overrides, ``out-dir``, ``ckpt-path``."""
-    argv = ["fit", "--config", str(recipe_file), *shlex.split(str(run_config.get("overrides", "")))]
+    """The ``fedlit fit`` command line of the server: a deployment's defaults (:mod:`fedlit.flower.defaults`), the
+    recipe, the run's overrides, ``out-dir``, ``ckpt-path``."""
+    overrides = shlex.split(str(run_config.get("overrides", "")))
+    argv = ["fit", *deployment_argv(), "--config", str(recipe_file), *overrides]  # the recipe wins over the defaults
     if run_config.get("out-dir"):
         argv += ["--out_dir", str(run_config["out-dir"])]
     if run_config.get("ckpt-path"):
@@ -336,13 +342,14 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
     from fedlit.config import imports
     from fedlit.config.build import build_run, remove_if_empty
     from fedlit.config.parser import load, recipe_parser
-    from fedlit.config.resolve import resolve_run
+    from fedlit.config.resolve import resolve_run, run_root
 
     config = {**RUN_CONFIG, **run_config}
     if not str(config["recipe"]).strip():
         raise ConfigError("The run config has no recipe: write the app with `fedlit flower-app --config R.yaml`.")
     ids = [c.strip() for c in str(config["client-ids"]).split(",") if c.strip()]
     holder: dict[str, RemoteData] = {}
+    registry = NodeRegistry.load(str(config["node-registry"])) if str(config["node-registry"]) else None
 
     def remote(recipe_data: DataSection) -> RemoteData:
         holder["data"] = RemoteData(
@@ -351,6 +358,7 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
             client_ids=ids,
             num_clients=int(config["num-clients"]),
             connect_timeout=float(config["connect-timeout"]),
+            registry=registry,
         )
         return holder["data"]
 
@@ -359,7 +367,9 @@ def run_server(transport: Transport, run_config: Mapping[str, Any]) -> dict[str,
         recipe.write_text(str(config["recipe"]))
         code = imports.unship(str(config["imports"]), Path(folder))  # beside the recipe: its imports find them
         loaded = load([*server_argv(config, recipe), *code], recipe_parser("fit", "The server's run."))
-        built = build_run(loaded, *resolve_run(loaded.options, "fit"), wrap_data=remote)
+        out_dir, ckpt_path = resolve_run(loaded.options, "fit")
+        bundle.check_out_dir(out_dir or run_root(loaded.options), "The server's run folder (out-dir)")
+        built = build_run(loaded, out_dir, ckpt_path, wrap_data=remote)
     timeout = float(config["client-timeout"])
     built.federation.executor = FlowerExecutor(
         transport,

@@ -9,6 +9,8 @@ live in the node's ``context.state`` or, with the node config ``state-dir``, in 
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
@@ -20,7 +22,8 @@ MARKER = ".fedlit-node-state"
 
 
 class FolderTable(MutableMapping[str, bytes]):
-    """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file).
+    """Files ``<folder>/<key>.pt`` as a mapping (written whole, then renamed: a crash keeps the previous file), each
+    readable by the node's user only (mode 0600, the folders it makes 0700): they hold a client's personal state.
 
     Args:
         folder: The folder (created on the first write).
@@ -41,11 +44,14 @@ class FolderTable(MutableMapping[str, bytes]):
 
     @override
     def __setitem__(self, key: str, value: bytes) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_folder(self.folder)
+        for own in {self.folder, *([self.marker.parent] if self.marker is not None else [])}:
+            if stat.S_IMODE(own.stat().st_mode) != 0o700:  # made before fedlit kept these folders private
+                os.chmod(own, 0o700)
         if self.marker is not None and not self.marker.is_file():
-            self.marker.write_text("A run's client snapshots, written by fedlit (fedlit node-state lists them).\n")
+            _private_file(self.marker, b"A run's client snapshots, written by fedlit (fedlit node-state lists them).\n")
         partial = self.folder / f"{key}.tmp"
-        partial.write_bytes(value)
+        _private_file(partial, value)
         partial.replace(self.folder / f"{key}.pt")
 
     @override
@@ -59,6 +65,23 @@ class FolderTable(MutableMapping[str, bytes]):
     @override
     def __len__(self) -> int:
         return len(list(iter(self)))
+
+
+def private_folder(folder: Path) -> None:
+    """Make ``folder`` and the missing folders above it with mode 0700 (only the node's user may enter them); those
+    that exist keep their mode."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)  # whatever the umask: a client's personal state is the node's user's alone
+
+
+def _private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` with mode 0600 (only the node's user may read it), a file left before included."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data)
 
 
 class Snapshots:

@@ -132,10 +132,12 @@ def serve(path: Path, idle_s: float, watch_pid: int | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_on_term)  # as a worker that ends by itself: its socket file goes
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
+    os.chmod(path, 0o600)  # in a 0700 folder already; the node's user's alone either way
     listener.listen(16)
     inode = os.stat(path).st_ino
     pid_file = Path(f"{path}.pid")
     write_text_atomic(pid_file, f"{os.getpid()}\n")  # a reader never sees it empty
+    os.chmod(pid_file, 0o600)
     listener.settimeout(POLL_S)
     last = time.monotonic()
     try:

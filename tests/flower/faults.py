@@ -30,3 +30,30 @@ class ExitAt(RaiseAt):
             import os
 
             os._exit(3)
+
+
+class ScaleUpdateAt(RaiseAt):
+    """Scale ``client_id``'s update (what it uploads minus what it was sent) by ``factor`` in ``server_round``, after
+    the client's own checks: a patched node that sends a scaled update.
+
+    Args:
+        client_id: The client whose update is scaled.
+        server_round: The round.
+        factor: The scale (500: a 500x update).
+    """
+
+    def __init__(self, client_id: str, server_round: int, factor: float = 500.0) -> None:
+        super().__init__(client_id, server_round)
+        self.factor = factor
+        self.sent: dict = {}
+
+    def on_client_fit_start(self, server_round: int, client_id: str, received: dict) -> None:
+        self.sent = {n: t.detach().clone() for n, t in received.items()}
+
+    def on_client_fit_end(self, server_round: int, client_id: str, update) -> None:
+        if (client_id, server_round) != (self.client_id, self.server_round):
+            return
+        for name, tensor in update.state.items():
+            if tensor.is_floating_point() and name in self.sent:
+                base = self.sent[name].to(tensor.device, tensor.dtype)
+                update.state[name] = base + self.factor * (tensor - base)

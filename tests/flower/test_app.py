@@ -52,7 +52,7 @@ def test_flower_app_writes_a_valid_app_with_the_recipe(tmp_path):
         60.0,
         False,
     )
-    assert config["project"]["dependencies"] == ["flwr>=1.40,<1.42"]
+    assert config["project"]["dependencies"] == ["flwr>=1.40,<1.43"]
 
 
 def test_flower_app_refuses_a_misspelled_override(tmp_path):

@@ -2,8 +2,9 @@
 ``flwr`` connection marked ``<!-- operator-config -->``.
 
 - every command names a program that is installed and options that its ``--help`` lists (fast);
-- the steps run in order on 127.0.0.1 (slow): certificates, a SuperLink, node registration, two SuperNodes, the app
-  and ``flwr run`` (one round), then the node-state clean-up; only ports, the state folders and ``flwr``'s home are
+- the steps run in order on 127.0.0.1 (slow), in the environment the page exports: certificates, a SuperLink, node
+  registration, two SuperNodes, the app, ``flwr run`` (one round) and ``fedlit flower-wait``, then the node-state
+  clean-up; only ports, the state folders and ``flwr``'s home are
   substituted. Every process dies with the test (the watchdog of :mod:`tests.flower.test_deployment`).
 """
 
@@ -46,6 +47,18 @@ def _commands() -> list[list[str]]:
     return commands
 
 
+def _exports() -> dict[str, str]:
+    """The environment the steps set (``export NAME=VALUE`` lines of the ``<!-- operator-env -->`` blocks)."""
+    found = {}
+    for block in _blocks("operator-env"):
+        for line in block.splitlines():
+            if line and not line.startswith("#"):
+                words = shlex.split(line, comments=True)
+                assert words[0] == "export", line
+                found.update(word.split("=", 1) for word in words[1:])
+    return found
+
+
 def _program(args: list[str]) -> tuple[list[str], list[str]]:
     """The program with its subcommands, and the options given."""
     words = 3 if args[0] == "flwr" and args[1] == "supernode" else 2 if args[0] in ("flwr", "fedlit") else 1
@@ -64,12 +77,15 @@ def test_the_page_has_the_steps():
         ["fedlit", "recipes"],
         ["fedlit", "flower-app"],
         ["flwr", "run"],
+        ["fedlit", "flower-wait"],
         ["fedlit", "node-state"],
         ["fedlit", "node-state"],
     ]
     superlink = _commands()[1]
     assert superlink[superlink.index("--host") + 1] == "0.0.0.0"  # remote sites can connect
     assert len(_blocks("operator-config")) == 1
+    # the settings the per-message figures were measured with (Flower's default poll interval is 1 s)
+    assert _exports() == {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.mark.long
@@ -134,8 +150,7 @@ def test_the_documented_steps_run(tmp_path, monkeypatch):
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "PWD": str(tmp_path),
-        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
-        "OMP_NUM_THREADS": "1",
+        **_exports(),
     }
     groups = tmp_path / "process_groups"
     groups.write_text("")
@@ -165,5 +180,6 @@ def test_the_documented_steps_run(tmp_path, monkeypatch):
     results = tmp_path / "quickstart_app-run" / "results.json"
     assert results.is_file()
     listed, deleted = outputs[len(commands) - 2], outputs[len(commands) - 1]
+    assert outputs[len(commands) - 3].endswith(" finished:completed\n")  # fedlit flower-wait
     assert "clients site_0  rounds 1" in listed and deleted.startswith("deleted ")
     assert not any((state / "site_0").iterdir()) and any((state / "site_1").iterdir())

@@ -42,7 +42,7 @@ def _sent() -> dict[str, torch.Tensor]:
 TASK = FitTask("site_1", _sent())
 
 
-def _reply(state=None, *, client_id="site_1", num_examples=10, metrics=None, extras=None, problem=None):
+def _reply(state=None, *, client_id="site_1", num_examples=15, metrics=None, extras=None, problem=None):
     """A train reply as a node encodes it, from an honest upload with the given fields replaced."""
     state = (
         {"head.weight": torch.ones(3, 8), "head.bias": torch.ones(3), "bn.num_batches_tracked": torch.tensor(4)}
@@ -62,7 +62,7 @@ def test_an_honest_reply_becomes_its_turn_with_the_servers_download_count():
     turn = _check(_reply())
     assert isinstance(turn, ClientTurn) and turn.problem is None
     assert turn.download_bytes == 123  # counted by the server from what it sent, not the reply's 999
-    assert turn.update.client_id == "site_1" and turn.update.num_examples == 10
+    assert turn.update.client_id == "site_1" and turn.update.num_examples == 15
     assert turn.update.metrics == {"loss": 0.5, "steps": 4.0}
     assert torch.equal(turn.update.state["head.weight"], torch.ones(3, 8))
 
@@ -113,11 +113,14 @@ def _without(name):
         (_reply(client_id="site_0"), "client 'site_1' replied as client 'site_0' (the task was for 'site_1')"),
         (
             _reply(num_examples=10**12),
-            "client 'site_1' replied num_examples=1000000000000, not an int in 1..15 (its train split's size, as its "
-            "node reported)",
+            "client 'site_1' replied num_examples=1000000000000, not 15 (the train size its node declared when the "
+            "run started: a client's weight is fixed for the run)",
         ),
-        (_reply(num_examples=-5), "client 'site_1' replied num_examples=-5, not an int in 1..15"),
-        (_reply(num_examples=0), "client 'site_1' replied num_examples=0, not an int in 1..15"),
+        (_reply(num_examples=-5), "client 'site_1' replied num_examples=-5, not 15"),
+        (_reply(num_examples=0), "client 'site_1' replied num_examples=0, not 15"),
+        # a size that changes after the query, even to a smaller one, is refused
+        (_reply(num_examples=14), "client 'site_1' replied num_examples=14, not 15 (the train size its node declared"),
+        (_reply(num_examples=16), "client 'site_1' replied num_examples=16, not 15"),
         (
             _reply(metrics={"loss": NAN, "steps": 4.0}),
             "client 'site_1' replied a metric 'loss' = nan with no problem reported",
@@ -156,7 +159,7 @@ def test_a_bad_reply_is_refused_with_a_reason_naming_the_client(reply, reason):
 def test_num_examples_as_a_float_is_refused():
     reply = _reply()
     reply.config_records["turn"]["num-examples"] = 1e12
-    assert _check(reply).startswith("client 'site_1' replied num_examples=1000000000000.0, not an int in 1..15")
+    assert _check(reply).startswith("client 'site_1' replied num_examples=1000000000000.0, not 15")
 
 
 def test_a_strategy_that_expects_fewer_tensors_back_refuses_the_others():
@@ -277,10 +280,10 @@ TAMPERS = {  # name: (tamper, the reason recorded)
     ),
     "num_examples 1e12": (
         _turn("num-examples", 10**12),
-        "client 'c1' replied num_examples=1000000000000, not an "
-        "int in 1..15 (its train split's size, as its node reported)",
+        "client 'c1' replied num_examples=1000000000000, not 15 (the train size its node declared when the run "
+        "started: a client's weight is fixed for the run)",
     ),
-    "num_examples -5": (_turn("num-examples", -5), "client 'c1' replied num_examples=-5, not an int in 1..15"),
+    "num_examples -5": (_turn("num-examples", -5), "client 'c1' replied num_examples=-5, not 15"),
     "missing key": (
         _state(lambda s: s.pop("backbone.0.bias")),
         "client 'c1' replied a state without 'backbone.0.bias'",

@@ -437,8 +437,8 @@ def test_a_client_whose_weight_exceeds_its_train_size_spoils_the_secure_mean_for
     with pytest.warns(UserWarning) as caught:
         turns = _executor_fit({**N, "c": 25})
     assert (
-        turns[2] == "client 'c' replied num_examples=30, not an int in 1..25 (its train split's size, as its node "
-        "reported)"
+        turns[2] == "client 'c' replied num_examples=30, not 25 (the train size its node declared when the run "
+        "started: a client's weight is fixed for the run)"
     )
     assert (
         turns[0] == turns[1] == "its update is the SecAgg+ mean of the round, which holds the refused upload of "

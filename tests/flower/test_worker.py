@@ -159,6 +159,10 @@ def test_worker_answers_as_a_fresh_process_and_is_reused(make_context, folder, w
     if with_state_dir:
         assert sorted(p.name for p in (folder / "state").rglob("*.pt")) == ["round_1.pt", "round_2.pt"]
         assert oct(os.stat(folder / "state" / ".fedlit-worker").st_mode & 0o777) == "0o700"
+        # the node's user's alone: snapshots, marker, socket, pid and lock files 0600, every folder 0700
+        modes = {(p.is_dir(), oct(p.stat().st_mode & 0o777)) for p in (folder / "state").rglob("*")}
+        assert modes == {(True, "0o700"), (False, "0o600")}
+        assert {p.suffix for p in (folder / "state" / ".fedlit-worker").iterdir()} == {".sock", ".pid", ".lock"}
     else:  # the snapshots travel back in context.state, as in a fresh process
         assert set(worker.state.config_records) == set(inline.state.config_records)
         assert (

@@ -139,6 +139,7 @@ def report(run: Run) -> dict[str, Any]:
         ]
     if run.state.faults:
         results["faults"] = run.state.faults
+    results["train_sizes"] = run.state.train_sizes  # each round's weights, as the clients claimed them
     if run.state.stopped_early is not None:
         results["stopped_early"] = dict(run.state.stopped_early)
     metrics = list(run.module.higher_is_better)

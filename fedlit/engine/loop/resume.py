@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from torch import Tensor
 
-from fedlit.core.checkpoint_io import rng_state, save_checkpoint, set_rng_state
+from fedlit.core.checkpoint_io import rng_state, save_checkpoint, set_rng_state, snapshot, write_in_background
 from fedlit.core.errors import CheckpointError, RunDirError
 from fedlit.core.files import write_text_atomic
 from fedlit.core.tensors import raw_bytes
-from fedlit.engine.loop import optim, ranks
+from fedlit.engine.loop import optim, placement, ranks
 from fedlit.engine.loop.settings import RESUMABLE
 from fedlit.engine.records import record
 
@@ -58,9 +58,14 @@ def identity(run: Run) -> dict[str, Any]:
     }
 
 
-def save(run: Run, path: str | Path) -> Path:
-    """Write everything needed to continue the run exactly, and the configuration beside it. Over several ranks
-    every rank calls it: the store entries of every rank's clients are gathered, rank 0 writes."""
+def save(run: Run, path: str | Path, *more: str | Path, background: bool = False) -> Path:
+    """Write everything needed to continue the run exactly to ``path`` (and to each of ``more``, in order), and the
+    configuration beside it; return ``path``. Over several ranks every rank calls it: the store entries of every
+    rank's clients are gathered, rank 0 writes.
+
+    ``background``: the state is copied now and the files are written by the checkpoint writer thread
+    (:func:`fedlit.core.checkpoint_io.write_in_background`) while the run goes on; otherwise they are written when
+    this returns."""
     store = run.store.state_dict() if run.fabric.world_size == 1 else ranks.gather_store(run)
     if store is None:  # a rank other than 0
         return Path(path)
@@ -80,14 +85,28 @@ def save(run: Run, path: str | Path) -> Path:
         "comm": dict(run.state.comm),
         "compute": dict(run.state.compute),
         "faults": [dict(f) for f in run.state.faults],
+        "train_sizes": {r: dict(sizes) for r, sizes in run.state.train_sizes.items()},
         "divergence": {k: v for k, v in run.state.divergence.items() if k in ("round", "loss")},
         "rng": rng_state(),
         "lr_schedule": None if run.lr_schedule is None else run.lr_schedule.state_dict(),
         "timing": record.timing_state(run),
     }
-    path = save_checkpoint(path, payload)
-    save_config(run, path.parent)
-    return path
+    paths, config = [Path(p) for p in (path, *more)], config_text(run)
+
+    def write(payload: dict[str, Any]) -> None:
+        written: set[Path] = set()
+        for target in paths:
+            save_checkpoint(target, payload)
+            if config is not None and target.parent not in written:
+                write_config(target.parent, config)
+                written.add(target.parent)
+
+    if background:
+        frozen = snapshot(payload)
+        write_in_background(lambda: write(frozen))
+    else:
+        write(payload)
+    return paths[0]
 
 
 def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resuming: bool = False) -> list[str]:
@@ -111,7 +130,8 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
     if resuming:
         check_dropped(dropped, run, ckpt_path)
     carried = dict(payload.get("dropped_callbacks", {}))
-    run.strategy.load_state_dict(payload["strategy"])
+    # where a straight run keeps it (fedlit.engine.loop.placement): the checkpoint was read onto the CPU
+    run.strategy.load_state_dict(placement.moved(payload["strategy"], run.store.device))
     for cb in run.callbacks[1:]:
         if cb.state_key in payload["callbacks"]:
             cb.load_state_dict(payload["callbacks"][cb.state_key])
@@ -126,6 +146,7 @@ def restore(run: Run, payload: Mapping[str, Any], ckpt_path: str | Path, *, resu
     run.state.comm = dict(payload["comm"])
     run.state.compute = dict(payload.get("compute", {"eval_finetune_steps": 0}))
     run.state.faults = [dict(f) for f in payload.get("faults", [])]
+    run.state.train_sizes = {r: dict(sizes) for r, sizes in payload.get("train_sizes", {}).items()}
     run.state.divergence = dict(payload.get("divergence", {}))
     set_rng_state(payload["rng"])
     optim.restore_round_schedule(run.lr_schedule, payload)
@@ -274,10 +295,20 @@ def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], prefix: st
 
 def save_config(run: Run, folder: Path | None = None) -> None:
     """``config.json``: the original configuration, plus a ``resumed`` entry per resume."""
-    if run.config:
-        folder = folder or run.out_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(folder / "config.json", json.dumps(run.config, indent=1, default=str))
+    text = config_text(run)
+    if text is not None:
+        write_config(folder or run.out_dir, text)
+
+
+def config_text(run: Run) -> str | None:
+    """What :func:`save_config` writes (None: a run without a recorded configuration writes nothing)."""
+    return json.dumps(run.config, indent=1, default=str) if run.config else None
+
+
+def write_config(folder: Path, text: str) -> None:
+    """Write ``folder/config.json`` (atomically)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(folder / "config.json", text)
 
 
 def record_resume(run: Run, folder: Path, dropped: list[str] | None = None) -> None:

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedlit.core.checkpoint_io import LAST
+from fedlit.core.checkpoint_io import LAST, wait_for_writes
 from fedlit.core.errors import FedlitError, NonFiniteError, broken
 from fedlit.core.names import table_cell
 from fedlit.core.roles import role_summary_table
 from fedlit.core.tensors import nbytes as state_nbytes
-from fedlit.engine.loop import aggregation, divergence, resume
+from fedlit.engine.loop import aggregation, divergence, placement, resume
 from fedlit.engine.loop import evaluate as evaluation
-from fedlit.engine.loop.screening import non_finite_server_state, screen_update
+from fedlit.engine.loop.screening import non_finite_server_state, screen_round, screen_update
 from fedlit.engine.loop.tasks import fit_tasks
 from fedlit.engine.records import energy, record
 
@@ -71,8 +71,10 @@ def run_round(run: Run, server_round: int) -> None:
     run.hooks.call("on_round_start", trainer=server, pl_module=run.module, server_round=server_round)
     generator = torch.Generator().manual_seed(run.derive_seed("select", server_round))
     selected = run.strategy.select_clients(server_round, run.train_client_ids, run.num_selected(), generator)
-    updates, faults = [], []
+    updates, faults, sent, sizes = [], [], [], {}
     upload = download = 0
+    # an update over max_update_norm is clipped by screen_round under update_norm_action: clip, else rejected here
+    bounds = (run.settings.max_update_norm if run.settings.update_norm_action == "reject" else None,)
     tasks = fit_tasks(run.strategy, server_round, selected)
     if not (run.executor is not None):  # chosen by setup
         raise broken("the executor is chosen when the run is set up")
@@ -83,13 +85,14 @@ def run_round(run: Run, server_round: int) -> None:
             faults.append({"round": server_round, "client": client_id, "kind": "error", "detail": turn})
             continue
         update = turn.update
+        sizes[client_id] = update.num_examples
         upload += state_nbytes(update.state) + state_nbytes(update.extras)
         download += turn.download_bytes
         log[f"client/{client_id}/train/loss"] = update.metrics["loss"]
         problem = (
             (turn.problem_kind, turn.problem)
             if turn.problem is not None
-            else screen_update(update, task.received, run.settings.max_update_norm, run.settings.max_update_ratio)
+            else screen_update(update, task.received, *bounds, run.settings.max_update_ratio)
         )
         if problem is not None:
             kind, detail = problem
@@ -97,6 +100,9 @@ def run_round(run: Run, server_round: int) -> None:
             log[f"client/{client_id}/train/{_FAULT_TAGS.get(kind, 'quarantined')}"] = 1.0
             continue
         updates.append(update)
+        sent.append(task.received)
+    run.state.train_sizes[str(server_round)] = sizes  # the weights the clients claimed: results.json's train_sizes
+    updates = _screen_round(run, server_round, selected, updates, sent, faults, log)
     check_round(run, server_round, selected, updates, faults)
     train_seconds = time.perf_counter() - start
     run.hooks.call(
@@ -149,16 +155,43 @@ def run_round(run: Run, server_round: int) -> None:
     run.fabric.log_dict(log, step=server_round)
     record.append_round(run, server_round, log)
     run.hooks.call("on_round_end", trainer=server, pl_module=run.module, server_round=server_round, metrics=metrics)
+    placement.place_server_state(run.strategy, run.store.device)  # the rule a resume follows too
+    paths = []
     if record.is_best(run, server_round):  # before last.ckpt: a resume drops a best.ckpt newer than it
-        resume.save(run, record.best_path(run))
+        paths.append(record.best_path(run))
     settings = run.settings
     if server_round % settings.checkpoint_every == 0 or server_round == settings.rounds or run.state.should_stop:
-        resume.save(run, run.out_dir / "checkpoints" / LAST)
+        paths.append(run.out_dir / "checkpoints" / LAST)
         run.state.checkpointed = server_round
+    if paths:  # one copy of the state, written in order by the writer thread while the next round runs
+        resume.save(run, *paths, background=True)
 
 
-#: The tag of a left-out turn in the round's log, by the kind of its fault.
-_FAULT_TAGS = {"timeout": "timed_out", "rejected": "rejected", "non-finite": "quarantined"}
+#: The tag of a left-out (or clipped) turn in the round's log, by the kind of its fault.
+_FAULT_TAGS = {"timeout": "timed_out", "rejected": "rejected", "non-finite": "quarantined", "clipped": "clipped"}
+
+
+def _screen_round(
+    run: Run,
+    server_round: int,
+    selected: list[str],
+    updates: list[Any],
+    sent: list[Any],
+    faults: list[dict[str, Any]],
+    log: dict[str, float],
+) -> list[Any]:
+    """The updates that stay in the round after :func:`~fedlit.engine.loop.screening.screen_round` (the clients'
+    weights against ``max_client_weight``, the norms against ``max_update_norm_vs_median``); each rejected or clipped
+    one recorded in ``faults`` and tagged in ``log``."""
+    sizes = {c: run.num_examples(c, "train") for c in selected}
+    kept = []
+    for update, problem in zip(updates, screen_round(updates, sent, sizes, run.settings), strict=True):
+        if problem is not None:
+            faults.append({"round": server_round, "client": update.client_id, "kind": problem[0], "detail": problem[1]})
+            log[f"client/{update.client_id}/train/{_FAULT_TAGS[problem[0]]}"] = 1.0
+        if problem is None or problem[0] == "clipped":
+            kept.append(update)
+    return kept
 
 
 def _check_aggregate(run: Run, server_round: int) -> None:
@@ -166,6 +199,7 @@ def _check_aggregate(run: Run, server_round: int) -> None:
     bad = non_finite_server_state(run.strategy.state_dict())
     if bad is None:
         return
+    wait_for_writes(raise_error=False)  # the pending checkpoint, on disk before it is named
     checkpoint = run.out_dir / "checkpoints" / LAST
     kept = f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file() else "no checkpoint was written yet"
     raise NonFiniteError(
@@ -194,6 +228,12 @@ def check_round(
                 f"aggregation ({fault['detail']}).",
                 stacklevel=3,
             )
+        elif fault["kind"] == "clipped":
+            warnings.warn(
+                f"Round {server_round}: client {fault['client']!r}'s update is scaled down to a norm bound and "
+                f"aggregated ({fault['detail']}).",
+                stacklevel=3,
+            )
         elif fault["kind"] == "timeout":
             warnings.warn(
                 f"Round {server_round}: client {fault['client']!r} timed out, its update is left out of "
@@ -202,6 +242,7 @@ def check_round(
             )
     if len(updates) >= min(run.settings.min_clients, len(selected)):
         return
+    wait_for_writes(raise_error=False)  # the pending checkpoint, on disk before it is named
     checkpoint = run.out_dir / "checkpoints" / LAST
     kept = f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file() else "no checkpoint was written yet"
     detail = "; ".join(f"{f['client']}: {f['detail']}" for f in faults[:4])

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from lightning.fabric.loggers import Logger
 
 from fedlit.core.errors import ConfigError
+from fedlit.engine.loop import settings_screening as screening
 from fedlit.engine.loop.settings_doc import class_doc, markdown_table, setting
 
 
@@ -83,10 +84,22 @@ class Settings:
         resumable=True,
     )
     precision: str = setting("32-true", "Fabric precision (``32-true``, ``bf16-mixed``, ``16-mixed``...).")
+    matmul_precision: Literal["highest", "high", "medium"] | None = setting(
+        None,
+        "Internal precision of float32 matrix products during the run (``torch.set_float32_matmul_precision``, set "
+        "when the run starts, the process's own restored when it ends): ``highest`` keeps float32; ``high`` lets a "
+        "GPU use TF32 tensor cores (NVIDIA Ampere and later: several times faster ``32-true`` training, products "
+        "with a 10-bit mantissa); ``medium`` also allows bfloat16. None, the default, leaves the process's setting "
+        "(PyTorch's is ``highest``, so results do not change unless asked; a script may have set its own). "
+        "Mixed precision (``bf16-mixed``) computes in bfloat16 whatever this says.",
+        resumable=True,
+    )
     checkpoint_every: int = setting(
         1, "Save ``checkpoints/last.ckpt`` every this many rounds (and at the last round).", low=1, resumable=True
     )
-    store_device: str = setting("cpu", "Where the client store keeps tensors.", resumable=True)
+    store_device: str = setting(
+        "cpu", "Where the client store and the server state keep tensors (the same after a resume).", resumable=True
+    )
     progress_bar: bool = setting(True, "Show a progress bar over rounds and clients.", resumable=True)
     on_client_error: Literal["raise", "skip"] = setting(
         "raise",
@@ -131,24 +144,11 @@ class Settings:
         "its second test (0, the default: no fine-tuned test).",
         low=0,
     )
-    max_update_norm: float | None = setting(
-        None,
-        "The largest L2 norm of a client's update (its uploaded shared tensors minus what the server sent it) "
-        "that the server aggregates; a larger one is rejected (left out of the round, a fault). None, the default: "
-        "no absolute bound. See :mod:`fedlit.engine.loop.screening`.",
-        above=0,
-        note="or null: no bound",
-        resumable=True,
-    )
-    max_update_ratio: float | None = setting(
-        1000.0,
-        "The largest update norm relative to the size of what the client was sent (its L2 norm, at least "
-        "1); a larger one is rejected. 1000 by default catches a scaled or corrupted upload long before its "
-        "aggregate overflows; None: no relative bound.",
-        above=0,
-        note="or null: no bound",
-        resumable=True,
-    )
+    max_update_norm: float | None = screening.MAX_UPDATE_NORM
+    max_update_ratio: float | None = screening.MAX_UPDATE_RATIO
+    max_update_norm_vs_median: float | None = screening.MAX_UPDATE_NORM_VS_MEDIAN
+    update_norm_action: Literal["reject", "clip"] = screening.UPDATE_NORM_ACTION
+    max_client_weight: float | None = screening.MAX_CLIENT_WEIGHT
     divergence: Literal["warn", "stop", "off"] = setting(
         "warn",
         "What to do when the clients' mean training loss of a round is over 100 times that of the run's first "
@@ -247,6 +247,7 @@ class Settings:
         ``metrics`` and ``default_metric`` (``owner``: the module's class name), also those of
         ``selection_metric``."""
         problems = [p for f in fields(Settings) if (p := _declared_problem(f, values[f.name])) is not None]
+        problems += screening.screening_problems(values)
         if (seed := seed_problem(values["seed"])) is not None:
             problems.append(seed)
         unseen = values["unseen_clients"]
@@ -318,8 +319,11 @@ def _hints() -> dict[str, Any]:
 
 
 def _choices(hint: Any) -> tuple[Any, ...] | None:
-    """The values of a ``Literal`` type, else None."""
-    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+    """The values of a ``Literal`` type (and None where the type is ``Literal[...] | None``), else None."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    literal = [a for a in typing.get_args(hint) if typing.get_origin(a) is Literal]
+    return (*typing.get_args(literal[0]), None) if literal and type(None) in typing.get_args(hint) else None
 
 
 def _declared_problem(declared: Field[Any], value: Any) -> str | None:

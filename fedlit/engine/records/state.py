@@ -43,7 +43,10 @@ class RunState:
         comm: Bytes sent so far: ``upload_bytes`` and ``download_bytes`` in training, ``eval_download_bytes`` to
             evaluate.
         compute: Work beside the clients' turns: ``eval_finetune_steps``, the local steps taken before evaluations.
-        faults: The clients left out of aggregation (``round``, ``client``, ``kind``, ``detail``).
+        faults: The clients left out of aggregation (``round``, ``client``, ``kind``, ``detail``), and those whose
+            update was clipped to a norm bound (kind ``clipped``).
+        train_sizes: Per round (its number as a string), the ``num_examples`` each client's update claimed (its
+            weight; in a deployment, the train size its node declared when the run started); in ``results.json``.
         identity: What a resumed run must share with the checkpoint (:func:`fedlit.engine.loop.resume.identity`);
             empty until the run is set up.
         dropped_callbacks: Callbacks that reported on the run and were dropped on a resume
@@ -66,6 +69,7 @@ class RunState:
     comm: dict[str, int] = field(default_factory=_comm)
     compute: dict[str, int] = field(default_factory=_compute)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    train_sizes: dict[str, dict[str, int]] = field(default_factory=dict)
     identity: dict[str, Any] = field(default_factory=dict)
     dropped_callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)

@@ -218,3 +218,25 @@ def test_a_resume_with_rounds_not_above_the_checkpoints_says_so(tmp_path, capsys
         "reported again. To train on, resume with --federation.rounds above 2.\n"
     ) in capsys.readouterr().out
     assert (tmp_path / "metrics.csv").read_bytes() == metrics
+
+
+def test_a_runs_checkpoints_are_written_by_the_writer_thread_and_complete_when_fit_returns(tmp_path, monkeypatch):
+    import threading
+
+    from fedlit.core import checkpoint_io
+    from fedlit.engine.loop import resume
+
+    writes = []
+
+    def save(path, payload):
+        writes.append((threading.current_thread().name, path.name, payload["server_round"]))
+        return checkpoint_io.save_checkpoint(path, payload)
+
+    monkeypatch.setattr(resume, "save_checkpoint", save)
+    make_federation(tmp_path, FedAvg(), rounds=3, checkpoint_every=2).fit()
+    # best.ckpt (rounds whose validation accuracy is the best so far) then last.ckpt (rounds 2 and 3), in order
+    lasts = [(thread, r) for thread, name, r in writes if name == "last.ckpt"]
+    assert lasts == [("fedlit-checkpoint-writer", 2), ("fedlit-checkpoint-writer", 3)]
+    assert {thread for thread, _, _ in writes} == {"fedlit-checkpoint-writer"}
+    assert torch.load(tmp_path.joinpath(*CKPT), weights_only=True)["server_round"] == 3
+    assert not list(tmp_path.joinpath("checkpoints").glob("*.tmp"))

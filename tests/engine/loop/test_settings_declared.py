@@ -60,6 +60,9 @@ def test_the_settings_a_resume_may_change_are_those_declared_resumable():
         "client_timeout",
         "max_update_norm",
         "max_update_ratio",
+        "max_update_norm_vs_median",
+        "update_norm_action",
+        "max_client_weight",
         "divergence",
         "allow_dropped_callbacks",
         "threads",
@@ -67,6 +70,7 @@ def test_the_settings_a_resume_may_change_are_those_declared_resumable():
         "fused_clients",
         "reuse_evaluations",
         "pooled_metrics",
+        "matmul_precision",
     }
 
 
@@ -81,6 +85,13 @@ def test_the_settings_a_resume_may_change_are_those_declared_resumable():
         ({"threads": 0}, "federation.threads=0 must be >= 1 (or null: PyTorch's default)"),
         ({"client_timeout": 0}, "federation.client_timeout=0 must be > 0 seconds (or null: no limit)"),
         ({"max_update_ratio": -1.0}, "federation.max_update_ratio=-1.0 must be > 0 (or null: no bound)"),
+        (
+            {"max_update_norm_vs_median": 0.5},
+            "federation.max_update_norm_vs_median=0.5 must be >= 1 (or null: no bound)",
+        ),
+        ({"max_client_weight": 0}, "federation.max_client_weight=0 must be > 0 (or null: no cap)"),
+        ({"max_client_weight": 1.5}, "federation.max_client_weight=1.5 must be a share in (0, 1] (or null: no cap)"),
+        ({"update_norm_action": "scale"}, "federation.update_norm_action='scale' is not one of ['reject', 'clip']"),
         ({"fused_clients": True}, "federation.fused_clients=True must be an integer >= 1 (1: one client at a time)"),
         ({"fused_clients": 2.0}, "federation.fused_clients=2.0 must be an integer >= 1 (1: one client at a time)"),
         ({"optimizer_state": "keep"}, "federation.optimizer_state='keep' is not one of ['reset', 'persist']"),
@@ -125,7 +136,7 @@ def test_run_has_no_forwarded_settings_and_keeps_its_progress_in_state(tmp_path)
     assert payload["identity"] == state.identity and payload["history"] == state.history.state_dict()
     assert state.comm["upload_bytes"] > 0 and state.stopped_early is None
     saved_progress = {"server_round", "comm", "compute", "faults", "identity", "dropped_callbacks", "timing", "history"}
-    saved_progress |= {"divergence"}
+    saved_progress |= {"divergence", "train_sizes"}
     assert saved_progress <= set(payload)
     assert payload["divergence"] == {"round": 1, "loss": state.divergence["loss"]}  # the reference, not "warned"
     assert {f.name for f in fields(RunState)} == (saved_progress - {"server_round"}) | {
