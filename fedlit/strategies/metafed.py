@@ -63,14 +63,17 @@ and upload like any round (the server keeps only the ring hops' uploads). Deviat
 module's roles (normalization under FedBN-like roles) stay the client's own when it copies a teacher, as the code's
 ``--nosharebn``; a teacher runs with the receiving client's personal tensors. Deviation: accuracies are measured on
 the client's ``val`` split (the code's validation loader); the code picks its reported round on validation
-accuracy over all rounds, as ``federation.selection_metric`` does here. Deviation: a hop whose client fails passes
+accuracy over all rounds, as ``federation.selection_metric`` does here. The accuracies behind the flags and
+``lam_p`` are the code's ``correct / total`` in double precision (:func:`correct_count`: the arg max of the logits,
+the sign of a binary task's one logit), not the module's float32 ``accuracy`` metric, whose rounding would let a
+client at exactly the threshold pass it (3/5 against 0.6, 4/7 against 4/7). Deviation: a hop whose client fails passes
 the previous common model on (the server keeps the last upload).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -107,6 +110,16 @@ def ring_client(hop: int, client_ids: list[str]) -> str:
 def feature_distillation(student: Tensor, teacher: Tensor) -> Tensor:
     """``mean (student - teacher)^2`` over every element (PyTorch's ``mse_loss``), in float32, the teacher detached."""
     return (student.float() - teacher.detach().float()).pow(2).mean()
+
+
+def correct_count(logits: Tensor, targets: Tensor) -> tuple[int, int]:
+    """The correct predictions and the samples of one batch: the arg max of multi-class logits (the code's
+    ``output.max(1)[1]``), the sign of a binary task's one logit (a probability above 1/2)."""
+    if logits.ndim == targets.ndim + 1 and logits.shape[-1] > 1:
+        predicted = logits.argmax(-1)
+    else:
+        predicted = (logits.reshape(targets.shape) > 0).long()
+    return int((predicted == targets.long()).sum()), targets.numel()
 
 
 def distills(flag: bool, accuracy: float, threshold: float) -> bool:
@@ -234,7 +247,8 @@ class MetaFed(Strategy):
 
     # ------------------------------------------------------------------------------------------ client
     def accuracy(self, pl_module: FederatedModule, client: ClientContext, client_id: str) -> float:
-        """The live module's accuracy on the client's validation split (in eval mode)."""
+        """The live module's accuracy on the client's validation split (in eval mode): ``correct / total``, a Python
+        double as the code's, from the ``logits`` and ``targets`` of the module's ``training_step``."""
         loader = client.eval_dataloader("val")
         if loader is None or client.num_examples("val") == 0:
             raise DataError(
@@ -242,15 +256,24 @@ class MetaFed(Strategy):
                 "on; give every client one (or set strategy.init_args.threshold above 1: always copy)."
             )
         pl_module.eval()
-        pl_module.reset_metrics()
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
-                batch = client.prepare_batch(batch)
-                with client.autocast():
-                    pl_module.validation_step(batch, batch_idx)
-        value = float(pl_module.compute_metrics()["accuracy"])
-        pl_module.set_train_mode()
-        return value
+        correct = total = 0
+        try:
+            with torch.no_grad():
+                for batch_idx, batch in enumerate(loader):
+                    batch = client.prepare_batch(batch)
+                    with client.autocast():
+                        out = client.convert_output(pl_module.training_step(batch, batch_idx))
+                    if not isinstance(out, Mapping) or "logits" not in out or "targets" not in out:
+                        raise ConfigError(
+                            "MetaFed measures accuracies from the logits and targets of the module's "
+                            "training_step, which returned none: use a fedlit.tasks classifier (or return "
+                            "{'loss', 'logits', 'targets'})."
+                        )
+                    right, seen = correct_count(out["logits"], out["targets"])
+                    correct, total = correct + right, total + seen
+        finally:
+            pl_module.set_train_mode()
+        return correct / total
 
     def on_client_fit_start(
         self,

@@ -36,12 +36,15 @@ PFLlib's command-line default ``beta = 0`` would freeze the global model, so it 
 ``eta`` is 0.005: the local learning rate of the recipe.
 
 Deviation (both codes, not fedlit): the authors' and PFLlib's inner step adds ``0.001 theta`` (an L2 term the
-paper does not have); fedlit follows the paper. Deviation: with momentum, weight decay or Adam in the local
-optimizer, the step of ``w_i`` is that optimizer's step of ``lam (w_i - theta)`` (the paper's is plain SGD); the
-inner steps are always plain gradient steps. Deviation: the inner gradients are computed without the 16-bit
-gradient scaler (16-bit mixed precision can underflow them; bf16 cannot). Memory per client: ``theta``, a copy of
-the shared and personal tensors; the server holds FedAvg's state. A local step costs ``K + 1`` forward and
-backward passes (the loop's forward of ``w_i`` gives the logged training loss).
+paper does not have); fedlit follows the paper. Deviation (both codes, not fedlit), for users comparing numbers:
+the authors' and PFLlib's "personalized" evaluation measures ``w_i``, not ``theta_i(w_i)`` (the list their
+optimizer's step returns as ``theta`` is the model's own parameters, which the end of the turn overwrites with
+``w_i``); fedlit evaluates the paper's personalized model ``theta_i(w_i)``. Deviation: with momentum, weight
+decay or Adam in the local optimizer, the step of ``w_i`` is that optimizer's step of ``lam (w_i - theta)`` (the
+paper's is plain SGD); the inner steps are always plain gradient steps. Deviation: the inner gradients are
+computed without the 16-bit gradient scaler (16-bit mixed precision can underflow them; bf16 cannot). Memory per
+client: ``theta``, a copy of the shared and personal tensors; the server holds FedAvg's state. A local step costs
+``K + 1`` forward and backward passes (the loop's forward of ``w_i`` gives the logged training loss).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """pFedMoAP: each client mixes its own CLIP prompt with the nearest other clients' prompts through a personal gate.
 
 Luo, Chen, Wu. "Mixture of Experts Made Personalized: Federated Prompt Learning for Vision-Language Models."
-ICLR 2025. https://arxiv.org/abs/2410.10114 (the official repository holds only a README; a public fork of it with
-the training code was read: ``trainers/pfedmoap.py``, ``federated_main.py``)
+ICLR 2025. https://arxiv.org/abs/2410.10114 (code read: the official repository, ``ljaiverson/pFedMoAP``, which
+holds the training code since April 2025: ``trainers/pfedmoap.py``, ``federated_main.py``)
 
 The model is :class:`fedlit.tasks.CLIPPromptModule` with ``gating: true``: a frozen CLIP, a CoOp context prompt
 ``P`` (``prompt.ctx``: 16 tokens, shared) and an attention gate ``G_i`` (``gate.*``: personal, never uploaded).
@@ -33,7 +33,15 @@ earlier in the same round; here the clients of a round train from the prompts st
 clients are independent, as in every fedlit strategy). Deviation: the authors re-select experts when evaluating a
 client that sat the round out; here a client is evaluated with the experts of its last turn (no download to
 evaluate). Deviation: the authors' model keeps the previous client's expert features when a client trains for the
-first time (an attribute never cleared); here such a turn has no experts.
+first time (an attribute never cleared); here such a turn has no experts. Deviation: the authors' loop builds the
+prompt's and the gate's optimizers once and shares them (momentum, learning-rate schedules) across every client
+and round, and, since its store of gates starts as ``{}`` and is tested with ``!= []`` (always true), a client's
+first turn with experts loads an empty state and starts from the gate the previous client trained; fedlit resets
+both per client, the paper's procedure (each client trains its own gate from the one initialization, with a fresh
+optimizer each turn, or its own under ``federation.optimizer_state: persist``), so that no client's turn depends on
+which client trained before it. Deviation: the authors' script asks for ``--sparse_selection nearest``, but the call
+uses ``sparse_selection``'s own default, ``random`` (a fixed shuffled order of the clients); fedlit selects the
+nearest, as the paper.
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ class CLIPPromptModule(ClassificationModule):
         gate_dim: d, the dimension features are pooled to (128; CLIP's projection must be a multiple).
         gate_heads: Attention heads of the gate (8).
         gate_scale: The gate's score scale (10).
-        gate_dropout: Dropout on the gate's attention weights in training (0.1, the authors' code).
+        gate_dropout: Dropout on the gate's attention weights in training (0, as the authors' code behaves: its
+            gate takes a dropout of 0.1 but never applies it; 0.1 applies it).
         lam: The weight of the local prompt's logits beside the gate's (0.5).
         pixel_norm: ``clip`` or ``none`` (see above).
         in_channels: Channels of the input images: 3, or 1 (grey, repeated to RGB).
@@ -144,7 +145,7 @@ class CLIPPromptModule(ClassificationModule):
         gate_dim: int = 128,
         gate_heads: int = 8,
         gate_scale: float = 10.0,
-        gate_dropout: float = 0.1,
+        gate_dropout: float = 0.0,
         lam: float = 0.5,
         pixel_norm: Literal["clip", "none"] = "none",
         in_channels: int = 3,

@@ -141,8 +141,8 @@ def test_a_lower_is_better_metric_is_ranked_as_its_module_declares(tmp_path: Pat
     assert "| a | **1.0000** | 2.0000 |" in text and "| b | **3.0000** | 7.1200 |" in text
     # worst client: the highest mse (FedAvg 3.0, Local 7.12, not their best 1.0 and 2.0); gain over Local:
     # Local's minus FedAvg's, positive is better: ((2 - 1) + (7.12 - 3)) / 2 = 2.56
-    assert "| FedAvg | 1 | 2.0000 | 3.0000 | +2.5600 | 0 |" in text
-    assert "| Local | 1 | 4.5600 | 7.1200 | — | — |" in text
+    assert "| FedAvg | 1 | 2.0000 | 3.0000 | +2.5600 | — | one seed: no interval | 0 |" in text
+    assert "| Local | 1 | 4.5600 | 7.1200 | — | — | — | — |" in text
     assert "lower mse is better" in text
 
 
@@ -183,9 +183,12 @@ def test_the_pooled_figure_is_shown_with_its_spread_over_seeds(tmp_path: Path) -
     report.write([tmp_path], tmp_path / "out", metric="c_index", vector=None)
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| method | seeds | mean c_index | worst-client c_index | pooled c_index (FLamby's pooled test) |" in text
-    # pooled 0.7 and 0.8: mean 0.75, std 0.070711, standard error 0.05; Local recorded none
-    assert "| FedAvg | 2 | 0.5500 ± 0.0000 | 0.5000 ± 0.0000 | 0.7500 ± 0.0500 | +0.0500 | 0 |" in text
-    assert "| Local | 1 | 0.5000 | 0.5000 | — | — | — |" in text
+    # pooled 0.7 and 0.8: mean 0.75, std 0.070711, standard error 0.05; Local recorded none; one seed paired
+    assert (
+        "| FedAvg | 2 | 0.5500 ± 0.0000 | 0.5000 ± 0.0000 | 0.7500 ± 0.0500 | +0.0500 | — | one seed: no interval | 0 |"
+        in text
+    )
+    assert "| Local | 1 | 0.5000 | 0.5000 | — | — | — | — | — |" in text
     assert "FLamby's pooled test figure, c_index computed once on all clients' test predictions" in text
 
 

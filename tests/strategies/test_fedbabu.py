@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from fedlit import Federation
 from fedlit.core.errors import ConfigError
-from fedlit.strategies import FedBABU
+from fedlit.strategies import ClientUpdate, FedBABU
+from tests.conftest import TinyTabular
 from tests.strategies.test_fedper import (
     BODY,
     CLIENTS,
@@ -89,6 +91,101 @@ def test_the_head_keeps_its_value_under_momentum_and_weight_decay(tmp_path):
     assert not torch.equal(
         fed.strategy.global_state["backbone.layers.0.linear.weight"], tiny_module().backbone.layers[0].linear.weight
     )
+
+
+def test_finetune_from_local_puts_the_clients_own_last_body_over_the_global_one():
+    module = tiny_module()
+    weight, bias = "backbone.layers.0.linear.weight", "backbone.layers.0.linear.bias"
+    uploaded = {weight: torch.full((5, 4), 2.0), bias: torch.full((5,), -1.0)}
+
+    class Store:
+        device = torch.device("cpu")
+
+    class Client:
+        store = Store()
+
+    for finetune_from, expected in (("local", (2.0, -1.0)), ("global", None)):
+        strategy, state = FedBABU(finetune_from=finetune_from), {}
+        strategy.on_client_fit_end(ClientUpdate("c0", 15, uploaded), state, Client())
+        live = copy.deepcopy(module)
+        strategy.on_client_evaluate_start(live, state)
+        got = dict(live.named_parameters())
+        if expected is None:  # global: nothing kept, the received (here: initial) body is left as it is
+            assert state == {} and torch.equal(got[weight], module.backbone.layers[0].linear.weight)
+        else:  # local: every entry of the body is the uploaded value; the head is untouched
+            assert torch.equal(got[weight], torch.full((5, 4), expected[0]))
+            assert torch.equal(got[bias], torch.full((5,), expected[1]))
+            assert torch.equal(got["head.weight"], module.head.weight)
+    fresh = copy.deepcopy(module)  # a client that has not trained yet: the global body
+    FedBABU(finetune_from="local").on_client_evaluate_start(fresh, {})
+    assert torch.equal(fresh.backbone.layers[0].linear.weight, module.backbone.layers[0].linear.weight)
+    with pytest.raises(ConfigError, match=r"finetune_from='own' is not one of 'global'"):
+        FedBABU(finetune_from="own")
+
+
+def test_finetune_from_local_fine_tunes_each_clients_last_trained_body(tmp_path):
+    fed = tiny_federation(tmp_path / "babu", FedBABU(finetune_steps=3, finetune_from="local"))
+    results = fed.fit()
+    initial_head = {n: p.detach() for n, p in tiny_module().named_parameters() if n in HEAD}
+    server, _ = replay(fed, BODY, lambda step: BODY)
+    assert_close(fed.strategy.global_state, server)  # the federation itself is unchanged
+    after_round_1, _ = replay(fed, BODY, lambda step: BODY, rounds=1)
+    for client in CLIENTS:
+        # the client's own body after its round-2 turn: two full-batch steps of the body from the round-1 global body
+        own = last_body(fed, client, after_round_1, initial_head)
+        assert_close(fed.store.client_state(client)["extra"][fed.strategy.state_key]["body"], own)
+        got = results["last"]["clients"][client]["loss"]
+        assert got == pytest.approx(finetuned_loss(fed, {**own, **initial_head}, client, 3, BODY | HEAD), abs=1e-5)
+        # fine-tuning from the global body (the default) gives another model
+        assert abs(got - finetuned_loss(fed, {**server, **initial_head}, client, 3, BODY | HEAD)) > 1e-4
+        # the global model is still the averaged body with the initial head, not fine-tuned
+        assert results["global"]["last"]["clients"][client]["loss"] == pytest.approx(
+            finetuned_loss(fed, {**server, **initial_head}, client, 0, set()), abs=1e-5
+        )
+
+
+def test_finetune_from_local_resumes_with_the_kept_bodies(tmp_path):
+    def federation(out_dir, rounds: int) -> Federation:
+        strategy = FedBABU(finetune_steps=2, finetune_from="local")
+        return Federation(
+            tiny_module(),
+            TinyTabular(batch_size=16),
+            strategy,
+            rounds=rounds,
+            out_dir=out_dir,
+            progress_bar=False,
+            accelerator="cpu",
+            local_steps=2,
+            seed=0,
+            clients_per_round=2,
+        )
+
+    def kept(fed) -> list[str]:
+        return [c for c in CLIENTS if "body" in fed.store.extra(c, fed.strategy.state_key)]
+
+    straight = federation(tmp_path / "straight", 3)
+    expected = straight.fit()
+    first_leg = federation(tmp_path / "resumed", 2)
+    first_leg.fit()
+    # 2 of 3 clients a round: c2 first trains in round 3, so c0 or c1 sits round 3 out and is fine-tuned from the
+    # body it kept in round 1 or 2, which the resumed run reads back from the checkpoint
+    assert kept(first_leg) == ["c0", "c1"] and kept(straight) == list(CLIENTS)
+    got = federation(tmp_path / "resumed", 3).fit(ckpt_path=tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert got["last"]["clients"] == expected["last"]["clients"]
+
+
+def last_body(fed, client: str, body: dict, head: dict, steps: int = 2) -> dict[str, torch.Tensor]:
+    """``body`` after ``steps`` full-batch gradient steps of the body alone, under ``head``, on ``client``'s data."""
+    model = copy.deepcopy(fed.module)
+    model.load_state_dict({**model.state_dict(), **body, **head})
+    params = {n: p for n, p in model.named_parameters() if n in BODY}
+    x, y = train_split(fed, client)
+    for _ in range(steps):
+        grads = torch.autograd.grad(F.cross_entropy(model(x), y), list(params.values()))
+        with torch.no_grad():
+            for p, g in zip(params.values(), grads, strict=True):
+                p -= LR * g
+    return {n: p.detach().clone() for n, p in params.items()}
 
 
 @pytest.mark.parametrize("steps", [0, -2, 1.5, True])

@@ -1,7 +1,9 @@
-"""MetaFed (Chen et al., IEEE TNNLS 2023): the feature distillation loss, the copy-or-distil flag and the
-personalization weight by hand, the ring's order over the rounds, a copying ring being FedAvg with one client per
-round in ring order, distillation moving the ring's models, two rounds end to end, the CLI name and bad options."""
+"""MetaFed (Chen et al., IEEE TNNLS 2023): the feature distillation loss, the copy-or-distil flag, the accuracies
+behind it (correct / total in double, at the threshold), the personalization weight by hand, the ring's order over
+the rounds, a copying ring being FedAvg with one client per round in ring order, distillation moving the ring's
+models, two rounds end to end, the CLI name and bad options."""
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -11,8 +13,17 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fedlit.commands.fit import build_parser
 from fedlit.core.errors import ConfigError
+from fedlit.models import MLP
 from fedlit.strategies import FedAvg, MetaFed
-from fedlit.strategies.metafed import distills, feature_distillation, personal_lambda, ring_client, ring_stage
+from fedlit.strategies.metafed import (
+    correct_count,
+    distills,
+    feature_distillation,
+    personal_lambda,
+    ring_client,
+    ring_stage,
+)
+from fedlit.tasks import ClassificationModule
 from tests.conftest import make_federation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +45,73 @@ def test_the_flag_is_set_above_the_threshold_and_never_cleared():
     assert distills(False, 0.6, 0.6) is False  # strictly above, as the code's `val_acc > threshold`
     assert distills(True, 0.1, 0.6) is True
     assert distills(False, 1.0, 1.1) is False  # the code's MedMNIST script: above 1, always copy
+
+
+def identity_classifier() -> ClassificationModule:
+    """Linear(2, 2) = I -> ReLU -> head Linear(2, 2) = I: the logits of a non-negative input are the input."""
+    module = ClassificationModule(backbone=MLP(num_features=2, hidden=[2], norm="none"), num_classes=2)
+    with torch.no_grad():
+        for layer in (module.backbone.layers[0].linear, module.head):
+            layer.weight.copy_(torch.eye(2))
+            layer.bias.zero_()
+    return module
+
+
+class ValSplit:
+    """The part of a ClientContext that MetaFed.accuracy reads: a validation split of the given batches."""
+
+    def __init__(self, *batches):
+        self.batches = batches
+
+    def eval_dataloader(self, split):
+        return list(self.batches)
+
+    def num_examples(self, split):
+        return sum(len(y) for _, y in self.batches)
+
+    def prepare_batch(self, batch):
+        return batch
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def convert_output(self, output):
+        return output
+
+
+# one-hot inputs: the predicted class is the position of the 1
+A, B = [1.0, 0.0], [0.0, 1.0]
+
+
+def test_accuracy_is_correct_over_total_in_double_so_a_client_at_the_threshold_does_not_pass_it():
+    module = identity_classifier()
+    # 3 of 5 right (predicted 0 0 1 0 1 against 0 0 1 1 0): exactly 0.6, as the code's Python `3 / 5`, which is
+    # not above the default threshold 0.6; a float32 accuracy, 0.6000000238, would be
+    three_of_five = ValSplit((torch.tensor([A, A, B, A, B]), torch.tensor([0, 0, 1, 1, 0])))
+    accuracy = MetaFed().accuracy(module, three_of_five, "c0")
+    assert accuracy == 0.6 and distills(False, accuracy, MetaFed().threshold) is False
+    assert float(torch.tensor(3 / 5, dtype=torch.float32)) > 0.6  # what the float32 metric would have let pass
+    # 4 of 7 over two batches (3 of 4, then 1 of 3): exactly 4 / 7, not above a threshold of 4 / 7
+    four_of_seven = ValSplit(
+        (torch.tensor([A, A, B, B]), torch.tensor([0, 0, 1, 0])), (torch.tensor([A, B, B]), torch.tensor([1, 0, 1]))
+    )
+    strategy = MetaFed(threshold=4 / 7)
+    accuracy = strategy.accuracy(module, four_of_seven, "c0")
+    assert accuracy == 4 / 7 and distills(False, accuracy, strategy.threshold) is False
+    assert float(torch.tensor(4 / 7, dtype=torch.float32)) > 4 / 7
+    # lam_p reads the same accuracies: 7 of 10 for the client and the common model against zeta_p = 0.7 is not
+    # below it, so lam_p = 10^0 / 10 lam; float32's 0.69999999 would be below it and give 0
+    assert personal_lambda(7 / 10, 7 / 10, lam=1.0, threshold=0.7) == pytest.approx(0.1)
+    assert float(torch.tensor(7 / 10, dtype=torch.float32)) < 0.7
+    assert module.training  # back in train mode
+
+
+def test_correct_count_by_hand():
+    # multi-class: the arg max of each row (1, 0, 2) against (1, 2, 2): 2 of 3
+    logits = torch.tensor([[0.1, 0.9, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    assert correct_count(logits, torch.tensor([1, 2, 2])) == (2, 3)
+    # binary, one logit: positive above 0 (predictions 1, 0, 1) against (1, 1, 0): 1 of 3
+    assert correct_count(torch.tensor([[2.0], [-1.0], [0.5]]), torch.tensor([1.0, 1.0, 0.0])) == (1, 3)
 
 
 def test_personalization_weight_by_hand():

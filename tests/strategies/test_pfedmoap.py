@@ -223,3 +223,19 @@ def test_the_module_keeps_the_experts_of_the_turn_for_evaluation():
     assert torch.equal(module.experts, features) and not torch.allclose(module(images), plain)
     strategy.on_client_evaluate_start(module, {})  # a client that never trained: no experts left over
     assert module.experts is None and torch.equal(module(images), plain)
+
+
+def test_the_gate_drops_nothing_by_default_as_the_authors_code_behaves():
+    # the authors' gate takes dropout=0.1 and never applies it: by default a training forward is deterministic and
+    # equals the evaluation forward; gate_dropout: 0.1 applies it (two training forwards then differ)
+    module = tiny_moap_module()
+    assert module.gate_dropout == 0.0
+    torch.manual_seed(0)
+    pFedMoAP(num_experts=3).on_client_fit_start(module, {"experts": torch.randn(2, 16, 32) * 0.02})
+    images = torch.randn(2, 1, 16, 16)
+    module.train()
+    first = module(images)
+    assert torch.equal(module(images), first) and torch.equal(module.eval()(images), first)
+    module.gate_dropout = 0.1
+    module.train()
+    assert not torch.equal(module(images), module(images))

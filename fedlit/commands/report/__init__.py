@@ -15,7 +15,9 @@ figures as PNG files, each also as a PDF or SVG unless ``--vector none``) holds:
   difference of a few points at all;
 - per method, the mean and the worst client, FLamby's pooled figure where the runs recorded it and, with a run of
   the baseline strategy among the inputs, the mean individual gain over it (runs paired by seed; positive is
-  better), each mean +- standard error over seeds;
+  better), each mean +- standard error over seeds; the gain also with its 95 % t-interval over the paired seeds
+  (k - 1 degrees of freedom) and a verdict: "beats"/"loses to" the baseline only where the interval excludes zero,
+  else "not separated at k seeds" (:mod:`fedlit.commands.report.interval`);
 - convergence (mean validation metric per round, a min-max band over seeds; the mean training loss per round too
   where a method has no validation split) and cost (bytes, trainable parameters, the metric against cumulative
   upload bytes);
@@ -45,6 +47,7 @@ from pathlib import Path
 from fedlit.commands.partition_summary import VECTOR_FORMATS
 from fedlit.commands.report import grid as report_grid
 from fedlit.commands.report.figures import build
+from fedlit.commands.report.interval import Interval, gain_sentence, t_interval, verdict
 from fedlit.commands.report.methods import NOT_METHOD, by_method, load_runs, name_methods, run_names, setting
 from fedlit.commands.report.render import markdown, plural, to_html
 from fedlit.commands.report.runs import (
@@ -69,6 +72,7 @@ from fedlit.core.errors import ConfigError
 from fedlit.core.files import write_text_atomic
 
 __all__ = [
+    "Interval",
     "NOT_METHOD",
     "PROPORTIONS",
     "SEED_OR_VERSION",
@@ -79,6 +83,7 @@ __all__ = [
     "config_differences",
     "find_runs",
     "flatten",
+    "gain_sentence",
     "held_out_counts",
     "higher_is_better",
     "load_run",
@@ -92,6 +97,8 @@ __all__ = [
     "sampling_se",
     "setting",
     "summary",
+    "t_interval",
+    "verdict",
     "write",
 ]
 

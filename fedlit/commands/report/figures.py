@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from fedlit.commands.report import interval as report_interval
 from fedlit.commands.report import methods as report_methods
 from fedlit.commands.report import runs as report_runs
 from fedlit.commands.report.curves import convergence, cost, train_metric, training_curve
@@ -73,7 +74,9 @@ def build(
             )
             + ". A method is a strategy class with one configuration (named by what sets it apart from the other "
             "runs of its class); its runs are its seeds. Values are test metrics, mean ± standard error of the "
-            f"mean over the k seeds (sample std / √k; no ± with one seed); {direction} {metric} is better.",
+            f"mean over the k seeds (sample std / √k; no ± with one seed); {direction} {metric} is better. A gain "
+            "over the baseline also has its 95 % t-interval over the paired seeds (k - 1 degrees of freedom), and "
+            "a method beats or loses to the baseline only where that interval excludes zero.",
         ),
     ]
     for warning in warnings:
@@ -99,8 +102,11 @@ def build(
     found_local = baseline_class is not None
     stats = report_runs.summary(groups, when, metric, baseline_class or baseline.LOCAL, report_runs.mean_se, higher)
     pooled = any("pooled" in row for row in stats.values())
+    short_baseline = baseline_name.rsplit(".", 1)[-1]
     for method, row in stats.items():
         gain = fmt(row["gain"], sign=True) if "gain" in row else "—"
+        interval = row.get("gain_interval")
+        judged = [report_interval.shown(interval), report_interval.verdict(interval, short_baseline)]
         paired = ", ".join(map(str, row.get("paired", []))) or "—"
         rows.append(
             [
@@ -109,14 +115,23 @@ def build(
                 fmt(row["mean"]),
                 fmt(row["worst"]),
                 *([fmt(row.get("pooled"))] if pooled else []),
-                *([gain, paired] if found_local else []),
+                *([gain, *(judged if "gain" in row else ["—", "—"]), paired] if found_local else []),
             ]
         )
     header = ["method", "seeds", f"mean {metric}", f"worst-client {metric}"]
     header += [f"pooled {metric} (FLamby's pooled test)"] if pooled else []
     blocks += [
         ("h", 2, f"Mean and worst client ({when} round)"),
-        ("table", header + ([f"gain over {baseline_name}", "seeds paired"] if found_local else []), rows),
+        (
+            "table",
+            header
+            + (
+                [f"gain over {baseline_name}", "95 % t-interval of the gain", "verdict", "seeds paired"]
+                if found_local
+                else []
+            ),
+            rows,
+        ),
         (
             "p",
             f"worst client: the {'lowest' if higher else 'highest'} client {metric} of each run ({direction} is "
@@ -141,11 +156,18 @@ def build(
                 else f"{baseline_name}'s {metric} minus the client's"
             )
             + ", so positive is better), averaged over clients; then mean ± standard error over the paired seeds "
-            "(sample std / √k)."
+            "(sample std / √k). 95 % t-interval: mean ± t(0.975, k - 1) × standard error, Student's t with k - 1 "
+            f"degrees of freedom over the k paired seeds (4.303 at 3 seeds, 2.776 at 5). Verdict: beats "
+            f"{short_baseline} only where the whole interval is above zero, loses to {short_baseline} only where it "
+            "is below; otherwise not separated at k seeds (not the same as equal: more seeds may separate them). "
+            "One seed has no interval and no verdict."
             if found_local
             else f"No run of {baseline_name} among the inputs: no gain over it.",
         )
     )
+    for method, row in stats.items():
+        if "gain" in row:
+            blocks.append(("p", f"{method}: {report_interval.gain_sentence(row['gain_interval'], short_baseline)}"))
     for method, row in stats.items():
         for why in row.get("unpaired", []):
             blocks.append(("p", f"Not paired ({method}): {why}"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedlit.commands.report.interval import t_interval
 from fedlit.core.errors import ConfigError, DataError
 from fedlit.engine.records import baseline
 
@@ -266,7 +267,8 @@ def summary(
     """Per method: ``mean`` and ``worst`` client (``spread`` over seeds: mean and std, or mean and standard error
     with :func:`mean_se`), the ``pooled`` value where the runs recorded one (``results.json`` ``pooled`` of
     ``when``: the metric on all clients' test predictions together), and the mean individual gain over the
-    baseline strategy's runs (``gain``, with ``paired``: the seeds paired; ``unpaired``: why the other runs are
+    baseline strategy's runs (``gain``, with ``gain_interval``: its 95 % t-interval over the paired seeds, see
+    :mod:`fedlit.commands.report.interval`; ``paired``: the seeds paired; ``unpaired``: why the other runs are
     not) when there are some. Runs are paired by seed; a pair whose ``manifest.json`` files differ (other data)
     or whose baseline lacks some of the run's clients is not a pair.
 
@@ -327,7 +329,7 @@ def summary(
                 if metric in gain["mean"]:
                     gains.append(gain["mean"][metric])  # an improvement: positive is better
                     paired.append(run.seed)
-            row.update(gain=spread(gains), paired=paired, unpaired=unpaired)
+            row.update(gain=spread(gains), gain_interval=t_interval(gains), paired=paired, unpaired=unpaired)
         out[method] = row
     return out
 
