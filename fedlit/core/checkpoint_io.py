@@ -161,6 +161,16 @@ def wait_for_writes(*, raise_error: bool = True) -> None:
     warnings.warn(f"The last checkpoint write failed: {error}", stacklevel=2)
 
 
+def last_good_checkpoint(out_dir: Path, *, yet: str = " yet") -> str:
+    """What a run stopping on a bad round keeps, for its error message: "the last good checkpoint P is kept" (once
+    the pending write is on disk) or "no checkpoint was written" (+ ``yet``)."""
+    wait_for_writes(raise_error=False)
+    checkpoint = out_dir / "checkpoints" / LAST
+    if not checkpoint.is_file():
+        return f"no checkpoint was written{yet}"
+    return f"the last good checkpoint {checkpoint} is kept"
+
+
 def snapshot(obj: Any) -> Any:
     """A copy of ``obj`` (tensors in dicts, lists and tuples) that the run's later in-place changes cannot reach:
     every tensor copied to the CPU, every container rebuilt; other values (numbers, strings) kept."""

@@ -18,7 +18,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING
 
-from fedlit.core.checkpoint_io import LAST, wait_for_writes
+from fedlit.core.checkpoint_io import last_good_checkpoint
 from fedlit.core.errors import FedlitError
 
 if TYPE_CHECKING:
@@ -49,9 +49,7 @@ def check(run: Run, server_round: int, loss: float | None) -> None:
         "model.init_args.lr"
     )
     if mode == "stop":
-        wait_for_writes(raise_error=False)  # the pending checkpoint, on disk before it is named
-        checkpoint = run.out_dir / "checkpoints" / LAST
-        kept = f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file() else "no checkpoint was written"
+        kept = last_good_checkpoint(run.out_dir, yet="")
         raise FedlitError(
             f"{message}, then start again or resume. federation.divergence=stop: the round is not recorded or "
             f"saved; {kept}."

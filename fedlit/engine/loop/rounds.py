@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedlit.core.checkpoint_io import LAST, wait_for_writes
+from fedlit.core.checkpoint_io import LAST, last_good_checkpoint
 from fedlit.core.errors import FedlitError, NonFiniteError, broken
 from fedlit.core.names import table_cell
 from fedlit.core.roles import role_summary_table
@@ -199,9 +199,7 @@ def _check_aggregate(run: Run, server_round: int) -> None:
     bad = non_finite_server_state(run.strategy.state_dict())
     if bad is None:
         return
-    wait_for_writes(raise_error=False)  # the pending checkpoint, on disk before it is named
-    checkpoint = run.out_dir / "checkpoints" / LAST
-    kept = f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file() else "no checkpoint was written yet"
+    kept = last_good_checkpoint(run.out_dir)
     raise NonFiniteError(
         f"Round {server_round}: the aggregate of the clients' updates is not finite ({bad}); the round is not "
         f"published, evaluated or saved; {kept}. Leave out poisoned updates with federation.max_update_norm or a "
@@ -242,9 +240,7 @@ def check_round(
             )
     if len(updates) >= min(run.settings.min_clients, len(selected)):
         return
-    wait_for_writes(raise_error=False)  # the pending checkpoint, on disk before it is named
-    checkpoint = run.out_dir / "checkpoints" / LAST
-    kept = f"the last good checkpoint {checkpoint} is kept" if checkpoint.is_file() else "no checkpoint was written yet"
+    kept = last_good_checkpoint(run.out_dir)
     detail = "; ".join(f"{f['client']}: {f['detail']}" for f in faults[:4])
     if faults and all(f["kind"] in ("non-finite", "rejected") for f in faults) and not updates:
         raise NonFiniteError(
