@@ -25,22 +25,23 @@ have all finished (``results.json``) is not started, and a cell started before i
 (finished seeds kept, stopped ones resumed from their last checkpoint, missing ones started). ``grid.json`` in the
 output folder records the rows, columns, seeds, each cell's command, state and wall-clock;
 ``fedlit report <out_dir>`` reads it and prints Table 2 (:mod:`fedlit.commands.report.grid`).
+
+Tuned baselines: a method may declare ``tune: {--model.init_args.lr: [0.01, 0.05], --strategy.init_args.lam: [0.1,
+1.0]}`` (and the grid ``tune_seeds``, default the first seed); each cell of it first runs every point of that grid
+over ``tune_seeds`` in ``<cell>/tune/<point>``, chooses the point with the best mean VALIDATION value of the
+selection metric at each run's selected round (never a test value), records it in ``<cell>/tuning.json`` and
+``grid.json``, and runs the chosen point over the seeds (:mod:`fedlit.commands.grid_tune`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import difflib
 import fnmatch
 import json
 import re
 import shlex
-import signal
-import subprocess
-import sys
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,13 +49,16 @@ from typing import Any
 
 import yaml
 
+from fedlit.commands import grid_tune
+from fedlit.commands.grid_tune import finished_seeds
+from fedlit.commands.grid_tune import run_cell as _run_cell  # one experiment's `fit`, here or in a fresh process
 from fedlit.config.parser import RecipeLoader
 from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.core.files import write_text_atomic
 
 GRID_FILE = "grid.json"
-_KEYS = ("seeds", "out_dir", "overrides", "seeds_vary", "datasets", "methods")
-_ENTRY_KEYS = ("recipes", "overrides")
+_KEYS = ("seeds", "out_dir", "overrides", "seeds_vary", "tune_seeds", "datasets", "methods")
+_ENTRY_KEYS = ("recipes", "overrides", "tune")
 #: Options the grid sets itself for every cell: an override may not give them.
 _GRID_OPTIONS = (
     "--seeds",
@@ -75,6 +79,7 @@ class Entry:
 
     recipes: list[Path] = field(default_factory=list)
     overrides: list[str] = field(default_factory=list)
+    tune: dict[str, list[Any]] = field(default_factory=dict)  # a method's options to tune -> values
 
 
 @dataclass
@@ -88,6 +93,7 @@ class Grid:
     methods: dict[str, Entry]
     overrides: list[str] = field(default_factory=list)
     seeds_vary: str = "all"
+    tune_seeds: list[int] = field(default_factory=list)
 
     def cells(self, only: Sequence[str] = ()) -> list[tuple[str, str]]:
         """The cells (data set, method), rows first; with ``only``, those matching one of its ``DATASET/METHOD``
@@ -110,8 +116,16 @@ class Grid:
             )
         return [c for c, n in zip(cells, names, strict=True) if any(fnmatch.fnmatchcase(n, p) for p in only)]
 
-    def argv(self, dataset: str, method: str) -> list[str]:
-        """The ``fit`` arguments of a cell (without ``--ckpt_path last``, which resuming adds)."""
+    def argv(
+        self,
+        dataset: str,
+        method: str,
+        extra: Sequence[str] = (),
+        seeds: Sequence[int] | None = None,
+        folder: Any = None,
+    ) -> list[str]:
+        """The ``fit`` arguments of a cell (without ``--ckpt_path last``, which resuming adds); ``extra`` options
+        after the overrides, other ``seeds`` and output ``folder`` for its tuning points."""
         row, column = self.datasets[dataset], self.methods[method]
         configs = [a for p in (*row.recipes, *column.recipes) for a in ("--config", _shown(p))]
         return [
@@ -120,11 +134,12 @@ class Grid:
             *self.overrides,
             *row.overrides,
             *column.overrides,
+            *extra,
             "--seeds",
-            *map(str, self.seeds),
+            *map(str, self.seeds if seeds is None else seeds),
             *(["--seeds_vary", self.seeds_vary] * (self.seeds_vary != "all")),
             "--out_dir",
-            _shown(self.folder(dataset, method)),
+            _shown(self.folder(dataset, method) if folder is None else folder),
         ]
 
     def folder(self, dataset: str, method: str) -> Path:
@@ -200,6 +215,10 @@ def _entries(value: Any, key: str, base: Path, problems: list[str], need_recipe:
             problems.append(f"{where}: a data set names its recipe: {{recipes: [FILE.yaml]}}")
         if "overrides" in spec:
             entry.overrides = _overrides(spec["overrides"], f"{where}.overrides", problems)
+        if "tune" in spec and need_recipe:
+            problems.append(f"{where}.tune: a method tunes its options, not a data set; move it to a method")
+        elif "tune" in spec:
+            entry.tune = grid_tune.parse_tune(spec["tune"], f"{where}.tune", entry.overrides, _GRID_OPTIONS, problems)
         entries[str(name)] = entry
     return entries
 
@@ -226,13 +245,15 @@ def load_grid(path: str | Path, out_dir: str | Path | None = None) -> Grid:
     problems = [_unknown("", k, _KEYS) for k in data if k not in _KEYS]
     problems += [f"{k}: missing" for k in ("seeds", "datasets", "methods") if k not in data]
     seeds = data.get("seeds", [0])
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-        or len(set(seeds)) < len(seeds)
-    ):
-        problems.append(f"seeds: {seeds!r}; give distinct integers, e.g. [0, 1, 2]")
+    tune_seeds = data.get("tune_seeds", seeds[:1] if isinstance(seeds, list) else seeds)
+    for key, value in (("seeds", seeds), ("tune_seeds", tune_seeds)):
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+            or len(set(value)) < len(value)
+        ):
+            problems.append(f"{key}: {value!r}; give distinct integers, e.g. [0, 1, 2]")
     seeds_vary = data.get("seeds_vary", "all")
     if seeds_vary not in ("all", "training"):
         problems.append(f"seeds_vary: {seeds_vary!r}; allowed: all, training")
@@ -243,41 +264,7 @@ def load_grid(path: str | Path, out_dir: str | Path | None = None) -> Grid:
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems) + ".")
     folder = Path(out_dir if out_dir is not None else data.get("out_dir") or Path("runs") / path.stem)
-    return Grid(path, list(seeds), folder, datasets, methods, overrides, str(seeds_vary))
-
-
-def finished_seeds(folder: Path, seeds: Sequence[int]) -> list[int]:
-    """The seeds whose run in the cell ``folder`` finished (``seed_<s>/results.json``)."""
-    return [s for s in seeds if (folder / f"seed_{s}" / "results.json").is_file()]
-
-
-def _die_with_parent() -> None:
-    """In a cell's process: the kernel kills it when the grid's process dies (Linux), so none is left running."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-
-
-def _run_cell(argv: list[str], in_process: bool) -> str | None:
-    """Run one cell's ``fit``; None when it finished, else what went wrong (one line)."""
-    if not in_process:
-        code = subprocess.run(
-            [sys.executable, "-m", "fedlit", *argv],
-            check=False,  # noqa: S603, PLW1509
-            preexec_fn=_die_with_parent,
-        ).returncode
-        return None if code == 0 else f"exit code {code} (its error is printed above)"
-    from fedlit.commands import seeds  # imports torch: only here
-    from fedlit.config.explain import CONFIG_ERRORS, explain
-
-    try:
-        seeds.prepare(argv)()
-    except CONFIG_ERRORS as err:  # fedlit's one-line errors, as `fedlit fit` prints them
-        print(f"fedlit: error: {explain(err)}", file=sys.stderr, flush=True)
-        return explain(err)
-    except Exception as err:  # noqa: BLE001 (a bug in one cell must not end the grid; its traceback is shown)
-        traceback.print_exc()
-        return f"{type(err).__name__}: {err}"
-    return None
+    return Grid(path, list(seeds), folder, datasets, methods, overrides, str(seeds_vary), list(tune_seeds))
 
 
 def _record(grid: Grid) -> dict[str, Any]:
@@ -311,11 +298,21 @@ def run_grid(grid: Grid, only: Sequence[str] = (), dry_run: bool = False, in_pro
     started = time.perf_counter()
     for dataset, method in cells:
         name, folder = f"{dataset}/{method}", grid.folder(dataset, method)
-        command = grid.argv(dataset, method)
         done = finished_seeds(folder, grid.seeds)
+        cell = record["cells"].setdefault(name, {})
+        try:
+            tuned = _tuned(grid, dataset, method, len(done) == len(grid.seeds), dry_run, in_process)
+        except grid_tune.TuningFailed as err:
+            print(f"fedlit grid: {name}: FAILED ({err})", flush=True)
+            cell.update(dataset=dataset, method=method, folder=name, status="failed", error=str(err))
+            failed.append(name)
+            continue
+        chosen = (
+            grid_tune.words(tuned["options"]) if tuned else [f"<the chosen {', '.join(grid.methods[method].tune)}>"]
+        )
+        command = grid.argv(dataset, method, extra=chosen if grid.methods[method].tune else ())
         # a cell started before resumes: its finished seeds are kept, the others resumed or started (seeds.py)
         argv = [*command, "--ckpt_path", "last"] if len(done) < len(grid.seeds) and folder.exists() else command
-        cell = record["cells"].setdefault(name, {})
         if cell.get("command") not in (None, command) and done:
             print(
                 f"fedlit grid: warning: {name}: the grid file changed since seeds {done} ran; they are kept. "
@@ -323,6 +320,7 @@ def run_grid(grid: Grid, only: Sequence[str] = (), dry_run: bool = False, in_pro
                 flush=True,
             )
         cell.update(dataset=dataset, method=method, folder=f"{dataset}/{method}", command=command)
+        cell.update({"tuned": tuned} if tuned else {})
         if len(done) == len(grid.seeds):
             print(f"fedlit grid: {name}: seeds {done} finished before, skipped", flush=True)
             cell["status"] = "finished"
@@ -356,6 +354,14 @@ def run_grid(grid: Grid, only: Sequence[str] = (), dry_run: bool = False, in_pro
             flush=True,
         )
     return failed
+
+
+def _tuned(grid: Grid, dataset: str, method: str, done: bool, dry_run: bool, in_process: bool) -> dict | None:
+    """A tuned cell's choice (:mod:`fedlit.commands.grid_tune`): recorded when the cell finished, else tuned now."""
+    folder, tune = grid.folder(dataset, method), grid.methods[method].tune
+    if not tune or (done and grid_tune.recorded_choice(folder)):
+        return grid_tune.recorded_choice(folder) if tune else None
+    return grid_tune.tune_cell(grid, dataset, method, tune, lambda argv: _run_cell(argv, in_process), dry_run)
 
 
 def _write(grid: Grid, record: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from fedlit.cli import main
 from fedlit.commands import grid as grid_command
+from fedlit.commands import grid_tune
 from fedlit.commands.fit import build_parser
 from fedlit.commands.grid import load_grid
 from fedlit.commands.seeds import split_seeds
@@ -208,6 +209,11 @@ def test_shipped_grids_name_existing_recipes_and_each_cell_parses(path, monkeypa
         seeds, argv = split_seeds(grid.argv(dataset, method))
         cfg = build_parser().parse_args(argv).fit
         assert seeds == grid.seeds and cfg.strategy.class_path.split(".")[-1] == method
+        for _, options in grid_tune.points(grid.methods[method].tune):  # each tuning point parses, its values set
+            extra = grid_tune.words(options)
+            tuned = build_parser().parse_args(split_seeds(grid.argv(dataset, method, extra=extra))[1]).fit
+            for option, value in options.items():
+                assert tuned[option[2:]] == value, (method, option)
 
 
 @pytest.mark.long

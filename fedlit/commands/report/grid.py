@@ -5,7 +5,9 @@ round, mean ± standard error over the seeds, the best of each row in bold.
 
 A run's value is the mean over its clients of their test metric at its best-validation round (the ``mean`` of the
 report's per-method summary). The grid's ``grid.json`` names the rows and columns; each cell's runs are the run
-folders under ``<data set>/<method>``. Nothing here reads more than :mod:`fedlit.commands.report.runs` does.
+folders under ``<data set>/<method>`` (not its tuning runs, under ``tune/``). A tuned cell's choice
+(:mod:`fedlit.commands.grid_tune`: its ``tuning.json``) is listed below the table. Nothing here reads more than
+:mod:`fedlit.commands.report.runs` does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fedlit.commands.report.runs import (
 from fedlit.core.errors import ConfigError, DataError
 
 GRID_FILE = "grid.json"  # as fedlit.commands.grid writes it
+TUNING_FILE, TUNE_FOLDER = "tuning.json", "tune"  # as fedlit.commands.grid_tune writes them
 
 
 def read_grid(folder: Path) -> dict[str, Any] | None:
@@ -65,6 +68,8 @@ def grid_runs(folder: Path, record: dict[str, Any], warnings: list[str]) -> dict
             cell = folder / dataset / method
             runs = []
             for run_folder in find_runs([cell], warnings) if cell.is_dir() else []:
+                if run_folder.relative_to(cell).parts[:1] == (TUNE_FOLDER,):
+                    continue  # a run of the cell's tuning, not of its experiment
                 try:
                     run = load_run(run_folder, warnings)
                 except DataError as err:
@@ -138,6 +143,46 @@ def blocks(record: dict[str, Any], cells: dict[tuple[str, str], list[Run]], metr
             + " per cell); the best of each row in bold.",
         ),
         ("table", header, rows),
+    ]
+
+
+def tuned_cells(folder: Path, record: dict[str, Any]) -> list[str]:
+    """One line per tuned cell (its ``tuning.json``), in the table's order: ``Ditto on synthetic: lr=0.05, lam=0.1
+    (validation balanced_accuracy 0.7120, 6 points, seeds 0)``; an unreadable record is named as such."""
+    lines = []
+    for dataset in record["datasets"]:
+        for method in record["methods"]:
+            path = folder / dataset / method / TUNING_FILE
+            if not path.is_file():
+                continue
+            try:
+                tuning = json.loads(path.read_text())
+                chosen, mean = tuning["chosen"], tuning["chosen"]["mean"]
+                options = ", ".join(f"{o.rsplit('.', 1)[-1].lstrip('-')}={v}" for o, v in chosen["options"].items())
+                lines.append(
+                    f"{method} on {dataset}: {options} (validation {tuning['metric']} "
+                    + ("—" if mean is None else f"{mean:.4f}")
+                    + f", {len(tuning['points'])} points, seeds {', '.join(map(str, tuning['tune_seeds']))})"
+                )
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                lines.append(f"{method} on {dataset}: {path} cannot be read ({type(err).__name__}: {err})")
+    return lines
+
+
+def tuning_blocks(folder: Path, record: dict[str, Any]) -> list[Block]:
+    """The report's blocks of the tuned cells' choices (none when no cell was tuned)."""
+    lines = tuned_cells(folder, record)
+    if not lines:
+        return []
+    return [
+        ("h", 3, "Tuned hyperparameters"),
+        (
+            "p",
+            "Each tuned method's setting, chosen on the validation split over its declared grid (the best mean "
+            "over the tuning seeds of the selection metric at each run's selected round; no test value is read), "
+            "then run over the seeds above.",
+        ),
+        *(("p", line) for line in lines),
     ]
 
 
