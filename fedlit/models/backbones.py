@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from fedlit.core.errors import ConfigError, InputFileError
 from fedlit.models.lora import LoRA
+from fedlit.models.norms import NormKind, check_norm, norm_layer
 from fedlit.models.pretrained import CHECKPOINT_SUFFIXES, load_checkpoint
 from fedlit.models.weights import PRETRAINED, check_weights_name, resolve_weights
 
@@ -207,38 +208,54 @@ def _timm_lora_targets(model: nn.Module) -> list[str] | None:
 
 
 class SmallCNN(Backbone):
-    """A tiny convolutional net with BatchNorm, for quick runs on small images (e.g. 16x16 synthetic ones).
+    """A tiny convolutional net with BatchNorm (or another normalization), for quick runs on small images.
 
-    Block i is conv 3x3 (width * 2**i channels) -> BatchNorm2d -> ReLU, followed by 2x2 max pooling except
+    Block i is conv 3x3 (width * 2**i channels) -> norm -> ReLU, followed by 2x2 max pooling except
     after the last block; a global average pool gives the features. Parameters are named
     `blocks.<i>.conv.weight`, `blocks.<i>.bn.{weight,bias,running_mean,running_var}` (FedBN finds the
-    BatchNorm2d layers). Randomly initialized by nature: it has no pretrained weights, so it does not warn.
+    normalization layers; `bn` whatever their kind). Randomly initialized by nature: it has no pretrained weights,
+    so it does not warn.
 
     Args:
         in_channels: Channels of the input images.
         width: Channels of the first block.
         depth: Number of blocks.
+        norm: `batch` (BatchNorm2d), `group` (GroupNorm of `groups` groups), `layer` (GroupNorm of one group: every
+            channel and position of a sample) or `none` (see :mod:`fedlit.models.norms`).
+        groups: Groups of `norm: group`; must divide every block's channels (width * 2**i).
     """
 
-    def __init__(self, *, in_channels: int = 1, width: int = 16, depth: int = 2) -> None:
+    def __init__(
+        self,
+        *,
+        in_channels: int = 1,
+        width: int = 16,
+        depth: int = 2,
+        norm: NormKind = "batch",
+        groups: int = 8,
+    ) -> None:
         problems = [
             f"{option} must be an integer >= 1, got {value!r}"
             for option, value in (("in_channels", in_channels), ("width", width), ("depth", depth))
             if isinstance(value, bool) or not isinstance(value, int) or value < 1
         ]
+        channels = [width * 2**i for i in range(depth)] if not problems else []
+        problems += check_norm(norm, groups, channels)
         _raise_if(problems, "SmallCNN")
         self.in_channels = in_channels
         self.width = width
         self.depth = depth
+        self.norm = norm
+        self.groups = groups
 
     @override
     def build(self) -> nn.Module:
         """Build the network (random initialization)."""
-        return _SmallCNN(self.in_channels, self.width, self.depth)
+        return _SmallCNN(self.in_channels, self.width, self.depth, self.norm, self.groups)
 
 
 class _SmallCNN(nn.Module):
-    def __init__(self, in_channels: int, width: int, depth: int) -> None:
+    def __init__(self, in_channels: int, width: int, depth: int, norm: NormKind = "batch", groups: int = 8) -> None:
         super().__init__()
         blocks = []
         channels = in_channels
@@ -246,7 +263,7 @@ class _SmallCNN(nn.Module):
             out = width * 2**i
             layers: OrderedDict[str, nn.Module] = OrderedDict(
                 conv=nn.Conv2d(channels, out, kernel_size=3, padding=1, bias=False),
-                bn=nn.BatchNorm2d(out),
+                bn=norm_layer(norm, out, dims=2, groups=groups),
                 act=nn.ReLU(inplace=True),
             )
             if i < depth - 1:
@@ -303,13 +320,15 @@ class MLP(Backbone):
 
     With ``norm="batch"`` it has BatchNorm1d layers (what FedBN, SiloBN and FedPxN act on: the FedPxN paper's
     tabular models normalize their hidden layers); parameters are named `layers.<i>.linear.*` and
-    `layers.<i>.norm.*`.
+    `layers.<i>.norm.*` (no `norm` with `norm: none`).
 
     Args:
         num_features: Number of input features.
         hidden: Width of each hidden layer; the last one is `num_features` of the built module.
-        norm: Normalization after each hidden Linear: `batch` (BatchNorm1d), `layer` (LayerNorm) or `none`.
+        norm: Normalization after each hidden Linear: `batch` (BatchNorm1d), `group` (GroupNorm of `groups`
+            groups of features), `layer` (LayerNorm) or `none` (see :mod:`fedlit.models.norms`).
         dropout: Dropout after each activation.
+        groups: Groups of `norm: group`; must divide every hidden width.
     """
 
     def __init__(
@@ -317,8 +336,9 @@ class MLP(Backbone):
         *,
         num_features: int,
         hidden: list[int] | None = None,
-        norm: Literal["batch", "layer", "none"] = "batch",
+        norm: NormKind = "batch",
         dropout: float = 0.0,
+        groups: int = 8,
     ) -> None:
         hidden = [32] if hidden is None else list(hidden)
         problems = []
@@ -326,29 +346,27 @@ class MLP(Backbone):
             problems.append(f"num_features must be an integer >= 1, got {num_features!r}")
         if not hidden or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in hidden):
             problems.append(f"hidden must be a non-empty list of integers >= 1, got {hidden!r}")
-        if norm not in ("batch", "layer", "none"):
-            problems.append(f"norm must be one of ['batch', 'layer', 'none'], got {norm!r}")
+        problems += check_norm(norm, groups, hidden if not problems else [])
         if not 0 <= dropout < 1:
             problems.append(f"dropout must be in [0, 1), got {dropout!r}")
         _raise_if(problems, "MLP")
         self.num_features, self.hidden, self.norm, self.dropout = num_features, hidden, norm, dropout
+        self.groups = groups
 
     @override
     def build(self) -> nn.Module:
         """Build the network (random initialization)."""
-        return _MLP(self.num_features, self.hidden, self.norm, self.dropout)
+        return _MLP(self.num_features, self.hidden, self.norm, self.dropout, self.groups)
 
 
 class _MLP(nn.Module):
-    def __init__(self, in_features: int, hidden: list[int], norm: str, dropout: float) -> None:
+    def __init__(self, in_features: int, hidden: list[int], norm: NormKind, dropout: float, groups: int = 8) -> None:
         super().__init__()
         layers = []
         for width in hidden:
             parts: OrderedDict[str, nn.Module] = OrderedDict(linear=nn.Linear(in_features, width))
-            if norm == "batch":
-                parts["norm"] = nn.BatchNorm1d(width)
-            elif norm == "layer":
-                parts["norm"] = nn.LayerNorm(width)
+            if norm != "none":  # (N, C) features: BatchNorm1d, GroupNorm or LayerNorm
+                parts["norm"] = norm_layer(norm, width, dims=0, groups=groups)
             parts["act"] = nn.ReLU()
             if dropout > 0:
                 parts["dropout"] = nn.Dropout(dropout)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Literal, cast
 
 import torch
@@ -17,9 +19,11 @@ from fedlit.core.errors import ConfigError, broken
 from fedlit.core.roles import RoleRule
 from fedlit.models import Backbone
 from fedlit.module import FederatedModule
+from fedlit.tasks import ranking
+from fedlit.tasks.losses import ASL_DEFAULTS, asymmetric_loss, check_asymmetric_options
+from fedlit.tasks.metric_registry import METRICS, build_metric, metric_entry
 
 Task = Literal["multiclass", "binary", "multilabel"]
-METRICS = ("accuracy", "balanced_accuracy", "f1", "auroc", "auprc")
 
 
 class _BalancedAccuracy(torchmetrics.Metric):
@@ -54,12 +58,21 @@ class _BalancedAccuracy(torchmetrics.Metric):
         return ((recalls * present).sum(0) / present.sum(0).clamp(min=1)).mean()
 
 
-def build_metrics(task: Task, num_classes: int) -> torchmetrics.MetricCollection:
-    """Accuracy, balanced accuracy, macro F1, AUROC and AUPRC for ``task``.
+def build_metrics(task: Task, num_classes: int, extra: Sequence[str] = ()) -> torchmetrics.MetricCollection:
+    """Accuracy, balanced accuracy, macro F1, AUROC and AUPRC for ``task``, and the registered metrics ``extra``
+    (:mod:`fedlit.tasks.metric_registry`).
 
     Binary: F1 is the macro F1 over both classes; AUROC/AUPRC are those of the positive class. Multi-class:
-    balanced accuracy is the macro-averaged recall, AUROC/AUPRC are one-vs-rest macro averages.
+    balanced accuracy is the macro-averaged recall, AUROC/AUPRC are one-vs-rest macro averages. Multi-class and
+    multilabel AUROC/AUPRC average over the classes the split can rank (:mod:`fedlit.tasks.ranking`), not over
+    every class with an absent one counted as 0.
     """
+    metrics = _builtin_metrics(task, num_classes)
+    metrics.add_metrics({name: build_metric(name, task, num_classes) for name in extra})
+    return metrics
+
+
+def _builtin_metrics(task: Task, num_classes: int) -> torchmetrics.MetricCollection:
     if task == "multiclass":
         kw: dict[str, Any] = {"num_classes": num_classes}
         return torchmetrics.MetricCollection(
@@ -67,7 +80,7 @@ def build_metrics(task: Task, num_classes: int) -> torchmetrics.MetricCollection
                 "accuracy": torchmetrics.classification.MulticlassAccuracy(average="micro", **kw),
                 "balanced_accuracy": torchmetrics.classification.MulticlassAccuracy(average="macro", **kw),
                 "f1": torchmetrics.classification.MulticlassF1Score(average="macro", **kw),
-                "auroc": torchmetrics.classification.MulticlassAUROC(average="macro", **kw),
+                "auroc": ranking.MulticlassAUROC(num_classes),
                 "auprc": torchmetrics.classification.MulticlassAveragePrecision(average="macro", **kw),
             }
         )
@@ -87,8 +100,8 @@ def build_metrics(task: Task, num_classes: int) -> torchmetrics.MetricCollection
             "accuracy": torchmetrics.classification.MultilabelAccuracy(average="micro", **kw),
             "balanced_accuracy": _BalancedAccuracy(num_classes),
             "f1": torchmetrics.classification.MultilabelF1Score(average="macro", **kw),
-            "auroc": torchmetrics.classification.MultilabelAUROC(average="macro", **kw),
-            "auprc": torchmetrics.classification.MultilabelAveragePrecision(average="macro", **kw),
+            "auroc": ranking.MultilabelAUROC(num_classes),
+            "auprc": ranking.MultilabelAveragePrecision(num_classes),
         }
     )
 
@@ -132,11 +145,21 @@ class ClassificationModule(FederatedModule):
         weight_decay: Weight decay of the shorthands.
         lr_scheduler: A ``torch.optim.lr_scheduler`` class_path, or None.
         lr_scheduler_interval: ``round`` (one schedule over server rounds) or ``step`` (per local step).
+        loss: ``default`` (cross-entropy or BCE, as ``task`` says) or ``asymmetric``: Ridnik et al.'s asymmetric
+            loss (ICCV 2021, :mod:`fedlit.tasks.losses`), for ``binary`` and ``multilabel`` tasks.
+        loss_options: Options of the ``asymmetric`` loss: ``gamma_neg`` (4), ``gamma_pos`` (1), ``clip`` (0.05),
+            ``eps`` (1e-8); None: those defaults.
+        extra_metrics: Names of metrics registered with
+            :func:`fedlit.tasks.metric_registry.register_metric`, computed beside the built-in ones.
     """
 
     accepted_tasks = frozenset({"multiclass", "binary", "multilabel"})
     default_selection_metric = "accuracy"
     feature_extractor = "backbone"
+    # What a subclass that builds itself without this constructor (CLIPPromptModule) gets: the default loss.
+    loss_name: str = "default"
+    loss_options: Mapping[str, float] = MappingProxyType({})
+    extra_metrics: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -151,6 +174,9 @@ class ClassificationModule(FederatedModule):
         weight_decay: float = 0.0,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr_scheduler_interval: Literal["round", "step"] = "round",
+        loss: Literal["default", "asymmetric"] = "default",
+        loss_options: dict[str, float] | None = None,
+        extra_metrics: list[str] | None = None,
     ) -> None:
         super().__init__(
             roles=roles,
@@ -169,9 +195,11 @@ class ClassificationModule(FederatedModule):
             raise ConfigError(f"model.init_args.num_classes={num_classes} must be >= 2 for task {task!r}.")
         self.task = task
         self.num_classes = num_classes
+        self.loss_name, self.loss_options = _check_loss(task, loss, loss_options)
+        self.extra_metrics = _check_extra_metrics(extra_metrics)
         self.backbone = backbone.build()
         self.head = nn.Linear(cast(int, self.backbone.num_features), num_classes)  # Backbone.build's contract
-        self.metrics = build_metrics(task, num_classes)
+        self.metrics = build_metrics(task, num_classes, self.extra_metrics)
         self._loss_sum, self._loss_count = 0.0, 0
         self._positives: Tensor | None = None
         self._seen = 0
@@ -185,7 +213,10 @@ class ClassificationModule(FederatedModule):
         return self.head(self.extract_features(inputs))
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Cross-entropy (multiclass) or BCE with logits (binary, multilabel)."""
+        """Cross-entropy (multiclass) or BCE with logits (binary, multilabel); with ``loss: asymmetric``, the
+        asymmetric loss (summed over labels, averaged over samples)."""
+        if self.loss_name == "asymmetric":
+            return asymmetric_loss(logits.reshape(targets.shape), targets, **self.loss_options)
         if self.task == "multiclass":
             return F.cross_entropy(logits, targets.long())
         return F.binary_cross_entropy_with_logits(logits.reshape(targets.shape), targets.float())
@@ -271,7 +302,7 @@ class ClassificationModule(FederatedModule):
         if not predictions:
             return {}
         probs, targets = torch.cat([p["probs"] for p in predictions]), torch.cat([p["targets"] for p in predictions])
-        metrics = build_metrics(self.task, self.num_classes)
+        metrics = build_metrics(self.task, self.num_classes, self.extra_metrics)
         metrics.update(probs, targets)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -288,4 +319,42 @@ class ClassificationModule(FederatedModule):
     @override
     @property
     def higher_is_better(self) -> dict[str, bool]:
-        return {**dict.fromkeys(METRICS, True), "loss": False}
+        extra = {name: metric_entry(name).higher_is_better for name in self.extra_metrics}
+        return {**dict.fromkeys(METRICS, True), **extra, "loss": False}
+
+
+def _check_loss(task: str, loss: object, options: object) -> tuple[str, dict[str, float]]:
+    """The loss's name and its options (the asymmetric loss's defaults filled in), or a ConfigError naming the
+    option."""
+    if loss not in ("default", "asymmetric"):
+        raise ConfigError(f"model.init_args.loss={loss!r} is not one of ['default', 'asymmetric'].")
+    if loss == "default":
+        if options:
+            raise ConfigError(
+                f"model.init_args.loss_options={options!r} is given but loss is 'default' (which has no options); "
+                "set loss: asymmetric or leave loss_options out."
+            )
+        return "default", {}
+    if task == "multiclass":
+        raise ConfigError(
+            "model.init_args.loss='asymmetric' is for binary and multilabel tasks (one sigmoid per label), not "
+            "task 'multiclass'; set task: multilabel with one-hot targets, or loss: default."
+        )
+    problems = check_asymmetric_options(options)
+    if problems:
+        raise ConfigError("model.init_args." + "; ".join(problems) + ".")
+    given = cast(dict[str, float], options or {})  # a mapping of numbers: checked above
+    return "asymmetric", {**ASL_DEFAULTS, **{k: float(v) for k, v in given.items()}}
+
+
+def _check_extra_metrics(names: object) -> tuple[str, ...]:
+    """The registered metric names of ``extra_metrics``, or a ConfigError (unknown names list the registered ones)."""
+    if names is None:
+        return ()
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"model.init_args.extra_metrics must be a list of metric names, got {names!r}.")
+    for name in names:
+        metric_entry(name, "model.init_args.extra_metrics")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"model.init_args.extra_metrics={list(names)} names a metric twice.")
+    return tuple(names)

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedlit.commands.partition_summary import VECTOR_FORMATS
+from fedlit.commands.report import energy as report_energy
 from fedlit.commands.report import grid as report_grid
 from fedlit.commands.report.figures import build
 from fedlit.commands.report.interval import Interval, gain_sentence, t_interval, verdict
@@ -150,9 +151,14 @@ def write(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     blocks = build(runs, warnings, out, metric, baseline_name, vector)
+    for line in report_energy.energy_lines(by_method(runs), metric):
+        print(f"fedlit report: {line}")
     if record is not None:
         grid_blocks = report_grid.blocks(record, cells, metric)
         report_grid.print_table(*grid_blocks[-1][1:])
+        for line in report_grid.tuned_cells(Path(paths[0]), record):  # tuned cells' choices, below the table
+            print(f"tuned: {line}")
+        grid_blocks += report_grid.tuning_blocks(Path(paths[0]), record)
         blocks[2:2] = grid_blocks  # after the title and the list of runs
     write_text_atomic(out / "report.md", markdown(blocks))
     write_text_atomic(out / "report.html", to_html(blocks, f"fedlit report: {metric}"))
