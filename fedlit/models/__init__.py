@@ -115,3 +115,9 @@ __all__ += ["tiny_roberta_config"]
 
 _EXPORTS.update({"CLIP": "clip", "CLIPEncoders": "clip", "tiny_clip_config": "clip"})
 __all__ += ["CLIP", "CLIPEncoders", "tiny_clip_config"]
+_EXPORTS.update(EHRGRU="ehr", EHRTransformer="ehr")
+__all__ += ["EHRGRU", "EHRTransformer"]
+_EXPORTS["EfficientNetB0"] = "efficientnet"
+__all__ += ["EfficientNetB0"]
+_EXPORTS["ResNet1dSE"] = "resnet1d"
+__all__ += ["ResNet1dSE"]

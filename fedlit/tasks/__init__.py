@@ -8,3 +8,10 @@ __all__ = ["ClassificationModule", "CoxModule", "SegmentationModule", "concordan
 from fedlit.tasks.clip_prompt import CLIPPromptModule  # noqa: E402
 
 __all__ += ["CLIPPromptModule"]
+from fedlit.tasks.multitask import MultiTaskModule  # noqa: E402
+
+__all__ += ["MultiTaskModule"]
+from fedlit.tasks.metric_registry import register_metric  # noqa: E402
+
+# The PhysioNet/CinC 2021 challenge score (fedlit.tasks.cinc2021), imported only when a module builds it.
+register_metric("cinc2021", "fedlit.tasks.cinc2021:cinc2021_metric", higher_is_better=True)

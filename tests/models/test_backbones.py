@@ -14,12 +14,16 @@ from torch import nn
 import fedlit.models.tiny  # noqa: F401  (registers the fedlit_test_* models in timm)
 from fedlit.models import (
     CLIP,
+    EHRGRU,
     MLP,
     Backbone,
+    EfficientNetB0,
+    EHRTransformer,
     HFEncoder,
     Identity,
     LoRA,
     MomentEncoder,
+    ResNet1dSE,
     SmallCNN,
     TimmBackbone,
     Wav2Vec2Encoder,
@@ -46,6 +50,20 @@ EXAMPLES = {
     Wav2Vec2Encoder: (lambda: Wav2Vec2Encoder(config=tiny_wav2vec2_config()), lambda: torch.randn(2, 1600)),
     MomentEncoder: (lambda: MomentEncoder(config=tiny_moment_config()), lambda: torch.randn(2, 3, 40)),
     CLIP: (lambda: CLIP(config=tiny_clip_config()), lambda: torch.randn(2, 3, 16, 16)),
+    # (B, hours, 1 + series + statics): the first feature marks real hours (all real here).
+    EHRTransformer: (
+        lambda: EHRTransformer(series_features=3, static_features=2, d_model=8, heads=2, feedforward=8, fc=[8]),
+        lambda: torch.cat([torch.ones(2, 4, 1), torch.randn(2, 4, 5)], dim=2),
+    ),
+    EHRGRU: (
+        lambda: EHRGRU(series_features=3, static_features=2, hidden=8, layers=1, fc=[6]),
+        lambda: torch.cat([torch.ones(2, 4, 1), torch.randn(2, 4, 5)], dim=2),
+    ),
+    EfficientNetB0: (lambda: EfficientNetB0(), lambda: torch.randn(2, 3, 32, 32)),
+    ResNet1dSE: (
+        lambda: ResNet1dSE(stem_width=8, widths=[8, 16], blocks=[1, 1], se_reduction=4, norm="group", groups=2),
+        lambda: torch.randn(2, 12, 256),
+    ),
 }
 
 
@@ -132,7 +150,7 @@ def test_repr_shows_arguments() -> None:
         "lora=LoRA(r=2, alpha=16, dropout=0.0, target_modules=None, fused_qkv='all'), model_args={}, "
         "weights=None)"
     )
-    assert repr(SmallCNN(width=4)) == "SmallCNN(in_channels=1, width=4, depth=2)"
+    assert repr(SmallCNN(width=4)) == "SmallCNN(in_channels=1, width=4, depth=2, norm='batch', groups=8)"
     assert repr(Identity(num_features=3)) == "Identity(num_features=3)"
 
 
