@@ -3,6 +3,7 @@ per data set (the segmentation sites ``FedProstateSlices``, ``FedProstateVolumes
 ``FedPolyp`` among them; ``PTBXL``'s ECGs read as WFDB records), and the generic loaders ``SiteFolders``,
 ``SiteTable`` and ``SiteDataset``."""
 
+from fedlit.data.cinc2021 import CinC2021
 from fedlit.data.common.datamodule import FederatedDataModule, SplitName
 from fedlit.data.common.partition import (
     IID,
@@ -42,6 +43,7 @@ from fedlit.data.wfdb_files import WFDBRecord, read_wfdb
 
 __all__ = [
     "CLASSIFICATION_TASKS",
+    "CinC2021",
     "IID",
     "ImageFile",
     "SPLITS",
@@ -96,3 +98,12 @@ __all__ = [
 from fedlit.data.adftd import ADFTD  # noqa: E402
 
 __all__ += ["ADFTD"]
+from fedlit.data.eicu import EICU  # noqa: E402
+
+__all__ += ["EICU"]
+from fedlit.data.skin_sources import SkinSources  # noqa: E402
+
+__all__ += ["SkinSources"]
+from fedlit.data.mammography import Mammograms  # noqa: E402
+
+__all__ += ["Mammograms"]

@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from fedlit.commands.report import client_gain as report_client_gain
+from fedlit.commands.report import energy as report_energy
 from fedlit.commands.report import interval as report_interval
 from fedlit.commands.report import methods as report_methods
 from fedlit.commands.report import runs as report_runs
@@ -103,6 +105,7 @@ def build(
     stats = report_runs.summary(groups, when, metric, baseline_class or baseline.LOCAL, report_runs.mean_se, higher)
     pooled = any("pooled" in row for row in stats.values())
     short_baseline = baseline_name.rsplit(".", 1)[-1]
+    energy = report_energy.energy_cells(groups)  # empty (no column) when no run measured its energy
     for method, row in stats.items():
         gain = fmt(row["gain"], sign=True) if "gain" in row else "—"
         interval = row.get("gain_interval")
@@ -115,11 +118,13 @@ def build(
                 fmt(row["mean"]),
                 fmt(row["worst"]),
                 *([fmt(row.get("pooled"))] if pooled else []),
+                *([energy[method]] if energy else []),
                 *([gain, *(judged if "gain" in row else ["—", "—"]), paired] if found_local else []),
             ]
         )
     header = ["method", "seeds", f"mean {metric}", f"worst-client {metric}"]
     header += [f"pooled {metric} (FLamby's pooled test)"] if pooled else []
+    header += [str(report_energy.energy_header(groups))] if energy else []
     blocks += [
         ("h", 2, f"Mean and worst client ({when} round)"),
         (
@@ -141,6 +146,12 @@ def build(
                 "predictions together (not a mean over clients), then mean ± standard error over the seeds that "
                 "recorded it (— where none did)."
                 if pooled
+                else ""
+            )
+            + (
+                " energy: what the device used over the whole run (results.json energy: rapl, the CPU packages' "
+                "counters; nvml, the GPU's power draw), mean ± standard error over the seeds that measured it."
+                if energy
                 else ""
             ),
         ),
@@ -171,6 +182,7 @@ def build(
     for method, row in stats.items():
         for why in row.get("unpaired", []):
             blocks.append(("p", f"Not paired ({method}): {why}"))
+    blocks += report_client_gain.blocks(groups, metric, baseline_class)  # the mean gain ± std across clients
     blocks += _curve_blocks(groups, metric, out, vector)
     rows = []
     for method, method_runs in groups.items():
