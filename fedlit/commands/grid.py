@@ -264,7 +264,7 @@ def load_grid(path: str | Path, out_dir: str | Path | None = None) -> Grid:
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems) + ".")
     folder = Path(out_dir if out_dir is not None else data.get("out_dir") or Path("runs") / path.stem)
-    return Grid(path, list(seeds), folder, datasets, methods, overrides, str(seeds_vary), list(tune_seeds))
+    return Grid(path, list(seeds), folder, datasets, methods, overrides, str(seeds_vary), list(tune_seeds or []))
 
 
 def _record(grid: Grid) -> dict[str, Any]:

@@ -222,9 +222,11 @@ def tune_cell(
 
 def _choose(folder: Path, seeds: list[int], tune: Mapping[str, list[Any]], grid_points: list) -> dict[str, Any]:
     """Score the finished points, pick the best (first on ties), write ``tuning.json``."""
-    scored, metrics, directions = [], set(), set()
+    scored: list[dict[str, Any]] = []
+    metrics: set[str] = set()
+    directions: set[bool] = set()
     for label, options in grid_points:
-        scores = {}
+        scores: dict[str, float] = {}
         for seed in seeds:
             try:
                 metric, value, higher = validation_score(folder / TUNE_FOLDER / label / f"seed_{seed}")
@@ -238,10 +240,11 @@ def _choose(folder: Path, seeds: list[int], tune: Mapping[str, list[Any]], grid_
             f"the tuning points select on different metrics or directions ({sorted(metrics)}); tune "
             "no option that changes federation.selection_metric or the task"
         )
-    higher, best = directions.pop(), None
+    higher = directions.pop()
+    best: dict[str, Any] | None = None
     for point in scored:
-        value = point["mean"] if not math.isnan(point["mean"]) else None
-        if value is not None and (best is None or (value > best["mean"] if higher else value < best["mean"])):
+        mean = point["mean"]
+        if not math.isnan(mean) and (best is None or (mean > best["mean"] if higher else mean < best["mean"])):
             best = point
     best = best or scored[0]
     for point in scored:  # JSON has no NaN

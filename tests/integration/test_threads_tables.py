@@ -156,3 +156,23 @@ def test_report_grid_table_cell(tmp_path, threads):
         means.append(sum(c["balanced_accuracy"] for c in clients) / len(clients))
     se = statistics.stdev(means) / math.sqrt(3)
     assert f"{statistics.mean(means):.4f} ± {se:.4f}" == published.group(1)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("threads", THREADS)
+def test_personalized_pneumoniamnist_table_row(tmp_path, threads, shared_data):
+    """docs/personalized.md, PGFed's PneumoniaMNIST table: the Local row of the practical partition (last round:
+    accuracy mean / worst, balanced accuracy mean, AUROC mean over the clients where it is defined)."""
+    row = doc_table_row("personalized.md", "| run | partition |", "Local")
+    configs = [
+        "pneumoniamnist_local.yaml",
+        "personalized_partitions/practical.yaml",
+        "personalized_partitions/cpu.yaml",
+    ]
+    last = results(fit(tmp_path / "run", threads, configs))["last"]["clients"].values()
+    accuracy = [c["accuracy"] for c in last]
+    balanced = [c["balanced_accuracy"] for c in last]
+    auroc = [c["auroc"] for c in last if not math.isnan(c["auroc"])]
+    assert f"{sum(accuracy) / len(accuracy):.3f} / {min(accuracy):.3f}" == row["accuracy mean / worst"]
+    assert f"{sum(balanced) / len(balanced):.3f}" == row["balanced accuracy mean"]
+    assert f"{sum(auroc) / len(auroc):.3f}" == row["AUROC mean"]
