@@ -10,8 +10,8 @@ Three parts, ordered by the import contract of ``pyproject.toml`` (``speedups`` 
   (:mod:`~.loop.screening`); training that diverges (:mod:`~.loop.divergence`); settings (:mod:`~.loop.settings`,
   the screening ones in :mod:`~.loop.settings_screening`, declared and documented by :mod:`~.loop.settings_doc`); what
   the loop reads of the data (:mod:`~.loop.protocols`, :mod:`~.loop.channels`); the local optimizer
-  (:mod:`~.loop.optim`); where state lives (:mod:`~.loop.placement`); checkpoints (:mod:`~.loop.resume`); the final
-  report (:mod:`~.loop.results`).
+  (:mod:`~.loop.optim`); where state lives (:mod:`~.loop.placement`); checkpoints (:mod:`~.loop.resume`; what a
+  resume counts as changed: :mod:`~.loop.config_diff`); the final report (:mod:`~.loop.results`).
 - :mod:`fedlit.engine.records`: the run's progress and what the records read of a run (:mod:`~.records.state`:
   ``RunState``, ``RecordedRun``), the run folder (:mod:`~.records.run_folder`), ``metrics.csv`` and the run's
   description (:mod:`~.records.record`), the evaluation protocol (:mod:`~.records.history`), TensorBoard's HParams

@@ -34,6 +34,7 @@ from fedlit.core.errors import CheckpointError, RunDirError
 from fedlit.core.files import write_text_atomic
 from fedlit.core.tensors import raw_bytes
 from fedlit.engine.loop import optim, placement, ranks
+from fedlit.engine.loop.config_diff import config_changes
 from fedlit.engine.loop.settings import RESUMABLE
 from fedlit.engine.records import record
 
@@ -279,18 +280,6 @@ def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any], 
             + ", federation.".join(sorted(RESUMABLE))
             + " may change), or start a new run without --ckpt_path."
         )
-
-
-def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested configurations."""
-    keys: list[str] = []
-    for key in sorted(set(before) | set(now)):
-        a, b, name = before.get(key), now.get(key), f"{prefix}{key}"
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            keys += config_changes(a, b, f"{name}.")
-        elif a != b:
-            keys.append(name)
-    return keys
 
 
 def save_config(run: Run, folder: Path | None = None) -> None:
